@@ -1,0 +1,1 @@
+//! kube-proxy compatible configuration: flags and the KubeProxyConfiguration file.

@@ -1,0 +1,1 @@
+//! The nftables dataplane: renders the plan into nf_tables transactions.

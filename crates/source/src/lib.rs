@@ -1,0 +1,1 @@
+//! Sources of cluster state: a directory of manifests (and the Kubernetes API).

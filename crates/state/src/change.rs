@@ -1,0 +1,136 @@
+//! What sources emit: the same events whether they watch the API server or a directory.
+
+use std::fmt;
+
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+/// The kinds of object kproxy watches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Kind {
+    /// `v1/Service`
+    Service,
+    /// `discovery.k8s.io/v1/EndpointSlice`
+    EndpointSlice,
+    /// `v1/Node`
+    Node,
+    /// `networking.k8s.io/v1/ServiceCIDR`
+    ServiceCidr,
+}
+
+impl Kind {
+    /// Every kind, in the order a consumer should apply a relist.
+    pub const ALL: [Kind; 4] = [Kind::Node, Kind::ServiceCidr, Kind::Service, Kind::EndpointSlice];
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Kind::Service => "Service",
+            Kind::EndpointSlice => "EndpointSlice",
+            Kind::Node => "Node",
+            Kind::ServiceCidr => "ServiceCIDR",
+        })
+    }
+}
+
+/// Namespace and name of an object; the namespace is empty for cluster-scoped kinds.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct ObjectKey {
+    /// Namespace, or "" for Nodes and ServiceCIDRs.
+    pub namespace: String,
+    /// Object name.
+    pub name: String,
+}
+
+impl ObjectKey {
+    /// A namespaced key.
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Self { namespace: namespace.into(), name: name.into() }
+    }
+
+    /// A cluster-scoped key.
+    pub fn cluster(name: impl Into<String>) -> Self {
+        Self::new("", name)
+    }
+
+    pub(crate) fn of(meta: &ObjectMeta) -> Self {
+        Self::new(meta.namespace.clone().unwrap_or_default(), meta.name.clone().unwrap_or_default())
+    }
+}
+
+impl fmt::Display for ObjectKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.namespace.is_empty() { f.write_str(&self.name) } else { write!(f, "{}/{}", self.namespace, self.name) }
+    }
+}
+
+/// A Service as a source saw it, with the fields k8s-openapi may not know yet.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ServiceObject {
+    /// The typed object.
+    pub service: Service,
+    /// `spec.trafficHint` (KEP-4963), read from the raw object when the API server serves it.
+    pub traffic_hint: Option<String>,
+}
+
+impl From<Service> for ServiceObject {
+    fn from(service: Service) -> Self {
+        Self { service, traffic_hint: None }
+    }
+}
+
+/// One object of a watched kind.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Object {
+    /// A Service.
+    Service(Box<ServiceObject>),
+    /// An EndpointSlice.
+    EndpointSlice(Box<EndpointSlice>),
+    /// A Node.
+    Node(Box<Node>),
+    /// A ServiceCIDR.
+    ServiceCidr(Box<ServiceCIDR>),
+}
+
+impl Object {
+    /// The object's kind.
+    pub fn kind(&self) -> Kind {
+        match self {
+            Object::Service(_) => Kind::Service,
+            Object::EndpointSlice(_) => Kind::EndpointSlice,
+            Object::Node(_) => Kind::Node,
+            Object::ServiceCidr(_) => Kind::ServiceCidr,
+        }
+    }
+
+    /// The object's namespace and name.
+    pub fn key(&self) -> ObjectKey {
+        ObjectKey::of(self.meta())
+    }
+
+    /// The object's metadata.
+    pub fn meta(&self) -> &ObjectMeta {
+        match self {
+            Object::Service(s) => &s.service.metadata,
+            Object::EndpointSlice(s) => &s.metadata,
+            Object::Node(n) => &n.metadata,
+            Object::ServiceCidr(c) => &c.metadata,
+        }
+    }
+}
+
+/// An event from a source.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Change {
+    /// The object was added or updated.
+    Applied(Object),
+    /// The object was deleted.
+    Deleted(Kind, ObjectKey),
+    /// A complete listing of one kind: objects of that kind not in the list are gone. A source
+    /// sends one after its initial list and after every relist (e.g. `410 Gone`); the first one of
+    /// each kind also marks that kind as synced.
+    Replaced(Kind, Vec<Object>),
+}

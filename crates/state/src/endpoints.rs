@@ -1,0 +1,130 @@
+//! EndpointSlices, validated. Several slices of one Service are merged by the plan.
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+
+use crate::change::{Kind, ObjectKey};
+use crate::error::ObjectError;
+use crate::labels::{SERVICE_NAME_LABEL, ignored_by_selectors};
+use crate::service::{IpFamily, Protocol, parse_ip, port_number};
+
+/// One port of an EndpointSlice.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct SlicePort {
+    /// Port name; matches the Service port of the same name and protocol.
+    pub name: String,
+    /// Protocol.
+    pub protocol: Protocol,
+    /// Target port on the endpoints.
+    pub port: u16,
+}
+
+/// One endpoint of an EndpointSlice.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct EndpointInfo {
+    /// The endpoint's address (the first of `addresses`, as upstream uses).
+    pub ip: IpAddr,
+    /// `nodeName`, when set.
+    pub node_name: Option<String>,
+    /// `conditions.ready` (absent means ready).
+    pub ready: bool,
+    /// `conditions.serving` (absent means ready's value).
+    pub serving: bool,
+    /// `conditions.terminating` (absent means false).
+    pub terminating: bool,
+    /// `hints.forZones`.
+    pub zone_hints: BTreeSet<String>,
+    /// `hints.forNodes`.
+    pub node_hints: BTreeSet<String>,
+}
+
+/// An EndpointSlice, validated.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct SliceInfo {
+    /// The slice's own namespace and name.
+    pub key: ObjectKey,
+    /// The Service it belongs to (label `kubernetes.io/service-name`).
+    pub service: ObjectKey,
+    /// The address family of every endpoint in it.
+    pub family: IpFamily,
+    /// Ports.
+    pub ports: Vec<SlicePort>,
+    /// Endpoints.
+    pub endpoints: Vec<EndpointInfo>,
+}
+
+impl SliceInfo {
+    /// Validates a slice. `Ok(None)` for slices kube-proxy ignores: FQDN slices, slices of
+    /// headless services or of another proxy, slices without a service-name label.
+    pub fn from_object(slice: &EndpointSlice) -> Result<Option<Self>, ObjectError> {
+        let key = ObjectKey::of(&slice.metadata);
+        let err = |field: &str, reason: String| ObjectError::new(Kind::EndpointSlice, &key, field, reason);
+        if key.name.is_empty() {
+            return Err(err("metadata.name", "missing".into()));
+        }
+        let labels = slice.metadata.labels.as_ref();
+        if ignored_by_selectors(labels) {
+            return Ok(None);
+        }
+        let Some(service_name) = labels.and_then(|l| l.get(SERVICE_NAME_LABEL)).filter(|n| !n.is_empty()) else {
+            return Ok(None);
+        };
+        let family = match slice.address_type.as_str() {
+            "IPv4" => IpFamily::V4,
+            "IPv6" => IpFamily::V6,
+            "FQDN" => return Ok(None),
+            other => return Err(err("addressType", format!("unknown address type {other:?}"))),
+        };
+
+        let mut ports = Vec::new();
+        for (i, p) in slice.ports.iter().flatten().enumerate() {
+            // A port without a number or protocol cannot be proxied; upstream skips it.
+            let Some(number) = p.port else { continue };
+            let protocol =
+                Protocol::from_k8s(p.protocol.as_deref()).map_err(|e| err(&format!("ports[{i}].protocol"), e))?;
+            let port = port_number(number).map_err(|e| err(&format!("ports[{i}].port"), e))?;
+            ports.push(SlicePort { name: p.name.clone().unwrap_or_default(), protocol, port });
+        }
+
+        let mut endpoints = Vec::new();
+        for (i, ep) in slice.endpoints.iter().enumerate() {
+            let Some(address) = ep.addresses.first() else { continue };
+            let ip = parse_ip(address).map_err(|e| err(&format!("endpoints[{i}].addresses[0]"), e))?;
+            if IpFamily::of(&ip) != family {
+                return Err(err(&format!("endpoints[{i}].addresses[0]"), format!("{ip} is not an {family} address")));
+            }
+            let conditions = ep.conditions.as_ref();
+            let ready = conditions.and_then(|c| c.ready).unwrap_or(true);
+            let hints = ep.hints.as_ref();
+            endpoints.push(EndpointInfo {
+                ip,
+                node_name: ep.node_name.clone().filter(|n| !n.is_empty()),
+                ready,
+                serving: conditions.and_then(|c| c.serving).unwrap_or(ready),
+                terminating: conditions.and_then(|c| c.terminating).unwrap_or(false),
+                zone_hints: hints
+                    .and_then(|h| h.for_zones.as_ref())
+                    .into_iter()
+                    .flatten()
+                    .map(|z| z.name.clone())
+                    .collect(),
+                node_hints: hints
+                    .and_then(|h| h.for_nodes.as_ref())
+                    .into_iter()
+                    .flatten()
+                    .map(|n| n.name.clone())
+                    .collect(),
+            });
+        }
+
+        Ok(Some(SliceInfo {
+            service: ObjectKey::new(key.namespace.clone(), service_name.clone()),
+            key,
+            family,
+            ports,
+            endpoints,
+        }))
+    }
+}

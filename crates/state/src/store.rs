@@ -1,0 +1,246 @@
+//! The cluster state: the latest valid version of every watched object.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use ipnet::IpNet;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
+
+use crate::change::{Change, Kind, Object, ObjectKey};
+use crate::endpoints::SliceInfo;
+use crate::error::ObjectError;
+use crate::node::NodeInfo;
+use crate::service::{ServiceInfo, invalid_traffic_hint};
+
+/// What applying one change did.
+#[derive(Debug, Default, PartialEq)]
+pub struct ApplyOutcome {
+    /// Objects that were rejected (and skipped; any previous valid version stays).
+    pub rejected: Vec<ObjectError>,
+    /// Problems that did not stop the object from being used (e.g. an unknown traffic hint).
+    pub warnings: Vec<ObjectError>,
+}
+
+impl ApplyOutcome {
+    fn merge(&mut self, other: ApplyOutcome) {
+        self.rejected.extend(other.rejected);
+        self.warnings.extend(other.warnings);
+    }
+}
+
+/// Which services changed since the plan was last brought up to date.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Dirty {
+    /// Services (by Service key) whose Service or EndpointSlices changed.
+    pub services: BTreeSet<ObjectKey>,
+    /// Something that affects every service changed (a Node, a ServiceCIDR).
+    pub all: bool,
+}
+
+/// The latest valid version of every object kproxy watches.
+#[derive(Debug, Default, Clone)]
+pub struct ClusterState {
+    services: BTreeMap<ObjectKey, Arc<ServiceInfo>>,
+    /// Slices grouped by the Service they belong to, then by slice name (a stable merge order).
+    slices: BTreeMap<ObjectKey, BTreeMap<String, Arc<SliceInfo>>>,
+    /// Slice key → owning Service key, to find a slice on delete.
+    slice_owner: BTreeMap<ObjectKey, ObjectKey>,
+    nodes: BTreeMap<String, Arc<NodeInfo>>,
+    service_cidrs: BTreeMap<String, Vec<IpNet>>,
+    synced: BTreeSet<Kind>,
+    dirty: Dirty,
+}
+
+impl ClusterState {
+    /// An empty state.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Applies one change from a source.
+    pub fn apply(&mut self, change: Change) -> ApplyOutcome {
+        match change {
+            Change::Applied(object) => self.upsert(&object),
+            Change::Deleted(kind, key) => {
+                self.remove(kind, &key);
+                ApplyOutcome::default()
+            }
+            Change::Replaced(kind, objects) => {
+                let keep: BTreeSet<ObjectKey> = objects.iter().map(Object::key).collect();
+                for key in self.keys(kind) {
+                    if !keep.contains(&key) {
+                        self.remove(kind, &key);
+                    }
+                }
+                let mut outcome = ApplyOutcome::default();
+                for object in &objects {
+                    outcome.merge(self.upsert(object));
+                }
+                self.synced.insert(kind);
+                outcome
+            }
+        }
+    }
+
+    /// True once a complete listing of `kind` has been applied.
+    pub fn is_synced(&self, kind: Kind) -> bool {
+        self.synced.contains(&kind)
+    }
+
+    /// Takes the set of services that changed since the last call.
+    pub fn take_dirty(&mut self) -> Dirty {
+        std::mem::take(&mut self.dirty)
+    }
+
+    /// Every Service kproxy proxies.
+    pub fn services(&self) -> impl Iterator<Item = &Arc<ServiceInfo>> {
+        self.services.values()
+    }
+
+    /// One Service.
+    pub fn service(&self, key: &ObjectKey) -> Option<&Arc<ServiceInfo>> {
+        self.services.get(key)
+    }
+
+    /// The EndpointSlices of one Service, ordered by slice name.
+    pub fn slices_of(&self, service: &ObjectKey) -> impl Iterator<Item = &Arc<SliceInfo>> {
+        self.slices.get(service).into_iter().flat_map(|s| s.values())
+    }
+
+    /// A Node by name.
+    pub fn node(&self, name: &str) -> Option<&Arc<NodeInfo>> {
+        self.nodes.get(name)
+    }
+
+    /// Every CIDR of every ServiceCIDR object.
+    pub fn service_cidrs(&self) -> impl Iterator<Item = &IpNet> {
+        self.service_cidrs.values().flatten()
+    }
+
+    fn keys(&self, kind: Kind) -> Vec<ObjectKey> {
+        match kind {
+            Kind::Service => self.services.keys().cloned().collect(),
+            Kind::EndpointSlice => self.slice_owner.keys().cloned().collect(),
+            Kind::Node => self.nodes.keys().map(ObjectKey::cluster).collect(),
+            Kind::ServiceCidr => self.service_cidrs.keys().map(ObjectKey::cluster).collect(),
+        }
+    }
+
+    fn upsert(&mut self, object: &Object) -> ApplyOutcome {
+        let mut outcome = ApplyOutcome::default();
+        match object {
+            Object::Service(svc) => match ServiceInfo::from_object(svc) {
+                Ok(info) => {
+                    if let Some(value) = invalid_traffic_hint(svc) {
+                        outcome.warnings.push(ObjectError::new(
+                            Kind::Service,
+                            &object.key(),
+                            "spec.trafficHint",
+                            format!("unknown traffic hint {value:?} ignored (want LongLived)"),
+                        ));
+                    }
+                    let key = object.key();
+                    let changed = match info {
+                        Some(info) => {
+                            self.services.insert(key.clone(), Arc::new(info.clone())).is_none_or(|old| *old != info)
+                        }
+                        None => self.services.remove(&key).is_some(),
+                    };
+                    if changed {
+                        self.dirty.services.insert(key);
+                    }
+                }
+                Err(e) => outcome.rejected.push(e),
+            },
+            Object::EndpointSlice(slice) => match SliceInfo::from_object(slice) {
+                Ok(Some(info)) => {
+                    let key = info.key.clone();
+                    // A slice that moved to another service (label change) leaves the old one.
+                    if self.slice_owner.get(&key).is_some_and(|owner| *owner != info.service) {
+                        self.remove(Kind::EndpointSlice, &key);
+                    }
+                    let owner = info.service.clone();
+                    let slices = self.slices.entry(owner.clone()).or_default();
+                    let changed =
+                        slices.insert(key.name.clone(), Arc::new(info.clone())).is_none_or(|old| *old != info);
+                    self.slice_owner.insert(key, owner.clone());
+                    if changed {
+                        self.dirty.services.insert(owner);
+                    }
+                }
+                Ok(None) => self.remove(Kind::EndpointSlice, &object.key()),
+                Err(e) => outcome.rejected.push(e),
+            },
+            Object::Node(node) => match NodeInfo::from_object(node) {
+                Ok(info) => {
+                    if self.nodes.get(&info.name).is_none_or(|old| **old != info) {
+                        self.nodes.insert(info.name.clone(), Arc::new(info));
+                        self.dirty.all = true;
+                    }
+                }
+                Err(e) => outcome.rejected.push(e),
+            },
+            Object::ServiceCidr(cidr) => match service_cidr_nets(cidr) {
+                Ok(nets) => {
+                    let name = object.key().name;
+                    if self.service_cidrs.insert(name, nets.clone()).is_none_or(|old| old != nets) {
+                        self.dirty.all = true;
+                    }
+                }
+                Err(e) => outcome.rejected.push(e),
+            },
+        }
+        outcome
+    }
+
+    fn remove(&mut self, kind: Kind, key: &ObjectKey) {
+        match kind {
+            Kind::Service => {
+                if self.services.remove(key).is_some() {
+                    self.dirty.services.insert(key.clone());
+                }
+            }
+            Kind::EndpointSlice => {
+                if let Some(owner) = self.slice_owner.remove(key) {
+                    if let Some(slices) = self.slices.get_mut(&owner) {
+                        slices.remove(&key.name);
+                        if slices.is_empty() {
+                            self.slices.remove(&owner);
+                        }
+                    }
+                    self.dirty.services.insert(owner);
+                }
+            }
+            Kind::Node => {
+                if self.nodes.remove(&key.name).is_some() {
+                    self.dirty.all = true;
+                }
+            }
+            Kind::ServiceCidr => {
+                if self.service_cidrs.remove(&key.name).is_some() {
+                    self.dirty.all = true;
+                }
+            }
+        }
+    }
+}
+
+fn service_cidr_nets(cidr: &ServiceCIDR) -> Result<Vec<IpNet>, ObjectError> {
+    let key = ObjectKey::of(&cidr.metadata);
+    if key.name.is_empty() {
+        return Err(ObjectError::new(Kind::ServiceCidr, &key, "metadata.name", "missing"));
+    }
+    cidr.spec
+        .iter()
+        .flat_map(|s| s.cidrs.iter().flatten())
+        .enumerate()
+        .map(|(i, c)| {
+            c.parse::<IpNet>().map(|n| n.trunc()).map_err(|_| {
+                ObjectError::new(Kind::ServiceCidr, &key, format!("spec.cidrs[{i}]"), format!("invalid CIDR {c:?}"))
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;

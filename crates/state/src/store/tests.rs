@@ -1,0 +1,93 @@
+use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
+use k8s_openapi::api::discovery::v1::{Endpoint, EndpointPort, EndpointSlice};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use super::*;
+
+fn meta(ns: &str, name: &str, labels: &[(&str, &str)]) -> ObjectMeta {
+    ObjectMeta {
+        namespace: Some(ns.into()),
+        name: Some(name.into()),
+        labels: Some(labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()),
+        ..Default::default()
+    }
+}
+
+fn service(name: &str, ip: &str, labels: &[(&str, &str)]) -> Object {
+    Object::Service(Box::new(
+        Service {
+            metadata: meta("ns", name, labels),
+            spec: Some(ServiceSpec {
+                cluster_ip: Some(ip.into()),
+                ports: Some(vec![ServicePort { port: 80, ..Default::default() }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+        .into(),
+    ))
+}
+
+fn slice(name: &str, svc: &str, ips: &[&str]) -> Object {
+    Object::EndpointSlice(Box::new(EndpointSlice {
+        metadata: meta("ns", name, &[("kubernetes.io/service-name", svc)]),
+        address_type: "IPv4".into(),
+        endpoints: ips.iter().map(|ip| Endpoint { addresses: vec![ip.to_string()], ..Default::default() }).collect(),
+        ports: Some(vec![EndpointPort { port: Some(8080), ..Default::default() }]),
+    }))
+}
+
+#[test]
+fn service_proxy_name_and_headless_labels_are_ignored() {
+    let mut state = ClusterState::new();
+    state.apply(Change::Applied(service("a", "198.18.0.1", &[("service.kubernetes.io/service-proxy-name", "other")])));
+    state.apply(Change::Applied(service("b", "198.18.0.2", &[("service.kubernetes.io/headless", "")])));
+    state.apply(Change::Applied(service("c", "None", &[])));
+    state.apply(Change::Applied(service("d", "198.18.0.4", &[])));
+    let names: Vec<_> = state.services().map(|s| s.key.name.clone()).collect();
+    assert_eq!(names, ["d"]);
+}
+
+#[test]
+fn malformed_update_keeps_last_good_version() {
+    let mut state = ClusterState::new();
+    state.apply(Change::Applied(service("a", "198.18.0.1", &[])));
+    let outcome = state.apply(Change::Applied(service("a", "not-an-ip", &[])));
+    assert_eq!(outcome.rejected.len(), 1);
+    assert_eq!(outcome.rejected[0].field, "spec.clusterIPs[0]");
+    let svc = state.service(&ObjectKey::new("ns", "a")).map(|s| s.cluster_ips.clone());
+    assert_eq!(svc, Some(vec!["198.18.0.1".parse().unwrap()]));
+}
+
+#[test]
+fn replace_removes_objects_missing_from_the_listing_and_marks_dirty() {
+    let mut state = ClusterState::new();
+    state.apply(Change::Applied(slice("s1", "a", &["198.18.1.1"])));
+    state.apply(Change::Applied(slice("s2", "b", &["198.18.1.2"])));
+    state.take_dirty();
+    assert!(!state.is_synced(Kind::EndpointSlice));
+    state.apply(Change::Replaced(Kind::EndpointSlice, vec![slice("s1", "a", &["198.18.1.1"])]));
+    assert!(state.is_synced(Kind::EndpointSlice));
+    assert_eq!(state.slices_of(&ObjectKey::new("ns", "b")).count(), 0);
+    assert_eq!(state.take_dirty().services.into_iter().collect::<Vec<_>>(), [ObjectKey::new("ns", "b")]);
+}
+
+#[test]
+fn slice_relabelled_to_another_service_moves() {
+    let mut state = ClusterState::new();
+    state.apply(Change::Applied(slice("s1", "a", &["198.18.1.1"])));
+    state.apply(Change::Applied(slice("s1", "b", &["198.18.1.1"])));
+    assert_eq!(state.slices_of(&ObjectKey::new("ns", "a")).count(), 0);
+    assert_eq!(state.slices_of(&ObjectKey::new("ns", "b")).count(), 1);
+    state.apply(Change::Deleted(Kind::EndpointSlice, ObjectKey::new("ns", "s1")));
+    assert_eq!(state.slices_of(&ObjectKey::new("ns", "b")).count(), 0);
+}
+
+#[test]
+fn unchanged_reapply_is_not_dirty() {
+    let mut state = ClusterState::new();
+    state.apply(Change::Applied(service("a", "198.18.0.1", &[])));
+    state.take_dirty();
+    state.apply(Change::Applied(service("a", "198.18.0.1", &[])));
+    assert!(state.take_dirty().services.is_empty());
+}

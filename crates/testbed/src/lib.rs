@@ -1,0 +1,1 @@
+//! Network-namespace sandboxes and the shared packet suite every dataplane runs.
