@@ -1,1 +1,3 @@
 //! Network-namespace sandboxes and the shared packet suite every dataplane runs.
+
+pub mod kernel;
