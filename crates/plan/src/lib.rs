@@ -1,1 +1,26 @@
-//! The plan: what every dataplane renders, computed from the cluster state with no I/O, and its diff.
+//! The plan: everything a dataplane needs to program one node, computed from the cluster state.
+//!
+//! This crate is the single owner of Kubernetes Service semantics: traffic policies, topology
+//! and trafficDistribution, terminating-endpoint fallback, masquerade decisions, no-masquerade
+//! CIDRs, reject/drop when there are no endpoints. It is pure: no I/O, no clock. Every dataplane
+//! (nftables, iptables, IPVS) renders the same [`Plan`] and never re-derives policy.
+//!
+//! [`Planner::build`] computes a plan from scratch; [`Planner::update`] recomputes only the
+//! services the state marked dirty and returns the [`PlanDelta`] a backend applies in O(change).
+
+mod categorize;
+mod delta;
+mod model;
+mod planner;
+mod policy;
+
+pub use categorize::{Categorized, categorize_endpoints};
+pub use delta::{PlanDelta, ServicePortChange};
+pub use model::{
+    Endpoint, ExternalPolicy, ExternalTraffic, FamilyPlan, InternalTraffic, MasqueradeWhen, NoEndpointsVerdict,
+    NodePlan, Plan, ServicePortName, ServicePortPlan,
+};
+pub use planner::Planner;
+pub use policy::{
+    DetectLocal, LocalTraffic, NodeContext, NodePortAddress, NodePortAddresses, ProxyPolicy, SnatPolicy, SnatSource,
+};

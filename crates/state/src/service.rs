@@ -5,7 +5,6 @@ use std::net::IpAddr;
 use std::str::FromStr;
 
 use ipnet::IpNet;
-use k8s_openapi::api::core::v1::Service;
 
 use crate::change::{Kind, ObjectKey, ServiceObject};
 use crate::error::ObjectError;
