@@ -1,0 +1,1 @@
+//! The table-driven packet suite every dataplane runs against real network namespaces.
