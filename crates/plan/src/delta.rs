@@ -136,7 +136,7 @@ impl Plan {
     /// Applies a delta computed against this plan.
     pub fn apply(&mut self, delta: &PlanDelta) {
         for (&family, fd) in &delta.families {
-            let Some(f) = self.families.get_mut(&family).or(None) else {
+            let Some(f) = self.families.get_mut(&family) else {
                 if let Some(node) = &fd.node {
                     let services = fd.added.iter().map(|p| (p.name.clone(), p.clone())).collect();
                     self.families.insert(family, FamilyPlan { family, node: node.clone(), services });
