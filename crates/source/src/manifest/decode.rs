@@ -86,6 +86,8 @@ impl Decoder<'_, '_> {
                 })
             }
             ("networking.k8s.io/v1" | "networking.k8s.io/v1beta1", "ServiceCIDR") => {
+                // v1beta1 has the same schema; k8s-openapi only accepts the v1 spelling.
+                let value = with_field(value, "apiVersion", "networking.k8s.io/v1");
                 self.typed::<ServiceCIDR>(value, path, line, &subject, Scope::Cluster, |c| {
                     Object::ServiceCidr(Box::new(c))
                 })
@@ -213,6 +215,13 @@ macro_rules! has_meta {
     )*};
 }
 has_meta!(Service, Node, EndpointSlice, ServiceCIDR);
+
+fn with_field(mut value: Value, field: &str, to: &str) -> Value {
+    if let Some(object) = value.as_object_mut() {
+        object.insert(field.to_owned(), Value::String(to.to_owned()));
+    }
+    value
+}
 
 fn child(path: &[Segment], segment: Segment) -> Vec<Segment> {
     let mut path = path.to_vec();
