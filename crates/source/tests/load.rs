@@ -1,5 +1,7 @@
 //! Reading a manifest directory once: what loads, what is reported, with which file and line.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers may panic
+
 mod common;
 
 use common::{ScratchDir, service};

@@ -1,5 +1,7 @@
 //! Following a directory: writes, edits, deletions, breakage and repair become the right events.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers may panic
+
 mod common;
 
 use std::time::Duration;
