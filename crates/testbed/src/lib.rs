@@ -1,3 +1,37 @@
-//! Network-namespace sandboxes and the shared packet suite every dataplane runs.
+//! Network-namespace sandboxes for tests that send real packets through a real kernel.
+//!
+//! Every dataplane (nftables, iptables, IPVS in a guest kernel) is checked by the same
+//! table-driven packet cases; this crate is the ground they run on:
+//!
+//! - [`Netns`]: a named network namespace, deleted on drop and on panic, that Rust code can
+//!   enter per thread ([`Netns::run_in`]).
+//! - [`Testbed`]: the standard dual-stack topology — `node` (where the proxy runs), `node2`,
+//!   `external`, and pods ([`Testbed::add_pod`]) — with addresses in [`topology`].
+//! - [`EchoServer`] / [`Pod::serve`]: backends that answer `<name> <peer-ip> <peer-port>`.
+//! - [`probe`], [`probe_many`], [`UdpSession`]: real client traffic, reduced to a
+//!   [`ProbeResult`] (who answered and which source it saw, or refused / unreachable / dropped).
+//! - [`chi_square_uniform`] and friends for "is the spread even" assertions.
+//! - Kernel tests gate themselves with [`kernel::require_root`] / [`require_kernel!`] (the CI
+//!   rule: skip outside CI when not root, fail in CI).
 
+mod command;
+mod conntrack;
+mod echo;
+mod error;
 pub mod kernel;
+mod netns;
+mod probe;
+mod session;
+mod socket;
+mod stats;
+mod testbed;
+pub mod topology;
+
+pub use conntrack::{conntrack_flush, conntrack_list};
+pub use echo::EchoServer;
+pub use error::{Result, TestbedError};
+pub use netns::{NETNS_PREFIX, Netns, NsThread};
+pub use probe::{DEFAULT_PROBE_TIMEOUT, ProbeOptions, ProbeResult, Proto, Tally, probe, probe_many, probe_with};
+pub use session::UdpSession;
+pub use stats::{CHI_SQUARE_CRITICAL_P001, chi_square_critical, chi_square_p_value, chi_square_uniform};
+pub use testbed::{Pod, PodNetworking, Testbed, TestbedBuilder, Where};
