@@ -1,0 +1,1 @@
+//! Conntrack for kproxy (work in progress).
