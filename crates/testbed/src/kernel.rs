@@ -1,2 +1,261 @@
-//! What the running kernel can do, so kernel tests can declare what they need.
-//! (Owned by the guest-kernel harness work.)
+//! What the running kernel can do, so a kernel test declares what it needs and is written once
+//! for two places: the host kernel (`cargo test`) and the guest kernel (`cargo xtask guest-test`,
+//! Debian's stock kernel under qemu, which has IPVS and flowtables as modules).
+//!
+//! The rule: on the host a missing feature skips the test with a message naming the command that
+//! runs it; inside the guest (`KPROXY_GUEST=1`) a missing feature fails the test, because the
+//! guest exists to provide it. CI runs both suites, so these tests are never silently lost there.
+//!
+//! ```no_run
+//! use kproxy_testbed::kernel::{self, KernelFeature};
+//!
+//! #[test]
+//! fn ipvs_round_robin() {
+//!     if !kernel::require_root() || !kernel::require(&[KernelFeature::Ipvs]) {
+//!         return;
+//!     }
+//!     // ... or simply: kproxy_testbed::require_kernel!(Ipvs);
+//! }
+//! ```
+
+use std::fmt;
+use std::fs;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+
+/// A kernel capability some tests need and the development kernel may lack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KernelFeature {
+    /// IP Virtual Server (`ip_vs`): the IPVS dataplane.
+    Ipvs,
+    /// nftables flowtables (`nf_flow_table`, `nf_flow_table_inet`, `nft_flow_offload`).
+    Flowtable,
+    /// SCTP sockets (`sctp`), for SCTP Services end to end.
+    Sctp,
+    /// `dummy` network devices (the IPVS dataplane's `kube-ipvs0`); the development kernel has none.
+    Dummy,
+}
+
+impl KernelFeature {
+    /// Every feature, for reports.
+    pub const ALL: [KernelFeature; 4] =
+        [KernelFeature::Ipvs, KernelFeature::Flowtable, KernelFeature::Sctp, KernelFeature::Dummy];
+
+    /// The modules that provide the feature when it is not built in.
+    pub fn modules(self) -> &'static [&'static str] {
+        match self {
+            KernelFeature::Ipvs => &["ip_vs"],
+            KernelFeature::Flowtable => &["nf_flow_table", "nf_flow_table_inet", "nft_flow_offload"],
+            KernelFeature::Sctp => &["sctp"],
+            KernelFeature::Dummy => &["dummy"],
+        }
+    }
+
+    /// Whether the running kernel has the feature; loads its modules first if they are missing.
+    /// The answer is computed once per process.
+    pub fn is_available(self) -> bool {
+        static CACHE: [OnceLock<bool>; KernelFeature::ALL.len()] =
+            [OnceLock::new(), OnceLock::new(), OnceLock::new(), OnceLock::new()];
+        let index = KernelFeature::ALL.iter().position(|feature| *feature == self).unwrap_or(0);
+        *CACHE[index].get_or_init(|| {
+            self.is_present() || {
+                load_modules(self.modules());
+                self.is_present()
+            }
+        })
+    }
+
+    fn is_present(self) -> bool {
+        match self {
+            // Exists in every network namespace once IPVS is loaded (or built in).
+            KernelFeature::Ipvs => Path::new("/proc/net/ip_vs").exists(),
+            KernelFeature::Flowtable => self.modules().iter().all(|module| module_present(module)),
+            KernelFeature::Sctp => {
+                fs::read_to_string("/proc/net/protocols").is_ok_and(|text| protocols_include(&text, "SCTP"))
+            }
+            // dummy has a module parameter, so it is listed in /sys/module even when built in.
+            KernelFeature::Dummy => Path::new("/sys/module/dummy").exists(),
+        }
+    }
+}
+
+impl fmt::Display for KernelFeature {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            KernelFeature::Ipvs => "IPVS",
+            KernelFeature::Flowtable => "nftables flowtables",
+            KernelFeature::Sctp => "SCTP",
+            KernelFeature::Dummy => "dummy network devices",
+        })
+    }
+}
+
+/// Whether this process runs inside the guest kernel started by `cargo xtask guest-test` or
+/// `cargo xtask guest-run` (they set `KPROXY_GUEST=1`).
+pub fn in_guest() -> bool {
+    std::env::var("KPROXY_GUEST").is_ok_and(|value| value == "1")
+}
+
+/// Whether this is a CI run (`CI=true`, as GitHub Actions and most CI systems set it).
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|value| value.eq_ignore_ascii_case("true") || value == "1")
+}
+
+/// True when the running kernel has every feature in `features`.
+///
+/// Otherwise: inside the guest kernel it panics (the guest must provide them); on the host it
+/// prints that the test is skipped and which command runs it, and returns false.
+pub fn require(features: &[KernelFeature]) -> bool {
+    let missing: Vec<String> =
+        features.iter().filter(|feature| !feature.is_available()).map(ToString::to_string).collect();
+    if missing.is_empty() {
+        return true;
+    }
+    let missing = missing.join(", ");
+    if in_guest() {
+        panic!(
+            "the guest kernel lacks {missing}; its initramfs must provide the modules \
+             (xtask/src/initramfs.rs)"
+        );
+    }
+    eprintln!("SKIPPED on host: needs {missing}; runs under `cargo xtask guest-test`");
+    false
+}
+
+/// True when running as root (kernel tests create namespaces and program netfilter).
+///
+/// Otherwise: in CI or in the guest it panics (kernel tests must run there); elsewhere it prints
+/// that the test is skipped and returns false.
+pub fn require_root() -> bool {
+    if is_root() {
+        return true;
+    }
+    if in_ci() || in_guest() {
+        panic!("kernel tests must run as root in CI and in the guest kernel");
+    }
+    eprintln!("SKIPPED: kernel test needs root (run as root, or `cargo xtask guest-test`)");
+    false
+}
+
+/// Whether the effective user is root.
+pub fn is_root() -> bool {
+    fs::read_to_string("/proc/self/status").is_ok_and(|status| effective_uid(&status) == Some(0))
+}
+
+/// Returns from the calling test unless it runs as root in a kernel with the named features.
+///
+/// `require_kernel!()` checks root only; `require_kernel!(Ipvs, Flowtable)` also the features.
+#[macro_export]
+macro_rules! require_kernel {
+    () => {
+        if !$crate::kernel::require_root() {
+            return;
+        }
+    };
+    ($($feature:ident),+ $(,)?) => {
+        if !$crate::kernel::require_root()
+            || !$crate::kernel::require(&[$($crate::kernel::KernelFeature::$feature),+])
+        {
+            return;
+        }
+    };
+}
+
+/// The effective uid from the text of `/proc/self/status`.
+fn effective_uid(status: &str) -> Option<u32> {
+    let line = status.lines().find(|line| line.starts_with("Uid:"))?;
+    line.split_whitespace().nth(2)?.parse().ok()
+}
+
+/// Whether `/proc/net/protocols` lists `protocol` (first column).
+fn protocols_include(protocols: &str, protocol: &str) -> bool {
+    protocols.lines().skip(1).any(|line| line.split_whitespace().next() == Some(protocol))
+}
+
+/// A module is present when loaded, or built into the kernel (`modules.builtin`, else
+/// `/proc/kallsyms` for kernels shipped without a module tree).
+fn module_present(module: &str) -> bool {
+    if Path::new("/sys/module").join(module).exists() {
+        return true;
+    }
+    let release = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let builtin = Path::new("/lib/modules").join(release.trim()).join("modules.builtin");
+    if let Ok(list) = fs::read_to_string(builtin) {
+        return builtin_includes(&list, module);
+    }
+    kallsyms_module_symbol(module)
+}
+
+/// Whether a `modules.builtin` listing names `module`.
+fn builtin_includes(list: &str, module: &str) -> bool {
+    list.lines().any(|path| {
+        let file = path.rsplit('/').next().unwrap_or(path);
+        file.split(".ko").next().is_some_and(|stem| stem.replace('-', "_") == module)
+    })
+}
+
+/// Built-in modules leave their init symbols' neighbours in kallsyms; `<module>_init` style names
+/// are not reliable, so look for the module's own name as a symbol prefix (e.g. `nf_flow_table_`).
+fn kallsyms_module_symbol(module: &str) -> bool {
+    let prefix = format!("{module}_");
+    fs::read_to_string("/proc/kallsyms").is_ok_and(|symbols| {
+        symbols.lines().any(|line| {
+            let mut fields = line.split_whitespace().skip(2);
+            fields.next().is_some_and(|name| name.starts_with(&prefix)) && fields.next().is_none()
+        })
+    })
+}
+
+/// `modprobe -q` each module; failures are expected on kernels without a module tree.
+fn load_modules(modules: &[&str]) {
+    for program in ["modprobe", "/usr/sbin/modprobe", "/sbin/modprobe"] {
+        let status = Command::new(program)
+            .arg("-q")
+            .arg("-a")
+            .args(modules)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        if status.is_ok() {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn effective_uid_is_the_second_uid_field() {
+        let status = "Name:\tcat\nUid:\t1000\t0\t1000\t1000\nGid:\t0\t0\t0\t0\n";
+        assert_eq!(effective_uid(status), Some(0));
+        assert_eq!(effective_uid("Name:\tcat\n"), None);
+    }
+
+    #[test]
+    fn protocols_are_matched_by_first_column() {
+        let protocols = "protocol  size sockets  memory press maxhdr  slab module     cl co di ac io in de sh ss gs se re sp bi br ha uh gp em\n\
+                         SCTPv6    1272      0       0   no       0   yes  sctp        y  y  y  y  y  y  y  y  y  y  y  y  n  y  y  y  y  y  n  y\n\
+                         TCP       2432      7       1   no     320   yes  kernel      y  y  y  y  y  y  y  y  y  y  y  y  y  n  y  y  y  y  y  y\n";
+        assert!(protocols_include(protocols, "TCP"));
+        assert!(!protocols_include(protocols, "SCTP"));
+        assert!(protocols_include(protocols, "SCTPv6"));
+    }
+
+    #[test]
+    fn builtin_list_matches_module_names() {
+        let list = "kernel/net/netfilter/nf_flow_table.ko\nkernel/arch/x86/crypto/crc32c-intel.ko\n";
+        assert!(builtin_includes(list, "nf_flow_table"));
+        assert!(builtin_includes(list, "crc32c_intel"));
+        assert!(!builtin_includes(list, "nf_flow_table_inet"));
+    }
+
+    #[test]
+    fn every_feature_names_its_modules() {
+        for feature in KernelFeature::ALL {
+            assert!(!feature.modules().is_empty(), "{feature}");
+        }
+    }
+}
