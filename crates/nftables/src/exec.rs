@@ -1,0 +1,135 @@
+//! Executors apply a transaction to the kernel. `nft -f -` for now; a netlink-native executor is
+//! a separate piece of work, hence the trait.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use crate::transaction::Transaction;
+
+/// Why a transaction was not applied. Transactions are atomic: on error nothing changed.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    /// The executor could not be started.
+    #[error("running {program}: {source}")]
+    Spawn {
+        /// Program.
+        program: String,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// The kernel or `nft` rejected the transaction.
+    #[error("{program} rejected the transaction: {stderr}")]
+    Rejected {
+        /// Program.
+        program: String,
+        /// What it said.
+        stderr: String,
+    },
+    /// A test executor was told to fail.
+    #[error("injected failure")]
+    Injected,
+}
+
+/// Applies transactions atomically.
+pub trait Executor {
+    /// Applies `tx` as one atomic batch.
+    fn apply(&mut self, tx: &Transaction) -> Result<(), ExecError>;
+}
+
+/// Runs `nft -f -` (in the network namespace of the calling thread).
+#[derive(Debug, Clone)]
+pub struct NftCommand {
+    program: String,
+    check_only: bool,
+}
+
+impl Default for NftCommand {
+    fn default() -> Self {
+        Self { program: "nft".to_owned(), check_only: false }
+    }
+}
+
+impl NftCommand {
+    /// `nft` from `PATH`.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Only checks the transaction (`nft -c`), applying nothing.
+    pub fn check_only(mut self) -> Self {
+        self.check_only = true;
+        self
+    }
+}
+
+impl Executor for NftCommand {
+    fn apply(&mut self, tx: &Transaction) -> Result<(), ExecError> {
+        if tx.is_empty() {
+            return Ok(());
+        }
+        let mut cmd = Command::new(&self.program);
+        if self.check_only {
+            cmd.arg("-c");
+        }
+        let spawn_err = |source| ExecError::Spawn { program: self.program.clone(), source };
+        let mut child = cmd
+            .args(["-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(spawn_err)?;
+        let text = tx.render();
+        if let Some(mut stdin) = child.stdin.take() {
+            stdin.write_all(text.as_bytes()).map_err(spawn_err)?;
+        }
+        let out = child.wait_with_output().map_err(spawn_err)?;
+        if out.status.success() {
+            tracing::debug!(ops = tx.len(), "applied nftables transaction");
+            Ok(())
+        } else {
+            Err(ExecError::Rejected {
+                program: self.program.clone(),
+                stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+            })
+        }
+    }
+}
+
+/// Records transactions instead of applying them (tests, `--dry-run`).
+#[derive(Debug, Clone, Default)]
+pub struct Recording {
+    /// Every transaction applied, in order.
+    pub applied: Vec<Transaction>,
+    /// Fail the next `apply` (then reset).
+    pub fail_next: bool,
+}
+
+impl Recording {
+    /// The last applied transaction.
+    pub fn last(&self) -> Option<&Transaction> {
+        self.applied.last()
+    }
+}
+
+impl Executor for Recording {
+    fn apply(&mut self, tx: &Transaction) -> Result<(), ExecError> {
+        if std::mem::take(&mut self.fail_next) {
+            return Err(ExecError::Injected);
+        }
+        self.applied.push(tx.clone());
+        Ok(())
+    }
+}
+
+impl<E: Executor + ?Sized> Executor for &mut E {
+    fn apply(&mut self, tx: &Transaction) -> Result<(), ExecError> {
+        (**self).apply(tx)
+    }
+}
+
+impl<E: Executor + ?Sized> Executor for Box<E> {
+    fn apply(&mut self, tx: &Transaction) -> Result<(), ExecError> {
+        (**self).apply(tx)
+    }
+}

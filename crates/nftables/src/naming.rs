@@ -1,0 +1,63 @@
+//! Upstream-style object names: `<prefix>-<HASH8>-<ns>/<svc>/<proto>/<port>`.
+//!
+//! The hash (first 8 characters of base32(sha256(base))) keeps names unique even though the
+//! readable part is only informative; names are stable across restarts, so a full resync
+//! replaces chains in place. Names fit nf_tables' 256-byte limit (namespace and service names
+//! are at most 63 bytes, port names 15).
+
+use std::net::IpAddr;
+
+use kproxy_plan::ServicePortName;
+use sha2::{Digest, Sha256};
+
+/// The readable base: `ns/svc/proto/port`.
+pub fn base(name: &ServicePortName) -> String {
+    format!("{}/{}/{}/{}", name.namespace, name.service, name.protocol, name.port)
+}
+
+/// `<prefix>-<HASH8>-<base>`.
+pub fn chain(prefix: &str, name: &ServicePortName) -> String {
+    let base = base(name);
+    format!("{prefix}-{}-{base}", hash8(&base))
+}
+
+/// Name of the per-endpoint affinity set used where the shared affinity map can not be expressed
+/// (IPv6 with `nft` 1.0.6): `affinity-<HASH8>-<base>__<ip>/<port>`, colons spelled as dots.
+pub fn affinity_set(name: &ServicePortName, ip: IpAddr, port: u16) -> String {
+    let base = format!("{}__{}/{port}", base(name), ip.to_string().replace(':', "."));
+    format!("affinity-{}-{base}", hash8(&base))
+}
+
+/// The first 8 characters of the RFC 4648 base32 encoding of sha256(`s`): exactly 40 bits.
+pub fn hash8(s: &str) -> String {
+    const ALPHABET: &[u8; 32] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
+    let digest = Sha256::digest(s.as_bytes());
+    let bits = digest[..5].iter().fold(0u64, |acc, b| (acc << 8) | u64::from(*b));
+    (0..8).map(|i| ALPHABET[((bits >> (35 - 5 * i)) & 31) as usize] as char).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use kproxy_state::Protocol;
+
+    use super::*;
+
+    #[test]
+    fn hash_matches_upstream_for_a_known_name() {
+        // Upstream's golden dump names ns1/svc1 port p80 "service-ULMVA6XW-ns1/svc1/tcp/p80".
+        assert_eq!(hash8("ns1/svc1/tcp/p80"), "ULMVA6XW");
+    }
+
+    #[test]
+    fn chain_names_are_prefixed_hashed_and_readable() {
+        let n = ServicePortName {
+            namespace: "ns1".into(),
+            service: "svc1".into(),
+            port: "p80".into(),
+            protocol: Protocol::Tcp,
+        };
+        assert_eq!(chain("service", &n), "service-ULMVA6XW-ns1/svc1/tcp/p80");
+        let a = affinity_set(&n, "fd00::1".parse().unwrap(), 80);
+        assert!(a.starts_with("affinity-") && a.ends_with("-ns1/svc1/tcp/p80__fd00..1/80"), "{a}");
+    }
+}

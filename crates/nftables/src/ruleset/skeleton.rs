@@ -1,0 +1,175 @@
+//! The fixed part of each table: base chains at upstream's hook priorities, the dispatch maps,
+//! and the node-wide rules (node ports, masquerading, no-endpoint checks).
+
+use kproxy_plan::{LocalTraffic, NodePlan, NodePortAddresses, SnatSource};
+
+use super::Ctx;
+use crate::transaction::{Chain, Element, Hook, SetDef};
+
+/// Set of ClusterIPs (for rejecting traffic to ports no service has).
+pub const CLUSTER_IPS: &str = "cluster-ips";
+/// Set of addresses that accept NodePort traffic.
+pub const NODEPORT_IPS: &str = "nodeport-ips";
+/// Interval set of local pod CIDRs (detect-local `ClusterCIDR` / `NodeCIDR`).
+pub const POD_CIDRS: &str = "pod-cidrs";
+/// Set of `endpoint . endpoint` pairs: after DNAT, a packet from an endpoint to itself is hairpin.
+pub const HAIRPIN: &str = "hairpin-endpoints";
+/// `addr . proto . port : verdict` for ClusterIP, ExternalIP and LoadBalancer IP traffic.
+pub const SERVICE_IPS: &str = "service-ips";
+/// `proto . port : verdict` for NodePort traffic.
+pub const SERVICE_NODEPORTS: &str = "service-nodeports";
+/// `addr . proto . port : verdict` for destinations without endpoints.
+pub const NO_ENDPOINT_SERVICES: &str = "no-endpoint-services";
+/// `proto . port : verdict` for node ports without endpoints.
+pub const NO_ENDPOINT_NODEPORTS: &str = "no-endpoint-nodeports";
+/// `addr . proto . port : verdict` for destinations subject to loadBalancerSourceRanges.
+pub const FIREWALL_IPS: &str = "firewall-ips";
+
+/// Regular chain the service maps hang off.
+pub const SERVICES: &str = "services";
+/// Marks a packet for masquerading.
+pub const MARK_FOR_MASQUERADE: &str = "mark-for-masquerade";
+/// Rejects (TCP reset / ICMP port unreachable).
+pub const REJECT_CHAIN: &str = "reject-chain";
+
+/// The skeleton of one family's table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Skeleton {
+    /// Chains with their rules, base chains first.
+    pub chains: Vec<(Chain, Vec<String>)>,
+    /// Sets and maps.
+    pub sets: Vec<SetDef>,
+    /// Node-wide elements (node port addresses, pod CIDRs).
+    pub elements: Vec<Element>,
+}
+
+fn hook(kind: &'static str, hook: &'static str, priority: &'static str) -> Option<Hook> {
+    Some(Hook { kind, hook, priority })
+}
+
+fn set(name: &str, key: String, data: Option<&str>, flags: Vec<&'static str>, comment: &str) -> SetDef {
+    SetDef {
+        name: name.to_owned(),
+        key_type: key,
+        data_type: data.map(str::to_owned),
+        flags,
+        timeout: None,
+        size: None,
+        comment: Some(comment.to_owned()),
+    }
+}
+
+/// Renders the skeleton for `node`.
+pub fn render(ctx: &Ctx, node: &NodePlan) -> Skeleton {
+    let ip = ctx.ip();
+    let a = ctx.addr_type();
+    let m = ctx.mark;
+    let dest = format!("{ip} daddr . meta l4proto . th dport");
+    let nodeport_match = match &node.nodeport_addresses {
+        NodePortAddresses::AllLocal => format!("fib daddr type local {ip} daddr != {}", ctx.loopback()),
+        NodePortAddresses::Only(_) => format!("{ip} daddr @{NODEPORT_IPS}"),
+    };
+    let base = |name: &str, h: Option<Hook>| Chain { name: name.to_owned(), hook: h };
+    let new = "ct state new";
+    let mut masquerading = vec![
+        format!("ct status dnat {ip} saddr . {ip} daddr @{HAIRPIN} goto masquerade-now"),
+        format!("mark and {m:#x} == 0 return"),
+        format!("mark set mark and {:#x}", !m),
+    ];
+    masquerading.extend(node.snat.no_masquerade_cidrs.iter().map(|c| format!("{ip} daddr {c} return")));
+    masquerading.push("goto masquerade-now".to_owned());
+    let snat = match node.snat.source {
+        SnatSource::Masquerade => "masquerade fully-random".to_owned(),
+        SnatSource::NodeIp(addr) => format!("snat to {addr} fully-random"),
+    };
+    let mut cluster_ips_check = vec![format!("{ip} daddr @{CLUSTER_IPS} reject")];
+    cluster_ips_check.extend(node.service_cidrs.iter().map(|c| format!("{ip} daddr {c} drop")));
+
+    let chains = vec![
+        (
+            base("filter-prerouting-pre-dnat", hook("filter", "prerouting", "-110")),
+            vec![format!("{new} jump firewall-check")],
+        ),
+        (base("filter-output-pre-dnat", hook("filter", "output", "-110")), vec![format!("{new} jump firewall-check")]),
+        (base("nat-prerouting", hook("nat", "prerouting", "dstnat")), vec![format!("jump {SERVICES}")]),
+        (base("nat-output", hook("nat", "output", "dstnat")), vec![format!("jump {SERVICES}")]),
+        (
+            base("filter-forward", hook("filter", "forward", "filter")),
+            vec![format!("{new} jump service-endpoints-check"), format!("{new} jump cluster-ips-check")],
+        ),
+        (
+            base("filter-input", hook("filter", "input", "filter")),
+            vec![format!("{new} jump nodeport-endpoints-check"), format!("{new} jump service-endpoints-check")],
+        ),
+        (
+            base("filter-output", hook("filter", "output", "filter")),
+            vec![format!("{new} jump service-endpoints-check"), format!("{new} jump cluster-ips-check")],
+        ),
+        (base("nat-postrouting", hook("nat", "postrouting", "srcnat")), vec!["jump masquerading".to_owned()]),
+        (base("firewall-check", None), vec![format!("{dest} vmap @{FIREWALL_IPS}")]),
+        (
+            base(SERVICES, None),
+            vec![
+                format!("{dest} vmap @{SERVICE_IPS}"),
+                format!("{nodeport_match} meta l4proto . th dport vmap @{SERVICE_NODEPORTS}"),
+            ],
+        ),
+        (base("service-endpoints-check", None), vec![format!("{dest} vmap @{NO_ENDPOINT_SERVICES}")]),
+        (
+            base("nodeport-endpoints-check", None),
+            vec![format!("{nodeport_match} meta l4proto . th dport vmap @{NO_ENDPOINT_NODEPORTS}")],
+        ),
+        (base("cluster-ips-check", None), cluster_ips_check),
+        (base(MARK_FOR_MASQUERADE, None), vec![ctx.mark_rule()]),
+        (base("masquerading", None), masquerading),
+        (base("masquerade-now", None), vec![format!("mark set mark and {:#x}", !m), snat]),
+        (base(REJECT_CHAIN, None), vec!["meta l4proto tcp reject with tcp reset".to_owned(), "reject".to_owned()]),
+    ];
+
+    let dest_key = format!("{a} . inet_proto . inet_service");
+    let port_key = "inet_proto . inet_service".to_owned();
+    let sets = vec![
+        set(CLUSTER_IPS, a.to_owned(), None, vec![], "Active ClusterIPs"),
+        set(NODEPORT_IPS, a.to_owned(), None, vec![], "IPs that accept NodePort traffic"),
+        set(POD_CIDRS, a.to_owned(), None, vec!["interval"], "Local pod CIDRs (detect-local)"),
+        set(HAIRPIN, format!("{a} . {a}"), None, vec![], "Endpoint pairs whose traffic is hairpin"),
+        set(
+            SERVICE_IPS,
+            dest_key.clone(),
+            Some("verdict"),
+            vec![],
+            "ClusterIP, ExternalIP and LoadBalancer IP traffic",
+        ),
+        set(SERVICE_NODEPORTS, port_key.clone(), Some("verdict"), vec![], "NodePort traffic"),
+        set(
+            NO_ENDPOINT_SERVICES,
+            dest_key.clone(),
+            Some("verdict"),
+            vec![],
+            "vmap to drop or reject packets to services with no endpoints",
+        ),
+        set(
+            NO_ENDPOINT_NODEPORTS,
+            port_key,
+            Some("verdict"),
+            vec![],
+            "vmap to drop or reject packets to service nodeports with no endpoints",
+        ),
+        set(
+            FIREWALL_IPS,
+            dest_key,
+            Some("verdict"),
+            vec![],
+            "destinations that are subject to LoadBalancerSourceRanges",
+        ),
+    ];
+
+    let mut elements = Vec::new();
+    if let NodePortAddresses::Only(ips) = &node.nodeport_addresses {
+        elements.extend(ips.iter().map(|ip| Element { set: NODEPORT_IPS.into(), key: ip.to_string(), value: None }));
+    }
+    if let LocalTraffic::SourceCidrs(nets) = &node.local_traffic {
+        elements.extend(nets.iter().map(|n| Element { set: POD_CIDRS.into(), key: n.to_string(), value: None }));
+    }
+    Skeleton { chains, sets, elements }
+}

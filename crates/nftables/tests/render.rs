@@ -1,0 +1,135 @@
+//! Rendering through the Recording executor: golden snapshot, syntax check by `nft -c`,
+//! incremental syncs that cost O(change), stale chains, failure recovery.
+
+mod common;
+
+use kproxy_nftables::{Config, NftablesDataplane, Recording};
+use kproxy_plan::{Plan, PlanDelta};
+use serde_json::json;
+
+fn dataplane() -> NftablesDataplane<Recording> {
+    NftablesDataplane::new(Recording::default(), Config::default())
+}
+
+#[test]
+fn golden_initial_ruleset_for_the_example_cluster() {
+    let plan = common::example_plan();
+    let tx = dataplane().render_initial(&plan);
+    insta::assert_snapshot!(tx.render());
+}
+
+#[test]
+fn first_sync_recreates_then_later_full_syncs_reconcile_in_place() {
+    let plan = common::example_plan();
+    let mut dp = dataplane();
+    assert!(dp.full_sync(&plan).unwrap().full);
+    let first = dp.executor().last().unwrap().render();
+    assert!(first.starts_with("add table ip kproxy { comment \"rules for kproxy\"; }\ndelete table ip kproxy\n"));
+    dp.full_sync(&plan).unwrap();
+    let second = dp.executor().last().unwrap().render();
+    assert!(!second.contains("delete table"), "{second}");
+    // The affinity sets keep their entries across a reconciling full sync.
+    assert!(first.contains("add set ip kproxy affinity-"));
+    assert!(!second.contains("add set ip kproxy affinity-") && !second.contains("delete set"), "{second}");
+}
+
+#[test]
+fn a_failed_sync_forces_a_recreating_full_sync() {
+    let plan = common::example_plan();
+    let mut dp = dataplane();
+    dp.full_sync(&plan).unwrap();
+    dp.executor_mut().fail_next = true;
+    assert!(dp.partial_sync(&plan, &PlanDelta::default()).is_err());
+    let report = dp.partial_sync(&plan, &PlanDelta::default()).unwrap();
+    assert!(report.full);
+    assert!(dp.executor().last().unwrap().render().contains("delete table ip kproxy"));
+}
+
+fn many_services(n: usize, web_endpoints: &[&str]) -> Plan {
+    let mut objects = vec![common::node()];
+    for i in 0..n {
+        let name = format!("s{i}");
+        let ip = format!("198.19.{}.{}", i / 250, i % 250 + 1);
+        objects.push(common::service(
+            "bulk",
+            &name,
+            json!({"clusterIP": ip, "ports": [{"name": "p", "port": 80}]}),
+            json!({}),
+        ));
+        let ep1 = format!("198.18.{}.{}", 20 + i / 250, i % 250 + 1);
+        objects.push(common::slice(
+            "bulk",
+            &name,
+            "1",
+            "IPv4",
+            json!([{"name": "p", "port": 8080}]),
+            json!([common::ep(&ep1, "node-b")]),
+        ));
+    }
+    objects.push(common::service(
+        "default",
+        "web",
+        json!({"clusterIP": "198.18.128.10", "ports": [{"name": "p", "port": 80}]}),
+        json!({}),
+    ));
+    let eps: Vec<_> = web_endpoints.iter().map(|ip| common::ep(ip, "node-b")).collect();
+    objects.push(common::slice("default", "web", "1", "IPv4", json!([{"name": "p", "port": 8080}]), json!(eps)));
+    common::planner().build(&common::state(objects))
+}
+
+fn one_endpoint_change_ops(n: usize) -> (usize, String) {
+    let before = many_services(n, &["198.18.17.2", "198.18.17.3"]);
+    let after = many_services(n, &["198.18.17.2", "198.18.17.4"]);
+    let mut dp = dataplane();
+    dp.full_sync(&before).unwrap();
+    let delta = PlanDelta::between(&before, &after);
+    let report = dp.partial_sync(&after, &delta).unwrap();
+    assert!(!report.full);
+    (report.ops, dp.executor().last().unwrap().render())
+}
+
+#[test]
+fn one_endpoint_change_costs_the_same_at_100_and_5000_services() {
+    let (small, small_tx) = one_endpoint_change_ops(100);
+    let (large, large_tx) = one_endpoint_change_ops(5000);
+    assert_eq!(small, large, "small:\n{small_tx}\nlarge:\n{large_tx}");
+    assert_eq!(small_tx, large_tx);
+    // Flush the service chain and refill it, swap the hairpin element.
+    let chain = "service-X546UWPH-default/web/tcp/p";
+    assert_eq!(
+        small_tx.lines().collect::<Vec<_>>(),
+        [
+            format!("flush chain ip kproxy {chain}"),
+            "delete element ip kproxy hairpin-endpoints { 198.18.17.3 . 198.18.17.3 }".to_owned(),
+            format!(
+                "add rule ip kproxy {chain} ip daddr 198.18.128.10 ip saddr != @pod-cidrs jump mark-for-masquerade"
+            ),
+            format!("add rule ip kproxy {chain} numgen random mod 2 == 0 meta l4proto tcp dnat to 198.18.17.2:8080"),
+            format!("add rule ip kproxy {chain} meta l4proto tcp dnat to 198.18.17.4:8080"),
+            "add element ip kproxy hairpin-endpoints { 198.18.17.4 . 198.18.17.4 }".to_owned(),
+        ]
+    );
+}
+
+#[test]
+fn removed_service_chains_are_flushed_now_and_deleted_next_sync() {
+    let before = many_services(2, &["198.18.17.2"]);
+    let after = many_services(1, &["198.18.17.2"]);
+    let mut dp = dataplane();
+    dp.full_sync(&before).unwrap();
+    dp.partial_sync(&after, &PlanDelta::between(&before, &after)).unwrap();
+    let tx = dp.executor().last().unwrap().render();
+    let chain = "service-";
+    assert!(
+        tx.lines().any(|l| l.starts_with("flush chain ip kproxy service-") && l.ends_with("bulk/s1/tcp/p")),
+        "{tx}"
+    );
+    assert!(tx.contains("delete element ip kproxy service-ips { 198.19.0.2 . tcp . 80 }"), "{tx}");
+    assert!(!tx.contains("delete chain"), "{tx}");
+    dp.partial_sync(&after, &PlanDelta::default()).unwrap();
+    let tx = dp.executor().last().unwrap().render();
+    assert!(tx.lines().all(|l| l.starts_with("delete chain ip kproxy ") && l.contains(chain)), "{tx}");
+    assert_eq!(tx.lines().count(), 1, "{tx}");
+    dp.partial_sync(&after, &PlanDelta::default()).unwrap();
+    assert!(dp.executor().last().unwrap().is_empty());
+}
