@@ -36,7 +36,14 @@ mkdir -p /newroot/run/kproxy /newroot/usr/lib/modules/@RELEASE@
 mount --bind /share /newroot/run/kproxy
 mount --bind /lib/modules/@RELEASE@ /newroot/usr/lib/modules/@RELEASE@
 echo "KPROXY-GUEST-READY uptime=$(cut -d' ' -f1 /proc/uptime)"
-chroot /newroot /bin/sh /run/kproxy/run.sh </dev/null >/dev/ttyS1 2>&1
-rc=$?
+if grep -q kproxy.notty /proc/cmdline; then
+  # The host's stdout is no terminal: don't let the command see one (colours, pagers).
+  set -o pipefail
+  chroot /newroot /bin/sh /run/kproxy/run.sh </dev/null 2>&1 | cat >/dev/ttyS1
+  rc=$?
+else
+  chroot /newroot /bin/sh /run/kproxy/run.sh </dev/null >/dev/ttyS1 2>&1
+  rc=$?
+fi
 echo "KPROXY-GUEST-EXIT=$rc uptime=$(cut -d' ' -f1 /proc/uptime)"
 poweroff -f

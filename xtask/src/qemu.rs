@@ -10,6 +10,7 @@
 //! used there; the probe result is cached per host boot.
 
 use std::fs;
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::thread;
@@ -131,7 +132,8 @@ fn base_command(machine: &Machine, accel: Accel, console: &Path, extra_cmdline: 
 /// Kills the guest when it is not ready within the boot timeout or not done within `timeout`.
 pub fn run(machine: &Machine, accel: Accel, run_dir: &Path, timeout: Duration) -> Result<i32> {
     let console = run_dir.join("console.log");
-    let mut command = base_command(machine, accel, &console, "");
+    let tty = if std::io::stdout().is_terminal() { "" } else { "kproxy.notty" };
+    let mut command = base_command(machine, accel, &console, tty);
     command
         .args(["-chardev", "stdio,id=output,signal=off", "-serial", "chardev:output"])
         .arg("-virtfs")
