@@ -175,27 +175,34 @@ impl ProxyHealth {
         let ok = status.healthy && node_eligible.unwrap_or(true);
         let last_updated = if ok { Some(status.current_time) } else { status.last_updated };
 
-        let mut body = serde_json::Map::new();
-        body.insert("lastUpdated".into(), rfc3339_nano(last_updated).into());
-        body.insert("currentTime".into(), rfc3339_nano(Some(status.current_time)).into());
+        // Written by hand: field order is upstream's (Go marshals struct fields in declaration
+        // order), which a JSON map would not keep. Every value is a timestamp, a bool or a family
+        // name, none of which needs escaping.
+        let mut body = format!(
+            "{{\"lastUpdated\":\"{}\",\"currentTime\":\"{}\"",
+            rfc3339_nano(last_updated),
+            rfc3339_nano(Some(status.current_time))
+        );
         if let Some(eligible) = node_eligible {
-            body.insert("nodeEligible".into(), eligible.into());
+            body.push_str(&format!(",\"nodeEligible\":{eligible}"));
         }
-        body.insert("healthy".into(), status.healthy.into());
+        body.push_str(&format!(",\"healthy\":{}", status.healthy));
         if !status.families.is_empty() {
-            let families = status
+            let families: Vec<String> = status
                 .families
                 .iter()
                 .map(|(family, health)| {
-                    let mut entry = serde_json::Map::new();
-                    entry.insert("lastUpdated".into(), rfc3339_nano(Some(health.last_updated)).into());
-                    entry.insert("healthy".into(), health.healthy.into());
-                    (family.to_string(), serde_json::Value::Object(entry))
+                    format!(
+                        "\"{family}\":{{\"lastUpdated\":\"{}\",\"healthy\":{}}}",
+                        rfc3339_nano(Some(health.last_updated)),
+                        health.healthy
+                    )
                 })
-                .collect::<serde_json::Map<_, _>>();
-            body.insert("status".into(), families.into());
+                .collect();
+            body.push_str(&format!(",\"status\":{{{}}}", families.join(",")));
         }
-        ProbeResponse { status: if ok { 200 } else { 503 }, body: serde_json::Value::Object(body).to_string() }
+        body.push('}');
+        ProbeResponse { status: if ok { 200 } else { 503 }, body }
     }
 }
 
