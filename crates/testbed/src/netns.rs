@@ -17,6 +17,7 @@ use std::path::PathBuf;
 use std::process::Output;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use nix::sched::{CloneFlags, setns};
 
@@ -102,6 +103,29 @@ impl Netns {
     pub fn ip_batch<S: AsRef<str>>(&self, commands: &[S]) -> Result<()> {
         let script: String = commands.iter().map(|c| format!("{}\n", c.as_ref())).collect();
         command::checked("ip", &["-n", self.name.as_str(), "-batch", "-"], Some(&script)).map(drop)
+    }
+
+    /// Waits until every interface in `ifaces` is operationally up *and* has its queueing
+    /// discipline attached. The kernel activates a link asynchronously ("linkwatch", which is
+    /// rate-limited to about once a second when many links change, as when tests run in
+    /// parallel); until then the link silently drops what is sent — typically the first ARP
+    /// request of a probe, which then looks like a drop.
+    pub fn wait_links_up(&self, ifaces: &[&str], timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let listing = self.ip(["-o", "link", "show"])?;
+            let pending: Vec<&str> = ifaces.iter().copied().filter(|iface| !link_is_active(&listing, iface)).collect();
+            if pending.is_empty() {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(TestbedError::Invalid(format!(
+                    "links {pending:?} in {} not up after {timeout:?}: {listing}",
+                    self.name
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 
     /// Loads an nftables script into this namespace (`nft -f -`).
@@ -246,6 +270,18 @@ fn enter(handle: &File, netns: &str) -> Result<()> {
         .map_err(|errno| TestbedError::Setns { netns: netns.to_owned(), source: errno.into() })
 }
 
+/// Whether `iface` appears in `ip -o link show` output as up with a real qdisc.
+fn link_is_active(listing: &str, iface: &str) -> bool {
+    listing.lines().any(|line| {
+        let mut fields = line.split_whitespace();
+        let name = fields.nth(1).unwrap_or("").trim_end_matches(':');
+        let name = name.split('@').next().unwrap_or(name);
+        name == iface
+            && (line.contains(" state UP ") || line.contains(" state UNKNOWN "))
+            && !line.contains(" qdisc noop ")
+    })
+}
+
 fn sysctl_path(key: &str) -> PathBuf {
     let relative = if key.contains('/') { key.to_owned() } else { key.replace('.', "/") };
     PathBuf::from("/proc/sys").join(relative)
@@ -284,5 +320,24 @@ pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
         s.clone()
     } else {
         "non-string panic payload".to_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn link_activity_needs_state_up_and_a_qdisc() {
+        let listing = "1: lo: <LOOPBACK,UP,LOWER_UP> mtu 65536 qdisc noqueue state UNKNOWN mode DEFAULT\n\
+                       2: eth0@if3: <BROADCAST,UP,LOWER_UP> mtu 1500 qdisc noqueue state UP mode DEFAULT\n\
+                       4: veth10@if2: <BROADCAST,UP,LOWER_UP> mtu 1500 qdisc noop state DOWN mode DEFAULT\n\
+                       5: cbr0: <NO-CARRIER,BROADCAST,UP> mtu 1500 qdisc noqueue state DOWN mode DEFAULT\n";
+        assert!(link_is_active(listing, "lo"));
+        assert!(link_is_active(listing, "eth0"));
+        assert!(!link_is_active(listing, "veth10"));
+        assert!(!link_is_active(listing, "cbr0"));
+        assert!(!link_is_active(listing, "eth1"));
+        assert!(!link_is_active(listing, "eth"));
     }
 }

@@ -9,6 +9,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
@@ -29,6 +30,9 @@ const COMMON_SYSCTLS: [(&str, &str); 6] = [
     ("net.ipv6.icmp.ratemask", ""),
     ("net.ipv6.icmp.ratelimit", "0"),
 ];
+
+/// How long a new link may take to become usable before building the testbed fails.
+const LINK_UP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Linux limits interface names to 15 bytes.
 const MAX_IFNAME: usize = 15;
@@ -304,6 +308,12 @@ impl Testbed {
         }
         host.ip_batch(&host_cmds)?;
         netns.ip_batch(&pod_cmds)?;
+        let mut host_links = vec![host_iface.as_str()];
+        if let PodNetworking::Bridge { name: bridge } = &self.pod_networking {
+            host_links.push(bridge);
+        }
+        host.wait_links_up(&host_links, LINK_UP_TIMEOUT)?;
+        netns.wait_links_up(&[POD_IFACE], LINK_UP_TIMEOUT)?;
 
         let pod = Arc::new(Pod {
             servers: Mutex::new(Vec::new()),
@@ -340,7 +350,8 @@ impl Testbed {
             cmds.push(format!("addr add {addr} dev {name}{nodad}"));
         }
         cmds.push(format!("link set {name} up"));
-        self.node.ip_batch(&cmds)
+        self.node.ip_batch(&cmds)?;
+        self.node.wait_links_up(&[name], LINK_UP_TIMEOUT)
     }
 
     fn create(pod_networking: PodNetworking) -> Result<Testbed> {
@@ -411,6 +422,11 @@ impl Testbed {
                 format!("link set {UPLINK_IFACE} up"),
             ])?;
         }
+
+        for host in [&self.node, &self.node2, &self.external] {
+            host.wait_links_up(&[UPLINK_IFACE], LINK_UP_TIMEOUT)?;
+        }
+        self.lan.wait_links_up(&[LAN_BRIDGE, "node", "node2", "external"], LINK_UP_TIMEOUT)?;
 
         self.node.ip_batch(&[
             format!("route add {NODE2_POD_CIDR_V4} via {NODE2_IP_V4}"),
