@@ -13,6 +13,21 @@
 //! - [`chi_square_uniform`] and friends for "is the spread even" assertions.
 //! - Kernel tests gate themselves with [`kernel::require_root`] / [`require_kernel!`] (the CI
 //!   rule: skip outside CI when not root, fail in CI).
+//!
+//! ```no_run
+//! use std::net::SocketAddr;
+//! use kproxy_testbed::{DEFAULT_PROBE_TIMEOUT, ProbeResult, Proto, Testbed, Where, probe, topology};
+//!
+//! # fn main() -> kproxy_testbed::Result<()> {
+//! let tb = Testbed::new()?;
+//! let a = tb.add_pod("a", Where::Node)?;
+//! a.serve(&[(Proto::Tcp, 8080), (Proto::Udp, 8080)])?;
+//! // … program the dataplane under test in tb.node() …
+//! let got = probe(tb.external(), Proto::Tcp, SocketAddr::new(a.ipv4().into(), 8080), DEFAULT_PROBE_TIMEOUT)?;
+//! assert_eq!(got, ProbeResult::Answered { backend: "a".into(), seen_source: topology::EXTERNAL_IP_V4.into() });
+//! # Ok(())
+//! # }
+//! ```
 
 mod command;
 mod conntrack;
