@@ -91,7 +91,9 @@ mod tests {
         assert!(check_content_type(JSON).is_ok());
         assert!(check_content_type(PROTOBUF).is_ok());
         assert!(check_content_type("application/vnd.kubernetes.protobuf, application/json").is_ok());
-        assert!(matches!(check_content_type("application/yaml"), Err(Error::UnsupportedContentType(t)) if t == "application/yaml"));
+        assert!(
+            matches!(check_content_type("application/yaml"), Err(Error::UnsupportedContentType(t)) if t == "application/yaml")
+        );
     }
 
     #[test]

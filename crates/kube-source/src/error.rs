@@ -21,7 +21,9 @@ pub enum Error {
     #[error("building the Kubernetes client: {0}")]
     Client(#[source] kube::Error),
     /// `clientConnection.contentType` names a type kproxy cannot speak.
-    #[error("unsupported clientConnection.contentType {0:?} (want application/json or application/vnd.kubernetes.protobuf)")]
+    #[error(
+        "unsupported clientConnection.contentType {0:?} (want application/json or application/vnd.kubernetes.protobuf)"
+    )]
     UnsupportedContentType(String),
     /// `clientConnection.qps` is not a number kproxy can use.
     #[error("invalid clientConnection.qps {0}")]

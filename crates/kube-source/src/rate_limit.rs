@@ -61,7 +61,12 @@ impl<S> Layer<S> for RateLimitLayer {
     type Service = RateLimit<S>;
 
     fn layer(&self, inner: S) -> RateLimit<S> {
-        RateLimit { inner, bucket: TokenBucket::new(self.qps, self.burst, Instant::now()), sleep: None, has_token: false }
+        RateLimit {
+            inner,
+            bucket: TokenBucket::new(self.qps, self.burst, Instant::now()),
+            sleep: None,
+            has_token: false,
+        }
     }
 }
 

@@ -115,8 +115,7 @@ pub(crate) fn to_object(kind: Kind, raw: RawObject) -> Result<Object, Malformed>
     let value = raw.value;
     Ok(match kind {
         Kind::Service => {
-            let traffic_hint =
-                value.pointer("/spec/trafficHint").and_then(Value::as_str).map(str::to_owned);
+            let traffic_hint = value.pointer("/spec/trafficHint").and_then(Value::as_str).map(str::to_owned);
             let service: Service = typed(value).map_err(fail)?;
             Object::Service(Box::new(ServiceObject { service, traffic_hint }))
         }
@@ -187,7 +186,10 @@ mod tests {
     #[test]
     fn api_resources_match_upstream_paths() {
         let ar = api_resource(Kind::EndpointSlice);
-        assert_eq!((ar.group.as_str(), ar.version.as_str(), ar.plural.as_str()), ("discovery.k8s.io", "v1", "endpointslices"));
+        assert_eq!(
+            (ar.group.as_str(), ar.version.as_str(), ar.plural.as_str()),
+            ("discovery.k8s.io", "v1", "endpointslices")
+        );
         let ar = api_resource(Kind::ServiceCidr);
         assert_eq!((ar.group.as_str(), ar.plural.as_str()), ("networking.k8s.io", "servicecidrs"));
     }

@@ -3,8 +3,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::stream::{BoxStream, SelectAll};
 use futures::StreamExt;
+use futures::stream::{BoxStream, SelectAll};
 use kproxy_state::{Change, Kind, Object};
 use kube::runtime::WatchStreamExt as _;
 use kube::runtime::utils::Backoff;
@@ -45,7 +45,11 @@ pub struct KubeSourceOptions {
 impl KubeSourceOptions {
     /// Upstream's defaults for the node `node_name`.
     pub fn new(node_name: impl Into<String>) -> Self {
-        Self { node_name: node_name.into(), label_selector: DEFAULT_LABEL_SELECTOR.to_owned(), backoff: RetryBackoff::default() }
+        Self {
+            node_name: node_name.into(),
+            label_selector: DEFAULT_LABEL_SELECTOR.to_owned(),
+            backoff: RetryBackoff::default(),
+        }
     }
 }
 
@@ -66,7 +70,12 @@ impl Backoff for FixedBackoff {
 
 type KindEvent = (Kind, Result<Event<RawObject>, watcher::Error>);
 
-fn watch_kind(client: &Client, kind: Kind, config: watcher::Config, backoff: RetryBackoff) -> BoxStream<'static, KindEvent> {
+fn watch_kind(
+    client: &Client,
+    kind: Kind,
+    config: watcher::Config,
+    backoff: RetryBackoff,
+) -> BoxStream<'static, KindEvent> {
     let api: Api<RawObject> = Api::all_with(client.clone(), &api_resource(kind));
     let events = watcher::watcher(api, config);
     let events = match backoff {
@@ -129,7 +138,14 @@ fn slot(kind: Kind) -> usize {
 
 impl Emitter {
     fn new(tx: mpsc::Sender<Change>, stats: Arc<SourceStats>) -> Self {
-        Self { tx, stats, listing: Default::default(), listed: [false; 4], held: Some(Vec::new()), no_service_cidr_api: false }
+        Self {
+            tx,
+            stats,
+            listing: Default::default(),
+            listed: [false; 4],
+            held: Some(Vec::new()),
+            no_service_cidr_api: false,
+        }
     }
 
     /// Handles one watcher event; false once the receiver is gone.
@@ -174,11 +190,14 @@ impl Emitter {
 
     async fn on_error(&mut self, kind: Kind, error: watcher::Error) -> bool {
         self.stats.count_watch_error(kind);
-        let not_found = matches!(&error, watcher::Error::InitialListFailed(kube::Error::Api(status)) if status.code == 404);
+        let not_found =
+            matches!(&error, watcher::Error::InitialListFailed(kube::Error::Api(status)) if status.code == 404);
         if kind == Kind::ServiceCidr && not_found {
             if !self.no_service_cidr_api {
                 self.no_service_cidr_api = true;
-                tracing::info!("the API server does not serve networking.k8s.io/v1 ServiceCIDRs; treating them as none");
+                tracing::info!(
+                    "the API server does not serve networking.k8s.io/v1 ServiceCIDRs; treating them as none"
+                );
             }
             if !self.listed[slot(kind)] {
                 return self.emit(Change::Replaced(kind, Vec::new())).await;

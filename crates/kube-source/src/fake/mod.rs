@@ -1,0 +1,220 @@
+//! An in-process fake Kubernetes API server for tests.
+//!
+//! The real kube-apiserver cannot run on the development machines, so the watch path is tested
+//! against this server instead. It speaks the real HTTP protocol that the unmodified kube-rs
+//! client uses — JSON lists with `metadata.resourceVersion`; `?watch=true` streams of
+//! newline-delimited ADDED/MODIFIED/DELETED/BOOKMARK/ERROR events resumed from a resource version;
+//! `410 Gone` (as an ERROR event, like kube-apiserver) for a version older than the compacted
+//! history; label and field selectors — for the four kinds kproxy watches. A control handle adds,
+//! updates and deletes objects and injects the failures a real cluster has: bookmarks, expired
+//! watches, compaction, dropped connections, a server that stops and comes back on the same port,
+//! slow lists and slow events, and an API group that is not served.
+
+mod http;
+mod selector;
+mod store;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use kproxy_state::{Kind, ObjectKey};
+use serde_json::Value;
+use tokio::net::TcpListener;
+use tokio::task::{JoinHandle, JoinSet};
+
+use store::{Signal, Store};
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The accept loop and open connections of a running server.
+#[derive(Debug)]
+struct Running {
+    accept: JoinHandle<()>,
+    connections: Arc<Mutex<JoinSet<()>>>,
+}
+
+/// A fake API server on `127.0.0.1`, running until dropped.
+#[derive(Debug)]
+pub struct FakeApiServer {
+    store: Arc<Mutex<Store>>,
+    addr: SocketAddr,
+    running: Mutex<Option<Running>>,
+}
+
+impl FakeApiServer {
+    /// Starts an empty server on a free loopback port.
+    pub async fn start() -> std::io::Result<Self> {
+        let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
+        let addr = listener.local_addr()?;
+        let server = Self { store: Arc::new(Mutex::new(Store::new())), addr, running: Mutex::new(None) };
+        server.serve(listener);
+        Ok(server)
+    }
+
+    /// The address the server listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// A kube-rs configuration pointing at this server (no auth, plain HTTP).
+    pub fn kube_config(&self) -> Result<kube::Config, ::http::uri::InvalidUri> {
+        Ok(kube::Config::new(self.url().parse()?))
+    }
+
+    /// Adds or updates an object (as ADDED or MODIFIED); sets its `kind`, `apiVersion` and a new
+    /// `metadata.resourceVersion`, which is returned.
+    pub fn apply(&self, kind: Kind, object: Value) -> u64 {
+        lock(&self.store).apply(kind, object)
+    }
+
+    /// Deletes an object; returns the resource version of the deletion, or `None` if it did not exist.
+    pub fn delete(&self, kind: Kind, namespace: &str, name: &str) -> Option<u64> {
+        lock(&self.store).delete(kind, &ObjectKey::new(namespace, name))
+    }
+
+    /// The latest resource version.
+    pub fn resource_version(&self) -> u64 {
+        lock(&self.store).rv
+    }
+
+    /// Sends a BOOKMARK at the latest resource version to every open watch that asked for bookmarks.
+    pub fn bookmark(&self) {
+        let store = lock(&self.store);
+        let _ = store.signals.send(Signal::Bookmark(store.rv));
+    }
+
+    /// Ends every open watch with an ERROR event `410 Expired`, as kube-apiserver does when a
+    /// watcher falls behind the compacted history.
+    pub fn expire_watches(&self) {
+        let _ = lock(&self.store).signals.send(Signal::Expire);
+    }
+
+    /// Forgets the event history: a watch resumed from an older resource version gets `410 Gone`.
+    pub fn compact(&self) {
+        lock(&self.store).compact();
+    }
+
+    /// Delays every list of `kind` by `delay` (zero to stop).
+    pub fn set_list_delay(&self, kind: Kind, delay: Duration) {
+        lock(&self.store).list_delay.insert(kind, delay);
+    }
+
+    /// Delays each event of watches opened from now on by `delay`.
+    pub fn set_event_delay(&self, delay: Duration) {
+        lock(&self.store).event_delay = delay;
+    }
+
+    /// Serves `kind` or answers 404 for it (an API server without that API group).
+    pub fn set_served(&self, kind: Kind, served: bool) {
+        let mut store = lock(&self.store);
+        if served {
+            store.unserved.remove(&kind);
+        } else {
+            store.unserved.insert(kind);
+        }
+    }
+
+    /// How many lists of `kind` were answered.
+    pub fn list_count(&self, kind: Kind) -> usize {
+        lock(&self.store).lists.get(&kind).copied().unwrap_or_default()
+    }
+
+    /// How many watches of `kind` were opened.
+    pub fn watch_count(&self, kind: Kind) -> usize {
+        lock(&self.store).watches.get(&kind).copied().unwrap_or_default()
+    }
+
+    /// How many watch streams are open now.
+    pub fn open_watches(&self) -> usize {
+        lock(&self.store).signals.receiver_count()
+    }
+
+    /// Closes every open connection (clients see their watches break) but keeps listening.
+    pub async fn drop_connections(&self) {
+        let connections = lock(&self.running).as_ref().map(|r| r.connections.clone());
+        if let Some(connections) = connections {
+            let mut set = std::mem::take(&mut *lock(&connections));
+            set.shutdown().await;
+        }
+    }
+
+    /// Stops listening and closes every connection, keeping the stored objects (like an API server
+    /// restart: etcd keeps the data).
+    pub async fn stop(&self) {
+        let running = lock(&self.running).take();
+        if let Some(running) = running {
+            running.accept.abort();
+            let _ = running.accept.await;
+            let mut set = std::mem::take(&mut *lock(&running.connections));
+            set.shutdown().await;
+        }
+    }
+
+    /// Listens again on the same port after [`stop`](Self::stop).
+    pub async fn restart(&self) -> std::io::Result<()> {
+        self.stop().await;
+        let mut attempt = 0;
+        let listener = loop {
+            match TcpListener::bind(self.addr).await {
+                Ok(listener) => break listener,
+                Err(e) if attempt < 50 => {
+                    attempt += 1;
+                    tracing::debug!(error = %e, "rebinding the fake API server");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        self.serve(listener);
+        Ok(())
+    }
+
+    fn serve(&self, listener: TcpListener) {
+        let connections = Arc::new(Mutex::new(JoinSet::new()));
+        let accept = tokio::spawn(accept_loop(listener, self.store.clone(), connections.clone()));
+        *lock(&self.running) = Some(Running { accept, connections });
+    }
+}
+
+impl Drop for FakeApiServer {
+    fn drop(&mut self) {
+        if let Some(running) = lock(&self.running).take() {
+            running.accept.abort();
+            lock(&running.connections).abort_all();
+        }
+    }
+}
+
+async fn accept_loop(listener: TcpListener, store: Arc<Mutex<Store>>, connections: Arc<Mutex<JoinSet<()>>>) {
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                tracing::debug!(error = %e, "fake API server accept failed");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let store = store.clone();
+        let service = service_fn(move |request| http::handle(store.clone(), request));
+        let connection = http1::Builder::new().serve_connection(TokioIo::new(stream), service);
+        let mut set = lock(&connections);
+        while set.try_join_next().is_some() {}
+        set.spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "fake API server connection ended");
+            }
+        });
+    }
+}
