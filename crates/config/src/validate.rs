@@ -182,7 +182,7 @@ pub(crate) fn validate(s: &Settings, warnings: &mut Vec<String>) -> Result<Proxy
     let mut c = Checker { origins: &s.origins, errors: Vec::new() };
     let section = s.mode_section();
 
-    for (gate, _) in &s.feature_gates {
+    for gate in s.feature_gates.keys() {
         if gate.trim().is_empty() {
             c.fail("featureGates", gate, "feature gate names must not be empty");
         } else if !KNOWN_FEATURE_GATES.contains(&gate.as_str()) {

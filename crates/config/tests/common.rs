@@ -1,5 +1,5 @@
 //! Shared helpers: parse a command line the way the binary will (Flags flattened into a Parser).
-#![allow(dead_code)]
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)] // test helpers may panic
 
 use std::path::PathBuf;
 

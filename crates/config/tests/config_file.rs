@@ -1,5 +1,6 @@
 //! The KubeProxyConfiguration file: real upstream-style documents parse to the expected values, and
 //! every malformed one fails with an error naming the field at fault.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers may panic
 
 mod common;
 
