@@ -516,12 +516,39 @@ impl Metrics {
         let mut out = String::new();
         match format {
             Exposition::PrometheusText => {
-                prometheus_client::encoding::prometheus_text::encode(&mut out, &self.inner.registry)?
+                prometheus_client::encoding::prometheus_text::encode(&mut out, &self.inner.registry)?;
+                out = go_style_bucket_bounds(&out);
             }
             Exposition::OpenMetrics => prometheus_client::encoding::text::encode(&mut out, &self.inner.registry)?,
         }
         Ok(out)
     }
+}
+
+/// Writes whole-number bucket bounds as Go does (`le="1"`, not `le="1.0"`).
+///
+/// In the Prometheus text format `le` is a label, compared as a string by Prometheus 2.x and by
+/// every dashboard or recording rule that names a bucket (`{le="1"}`); kube-proxy's Go client
+/// prints integral bounds without a fraction, so we do too. OpenMetrics keeps its canonical `1.0`.
+fn go_style_bucket_bounds(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for line in text.split_inclusive('\n') {
+        let bucket = !line.starts_with('#') && line.split(['{', ' ']).next().is_some_and(|n| n.ends_with("_bucket"));
+        match line.find("le=\"").filter(|_| bucket) {
+            Some(at) => {
+                let value_start = at + 4;
+                let value_len = line[value_start..].find('"').unwrap_or(0);
+                let value = &line[value_start..value_start + value_len];
+                let trimmed =
+                    value.strip_suffix(".0").filter(|int| int.bytes().all(|b| b.is_ascii_digit() || b == b'-'));
+                out.push_str(&line[..value_start]);
+                out.push_str(trimmed.unwrap_or(value));
+                out.push_str(&line[value_start + value_len..]);
+            }
+            None => out.push_str(line),
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -542,6 +569,15 @@ mod tests {
         assert_eq!(np[73], 115.0);
         assert_eq!(np[74], 120.0);
         assert_eq!(np[80], 300.0);
+    }
+
+    #[test]
+    fn integral_bucket_bounds_are_written_as_go_writes_them() {
+        let text = "# HELP x_bucket le=\"1.0\" stays\nx_bucket{ip_family=\"IPv4\",le=\"1.0\"} 3\nx_bucket{le=\"0.25\"} 1\nx_bucket{le=\"300.0\"} 4\nx_bucket{le=\"+Inf\"} 4\ny{le=\"1.0\"} 1.0\n";
+        assert_eq!(
+            go_style_bucket_bounds(text),
+            "# HELP x_bucket le=\"1.0\" stays\nx_bucket{ip_family=\"IPv4\",le=\"1\"} 3\nx_bucket{le=\"0.25\"} 1\nx_bucket{le=\"300\"} 4\nx_bucket{le=\"+Inf\"} 4\ny{le=\"1.0\"} 1.0\n"
+        );
     }
 
     #[test]
