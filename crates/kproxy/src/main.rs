@@ -1,1 +1,210 @@
-fn main() {}
+//! kproxy: a Kubernetes Service proxy, drop-in for kube-proxy.
+//!
+//! `kproxy [kube-proxy flags]` runs the proxy; `kproxy plan --manifests DIR` prints the plan;
+//! `kproxy demo` runs the live demo in a sandbox of network namespaces.
+
+mod dataplane;
+mod demo;
+mod node;
+mod plan_table;
+mod policy;
+mod proxier;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, bail};
+use clap::{Parser, Subcommand, ValueEnum};
+use kproxy_config::{Action, ProxyConfig, ProxyMode, SourceSelection, VersionRequest};
+use kproxy_nftables::{NftCommand, NftablesDataplane};
+use kproxy_plan::Planner;
+use kproxy_state::{Change, ClusterState};
+use tokio::sync::mpsc;
+use tracing::{error, info, warn};
+
+use crate::proxier::{NoObserver, Pacing, Proxier};
+
+#[derive(Parser, Debug)]
+#[command(name = "kproxy", about = "A Kubernetes Service proxy, drop-in for kube-proxy", disable_version_flag = true)]
+struct Cli {
+    #[command(flatten)]
+    flags: kproxy_config::Flags,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Print the plan computed from a directory of manifests, without touching the kernel.
+    Plan {
+        /// Directory of YAML manifests (Services, EndpointSlices, Nodes, ServiceCIDRs).
+        #[arg(long, value_name = "DIR")]
+        manifests: PathBuf,
+        /// Output format.
+        #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+        /// The node to plan for (default: --hostname-override, else the hostname).
+        #[arg(long)]
+        node: Option<String>,
+    },
+    /// Live demo: network namespaces, kproxy on examples/, real traffic, a table; cleans up.
+    Demo {
+        /// Directory of YAML manifests to proxy.
+        #[arg(long, value_name = "DIR", default_value = "examples")]
+        manifests: PathBuf,
+    },
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Output {
+    Table,
+    Json,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("kproxy: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.flags.version_request()? {
+        VersionRequest::None => {}
+        _ => {
+            println!("kproxy v{}", env!("CARGO_PKG_VERSION"));
+            return Ok(());
+        }
+    }
+    let config = kproxy_config::resolve(&cli.flags)?;
+    init_logging(&config);
+    for warning in &config.warnings {
+        warn!("{warning}");
+    }
+    match cli.command {
+        Some(Command::Plan { manifests, output, node }) => return print_plan(&config, &manifests, output, node),
+        Some(Command::Demo { manifests }) => return demo::run(&manifests),
+        None => {}
+    }
+    match &config.action {
+        Action::WriteConfigTo(path) => {
+            config.write_config_file(path)?;
+            info!(path = %path.display(), "wrote the effective configuration");
+            Ok(())
+        }
+        Action::Cleanup => cleanup(),
+        Action::InitOnly => Ok(()),
+        Action::Run => run_proxy(config),
+    }
+}
+
+fn init_logging(config: &ProxyConfig) {
+    // kube-proxy's -v levels: 0-1 info, 2-4 debug, 5+ trace.
+    let level = match config.logging.verbosity {
+        0..=1 => "info",
+        2..=4 => "debug",
+        _ => "trace",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("KPROXY_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let _ = match config.logging.format {
+        kproxy_config::LogFormat::Json => builder.json().try_init(),
+        _ => builder.try_init(),
+    };
+}
+
+/// `--cleanup`: removes kproxy's tables and nothing else.
+fn cleanup() -> anyhow::Result<()> {
+    kproxy_nftables::cleanup(&mut NftCommand::new()).context("removing kproxy's nftables tables")?;
+    info!("removed kproxy's nftables tables");
+    Ok(())
+}
+
+/// Loads a manifest directory into a state, reporting (and skipping) what is malformed.
+fn load_manifests(dir: &Path) -> anyhow::Result<ClusterState> {
+    let snapshot = kproxy_source::manifest::load(dir).with_context(|| format!("reading {}", dir.display()))?;
+    for e in snapshot.errors() {
+        warn!("{e}");
+    }
+    let mut state = ClusterState::new();
+    for change in snapshot.initial_changes() {
+        let outcome = state.apply(change);
+        for e in outcome.rejected.iter().chain(&outcome.warnings) {
+            warn!("{e}");
+        }
+    }
+    Ok(state)
+}
+
+fn print_plan(config: &ProxyConfig, dir: &Path, output: Output, node: Option<String>) -> anyhow::Result<()> {
+    let state = load_manifests(dir)?;
+    let name = node.unwrap_or_else(|| node::node_name(config));
+    let planner = Planner::new(policy::proxy_policy(config), node::context(config, name));
+    let plan = planner.build(&state);
+    match output {
+        Output::Table => print!("{}", plan_table::render(&plan)),
+        Output::Json => println!("{}", serde_json::to_string_pretty(&plan)?),
+    }
+    Ok(())
+}
+
+fn run_proxy(config: ProxyConfig) -> anyhow::Result<()> {
+    if config.mode != ProxyMode::Nftables {
+        bail!("proxy mode {:?} is not available yet; use --proxy-mode=nftables", config.mode.as_str());
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(async move {
+        let name = node::node_name(&config);
+        info!(node = %name, mode = config.mode.as_str(), "starting kproxy");
+        let planner = Planner::new(policy::proxy_policy(&config), node::context(&config, name));
+        log_masquerade_policy(&config);
+        let pacing = Pacing { min_sync_period: config.min_sync_period, sync_period: config.sync_period };
+        let (tx, rx) = mpsc::channel::<Change>(1024);
+        let source = match &config.source {
+            SourceSelection::Manifests(dir) => {
+                let dir = dir.clone();
+                tokio::spawn(async move {
+                    let result = kproxy_source::manifest::watch(dir, tx, |e| warn!("{e}")).await;
+                    if let Err(e) = result {
+                        error!("manifest source stopped: {e}");
+                    }
+                })
+            }
+            SourceSelection::KubernetesApi => bail!("the Kubernetes API source is not wired yet; use --manifests DIR"),
+        };
+        let nft_config = kproxy_nftables::Config { masquerade_mark: config.masquerade_mark(), ..Default::default() };
+        let proxier_task = if config.dry_run {
+            let dp = NftablesDataplane::new(dataplane::PrintTransactions, nft_config);
+            tokio::spawn(async move {
+                Proxier::new(planner, dp, NoObserver, pacing).run(rx).await;
+            })
+        } else {
+            let dp = NftablesDataplane::new(NftCommand::new(), nft_config);
+            tokio::spawn(async move {
+                Proxier::new(planner, dp, NoObserver, pacing).run(rx).await;
+            })
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => info!("interrupted; leaving the rules in place (use --cleanup to remove them)"),
+            _ = proxier_task => warn!("the sync loop stopped"),
+        }
+        source.abort();
+        Ok(())
+    })
+}
+
+/// States the effective masquerade policy once at startup (KEP-6246 asks for it).
+fn log_masquerade_policy(config: &ProxyConfig) {
+    info!(
+        masquerade_all = config.masquerade_all,
+        detect_local = config.detect_local.mode_name(),
+        no_masquerade_cidrs = ?config.no_masquerade_cidrs,
+        snat_to_node_ip = config.snat_to_node_ip,
+        "masquerade policy"
+    );
+}

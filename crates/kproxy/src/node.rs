@@ -1,0 +1,46 @@
+//! What kproxy learns about its own node from the host: name and interface addresses.
+
+use std::net::IpAddr;
+
+use kproxy_config::ProxyConfig;
+use kproxy_plan::NodeContext;
+
+/// The node name: `--hostname-override`, else the kernel's hostname (lower-cased, as upstream).
+pub fn node_name(config: &ProxyConfig) -> String {
+    if let Some(name) = config.hostname_override.as_deref().filter(|n| !n.is_empty()) {
+        return name.to_owned();
+    }
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .map(|h| h.trim().to_lowercase())
+        .unwrap_or_default()
+}
+
+/// Addresses of every interface in this network namespace (for `nodePortAddresses` CIDRs).
+pub fn local_addresses() -> Vec<IpAddr> {
+    let Ok(addrs) = nix::ifaddrs::getifaddrs() else { return Vec::new() };
+    let mut out: Vec<IpAddr> = addrs
+        .filter_map(|a| a.address)
+        .filter_map(|sa| {
+            if let Some(v4) = sa.as_sockaddr_in() {
+                Some(IpAddr::V4(v4.ip()))
+            } else {
+                sa.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip()))
+            }
+        })
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// The node context the planner needs.
+pub fn context(config: &ProxyConfig, name: String) -> NodeContext {
+    NodeContext {
+        name,
+        // bindAddress overrides kube-proxy's idea of the node IP (0.0.0.0 / :: mean "not set").
+        node_ip_override: Some(config.bind_address).filter(|ip| !ip.is_unspecified()).into_iter().collect(),
+        local_addresses: local_addresses(),
+    }
+}

@@ -1,0 +1,196 @@
+//! The sync loop: source events in, dataplane syncs out, paced like upstream's
+//! bounded-frequency runner.
+//!
+//! Every change marks the state dirty and queues a sync. A sync runs no sooner than
+//! `min_sync_period` after the previous one (bursts of events collapse into one sync), and a full
+//! resync runs at start, after any failure, and every `sync_period`. Nothing is programmed until
+//! both Services and EndpointSlices have been listed once, so a partial view never reaches the
+//! kernel.
+
+use std::time::{Duration, Instant};
+
+use kproxy_plan::{Plan, PlanDelta, Planner};
+use kproxy_state::{Change, ClusterState, Kind};
+use tokio::sync::mpsc;
+use tracing::{debug, info, warn};
+
+/// What a dataplane backend offers the sync loop.
+pub trait Dataplane: Send {
+    /// Makes the kernel match `plan` exactly, whatever it held before.
+    fn full_sync(&mut self, plan: &Plan) -> anyhow::Result<()>;
+    /// Applies `delta` (computed against the previously synced plan); `plan` is the result.
+    fn partial_sync(&mut self, plan: &Plan, delta: &PlanDelta) -> anyhow::Result<()>;
+}
+
+/// Something to do after each successful sync (health, conntrack, health-check servers).
+pub trait SyncObserver: Send {
+    /// A sync was queued at `at`.
+    fn queued(&mut self, _at: Instant) {}
+    /// A sync finished.
+    fn synced(&mut self, _plan: &Plan, _delta: &PlanDelta, _full: bool, _took: Duration) {}
+    /// A sync failed.
+    fn failed(&mut self, _full: bool) {}
+    /// Objects were rejected or warned about.
+    fn rejected(&mut self, _errors: &[kproxy_state::ObjectError]) {}
+}
+
+/// A no-op observer.
+#[derive(Debug, Default)]
+pub struct NoObserver;
+impl SyncObserver for NoObserver {}
+
+/// Pacing of syncs.
+#[derive(Debug, Clone, Copy)]
+pub struct Pacing {
+    /// Minimum time between two syncs.
+    pub min_sync_period: Duration,
+    /// Time between full resyncs.
+    pub sync_period: Duration,
+}
+
+/// The proxier: owns the state, the plan and the dataplane.
+pub struct Proxier<D, O> {
+    state: ClusterState,
+    planner: Planner,
+    plan: Plan,
+    dataplane: D,
+    observer: O,
+    pacing: Pacing,
+    needs_full_sync: bool,
+    last_full_sync: Option<Instant>,
+    last_sync: Option<Instant>,
+    pending: bool,
+}
+
+impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
+    /// A proxier that has synced nothing yet.
+    pub fn new(planner: Planner, dataplane: D, observer: O, pacing: Pacing) -> Self {
+        Self {
+            state: ClusterState::new(),
+            planner,
+            plan: Plan::default(),
+            dataplane,
+            observer,
+            pacing,
+            needs_full_sync: true,
+            last_full_sync: None,
+            last_sync: None,
+            pending: false,
+        }
+    }
+
+    /// The last plan synced.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// Replaces the planner (the node's settings changed) and forces a full sync.
+    pub fn set_planner(&mut self, planner: Planner) {
+        self.planner = planner;
+        self.needs_full_sync = true;
+        self.pending = true;
+    }
+
+    /// Applies one source event.
+    pub fn apply(&mut self, change: Change) {
+        let outcome = self.state.apply(change);
+        for e in outcome.rejected.iter() {
+            warn!(error = %e, "skipping invalid object");
+        }
+        for e in outcome.warnings.iter() {
+            warn!(warning = %e, "object accepted with a warning");
+        }
+        if !outcome.rejected.is_empty() || !outcome.warnings.is_empty() {
+            self.observer.rejected(&[outcome.rejected, outcome.warnings].concat());
+        }
+        if !self.pending {
+            self.observer.queued(Instant::now());
+        }
+        self.pending = true;
+    }
+
+    /// True once Services and EndpointSlices have both been listed.
+    pub fn ready(&self) -> bool {
+        self.state.is_synced(Kind::Service) && self.state.is_synced(Kind::EndpointSlice)
+    }
+
+    /// Runs one sync now if one is due; returns whether it ran successfully.
+    pub fn sync(&mut self) -> bool {
+        if !self.ready() {
+            debug!("not syncing: waiting for the initial Service and EndpointSlice listings");
+            return false;
+        }
+        let full = self.needs_full_sync;
+        let start = Instant::now();
+        let dirty = self.state.take_dirty();
+        let (delta, result) = if full {
+            let new = self.planner.build(&self.state);
+            let delta = PlanDelta::between(&self.plan, &new);
+            let result = self.dataplane.full_sync(&new);
+            self.plan = new;
+            (delta, result)
+        } else {
+            let delta = self.planner.update(&mut self.plan, &self.state, &dirty);
+            let result = if delta.is_empty() { Ok(()) } else { self.dataplane.partial_sync(&self.plan, &delta) };
+            (delta, result)
+        };
+        self.last_sync = Some(start);
+        self.pending = false;
+        match result {
+            Ok(()) => {
+                let took = start.elapsed();
+                if full {
+                    self.needs_full_sync = false;
+                    self.last_full_sync = Some(start);
+                    info!(took_ms = took.as_millis() as u64, "full sync done");
+                } else {
+                    debug!(took_us = took.as_micros() as u64, "partial sync done");
+                }
+                self.observer.synced(&self.plan, &delta, full, took);
+                true
+            }
+            Err(e) => {
+                warn!(error = format!("{e:#}"), full, "sync failed; the next sync is a full resync");
+                self.needs_full_sync = true;
+                self.pending = true;
+                self.observer.failed(full);
+                false
+            }
+        }
+    }
+
+    /// When the next sync should run, if any is due.
+    fn next_sync_at(&self, now: Instant) -> Instant {
+        let earliest = self.last_sync.map_or(now, |t| t + self.pacing.min_sync_period);
+        let full_due = self.last_full_sync.map_or(now, |t| t + self.pacing.sync_period);
+        if self.pending || self.needs_full_sync { earliest.max(now) } else { full_due.max(earliest) }
+    }
+
+    /// Runs until the event channel closes.
+    pub async fn run(mut self, mut events: mpsc::Receiver<Change>) -> Self {
+        loop {
+            let now = Instant::now();
+            let at = self.next_sync_at(now);
+            let wait = at.saturating_duration_since(now);
+            tokio::select! {
+                event = events.recv() => match event {
+                    Some(change) => self.apply(change),
+                    None => return self,
+                },
+                _ = tokio::time::sleep(wait) => {
+                    if !self.pending && !self.needs_full_sync {
+                        // The periodic full resync.
+                        self.needs_full_sync = true;
+                    }
+                    if !self.sync() && !self.ready() {
+                        // Nothing to do until the listings arrive: wait for events only.
+                        match events.recv().await {
+                            Some(change) => self.apply(change),
+                            None => return self,
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
