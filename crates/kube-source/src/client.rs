@@ -105,7 +105,9 @@ mod tests {
 
     #[tokio::test]
     async fn missing_kubeconfig_is_an_error_naming_the_file() {
-        let err = client(Some(Path::new("/nonexistent/kproxy-kubeconfig")), 5.0, 10, JSON).await.unwrap_err();
+        let Err(err) = client(Some(Path::new("/nonexistent/kproxy-kubeconfig")), 5.0, 10, JSON).await else {
+            panic!("a missing kubeconfig must be an error");
+        };
         assert!(err.to_string().contains("/nonexistent/kproxy-kubeconfig"), "{err}");
     }
 }
