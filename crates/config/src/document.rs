@@ -215,8 +215,15 @@ pub(crate) fn parse(path: &Path, bytes: &[u8]) -> Result<Document, ConfigError> 
     if text.trim().is_empty() {
         return Err(fail(None, "the file is empty".to_string()));
     }
+    // JSON is tried first when the text looks like it, for JSON's sharper messages; a YAML flow
+    // mapping (`{apiVersion: ...}`) also starts with `{`, so YAML gets its turn before giving up.
     let value: serde_json::Value = if text.trim_start().starts_with('{') {
-        serde_json::from_str(text).map_err(|e| fail(None, format!("invalid JSON: {e}")))?
+        match serde_json::from_str(text) {
+            Ok(value) => value,
+            Err(json_error) => {
+                serde_saphyr::from_str(text).map_err(|_| fail(None, format!("invalid JSON: {json_error}")))?
+            }
+        }
     } else {
         serde_saphyr::from_str(text).map_err(|e| fail(None, format!("invalid YAML: {e}")))?
     };
@@ -261,4 +268,43 @@ fn describe(error: &serde_path_to_error::Error<serde_json::Error>) -> (Option<St
         return (Some(field), format!("unknown field (kproxy rejects fields it does not know){hint}"));
     }
     (parent, message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse_text(text: &str) -> Result<Document, ConfigError> {
+        parse(Path::new("test.yaml"), text.as_bytes())
+    }
+
+    #[test]
+    fn yaml_flow_mapping_is_not_mistaken_for_json() {
+        let doc =
+            parse_text("{apiVersion: kubeproxy.config.k8s.io/v1alpha1, kind: KubeProxyConfiguration, mode: ipvs}")
+                .unwrap();
+        assert_eq!(doc.mode.as_deref(), Some("ipvs"));
+    }
+
+    #[test]
+    fn broken_json_reports_the_json_error() {
+        let err = parse_text("{\"apiVersion\": \"kubeproxy.config.k8s.io/v1alpha1\",, }").unwrap_err();
+        assert!(err.to_string().contains("invalid JSON"), "{err}");
+    }
+
+    #[test]
+    fn duplicate_yaml_keys_are_rejected() {
+        let err = parse_text(
+            "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: ipvs\nmode: iptables\n",
+        )
+        .unwrap_err();
+        let message = err.to_string();
+        assert!(message.contains("invalid YAML") && message.to_lowercase().contains("duplicate"), "{message}");
+    }
+
+    #[test]
+    fn empty_and_non_object_documents_are_rejected() {
+        assert!(parse_text("  \n").unwrap_err().to_string().contains("empty"));
+        assert!(parse_text("- a\n- b\n").unwrap_err().to_string().contains("top level"));
+    }
 }
