@@ -1,5 +1,7 @@
 //! `/healthz` and `/livez` over real HTTP, driven by a fake clock.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers may panic
+
 mod common;
 
 use std::net::SocketAddr;

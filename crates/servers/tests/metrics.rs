@@ -1,6 +1,8 @@
 //! `/metrics` scraped over real HTTP and parsed by real exposition parsers (Prometheus text 0.0.4
 //! and OpenMetrics 1.0), plus a strict check of our own on the histogram layouts.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers may panic
+
 mod common;
 
 use std::collections::BTreeMap;

@@ -1,6 +1,8 @@
 //! Health-check node ports over real HTTP: open, close, move, endpoint counts, proxy health, and
 //! bind failures.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers may panic
+
 mod common;
 
 use std::collections::HashMap;
