@@ -41,7 +41,9 @@ pub fn build(workspace: &Path) -> Result<Vec<TestBinary>> {
     }
     tracing::info!("building test binaries of {}", PACKAGES.join(", "));
     let stdout = process::output(command.stderr(Stdio::inherit()), BUILD_TIMEOUT)?;
-    let binaries = parse_artifacts(&String::from_utf8_lossy(&stdout));
+    let mut binaries = parse_artifacts(&String::from_utf8_lossy(&stdout));
+    binaries.sort_by(|a, b| a.label.cmp(&b.label));
+    binaries.dedup();
     if binaries.is_empty() {
         return Err(Error::Setup("cargo built no test binaries".into()));
     }

@@ -131,6 +131,11 @@ fn name_server(netns: &Netns, port: &str, name: &str) -> Background {
     netns.spawn("busybox", &["nc", "-ll", "-p", port, "-e", "echo", name], Stdio::null())
 }
 
+/// Whether a TCP socket listens on `port` in `netns`.
+fn listening(netns: &Netns, port: &str) -> bool {
+    !run(netns.exec("ss").args(["-H", "-l", "-t", "-n", "sport", "=", &format!(":{port}")])).trim().is_empty()
+}
+
 /// One TCP connection from `client` to `address:port`; returns what the server sent.
 fn fetch(client: &Netns, address: &str, port: &str) -> String {
     let output = client
@@ -222,18 +227,15 @@ fn flowtable_offloads_an_established_tcp_flow() {
 
     // A long-lived connection: both ends keep their stdin open until the test ends.
     let _server = receiver.spawn("busybox", &["nc", "-l", "-p", "9000"], Stdio::piped());
-    let mut client = wait_for(Duration::from_secs(10), || {
-        let mut client = sender.spawn("busybox", &["nc", "198.18.5.2", "9000"], Stdio::piped());
-        thread::sleep(Duration::from_millis(300));
-        let alive = matches!(client.0.try_wait(), Ok(None));
-        alive.then_some(client)
-    })
-    .expect("the client never connected");
+    assert!(wait_for(Duration::from_secs(10), || listening(&receiver, "9000").then_some(())).is_some());
+    let mut client = sender.spawn("busybox", &["nc", "198.18.5.2", "9000"], Stdio::piped());
     let mut stream = client.0.stdin.take().expect("client stdin");
-    stream.write_all(b"hello\n").expect("send");
-
-    let entry = wait_for(Duration::from_secs(20), || {
-        let _ = stream.write_all(&[0_u8; 64 * 1024]);
+    let entry = wait_for(Duration::from_secs(30), || {
+        if let Ok(Some(status)) = client.0.try_wait() {
+            panic!("the client exited ({status}) instead of keeping the connection open");
+        }
+        // Established traffic through the forward chain is what `flow add` offloads.
+        let _ = stream.write_all(&[b'x'; 16 * 1024]);
         let table = run(router.exec("conntrack").arg("-L"));
         table.lines().find(|line| line.contains("dport=9000") && line.contains("[OFFLOAD]")).map(str::to_owned)
     });
