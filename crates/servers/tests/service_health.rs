@@ -159,3 +159,32 @@ async fn all_addresses_listens_on_ipv4_loopback_too() {
     server.shutdown().await;
     assert!(refused(at(port)).await);
 }
+
+#[tokio::test]
+async fn closing_a_port_also_drops_its_open_connections() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let f = fixture();
+    let port = free_port();
+    f.server.sync_services(&HashMap::from([(svc("keepalive"), port)])).await;
+    f.server.sync_endpoints(&HashMap::from([(svc("keepalive"), 1)])).await;
+
+    // A keep-alive client that has been answered once and keeps its connection open.
+    let mut stream = tokio::net::TcpStream::connect(at(port)).await.unwrap();
+    stream.write_all(b"GET / HTTP/1.1\r\nHost: lb\r\n\r\n").await.unwrap();
+    let mut first = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut first)).await.unwrap().unwrap();
+    assert!(String::from_utf8_lossy(&first[..n]).starts_with("HTTP/1.1 200 "), "{:?}", &first[..n]);
+
+    f.server.sync_services(&HashMap::new()).await;
+    // The server side is gone: the next read sees end of stream (or a reset), not a hang and
+    // not another answer for a Service that no longer exists.
+    let _ = stream.write_all(b"GET / HTTP/1.1\r\nHost: lb\r\n\r\n").await;
+    let mut rest = vec![0u8; 4096];
+    let after = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut rest)).await.unwrap();
+    match after {
+        Ok(0) => {}
+        Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}"),
+        Ok(n) => panic!("closed health check still answered: {:?}", String::from_utf8_lossy(&rest[..n])),
+    }
+}
