@@ -163,7 +163,8 @@ async fn gone_forces_a_relist_that_removes_objects_deleted_meanwhile() {
     h.server.compact();
     h.server.restart().await.unwrap();
 
-    let changes = h.until(|s| s.service(&key("prod", "b")).is_none() && s.slices_of(&key("prod", "b")).count() == 0).await;
+    let changes =
+        h.until(|s| s.service(&key("prod", "b")).is_none() && s.slices_of(&key("prod", "b")).count() == 0).await;
     let mut changes: Vec<_> = changes.iter().map(names).collect();
     changes.extend(h.until_quiet(Duration::from_millis(500)).await.iter().map(names));
     assert!(changes.contains(&ev(Kind::Service, "replaced", &["prod/a"])), "{changes:?}");
@@ -180,7 +181,10 @@ async fn gone_forces_a_relist_that_removes_objects_deleted_meanwhile() {
     h.server.compact();
     h.server.expire_watches();
     let relisted = h.until_quiet(Duration::from_millis(800)).await;
-    assert!(relisted.iter().map(names).any(|c| c == ev(Kind::Service, "replaced", &["prod/a", "prod/e"])), "{relisted:?}");
+    assert!(
+        relisted.iter().map(names).any(|c| c == ev(Kind::Service, "replaced", &["prod/a", "prod/e"])),
+        "{relisted:?}"
+    );
     assert_eq!(h.server.list_count(Kind::Service), 3);
     assert_eq!(h.services(), ["prod/a", "prod/e"]);
 }

@@ -74,9 +74,19 @@ pub struct Harness {
 impl Harness {
     /// A server with no objects and no source yet.
     pub async fn new() -> Self {
-        let _ = tracing_subscriber::fmt().with_test_writer().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).try_init();
+        let _ = tracing_subscriber::fmt()
+            .with_test_writer()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .try_init();
         let server = FakeApiServer::start().await.unwrap();
-        Self { server, stats: Arc::new(SourceStats::new()), state: ClusterState::new(), seen: Vec::new(), rx: None, task: None }
+        Self {
+            server,
+            stats: Arc::new(SourceStats::new()),
+            state: ClusterState::new(),
+            seen: Vec::new(),
+            rx: None,
+            task: None,
+        }
     }
 
     /// Starts the source (the unmodified kube-rs client against the fake server).
@@ -94,7 +104,12 @@ impl Harness {
         let rx = self.rx.as_mut().expect("source not started");
         let change = tokio::time::timeout(PATIENCE, rx.recv())
             .await
-            .unwrap_or_else(|_| panic!("no change within {PATIENCE:?}; seen so far: {:#?}", self.seen.iter().map(names).collect::<Vec<_>>()))
+            .unwrap_or_else(|_| {
+                panic!(
+                    "no change within {PATIENCE:?}; seen so far: {:#?}",
+                    self.seen.iter().map(names).collect::<Vec<_>>()
+                )
+            })
             .expect("source stopped");
         let outcome = self.state.apply(change.clone());
         assert!(outcome.rejected.is_empty(), "state rejected {:?}", outcome.rejected);
@@ -124,7 +139,11 @@ impl Harness {
         let deadline = tokio::time::Instant::now() + PATIENCE;
         let mut changes = Vec::new();
         while !done(&self.state) {
-            assert!(tokio::time::Instant::now() < deadline, "condition not met; changes: {:#?}", changes.iter().map(names).collect::<Vec<_>>());
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "condition not met; changes: {:#?}",
+                changes.iter().map(names).collect::<Vec<_>>()
+            );
             changes.push(self.next().await);
         }
         changes
@@ -139,7 +158,11 @@ impl Harness {
     pub async fn watches_open(&self, n: usize) {
         let deadline = tokio::time::Instant::now() + PATIENCE;
         while self.server.open_watches() < n {
-            assert!(tokio::time::Instant::now() < deadline, "only {} watches open, want {n}", self.server.open_watches());
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "only {} watches open, want {n}",
+                self.server.open_watches()
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }

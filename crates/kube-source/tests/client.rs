@@ -1,0 +1,69 @@
+//! Client construction: `--kubeconfig`, `clientConnection` qps/burst and content type, against the
+//! fake API server.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Service;
+use kproxy_kube_source::fake::FakeApiServer;
+use kproxy_kube_source::{client, client_from_config};
+use kproxy_state::Kind;
+use kube::Api;
+use kube::api::ListParams;
+
+async fn list_services(client: kube::Client, times: usize) -> Duration {
+    let api: Api<Service> = Api::all(client);
+    let start = Instant::now();
+    for _ in 0..times {
+        let list = api.list(&ListParams::default()).await.unwrap();
+        assert_eq!(list.items.len(), 1);
+    }
+    start.elapsed()
+}
+
+#[tokio::test]
+async fn qps_and_burst_space_requests() {
+    let server = FakeApiServer::start().await.unwrap();
+    server.apply(Kind::Service, support::service("prod", "a", "198.18.0.1"));
+
+    // Burst 2 at 10 qps: 6 requests need 4 refills of 100 ms each.
+    let limited = client_from_config(server.kube_config().unwrap(), 10.0, 2, "application/json").unwrap();
+    let elapsed = list_services(limited, 6).await;
+    assert!(elapsed >= Duration::from_millis(390), "rate limit not applied: {elapsed:?}");
+    assert!(elapsed < Duration::from_secs(3), "too slow: {elapsed:?}");
+
+    // A negative qps turns the limiter off, as in client-go.
+    let unlimited = client_from_config(server.kube_config().unwrap(), -1.0, 0, "application/json").unwrap();
+    let elapsed = list_services(unlimited, 6).await;
+    assert!(elapsed < Duration::from_millis(300), "unexpectedly limited: {elapsed:?}");
+    assert_eq!(server.list_count(Kind::Service), 12);
+}
+
+#[tokio::test]
+async fn kubeconfig_file_names_the_server_and_protobuf_falls_back_to_json() {
+    let server = FakeApiServer::start().await.unwrap();
+    server.apply(Kind::Service, support::service("prod", "a", "198.18.0.1"));
+    let dir = std::env::temp_dir().join(format!("kproxy-kube-source-{}-{}", std::process::id(), server.addr().port()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("kubeconfig");
+    let kubeconfig = format!(
+        "apiVersion: v1\nkind: Config\ncurrent-context: fake\n\
+         clusters:\n- name: fake\n  cluster:\n    server: {}\n\
+         users:\n- name: proxy\n  user:\n    token: not-checked\n\
+         contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: proxy\n",
+        server.url()
+    );
+    std::fs::write(&path, kubeconfig).unwrap();
+
+    let result = client(Some(&path), 5.0, 10, "application/vnd.kubernetes.protobuf").await;
+    std::fs::remove_dir_all(&dir).unwrap();
+    let elapsed = list_services(result.unwrap(), 1).await;
+    assert!(elapsed < Duration::from_secs(5));
+    assert_eq!(server.list_count(Kind::Service), 1);
+
+    let err = client_from_config(server.kube_config().unwrap(), 5.0, 10, "application/yaml").err().unwrap();
+    assert!(err.to_string().contains("application/yaml"), "{err}");
+}
