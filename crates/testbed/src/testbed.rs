@@ -38,7 +38,7 @@ const LINK_UP_TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_IFNAME: usize = 15;
 
 /// Which node a pod lives on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Where {
     Node,
     Node2,
@@ -157,7 +157,8 @@ impl Pod {
 #[derive(Debug, Default)]
 struct Pods {
     all: Vec<Arc<Pod>>,
-    next_host: [u8; 2],
+    /// Host numbers in use on each node's pod CIDR.
+    used_hosts: [std::collections::BTreeSet<u8>; 2],
     /// Secondary node interfaces added so far (names their LAN-side peers).
     extra_nics: u32,
 }
@@ -239,6 +240,16 @@ impl Testbed {
     /// (`198.18.16.10`/`fd00:10:16::a` first on `node`, `198.18.17.10`/`fd00:10:17::a` on
     /// `node2`) and a default route via the node.
     pub fn add_pod(&self, name: &str, location: Where) -> Result<Arc<Pod>> {
+        self.add_pod_with(name, location, None)
+    }
+
+    /// Adds a pod with a chosen host number in its node's pod CIDR (e.g. 13 for 198.18.16.13 and
+    /// fd00:10:16::d), so a sandbox can match a cluster described elsewhere (the shipped examples).
+    pub fn add_pod_at(&self, name: &str, location: Where, host_number: u8) -> Result<Arc<Pod>> {
+        self.add_pod_with(name, location, Some(host_number))
+    }
+
+    fn add_pod_with(&self, name: &str, location: Where, wanted: Option<u8>) -> Result<Arc<Pod>> {
         if name.is_empty() || name.contains(char::is_whitespace) {
             return Err(TestbedError::Invalid(format!("pod name {name:?} must be one non-empty word")));
         }
@@ -247,10 +258,15 @@ impl Testbed {
             if pods.all.iter().any(|p| p.name == name) {
                 return Err(TestbedError::Invalid(format!("pod {name} exists already")));
             }
-            let slot = &mut pods.next_host[location as usize];
-            let number = FIRST_POD_HOST.checked_add(*slot).filter(|n| *n < 255);
-            let number = number.ok_or_else(|| TestbedError::Invalid("no pod addresses left on this node".into()))?;
-            *slot += 1;
+            let used = &mut pods.used_hosts[location as usize];
+            let number = match wanted {
+                Some(n) if (2..255).contains(&n) && !used.contains(&n) => n,
+                Some(n) => return Err(TestbedError::Invalid(format!("pod host number {n} is taken or out of range"))),
+                None => (FIRST_POD_HOST..255)
+                    .find(|n| !used.contains(n))
+                    .ok_or_else(|| TestbedError::Invalid("no pod addresses left on this node".into()))?,
+            };
+            used.insert(number);
             number
         };
         let (cidr4, cidr6) = pod_cidrs(location);
