@@ -37,6 +37,7 @@ pub fn hash8(s: &str) -> String {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use kproxy_state::Protocol;
 

@@ -173,10 +173,9 @@ impl<E: Executor> NftablesDataplane<E> {
     /// failure, reconciles in place otherwise (every `syncPeriod`).
     pub fn full_sync(&mut self, plan: &Plan) -> Result<SyncReport, SyncError> {
         let (tx, families) = self.full_transaction(plan, !self.in_sync);
-        self.apply(tx, true).map(|report| {
-            self.families = families;
-            report
-        })
+        let report = self.apply(tx, true)?;
+        self.families = families;
+        Ok(report)
     }
 
     /// Applies only what `delta` changed; `plan` is the new plan (used when something node-wide

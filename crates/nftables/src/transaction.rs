@@ -316,6 +316,7 @@ pub(crate) fn quote(s: &str) -> String {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used)]
 //! Rendering through the Recording executor: golden snapshot, syntax check by `nft -c`,
 //! incremental syncs that cost O(change), stale chains, failure recovery.
 

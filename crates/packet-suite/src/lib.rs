@@ -1,1 +1,18 @@
-//! The table-driven packet suite every dataplane runs against real network namespaces.
+//! The packet suite: table-driven cases that send real packets through a dataplane and check
+//! which backends answer and which source address they see.
+//!
+//! Every dataplane (nftables now, iptables and IPVS later) runs the very same [`all_cases`]
+//! through [`run_case`], so the backends cannot drift apart. A case is data: the pods it needs,
+//! the cluster objects (built from the testbed's addresses), proxy policy tweaks, and steps —
+//! probes with their expectations, and in-place updates for the cases about change.
+//!
+//! The proxy's node is the testbed's `node`, named `node-a` in the cluster (`node2` is
+//! `node-b`); both carry zone labels `zone-a` / `zone-b`.
+
+mod cases;
+mod cluster;
+mod runner;
+
+pub use cases::all_cases;
+pub use cluster::{Env, NODE_A, NODE_B, endpoint, node_objects, service, slice};
+pub use runner::{Case, Check, Client, Dataplane, Dest, Expect, PodSpec, Source, Step, run_case};

@@ -91,21 +91,21 @@ pub fn render(ctx: &Ctx, node: &NodePlan) -> Skeleton {
             vec![format!("{new} jump firewall-check")],
         ),
         (base("filter-output-pre-dnat", hook("filter", "output", "-110")), vec![format!("{new} jump firewall-check")]),
-        (base("nat-prerouting", hook("nat", "prerouting", "dstnat")), vec![format!("jump {SERVICES}")]),
-        (base("nat-output", hook("nat", "output", "dstnat")), vec![format!("jump {SERVICES}")]),
+        (base("nat-prerouting", hook("nat", "prerouting", "-100")), vec![format!("jump {SERVICES}")]),
+        (base("nat-output", hook("nat", "output", "-100")), vec![format!("jump {SERVICES}")]),
         (
-            base("filter-forward", hook("filter", "forward", "filter")),
+            base("filter-forward", hook("filter", "forward", "0")),
             vec![format!("{new} jump service-endpoints-check"), format!("{new} jump cluster-ips-check")],
         ),
         (
-            base("filter-input", hook("filter", "input", "filter")),
+            base("filter-input", hook("filter", "input", "0")),
             vec![format!("{new} jump nodeport-endpoints-check"), format!("{new} jump service-endpoints-check")],
         ),
         (
-            base("filter-output", hook("filter", "output", "filter")),
+            base("filter-output", hook("filter", "output", "0")),
             vec![format!("{new} jump service-endpoints-check"), format!("{new} jump cluster-ips-check")],
         ),
-        (base("nat-postrouting", hook("nat", "postrouting", "srcnat")), vec!["jump masquerading".to_owned()]),
+        (base("nat-postrouting", hook("nat", "postrouting", "100")), vec!["jump masquerading".to_owned()]),
         (base("firewall-check", None), vec![format!("{dest} vmap @{FIREWALL_IPS}")]),
         (
             base(SERVICES, None),

@@ -1,6 +1,6 @@
 //! A small cluster built in code for rendering tests (until `examples/` lands).
 
-#![allow(dead_code)]
+#![allow(dead_code, clippy::unwrap_used)]
 
 use kproxy_plan::{DetectLocal, NodeContext, Plan, Planner, ProxyPolicy};
 use kproxy_state::{Change, ClusterState, Object, ServiceObject};

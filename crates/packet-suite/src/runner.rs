@@ -1,0 +1,418 @@
+//! Running one case against one dataplane.
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use kproxy_plan::{DetectLocal, NodeContext, Plan, PlanDelta, Planner, ProxyPolicy};
+use kproxy_state::{Change, ClusterState, Object};
+use kproxy_testbed::kernel::KernelFeature;
+use kproxy_testbed::topology::{
+    CLUSTER_CIDR_V4, CLUSTER_CIDR_V6, NODE_IP_V4, NODE_IP_V6, NODE_POD_CIDR_V4, NODE_POD_CIDR_V6,
+};
+use kproxy_testbed::{PodNetworking, ProbeOptions, Proto, Testbed, Where, chi_square_uniform, probe_many};
+
+use crate::cluster::{Env, NODE_A, node_objects};
+
+/// A dataplane under test. It is created, synced and cleaned up on threads that have entered
+/// the node's network namespace, so commands it spawns (`nft`, `iptables-restore`) and netlink
+/// sockets it opens act on the node.
+pub trait Dataplane: Send {
+    /// Brings the kernel in line with `plan`; `delta` is what changed since the last call
+    /// (everything, the first time).
+    fn sync(&mut self, plan: &Plan, delta: &PlanDelta) -> Result<(), String>;
+    /// Removes everything the dataplane put in the kernel.
+    fn cleanup(&mut self) -> Result<(), String>;
+}
+
+/// A pod the case needs, and what it serves.
+#[derive(Debug, Clone)]
+pub struct PodSpec {
+    /// Name (backends answer with it).
+    pub name: &'static str,
+    /// Node.
+    pub on: Where,
+    /// Ports it serves.
+    pub serves: Vec<(Proto, u16)>,
+}
+
+/// Where a probe comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Client {
+    /// The external client.
+    External,
+    /// The proxy's node itself.
+    Node,
+    /// A pod.
+    Pod(&'static str),
+}
+
+/// Where a probe goes (the label says what kind of address it is, for reports).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dest {
+    /// A ClusterIP.
+    ClusterIp(SocketAddr),
+    /// A NodePort on some node address.
+    NodePort(SocketAddr),
+    /// A LoadBalancer ingress IP.
+    LoadBalancer(SocketAddr),
+    /// An external IP.
+    ExternalIp(SocketAddr),
+}
+
+impl Dest {
+    /// The address.
+    pub fn addr(&self) -> SocketAddr {
+        match *self {
+            Dest::ClusterIp(a) | Dest::NodePort(a) | Dest::LoadBalancer(a) | Dest::ExternalIp(a) => a,
+        }
+    }
+}
+
+/// What should happen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Expect {
+    /// Every probe answered, by exactly this set of backends (each seen at least once).
+    Backends(Vec<&'static str>),
+    /// Every probe answered by one backend of this set, the same for all (affinity).
+    OneOf(Vec<&'static str>),
+    /// Answered by these backends, spread evenly (χ² at p = 0.001).
+    Even(Vec<&'static str>),
+    /// Refused (TCP RST / ICMP port unreachable).
+    Reject,
+    /// Dropped (timeout).
+    Drop,
+}
+
+/// Which source address the backends must see.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// The client's own address (no masquerade).
+    Client,
+    /// The node's primary address of the family (masqueraded out of the uplink, or routed pods).
+    NodeIp,
+    /// Masqueraded to some address of the proxy's node: its primary IP, or the pod bridge's
+    /// address when the endpoint sits behind the bridge (MASQUERADE picks the egress
+    /// interface's address).
+    Masqueraded,
+    /// Not checked (no answer expected).
+    Any,
+}
+
+/// One probe batch.
+#[derive(Debug, Clone)]
+pub struct Check {
+    /// From.
+    pub client: Client,
+    /// To.
+    pub dest: Dest,
+    /// Protocol.
+    pub proto: Proto,
+    /// How many connections.
+    pub count: usize,
+    /// Expected outcome.
+    pub expect: Expect,
+    /// Expected source address at the backend.
+    pub source: Source,
+}
+
+impl Check {
+    /// A TCP check of 12 connections.
+    pub fn tcp(client: Client, dest: Dest, expect: Expect, source: Source) -> Self {
+        Check { client, dest, proto: Proto::Tcp, count: 12, expect, source }
+    }
+
+    /// The same with another protocol.
+    pub fn proto(mut self, proto: Proto) -> Self {
+        self.proto = proto;
+        self
+    }
+
+    /// The same with another probe count.
+    pub fn count(mut self, count: usize) -> Self {
+        self.count = count;
+        self
+    }
+}
+
+/// Builds cluster changes from the testbed's addresses.
+pub type Build = fn(&Env) -> Vec<Object>;
+
+/// One step of a case.
+#[derive(Debug, Clone)]
+pub enum Step {
+    /// Send probes and compare.
+    Probe(Check),
+    /// Apply objects (added or updated) and sync the delta.
+    Apply(Build),
+    /// Delete objects and sync the delta.
+    Delete(Vec<(kproxy_state::Kind, &'static str, &'static str)>),
+    /// Wait (affinity timeouts).
+    Sleep(Duration),
+    /// Stop a pod's backends.
+    StopServing(&'static str),
+    /// Add a secondary interface with this address to the proxy's node.
+    AddNodeAddress(&'static str),
+    /// ClientIP affinity expires: `rounds` times, wait past `timeout` and open 3 connections
+    /// (which must stick together); over the rounds more than one backend must be chosen.
+    AffinityExpires {
+        /// The probes of one round (count is ignored, 3 are sent).
+        check: Check,
+        /// The affinity timeout.
+        timeout: Duration,
+        /// Rounds.
+        rounds: usize,
+    },
+    /// Remove the dataplane and check the node's ruleset is as the testbed left it.
+    CleanupLeavesNothing,
+}
+
+/// A packet case.
+#[derive(Debug, Clone)]
+pub struct Case {
+    /// Name; also the test's name.
+    pub name: &'static str,
+    /// Kernel features beyond the host's (SCTP runs in the guest kernel).
+    pub requires: Vec<KernelFeature>,
+    /// How pods attach to nodes.
+    pub networking: PodNetworking,
+    /// Pods.
+    pub pods: Vec<PodSpec>,
+    /// The cluster objects besides the two Nodes.
+    pub cluster: Build,
+    /// Proxy policy tweaks on top of [`default_policy`].
+    pub policy: fn(&mut ProxyPolicy),
+    /// What to do.
+    pub steps: Vec<Step>,
+}
+
+/// The policy cases start from: both families, detect-local by the cluster CIDRs,
+/// NodePorts on the primary IPs.
+pub fn default_policy() -> ProxyPolicy {
+    ProxyPolicy {
+        detect_local: DetectLocal::ClusterCidr(vec![CLUSTER_CIDR_V4.into(), CLUSTER_CIDR_V6.into()]),
+        ..ProxyPolicy::default()
+    }
+}
+
+fn client_netns<'a>(
+    tb: &'a Testbed,
+    client: &Client,
+) -> Result<std::sync::Arc<kproxy_testbed::Pod>, &'a kproxy_testbed::Netns> {
+    match client {
+        Client::External => Err(tb.external()),
+        Client::Node => Err(tb.node()),
+        Client::Pod(name) => tb.pod(name).ok_or(tb.node()),
+    }
+}
+
+fn client_ip(tb: &Testbed, client: &Client, v6: bool) -> IpAddr {
+    use kproxy_testbed::topology::{EXTERNAL_IP_V4, EXTERNAL_IP_V6};
+    match (client, v6) {
+        (Client::External, false) => EXTERNAL_IP_V4.into(),
+        (Client::External, true) => EXTERNAL_IP_V6.into(),
+        (Client::Node, false) => NODE_IP_V4.into(),
+        (Client::Node, true) => NODE_IP_V6.into(),
+        (Client::Pod(name), _) => match tb.pod(name) {
+            Some(p) if v6 => p.ipv6().into(),
+            Some(p) => p.ipv4().into(),
+            None => IpAddr::from([0, 0, 0, 0]),
+        },
+    }
+}
+
+fn check(tb: &Testbed, c: &Check, log: &mut String) -> Result<(), String> {
+    let options = ProbeOptions::with_timeout(Duration::from_millis(700));
+    let pod;
+    let from = match client_netns(tb, &c.client) {
+        Ok(p) => {
+            pod = p;
+            pod.netns()
+        }
+        Err(ns) => ns,
+    };
+    let tally = probe_many(from, c.proto, c.dest.addr(), c.count, &options).map_err(|e| e.to_string())?;
+    let _ = writeln!(
+        log,
+        "  {:?} {} {:?}: expected {:?} source {:?}; observed {:?}",
+        c.client, c.proto, c.dest, c.expect, c.source, tally
+    );
+    let answered: usize = tally.backends.values().sum();
+    let seen: BTreeSet<&str> = tally.backends.keys().map(String::as_str).collect();
+    let fail = |why: &str| {
+        Err(format!(
+            "{why}: {:?} {} {:?}: expected {:?} / {:?}, observed {tally:?}",
+            c.client, c.proto, c.dest, c.expect, c.source
+        ))
+    };
+    match &c.expect {
+        Expect::Backends(want) | Expect::Even(want) | Expect::OneOf(want) => {
+            if answered != c.count {
+                return fail("not every probe was answered");
+            }
+            let want: BTreeSet<&str> = want.iter().copied().collect();
+            match &c.expect {
+                Expect::OneOf(_) if seen.len() != 1 || !seen.is_subset(&want) => {
+                    return fail("not sticky to one backend");
+                }
+                Expect::OneOf(_) => {}
+                _ if seen != want => return fail("wrong set of backends"),
+                _ => {}
+            }
+            if let Expect::Even(_) = &c.expect {
+                let counts: Vec<usize> = tally.backends.values().copied().collect();
+                let x = chi_square_uniform(&counts);
+                let critical = kproxy_testbed::chi_square_critical(counts.len().saturating_sub(1), 0.001);
+                let _ = writeln!(log, "  chi-square {x:.2} (critical {critical:.2} at p = 0.001)");
+                if x > critical {
+                    return fail("spread is not even");
+                }
+            }
+            let v6 = c.dest.addr().is_ipv6();
+            let node_ip: IpAddr = if v6 { NODE_IP_V6.into() } else { NODE_IP_V4.into() };
+            let allowed: Vec<IpAddr> = match c.source {
+                Source::Client => vec![client_ip(tb, &c.client, v6)],
+                Source::NodeIp => vec![node_ip],
+                Source::Masqueraded => vec![
+                    node_ip,
+                    if v6 { first_host_v6(NODE_POD_CIDR_V6).into() } else { first_host_v4(NODE_POD_CIDR_V4).into() },
+                ],
+                Source::Any => Vec::new(),
+            };
+            if !allowed.is_empty() && tally.seen_sources.keys().any(|s| !allowed.contains(s)) {
+                return fail(&format!("backends saw a source outside {allowed:?}"));
+            }
+        }
+        Expect::Reject if tally.refused != c.count => return fail("not rejected"),
+        Expect::Drop if tally.timed_out != c.count => return fail("not dropped"),
+        Expect::Reject | Expect::Drop => {}
+    }
+    Ok(())
+}
+
+fn first_host_v4(net: ipnet::Ipv4Net) -> std::net::Ipv4Addr {
+    std::net::Ipv4Addr::from(u32::from(net.network()) + 1)
+}
+
+fn first_host_v6(net: ipnet::Ipv6Net) -> std::net::Ipv6Addr {
+    std::net::Ipv6Addr::from(u128::from(net.network()) + 1)
+}
+
+fn ruleset(tb: &Testbed) -> Result<String, String> {
+    tb.node().exec_ok("nft", &["list", "ruleset"]).map_err(|e| e.to_string())
+}
+
+/// Runs `case` against the dataplane `make` creates (called inside the node's namespace).
+/// `Ok(None)` means the case was skipped (kernel feature missing on the host); `Ok(Some(log))`
+/// passed with a log of expected vs observed; `Err` failed with the log.
+pub fn run_case<D: Dataplane, F: FnOnce() -> D + Send>(case: &Case, make: F) -> Result<Option<String>, String> {
+    if !kproxy_testbed::kernel::require_root() || !kproxy_testbed::kernel::require(&case.requires) {
+        return Ok(None);
+    }
+    let mut log = format!("case {}\n", case.name);
+    let tb = Testbed::builder().pod_networking(case.networking.clone()).build().map_err(|e| e.to_string())?;
+    for p in &case.pods {
+        let pod = tb.add_pod(p.name, p.on).map_err(|e| e.to_string())?;
+        pod.serve(&p.serves).map_err(|e| e.to_string())?;
+    }
+    let before = ruleset(&tb)?;
+    let env = Env { testbed: &tb };
+    let mut policy = default_policy();
+    (case.policy)(&mut policy);
+    let node = NodeContext {
+        name: NODE_A.to_owned(),
+        node_ip_override: Vec::new(),
+        local_addresses: vec![NODE_IP_V4.into(), NODE_IP_V6.into()],
+    };
+    let planner = Planner::new(policy, node);
+    let mut state = ClusterState::new();
+    for o in node_objects().into_iter().chain((case.cluster)(&env)) {
+        state.apply(Change::Applied(o));
+    }
+    let _ = state.take_dirty();
+    let mut plan = planner.build(&state);
+    let delta = PlanDelta::between(&Plan::default(), &plan);
+    let mut dp = tb.node().run_in(make).map_err(|e| e.to_string())?;
+    tb.node().run_in(|| dp.sync(&plan, &delta)).map_err(|e| e.to_string())??;
+
+    let result = (|| -> Result<(), String> {
+        for (i, step) in case.steps.iter().enumerate() {
+            let _ = writeln!(log, "step {i}: {}", step_label(step));
+            match step {
+                Step::Probe(c) => check(&tb, c, &mut log)?,
+                Step::Apply(build) => {
+                    for o in build(&env) {
+                        state.apply(Change::Applied(o));
+                    }
+                    let dirty = state.take_dirty();
+                    let delta = planner.update(&mut plan, &state, &dirty);
+                    tb.node().run_in(|| dp.sync(&plan, &delta)).map_err(|e| e.to_string())??;
+                }
+                Step::Delete(objs) => {
+                    for (kind, ns, name) in objs {
+                        state.apply(Change::Deleted(*kind, kproxy_state::ObjectKey::new(*ns, *name)));
+                    }
+                    let dirty = state.take_dirty();
+                    let delta = planner.update(&mut plan, &state, &dirty);
+                    tb.node().run_in(|| dp.sync(&plan, &delta)).map_err(|e| e.to_string())??;
+                }
+                Step::Sleep(d) => std::thread::sleep(*d),
+                Step::StopServing(name) => env.pod(name).stop_serving(),
+                Step::AddNodeAddress(cidr) => {
+                    let net: ipnet::IpNet = cidr.parse().map_err(|e| format!("{cidr}: {e}"))?;
+                    tb.add_node_interface("extra0", &[net]).map_err(|e| e.to_string())?;
+                }
+                Step::AffinityExpires { check: c, timeout, rounds } => {
+                    let mut chosen = BTreeSet::new();
+                    for _ in 0..*rounds {
+                        std::thread::sleep(*timeout + Duration::from_millis(700));
+                        let round = Check { count: 3, ..c.clone() };
+                        check(&tb, &round, &mut log)?;
+                        let pod;
+                        let from = match client_netns(&tb, &c.client) {
+                            Ok(p) => {
+                                pod = p;
+                                pod.netns()
+                            }
+                            Err(ns) => ns,
+                        };
+                        let options = ProbeOptions::with_timeout(Duration::from_millis(700));
+                        let t = probe_many(from, c.proto, c.dest.addr(), 1, &options).map_err(|e| e.to_string())?;
+                        chosen.extend(t.backends.into_keys());
+                    }
+                    let _ = writeln!(log, "  backends chosen after expiries: {chosen:?}");
+                    if chosen.len() < 2 {
+                        return Err(format!("affinity never expired: always {chosen:?}"));
+                    }
+                }
+                Step::CleanupLeavesNothing => {
+                    tb.node().run_in(|| dp.cleanup()).map_err(|e| e.to_string())??;
+                    let after = ruleset(&tb)?;
+                    if after != before {
+                        return Err(format!("ruleset after cleanup differs:\nbefore:\n{before}\nafter:\n{after}"));
+                    }
+                }
+            }
+        }
+        Ok(())
+    })();
+    let _ = tb.node().run_in(|| dp.cleanup());
+    match result {
+        Ok(()) => Ok(Some(log)),
+        Err(e) => Err(format!("{log}FAILED: {e}")),
+    }
+}
+
+fn step_label(step: &Step) -> &'static str {
+    match step {
+        Step::Probe(_) => "probe",
+        Step::Apply(_) => "apply objects and sync",
+        Step::Delete(_) => "delete objects and sync",
+        Step::Sleep(_) => "sleep",
+        Step::StopServing(_) => "stop serving",
+        Step::AddNodeAddress(_) => "add a node address",
+        Step::AffinityExpires { .. } => "affinity expires",
+        Step::CleanupLeavesNothing => "cleanup",
+    }
+}
