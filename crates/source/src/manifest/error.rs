@@ -15,14 +15,6 @@ pub enum SourceError {
         /// Why.
         source: std::io::Error,
     },
-    /// Neither the native file watcher nor the polling fallback could be started.
-    #[error("cannot watch manifest directory {}: {source}", dir.display())]
-    Watch {
-        /// The directory.
-        dir: PathBuf,
-        /// Why.
-        source: notify::Error,
-    },
 }
 
 /// A file, document or object that was skipped. The rest of the directory still loads.

@@ -117,6 +117,13 @@ impl Snapshot {
     /// Reads the directory again. Files whose bytes did not change are not parsed again; files
     /// that now have errors keep their earlier objects (see the module documentation).
     pub fn reload(&self) -> Result<Snapshot, SourceError> {
+        Ok(self.reload_if_changed()?.unwrap_or_else(|| self.clone()))
+    }
+
+    /// Like [`Snapshot::reload`], but `None` when no file was added, removed or changed, which
+    /// costs only the reads: this is what makes polling cheap.
+    pub fn reload_if_changed(&self) -> Result<Option<Snapshot>, SourceError> {
+        let mut changed = false;
         let mut files = BTreeMap::new();
         for path in manifest_files(&self.dir)? {
             let previous = self.files.get(&path);
@@ -129,18 +136,20 @@ impl Snapshot {
             let entry = match (content, previous) {
                 (Ok(content), Some(previous)) if previous.content.as_deref() == Some(&content) => previous.clone(),
                 (Ok(content), _) => {
+                    changed = true;
                     let (objects, errors) = parse_file(&path, &content);
                     FileEntry { content: Some(content), objects, errors }
                 }
-                (Err(e), _) => FileEntry {
-                    content: None,
-                    objects: Vec::new(),
-                    errors: vec![ManifestError::new(&path, None, format!("cannot read: {e}"))],
-                },
+                (Err(e), _) => {
+                    let error = ManifestError::new(&path, None, format!("cannot read: {e}"));
+                    changed |= previous.is_none_or(|p| p.errors != [error.clone()]);
+                    FileEntry { content: None, objects: Vec::new(), errors: vec![error] }
+                }
             };
             files.insert(path, keep_last_good(entry, previous));
         }
-        Ok(merge(self.dir.clone(), files))
+        changed |= !files.keys().eq(self.files.keys());
+        Ok(changed.then(|| merge(self.dir.clone(), files)))
     }
 
     /// The events that turn `older` into `self`: `Applied` for new and changed objects (in

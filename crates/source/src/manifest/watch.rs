@@ -1,14 +1,17 @@
-//! Following the manifest directory: file events (inotify, or polling where that is unavailable)
-//! trigger a re-read after a short quiet period, and only the difference is emitted.
+//! Following the manifest directory: file events (inotify) trigger a re-read after a short quiet
+//! period, and only the difference from the last snapshot is emitted.
 //!
 //! Re-reading the whole directory is simple and cheap: unchanged files are recognized by their
-//! bytes and not parsed again. A periodic re-read backs up the event watcher, which can miss
-//! events on some filesystems (NFS, some container overlays) or stop when the directory is
-//! replaced.
+//! bytes and not parsed again. Where file events are unavailable (or `poll` is set) the directory
+//! is simply re-read every `poll_interval`. This is kproxy's own polling rather than notify's
+//! `PollWatcher` on purpose: a poller that compares the directory with *its own* last scan misses
+//! a file created and removed between two scans, while a re-read compares with the state kproxy
+//! last emitted, so it never does. A slower periodic re-read backs up the event watcher too, which
+//! can miss events on some filesystems (NFS, some overlays) or stop when the directory is replaced.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kproxy_state::Change;
 use notify::{EventKind, RecursiveMode, Watcher};
@@ -23,11 +26,12 @@ pub struct WatchOptions {
     /// Quiet period after the last file event before re-reading, so an editor's save (truncate,
     /// write, rename) or a `cp -r` of many files becomes one update.
     pub debounce: Duration,
-    /// Poll the directory instead of using the platform's file events.
+    /// Re-read the directory every `poll_interval` instead of using file events.
     pub poll: bool,
-    /// How often the polling watcher (forced, or the fallback) checks the files.
+    /// How often the directory is re-read when polling (forced, or because file events are
+    /// unavailable).
     pub poll_interval: Duration,
-    /// Re-read the directory this often even without events.
+    /// Re-read the directory this often even with file events, as a safety net.
     pub rescan_interval: Duration,
 }
 
@@ -76,7 +80,7 @@ impl ManifestSource {
         let dir = self.snapshot.dir().to_path_buf();
         let (wake_tx, mut wake) = mpsc::channel::<()>(1);
         // Start watching before the first re-read, so nothing written meanwhile is missed.
-        let mut watcher = Some(start_watcher(&dir, &self.options, &wake_tx)?);
+        let mut watcher = start_watcher(&dir, &self.options, &wake_tx);
 
         let mut reported = HashSet::new();
         report_new(&self.snapshot, &mut reported, &mut on_error);
@@ -86,28 +90,34 @@ impl ManifestSource {
             }
         }
 
-        let mut rescan = tokio::time::interval(self.options.rescan_interval);
-        rescan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        rescan.tick().await; // the first tick is immediate
+        let mut tick = tokio::time::interval(self.options.poll_interval.min(self.options.rescan_interval));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await; // the first tick is immediate
+        let mut last_read = Instant::now();
         let mut pending = true; // re-read once now: the files may have changed since `open`
         loop {
             if !pending {
                 tokio::select! {
                     _ = changes.closed() => return Ok(()),
-                    woke = wake.recv() => {
-                        if woke.is_none() {
-                            return Ok(()); // cannot happen while `wake_tx` lives
-                        }
+                    Some(()) = wake.recv() => {
                         self.debounce(&mut wake).await;
+                        pending = true;
                     }
-                    _ = rescan.tick() => {}
+                    _ = tick.tick() => {
+                        let every = if watcher.is_some() { self.options.rescan_interval } else { self.options.poll_interval };
+                        pending = last_read.elapsed() >= every;
+                    }
+                }
+                if !pending {
+                    continue;
                 }
             }
             pending = false;
+            last_read = Instant::now();
 
             let previous = self.snapshot;
             let result = tokio::task::spawn_blocking(move || {
-                let next = previous.reload();
+                let next = previous.reload_if_changed();
                 (previous, next)
             })
             .await;
@@ -120,12 +130,8 @@ impl ManifestSource {
                 }
             };
             match next {
-                Ok(next) => {
-                    if watcher.is_none() {
-                        watcher = start_watcher(&dir, &self.options, &wake_tx)
-                            .inspect_err(|e| tracing::warn!(error = %e, "cannot watch yet; re-reading periodically"))
-                            .ok();
-                    }
+                Ok(None) => self.snapshot = previous,
+                Ok(Some(next)) => {
                     report_new(&next, &mut reported, &mut on_error);
                     let diff = next.changes_since(&previous);
                     self.snapshot = next;
@@ -148,7 +154,12 @@ impl ManifestSource {
                     }
                     watcher = None;
                     self.snapshot = previous;
+                    continue;
                 }
+            }
+            reported.retain(|e| e.file != dir);
+            if watcher.is_none() && !self.options.poll {
+                watcher = start_watcher(&dir, &self.options, &wake_tx);
             }
         }
     }
@@ -185,43 +196,38 @@ fn report_new<F: FnMut(&ManifestError)>(snapshot: &Snapshot, reported: &mut Hash
     }
 }
 
-/// The platform watcher, or the polling one when that cannot start (or when asked).
-fn start_watcher(
-    dir: &Path,
-    options: &WatchOptions,
-    wake: &mpsc::Sender<()>,
-) -> Result<Box<dyn Watcher + Send>, SourceError> {
-    let handler = |wake: mpsc::Sender<()>| {
-        move |event: notify::Result<notify::Event>| {
-            let relevant = match &event {
-                // Our own reads open files: only the end of a write matters among accesses.
-                Ok(event) => match event.kind {
-                    EventKind::Access(notify::event::AccessKind::Close(notify::event::AccessMode::Write)) => true,
-                    EventKind::Access(_) => false,
-                    _ => true,
-                },
-                Err(e) => {
-                    tracing::warn!(error = %e, "file watcher error; re-reading the directory");
-                    true
-                }
-            };
-            if relevant {
-                // A full channel already holds a wake-up: nothing is lost.
-                let _ = wake.try_send(());
+/// The platform's file-event watcher, or `None` (then the directory is polled) when polling is
+/// asked for or file events are unavailable.
+fn start_watcher(dir: &Path, options: &WatchOptions, wake: &mpsc::Sender<()>) -> Option<notify::RecommendedWatcher> {
+    if options.poll {
+        return None;
+    }
+    let wake = wake.clone();
+    let handler = move |event: notify::Result<notify::Event>| {
+        let relevant = match &event {
+            // Our own reads open files: only the end of a write matters among accesses.
+            Ok(event) => match event.kind {
+                EventKind::Access(notify::event::AccessKind::Close(notify::event::AccessMode::Write)) => true,
+                EventKind::Access(_) => false,
+                _ => true,
+            },
+            Err(e) => {
+                tracing::warn!(error = %e, "file watcher error; re-reading the directory");
+                true
             }
+        };
+        if relevant {
+            // A full channel already holds a wake-up: nothing is lost.
+            let _ = wake.try_send(());
         }
     };
-    let watch_error = |source| SourceError::Watch { dir: dir.to_path_buf(), source };
-    if !options.poll {
-        let native = notify::recommended_watcher(handler(wake.clone()))
-            .and_then(|mut w| w.watch(dir, RecursiveMode::NonRecursive).map(|()| w));
-        match native {
-            Ok(w) => return Ok(Box::new(w)),
-            Err(e) => tracing::warn!(error = %e, dir = %dir.display(), "file events unavailable; polling instead"),
+    let watcher =
+        notify::recommended_watcher(handler).and_then(|mut w| w.watch(dir, RecursiveMode::NonRecursive).map(|()| w));
+    match watcher {
+        Ok(watcher) => Some(watcher),
+        Err(e) => {
+            tracing::warn!(error = %e, dir = %dir.display(), interval = ?options.poll_interval, "file events unavailable; polling");
+            None
         }
     }
-    let config = notify::Config::default().with_poll_interval(options.poll_interval).with_compare_contents(true);
-    let mut poller = notify::PollWatcher::new(handler(wake.clone()), config).map_err(watch_error)?;
-    poller.watch(dir, RecursiveMode::NonRecursive).map_err(watch_error)?;
-    Ok(Box::new(poller))
 }
