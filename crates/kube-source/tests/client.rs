@@ -29,16 +29,16 @@ async fn qps_and_burst_space_requests() {
     let server = FakeApiServer::start().await.unwrap();
     server.apply(Kind::Service, support::service("prod", "a", "198.18.0.1"));
 
-    // Burst 2 at 10 qps: 6 requests need 4 refills of 100 ms each.
-    let limited = client_from_config(server.kube_config().unwrap(), 10.0, 2, "application/json").unwrap();
+    // Burst 1 at 4 qps: 6 requests need 5 refills of 250 ms each.
+    let limited = client_from_config(server.kube_config().unwrap(), 4.0, 1, "application/json").unwrap();
     let elapsed = list_services(limited, 6).await;
-    assert!(elapsed >= Duration::from_millis(390), "rate limit not applied: {elapsed:?}");
-    assert!(elapsed < Duration::from_secs(3), "too slow: {elapsed:?}");
+    assert!(elapsed >= Duration::from_millis(1240), "rate limit not applied: {elapsed:?}");
+    assert!(elapsed < Duration::from_secs(10), "too slow: {elapsed:?}");
 
     // A negative qps turns the limiter off, as in client-go.
     let unlimited = client_from_config(server.kube_config().unwrap(), -1.0, 0, "application/json").unwrap();
     let elapsed = list_services(unlimited, 6).await;
-    assert!(elapsed < Duration::from_millis(300), "unexpectedly limited: {elapsed:?}");
+    assert!(elapsed < Duration::from_millis(1000), "unexpectedly limited: {elapsed:?}");
     assert_eq!(server.list_count(Kind::Service), 12);
 }
 

@@ -33,29 +33,36 @@ fn seed(server: &kproxy_kube_source::fake::FakeApiServer) {
 async fn initial_sync_waits_for_services_and_endpointslices() {
     let mut h = Harness::new().await;
     seed(&h.server);
-    h.server.set_list_delay(Kind::EndpointSlice, Duration::from_millis(1500));
+    h.server.set_list_delay(Kind::EndpointSlice, Duration::from_secs(2));
     h.start_source();
 
-    // While the EndpointSlice list is slow, Nodes and ServiceCIDRs may arrive, but no Service
-    // change may, although the Service list has long been answered.
-    let early = h.until_quiet(Duration::from_millis(900)).await;
-    assert_eq!(h.server.list_count(Kind::Service), 1, "services were listed");
+    // While the EndpointSlice list is slow, no Service change may arrive, although the Service
+    // list has been answered (Nodes and ServiceCIDRs are not held back).
+    h.eventually("the service list", |s| s.list_count(Kind::Service) == 1).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(h.server.list_count(Kind::EndpointSlice), 0, "slice list still pending");
-    let early: Vec<_> = early.iter().map(names).collect();
-    assert!(early.contains(&ev(Kind::Node, "replaced", &[NODE])), "{early:?}");
-    assert!(early.contains(&ev(Kind::ServiceCidr, "replaced", &["kubernetes"])), "{early:?}");
+    let early: Vec<_> = h.drain_now().iter().map(names).collect();
     assert!(early.iter().all(|(k, _, _)| !matches!(k, Kind::Service | Kind::EndpointSlice)), "{early:?}");
     assert!(!h.state.is_synced(Kind::Service));
 
-    // Then both listings arrive back to back, filtered by upstream's label selectors.
-    let first = names(&h.next().await);
-    let second = names(&h.next().await);
+    // Then both listings arrive (back to back, in list order), filtered by upstream's label selectors.
+    let mut held = Vec::new();
+    while held.len() < 2 {
+        let change = names(&h.next().await);
+        if matches!(change.0, Kind::Service | Kind::EndpointSlice) {
+            held.push(change);
+        }
+    }
+    let (first, second) = (held[0].clone(), held[1].clone());
     assert_eq!(first, ev(Kind::Service, "replaced", &["prod/a", "prod/b"]));
     assert_eq!(second, ev(Kind::EndpointSlice, "replaced", &["prod/a-1", "prod/b-1"]));
     assert!(h.state.is_synced(Kind::Service) && h.state.is_synced(Kind::EndpointSlice));
     assert_eq!(h.services(), ["prod/a", "prod/b"]);
     assert_eq!(h.state.slices_of(&key("prod", "a")).count(), 1);
-    assert!(h.state.node(NODE).is_some() && h.state.node("node-b").is_none(), "only the own node is watched");
+    h.synced().await;
+    let seen: Vec<_> = h.seen.iter().map(names).collect();
+    assert!(seen.contains(&ev(Kind::Node, "replaced", &[NODE])), "only the own node is watched: {seen:?}");
+    assert!(seen.contains(&ev(Kind::ServiceCidr, "replaced", &["kubernetes"])), "{seen:?}");
     assert_eq!(h.state.service_cidrs().map(ToString::to_string).collect::<Vec<_>>(), ["198.18.0.0/16"]);
 }
 

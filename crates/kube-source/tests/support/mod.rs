@@ -134,6 +134,27 @@ impl Harness {
         }
     }
 
+    /// The changes already sent, without waiting.
+    pub fn drain_now(&mut self) -> Vec<Change> {
+        let rx = self.rx.as_mut().expect("source not started");
+        let mut changes = Vec::new();
+        while let Ok(change) = rx.try_recv() {
+            self.state.apply(change.clone());
+            self.seen.push(change.clone());
+            changes.push(change);
+        }
+        changes
+    }
+
+    /// Polls `done` until it holds; fails the test after [`PATIENCE`].
+    pub async fn eventually(&self, what: &str, done: impl Fn(&FakeApiServer) -> bool) {
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        while !done(&self.server) {
+            assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Changes until `done` holds for the state; fails the test after [`PATIENCE`].
     pub async fn until(&mut self, done: impl Fn(&ClusterState) -> bool) -> Vec<Change> {
         let deadline = tokio::time::Instant::now() + PATIENCE;
