@@ -6,6 +6,7 @@
 mod dataplane;
 mod demo;
 mod node;
+mod observer;
 mod plan_table;
 mod policy;
 mod proxier;
@@ -22,7 +23,8 @@ use kproxy_state::{Change, ClusterState};
 use tokio::sync::mpsc;
 use tracing::{error, info, warn};
 
-use crate::proxier::{NoObserver, Pacing, Proxier};
+use crate::observer::DaemonObserver;
+use crate::proxier::{Pacing, Proxier};
 
 #[derive(Parser, Debug)]
 #[command(name = "kproxy", about = "A Kubernetes Service proxy, drop-in for kube-proxy", disable_version_flag = true)]
@@ -161,7 +163,7 @@ fn run_proxy(config: ProxyConfig) -> anyhow::Result<()> {
     runtime.block_on(async move {
         let name = node::node_name(&config);
         info!(node = %name, mode = config.mode.as_str(), "starting kproxy");
-        let planner = Planner::new(policy::proxy_policy(&config), node::context(&config, name));
+        let planner = Planner::new(policy::proxy_policy(&config), node::context(&config, name.clone()));
         log_masquerade_policy(&config);
         let pacing = Pacing { min_sync_period: config.min_sync_period, sync_period: config.sync_period };
         let (tx, rx) = mpsc::channel::<Change>(1024);
@@ -177,16 +179,17 @@ fn run_proxy(config: ProxyConfig) -> anyhow::Result<()> {
             }
             SourceSelection::KubernetesApi => bail!("the Kubernetes API source is not wired yet; use --manifests DIR"),
         };
+        let (observer, _servers) = start_servers(&config, &name).await?;
         let nft_config = kproxy_nftables::Config { masquerade_mark: config.masquerade_mark(), ..Default::default() };
         let proxier_task = if config.dry_run {
             let dp = NftablesDataplane::new(dataplane::PrintTransactions, nft_config);
             tokio::spawn(async move {
-                Proxier::new(planner, dp, NoObserver, pacing).run(rx).await;
+                Proxier::new(planner, dp, observer, pacing).run(rx).await;
             })
         } else {
             let dp = NftablesDataplane::new(NftCommand::new(), nft_config);
             tokio::spawn(async move {
-                Proxier::new(planner, dp, NoObserver, pacing).run(rx).await;
+                Proxier::new(planner, dp, observer, pacing).run(rx).await;
             })
         };
         tokio::select! {
@@ -207,4 +210,55 @@ fn log_masquerade_policy(config: &ProxyConfig) {
         snat_to_node_ip = config.snat_to_node_ip,
         "masquerade policy"
     );
+}
+
+/// Starts `/healthz`+`/livez`, `/metrics` and the health-check node port server; a bind failure
+/// is fatal only with `bindAddressHardFail`, as upstream.
+async fn start_servers(
+    config: &ProxyConfig,
+    node_name: &str,
+) -> anyhow::Result<(DaemonObserver, Vec<kproxy_servers::RunningServer>)> {
+    use kproxy_servers::{DataplaneMode, HealthCheckBind, MetricsServerInfo, ProxyHealth, ServiceHealthServer};
+    use std::sync::Arc;
+
+    let health = Arc::new(ProxyHealth::new(ProxyHealth::healthz_timeout_for(config.sync_period)));
+    let metrics = kproxy_servers::Metrics::new(match config.mode {
+        ProxyMode::Nftables => DataplaneMode::Nftables,
+        ProxyMode::Iptables => DataplaneMode::Iptables,
+        ProxyMode::Ipvs => DataplaneMode::Ipvs,
+    });
+    let families = kproxy_state::IpFamily::BOTH.to_vec();
+    let mut servers = Vec::new();
+    for &family in &families {
+        let source = if config.snat_to_node_ip { "node-ip" } else { "masquerade" };
+        metrics.set_masquerade_policy(family, source, &config.no_masquerade_cidrs);
+    }
+    let hard_fail = |what: &str, e: kproxy_servers::ServeError| -> anyhow::Result<()> {
+        if config.bind_address_hard_fail {
+            Err(anyhow::anyhow!("{what}: {e}"))
+        } else {
+            warn!("{what}: {e}");
+            Ok(())
+        }
+    };
+    if let Some(addr) = config.healthz_bind_address {
+        match kproxy_servers::serve_healthz(addr, health.clone(), metrics.clone()).await {
+            Ok(server) => servers.push(server),
+            Err(e) => hard_fail("healthz server", e)?,
+        }
+    }
+    if let Some(addr) = config.metrics_bind_address {
+        let info = MetricsServerInfo {
+            proxy_mode: config.mode.as_str().to_owned(),
+            config: serde_json::to_value(config.to_kube_proxy_configuration_yaml().ok()).unwrap_or_default(),
+        };
+        match kproxy_servers::serve_metrics(addr, metrics.clone(), info).await {
+            Ok(server) => servers.push(server),
+            Err(e) => hard_fail("metrics server", e)?,
+        }
+    }
+    // kube-proxy binds health-check node ports on the nodePortAddresses; for `primary` the node IP
+    // is only known once the Node arrives, so kproxy listens on every address (same answer on each).
+    let hc = Arc::new(ServiceHealthServer::new(HealthCheckBind::AllAddresses, health.clone(), metrics.clone()));
+    Ok((DaemonObserver::new(node_name.to_owned(), families, health, metrics, hc), servers))
 }

@@ -27,7 +27,7 @@ pub trait SyncObserver: Send {
     /// A sync was queued at `at`.
     fn queued(&mut self, _at: Instant) {}
     /// A sync finished.
-    fn synced(&mut self, _plan: &Plan, _delta: &PlanDelta, _full: bool, _took: Duration) {}
+    fn synced(&mut self, _state: &ClusterState, _plan: &Plan, _delta: &PlanDelta, _full: bool, _took: Duration) {}
     /// A sync failed.
     fn failed(&mut self, _full: bool) {}
     /// Objects were rejected or warned about.
@@ -35,8 +35,10 @@ pub trait SyncObserver: Send {
 }
 
 /// A no-op observer.
+#[cfg(test)]
 #[derive(Debug, Default)]
 pub struct NoObserver;
+#[cfg(test)]
 impl SyncObserver for NoObserver {}
 
 /// Pacing of syncs.
@@ -77,18 +79,6 @@ impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
             last_sync: None,
             pending: false,
         }
-    }
-
-    /// The last plan synced.
-    pub fn plan(&self) -> &Plan {
-        &self.plan
-    }
-
-    /// Replaces the planner (the node's settings changed) and forces a full sync.
-    pub fn set_planner(&mut self, planner: Planner) {
-        self.planner = planner;
-        self.needs_full_sync = true;
-        self.pending = true;
     }
 
     /// Applies one source event.
@@ -146,7 +136,7 @@ impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
                 } else {
                     debug!(took_us = took.as_micros() as u64, "partial sync done");
                 }
-                self.observer.synced(&self.plan, &delta, full, took);
+                self.observer.synced(&self.state, &self.plan, &delta, full, took);
                 true
             }
             Err(e) => {
@@ -194,3 +184,6 @@ impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

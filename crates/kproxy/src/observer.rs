@@ -1,0 +1,109 @@
+//! What happens around each sync in the daemon: health, metrics, health-check node ports.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use kproxy_plan::{ExternalPolicy, NoEndpointsVerdict, Plan, PlanDelta};
+use kproxy_servers::{Metrics, ProxyHealth, ServiceHealthServer, TrafficPolicyKind};
+use kproxy_state::{ClusterState, IpFamily, ObjectError, ObjectKey};
+use tokio::sync::mpsc;
+use tracing::warn;
+
+use crate::proxier::SyncObserver;
+
+/// Health-check node ports and their local endpoint counts, as of one sync.
+type HealthCheckUpdate = (HashMap<ObjectKey, u16>, HashMap<ObjectKey, usize>);
+
+/// Feeds health, metrics and the health-check node port server from the sync loop.
+pub struct DaemonObserver {
+    node_name: String,
+    families: Vec<IpFamily>,
+    health: Arc<ProxyHealth>,
+    metrics: Metrics,
+    health_checks: mpsc::UnboundedSender<HealthCheckUpdate>,
+    last_health_checks: Option<HealthCheckUpdate>,
+}
+
+impl DaemonObserver {
+    /// An observer; health-check updates are applied in order by a task it spawns.
+    pub fn new(
+        node_name: String,
+        families: Vec<IpFamily>,
+        health: Arc<ProxyHealth>,
+        metrics: Metrics,
+        server: Arc<ServiceHealthServer>,
+    ) -> Self {
+        let (tx, mut rx) = mpsc::unbounded_channel::<HealthCheckUpdate>();
+        tokio::spawn(async move {
+            while let Some((ports, endpoints)) = rx.recv().await {
+                for failure in server.sync_services(&ports).await {
+                    warn!(service = %failure.service, port = failure.port, error = %failure.error, "cannot open health-check node port");
+                }
+                server.sync_endpoints(&endpoints).await;
+            }
+        });
+        Self { node_name, families, health, metrics, health_checks: tx, last_health_checks: None }
+    }
+}
+
+impl SyncObserver for DaemonObserver {
+    fn queued(&mut self, _at: Instant) {
+        for &family in &self.families {
+            self.health.queued_update(family);
+            self.metrics.set_last_queued_timestamp(family, SystemTime::now());
+        }
+    }
+
+    fn synced(&mut self, state: &ClusterState, plan: &Plan, delta: &PlanDelta, full: bool, took: Duration) {
+        let now = SystemTime::now();
+        for &family in &self.families {
+            self.health.updated(family);
+            self.metrics.set_last_sync_timestamp(family, now);
+            self.metrics.observe_sync(family, full, took);
+        }
+        self.health.set_node_eligible(state.node(&self.node_name).is_none_or(|n| !n.draining));
+        let changed: u64 =
+            delta.families.values().map(|f| (f.added.len() + f.changed.len() + f.removed.len()) as u64).sum();
+        self.metrics.add_service_changes(changed);
+        self.metrics.set_service_changes_pending(0);
+        self.metrics.set_endpoint_changes_pending(0);
+
+        let mut ports = HashMap::new();
+        let mut endpoints: HashMap<ObjectKey, usize> = HashMap::new();
+        for (family, fam) in &plan.families {
+            let (mut internal_drop, mut external_drop) = (0, 0);
+            for port in fam.services.values() {
+                internal_drop += u64::from(port.internal.no_endpoints == Some(NoEndpointsVerdict::Drop));
+                let Some(ext) = &port.external else { continue };
+                external_drop += u64::from(ext.no_endpoints == Some(NoEndpointsVerdict::Drop));
+                if let (Some(hc), ExternalPolicy::Local { .. }) = (port.health_check_node_port, ext.policy) {
+                    let key = ObjectKey::new(port.name.namespace.clone(), port.name.service.clone());
+                    ports.insert(key.clone(), hc);
+                    let local_ready = port.local_endpoints.iter().filter(|e| e.ready).count();
+                    let count = endpoints.entry(key).or_default();
+                    *count = (*count).max(local_ready);
+                }
+            }
+            self.metrics.set_no_local_endpoints(*family, TrafficPolicyKind::Internal, internal_drop);
+            self.metrics.set_no_local_endpoints(*family, TrafficPolicyKind::External, external_drop);
+        }
+        let update = (ports, endpoints);
+        if self.last_health_checks.as_ref() != Some(&update) {
+            self.last_health_checks = Some(update.clone());
+            let _ = self.health_checks.send(update);
+        }
+    }
+
+    fn failed(&mut self, _full: bool) {
+        for &family in &self.families {
+            self.metrics.inc_nftables_sync_failure(family);
+        }
+    }
+
+    fn rejected(&mut self, errors: &[ObjectError]) {
+        for e in errors {
+            self.metrics.inc_invalid_object(&e.kind.to_string());
+        }
+    }
+}

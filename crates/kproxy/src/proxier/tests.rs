@@ -1,0 +1,134 @@
+//! The sync loop's rules, with a recording dataplane.
+
+use std::sync::{Arc, Mutex};
+
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kproxy_plan::{NodeContext, ProxyPolicy};
+use kproxy_state::{Kind, Object};
+use serde_json::json;
+
+use super::*;
+
+#[derive(Debug, Clone, PartialEq)]
+enum Call {
+    Full(usize),
+    Partial(usize),
+}
+
+#[derive(Clone, Default)]
+struct Recorder {
+    calls: Arc<Mutex<Vec<Call>>>,
+    fail_next: Arc<Mutex<bool>>,
+}
+
+impl Dataplane for Recorder {
+    fn full_sync(&mut self, plan: &Plan) -> anyhow::Result<()> {
+        self.record(Call::Full(ports(plan)))
+    }
+    fn partial_sync(&mut self, plan: &Plan, _delta: &PlanDelta) -> anyhow::Result<()> {
+        self.record(Call::Partial(ports(plan)))
+    }
+}
+
+impl Recorder {
+    fn record(&self, call: Call) -> anyhow::Result<()> {
+        self.calls.lock().unwrap().push(call);
+        if std::mem::take(&mut *self.fail_next.lock().unwrap()) {
+            anyhow::bail!("injected failure");
+        }
+        Ok(())
+    }
+    fn calls(&self) -> Vec<Call> {
+        self.calls.lock().unwrap().clone()
+    }
+}
+
+fn ports(plan: &Plan) -> usize {
+    plan.families.values().map(|f| f.services.len()).sum()
+}
+
+fn service(name: &str, ip: &str) -> Object {
+    let svc: Service = serde_json::from_value(json!({
+        "metadata": {"namespace": "ns", "name": name},
+        "spec": {"clusterIP": ip, "ports": [{"port": 80}]},
+    }))
+    .unwrap();
+    Object::Service(Box::new(svc.into()))
+}
+
+fn slice(name: &str, svc: &str) -> Object {
+    let slice: EndpointSlice = serde_json::from_value(json!({
+        "metadata": {"namespace": "ns", "name": name, "labels": {"kubernetes.io/service-name": svc}},
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": ["198.18.16.5"]}],
+        "ports": [{"port": 8080}],
+    }))
+    .unwrap();
+    Object::EndpointSlice(Box::new(slice))
+}
+
+fn proxier(recorder: &Recorder) -> Proxier<Recorder, NoObserver> {
+    let planner = Planner::new(ProxyPolicy::default(), NodeContext { name: "node-a".into(), ..Default::default() });
+    let pacing = Pacing { min_sync_period: Duration::ZERO, sync_period: Duration::from_secs(3600) };
+    Proxier::new(planner, recorder.clone(), NoObserver, pacing)
+}
+
+#[test]
+fn nothing_is_programmed_until_services_and_endpointslices_are_both_listed() {
+    let rec = Recorder::default();
+    let mut p = proxier(&rec);
+    p.apply(Change::Replaced(Kind::Service, vec![service("a", "198.18.128.1")]));
+    assert!(!p.sync());
+    assert!(rec.calls().is_empty(), "a partial view must never reach the dataplane");
+    p.apply(Change::Replaced(Kind::EndpointSlice, vec![slice("a-1", "a")]));
+    assert!(p.sync());
+    assert_eq!(rec.calls(), [Call::Full(1)]);
+}
+
+#[test]
+fn later_syncs_are_partial_and_a_failure_forces_a_full_resync() {
+    let rec = Recorder::default();
+    let mut p = proxier(&rec);
+    p.apply(Change::Replaced(Kind::Service, vec![service("a", "198.18.128.1")]));
+    p.apply(Change::Replaced(Kind::EndpointSlice, vec![]));
+    assert!(p.sync());
+    p.apply(Change::Applied(service("b", "198.18.128.2")));
+    assert!(p.sync());
+    *rec.fail_next.lock().unwrap() = true;
+    p.apply(Change::Applied(service("c", "198.18.128.3")));
+    assert!(!p.sync());
+    assert!(p.sync(), "the retry succeeds");
+    assert_eq!(rec.calls(), [Call::Full(1), Call::Partial(2), Call::Partial(3), Call::Full(3)]);
+}
+
+#[test]
+fn a_sync_with_no_changes_does_not_touch_the_dataplane() {
+    let rec = Recorder::default();
+    let mut p = proxier(&rec);
+    p.apply(Change::Replaced(Kind::Service, vec![service("a", "198.18.128.1")]));
+    p.apply(Change::Replaced(Kind::EndpointSlice, vec![]));
+    assert!(p.sync());
+    p.apply(Change::Applied(service("a", "198.18.128.1")));
+    assert!(p.sync());
+    assert_eq!(rec.calls(), [Call::Full(1)]);
+}
+
+#[tokio::test]
+async fn events_in_a_burst_collapse_into_one_sync() {
+    let rec = Recorder::default();
+    let mut p = proxier(&rec);
+    p.pacing.min_sync_period = Duration::from_millis(200);
+    let (tx, rx) = mpsc::channel(16);
+    let task = tokio::spawn(p.run(rx));
+    tx.send(Change::Replaced(Kind::Service, vec![])).await.unwrap();
+    tx.send(Change::Replaced(Kind::EndpointSlice, vec![])).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    for i in 0..10 {
+        tx.send(Change::Applied(service(&format!("s{i}"), &format!("198.18.128.{}", i + 1)))).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    drop(tx);
+    let _ = tokio::time::timeout(Duration::from_secs(2), task).await.unwrap();
+    assert_eq!(rec.calls(), [Call::Full(0), Call::Partial(10)]);
+}
