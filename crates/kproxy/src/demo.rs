@@ -71,10 +71,13 @@ pub fn run(manifests: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A pod to start: its name, the ports it serves and its addresses.
+type PodSpec = (String, BTreeSet<(Proto, u16)>, Vec<IpAddr>);
+
 /// Starts one pod per endpoint address on node-a and node-b, serving every target port it has.
 /// Endpoints on node-c have no pod: traffic sent to them times out, as it would to a dead node.
 fn start_pods(testbed: &Testbed, plan: &Plan) -> anyhow::Result<BTreeMap<IpAddr, String>> {
-    let mut pods: BTreeMap<(Where, u8), (String, BTreeSet<(Proto, u16)>, Vec<IpAddr>)> = BTreeMap::new();
+    let mut pods: BTreeMap<(Where, u8), PodSpec> = BTreeMap::new();
     for fam in plan.families.values() {
         for port in fam.services.values() {
             for ep in port.reachable_endpoints() {
