@@ -73,6 +73,8 @@ impl ManifestSource {
     /// Follows the directory until `changes`' receiver is dropped. First reports the current
     /// errors to `on_error` and sends [`Snapshot::initial_changes`]; then, after every change on
     /// disk, `Applied`/`Deleted` events for what changed, and each error not reported before.
+    /// Skipped manifests are only logged at debug level here: `on_error` is expected to report
+    /// them (log, metric, event).
     pub async fn run<F>(mut self, changes: mpsc::Sender<Change>, mut on_error: F) -> Result<(), SourceError>
     where
         F: FnMut(&ManifestError) + Send,
@@ -190,7 +192,8 @@ fn report_new<F: FnMut(&ManifestError)>(snapshot: &Snapshot, reported: &mut Hash
     reported.retain(|e| current.contains(e));
     for error in snapshot.errors() {
         if reported.insert(error.clone()) {
-            tracing::warn!(%error, "skipping manifest");
+            // The callback is the reporting channel (it usually logs); avoid saying it twice.
+            tracing::debug!(%error, "skipping manifest");
             on_error(error);
         }
     }
