@@ -6,12 +6,12 @@
 //! `kube::runtime::watcher`; this crate adds what kube-proxy needs on top:
 //!
 //! - one bad object never breaks a list or a watch: objects are read as raw JSON first and turned
-//!   into k8s-openapi types one at a time ([`raw`]); the bad ones are logged and counted in
+//!   into k8s-openapi types one at a time; the bad ones are logged and counted in
 //!   [`SourceStats`];
 //! - no partial view: Service and EndpointSlice changes are held back until both kinds have been
 //!   listed once, so the consumer never syncs Services without their endpoints;
 //! - `clientConnection` settings: qps/burst (a token bucket, as client-go has) and content type
-//!   ([`client`]).
+//!   ([`client()`]).
 //!
 //! With the `fake` feature, [`fake::FakeApiServer`] is an in-process API server speaking the real
 //! HTTP list/watch protocol, for tests that drive the unmodified kube-rs client.

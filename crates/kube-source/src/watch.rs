@@ -95,6 +95,11 @@ fn watch_kind(
 /// without the ServiceCIDR API (404) gets an empty ServiceCIDR listing, logged once; the watcher
 /// keeps retrying in case the API appears. Errors are never fatal: the watchers retry with
 /// `opts.backoff`, and each error is logged and counted in `stats`.
+///
+/// A malformed object is skipped, logged and counted. On a single watch event that leaves the
+/// consumer's last good version in place; in a (re)list the object is missing from the
+/// [`Change::Replaced`], so the consumer drops it (the source keeps no copy of objects to fall
+/// back on).
 pub async fn run(client: Client, opts: KubeSourceOptions, tx: mpsc::Sender<Change>, stats: Arc<SourceStats>) {
     let selected = watcher::Config::default().labels(&opts.label_selector);
     let mut streams: SelectAll<BoxStream<'static, KindEvent>> = SelectAll::new();
