@@ -64,6 +64,9 @@ pub struct Dump {
     pub interrupted: bool,
     /// Entries that could not be decoded and were skipped.
     pub undecodable: usize,
+    /// Entries of other families or protocols the kernel sent anyway (kernels before 5.9
+    /// ignore the dump filter); they are dropped.
+    pub ignored_by_kernel_filter: usize,
 }
 
 /// What a batch of deletes did.
@@ -153,9 +156,11 @@ impl ConntrackSocket {
                         // Kernels without CTA_FILTER return every protocol of the family.
                         if flow.protocol == protocol && flow.family() == family {
                             dump.flows.push(flow);
+                        } else {
+                            dump.ignored_by_kernel_filter += 1;
                         }
                     }
-                    Reply::Skipped { .. } => {}
+                    Reply::Skipped { seq: s } if s == seq => dump.ignored_by_kernel_filter += 1,
                     Reply::Undecodable { seq: s, reason } if s == seq => {
                         debug!(%reason, "skipping an undecodable conntrack entry");
                         dump.undecodable += 1;
