@@ -1,6 +1,8 @@
 //! The ctnetlink client against the kernel, on entries inserted with `conntrack -I` in a
 //! namespace of the test's own.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers may unwrap
+
 mod common;
 
 use std::net::IpAddr;

@@ -6,6 +6,8 @@
 //! first shows that (the bug upstream users hit), then runs one reconcile pass with the new plan
 //! and shows the very next datagram takes the new path.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers may unwrap
+
 mod common;
 
 use common::*;

@@ -2,6 +2,8 @@
 //! per-namespace timeouts change there and only there; the table size, read-only outside the
 //! initial namespace, is reported as a failure without stopping the rest.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers may unwrap
+
 mod common;
 
 use std::path::Path;
