@@ -130,3 +130,9 @@ impl Reconciler {
         Ok(stats)
     }
 }
+
+/// The daemon moves the reconciler to a blocking thread; keep it `Send`.
+const _: fn() = || {
+    fn send<T: Send>() {}
+    send::<Reconciler>();
+};
