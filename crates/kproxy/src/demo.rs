@@ -20,6 +20,9 @@ use kproxy_testbed::{Netns, ProbeOptions, ProbeResult, Proto, Testbed, Where};
 /// The node the sandbox plays (the examples describe node-a, node-b and node-c).
 const NODE: &str = "node-a";
 const PROBES_PER_DESTINATION: usize = 6;
+/// Flags that keep kproxy's conntrack tuning off, for runs inside a sandbox namespace.
+pub const SANDBOX_CONNTRACK_FLAGS: [&str; 3] =
+    ["--conntrack-max-per-core=0", "--conntrack-tcp-timeout-established=0", "--conntrack-tcp-timeout-close-wait=0"];
 
 /// Runs the demo on `manifests`.
 pub fn run(manifests: &Path) -> anyhow::Result<()> {
@@ -240,6 +243,8 @@ impl KproxyProcess {
             .arg(format!("--hostname-override={NODE}"))
             .arg("--detect-local-mode=NodeCIDR")
             .args(["--healthz-bind-address=", "--metrics-bind-address="])
+            // nf_conntrack_max and the hash size are global to the host: leave them alone in a sandbox.
+            .args(SANDBOX_CONNTRACK_FLAGS)
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()

@@ -99,8 +99,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Action::Cleanup => cleanup(),
-        Action::InitOnly => Ok(()),
-        Action::Run => run_proxy(config),
+        Action::InitOnly => {
+            tune_conntrack(&config);
+            Ok(())
+        }
+        Action::Run => {
+            if !config.dry_run {
+                tune_conntrack(&config);
+            }
+            run_proxy(config)
+        }
     }
 }
 
@@ -177,7 +185,15 @@ fn run_proxy(config: ProxyConfig) -> anyhow::Result<()> {
                     }
                 })
             }
-            SourceSelection::KubernetesApi => bail!("the Kubernetes API source is not wired yet; use --manifests DIR"),
+            SourceSelection::KubernetesApi => {
+                let cc = &config.client_connection;
+                let client = kproxy_kube_source::client(cc.kubeconfig.as_deref(), cc.qps, cc.burst, &cc.content_type)
+                    .await
+                    .context("connecting to the Kubernetes API")?;
+                let stats = std::sync::Arc::new(kproxy_kube_source::SourceStats::new());
+                let options = kproxy_kube_source::KubeSourceOptions::new(name.clone());
+                tokio::spawn(kproxy_kube_source::run(client, options, tx, stats))
+            }
         };
         let (observer, _servers) = start_servers(&config, &name).await?;
         let nft_config = kproxy_nftables::Config { masquerade_mark: config.masquerade_mark(), ..Default::default() };
@@ -260,5 +276,32 @@ async fn start_servers(
     // kube-proxy binds health-check node ports on the nodePortAddresses; for `primary` the node IP
     // is only known once the Node arrives, so kproxy listens on every address (same answer on each).
     let hc = Arc::new(ServiceHealthServer::new(HealthCheckBind::AllAddresses, health.clone(), metrics.clone()));
-    Ok((DaemonObserver::new(node_name.to_owned(), families, health, metrics, hc), servers))
+    let conntrack = if config.dry_run {
+        None
+    } else {
+        match kproxy_conntrack::Reconciler::new() {
+            Ok(r) => Some(r),
+            Err(e) => {
+                warn!(error = %e, "no conntrack netlink socket: stale UDP entries will not be cleaned");
+                None
+            }
+        }
+    };
+    Ok((DaemonObserver::new(node_name.to_owned(), families, health, metrics, hc, conntrack), servers))
+}
+
+/// kube-proxy's privileged host setup: nf_conntrack limits and timeouts.
+fn tune_conntrack(config: &ProxyConfig) {
+    let c = &config.conntrack;
+    let tuning = kproxy_conntrack::ConntrackTuning {
+        max_per_core: c.max_per_core,
+        min: c.min,
+        tcp_established_timeout: c.tcp_established_timeout,
+        tcp_close_wait_timeout: c.tcp_close_wait_timeout,
+        tcp_be_liberal: c.tcp_be_liberal,
+        udp_timeout: c.udp_timeout,
+        udp_stream_timeout: c.udp_stream_timeout,
+    };
+    // Each failed setting is logged by the tuner; none of them stops the proxy (upstream does the same).
+    let _ = tuning.apply(Path::new("/"));
 }

@@ -23,6 +23,8 @@ pub struct DaemonObserver {
     metrics: Metrics,
     health_checks: mpsc::UnboundedSender<HealthCheckUpdate>,
     last_health_checks: Option<HealthCheckUpdate>,
+    /// Deletes stale UDP/SCTP conntrack entries after each sync (absent in `--dry-run`).
+    conntrack: Option<kproxy_conntrack::Reconciler>,
 }
 
 impl DaemonObserver {
@@ -33,6 +35,7 @@ impl DaemonObserver {
         health: Arc<ProxyHealth>,
         metrics: Metrics,
         server: Arc<ServiceHealthServer>,
+        conntrack: Option<kproxy_conntrack::Reconciler>,
     ) -> Self {
         let (tx, mut rx) = mpsc::unbounded_channel::<HealthCheckUpdate>();
         tokio::spawn(async move {
@@ -43,7 +46,7 @@ impl DaemonObserver {
                 server.sync_endpoints(&endpoints).await;
             }
         });
-        Self { node_name, families, health, metrics, health_checks: tx, last_health_checks: None }
+        Self { node_name, families, health, metrics, health_checks: tx, last_health_checks: None, conntrack }
     }
 }
 
@@ -88,6 +91,18 @@ impl SyncObserver for DaemonObserver {
             self.metrics.set_no_local_endpoints(*family, TrafficPolicyKind::Internal, internal_drop);
             self.metrics.set_no_local_endpoints(*family, TrafficPolicyKind::External, external_drop);
         }
+        if let Some(reconciler) = self.conntrack.as_mut() {
+            for (family, fam) in &plan.families {
+                // A dump and a few deletes over netlink: short, but blocking.
+                match tokio::task::block_in_place(|| reconciler.reconcile(fam)) {
+                    Ok(stats) => {
+                        self.metrics.observe_conntrack_reconcile(*family, stats.duration, stats.deleted as u64)
+                    }
+                    Err(e) => warn!(%family, error = %e, "conntrack cleanup failed; retrying after the next sync"),
+                }
+            }
+        }
+
         let update = (ports, endpoints);
         if self.last_health_checks.as_ref() != Some(&update) {
             self.last_health_checks = Some(update.clone());
