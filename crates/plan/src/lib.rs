@@ -22,5 +22,6 @@ pub use model::{
 };
 pub use planner::Planner;
 pub use policy::{
-    DetectLocal, LocalTraffic, NodeContext, NodePortAddress, NodePortAddresses, ProxyPolicy, SnatPolicy, SnatSource,
+    DetectLocal, LocalTraffic, NoMasqueradeSource, NodeContext, NodePortAddress, NodePortAddresses, ProxyPolicy,
+    SnatPolicy, SnatSource,
 };

@@ -9,7 +9,7 @@ use ipnet::IpNet;
 use kproxy_state::{IpFamily, Protocol};
 use serde::Serialize;
 
-use crate::policy::{LocalTraffic, NodePortAddresses, SnatPolicy};
+use crate::policy::{LocalTraffic, NoMasqueradeSource, NodePortAddresses, SnatPolicy};
 
 /// The plan for every planned IP family.
 #[derive(Debug, Clone, PartialEq, Default, Serialize)]
@@ -45,6 +45,23 @@ pub struct NodePlan {
     pub service_cidrs: Vec<IpNet>,
     /// Services acceleration (KEP-4963) is on.
     pub acceleration: bool,
+}
+
+impl NodePlan {
+    /// The sources whose traffic skips masquerading to `snat.no_masquerade_cidrs` (KEP-6246):
+    /// none without CIDRs; the node itself always; local pods when they are detectable. See
+    /// [`SnatPolicy`] for the rendering contract and [`NoMasqueradeSource`] for why external
+    /// traffic is not among them.
+    pub fn no_masquerade_sources(&self) -> Vec<NoMasqueradeSource> {
+        if self.snat.no_masquerade_cidrs.is_empty() {
+            return Vec::new();
+        }
+        let mut sources = vec![NoMasqueradeSource::Node];
+        if self.local_traffic.is_detectable() {
+            sources.push(NoMasqueradeSource::LocalPods);
+        }
+        sources
+    }
 }
 
 /// Identity of one service port in one family: namespace, service, port name and protocol.

@@ -47,9 +47,12 @@ pub struct ProxyPolicy {
     pub detect_local: DetectLocal,
     /// `nodePortAddresses` (already defaulted by the caller: `[Primary]` when unset in nftables mode).
     pub nodeport_addresses: Vec<NodePortAddress>,
-    /// KEP-6246 `noMasqueradeCIDRs`: never masquerade packets whose (post-DNAT) destination is in these.
+    /// KEP-6246 `noMasqueradeCIDRs` (both families; the planner splits them): traffic from the
+    /// node and its local pods whose destination after DNAT is in these is not masqueraded, even
+    /// under `masqueradeAll`; hairpin and external traffic still are. See [`SnatPolicy`].
     pub no_masquerade_cidrs: Vec<IpNet>,
-    /// KEP-6246: SNAT to the node's primary InternalIP instead of the egress interface's address.
+    /// KEP-6246 `snatToNodeIP`: SNAT to the node's primary IP of each family instead of the
+    /// egress interface's address; per family, masquerade when that node IP is unknown.
     pub snat_to_node_ip: bool,
     /// KEP-4963: offload established connections of opted-in Services.
     pub acceleration: bool,
@@ -111,22 +114,81 @@ pub enum NodePortAddresses {
 }
 
 /// What address masqueraded packets get.
+///
+/// KEP-6246 part 2. MASQUERADE takes the primary address of the interface the packet leaves
+/// through (IPv4: the address in the next hop's subnet, ignoring the route's `src` hint; IPv6:
+/// source address selection preferring the outgoing interface), so behind a bridge or a second
+/// NIC the endpoint sees an address that is neither the node's InternalIP nor what direct
+/// node-to-pod traffic carries. [`SnatSource::NodeIp`] pins it to the node IP instead.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub enum SnatSource {
     /// The egress interface's address (MASQUERADE), kube-proxy's behaviour.
     Masquerade,
-    /// The node's primary InternalIP (KEP-6246).
+    /// The node's primary IP of this family (KEP-6246): `bindAddress` when it is set and of this
+    /// family, else the first InternalIP of this family in the Node's `status.addresses`. It
+    /// follows the Node: a changed InternalIP re-plans the node (`Dirty::all`) and the dataplane
+    /// re-renders its SNAT target; connections already translated keep their old source until
+    /// their conntrack entries expire.
     NodeIp(IpAddr),
 }
 
-/// The source NAT policy of one family.
+/// Traffic whose sources may skip masquerading to [`SnatPolicy::no_masquerade_cidrs`].
+///
+/// Only sources whose replies are certain to come back through this node qualify: the node
+/// itself (replies go to the node's own address) and its local pods (replies go to the pod, which
+/// is routed to this node). Everything else — external clients of NodePorts, LoadBalancer IPs,
+/// ExternalIPs and ClusterIPs under `externalTrafficPolicy: Cluster` — stays masqueraded
+/// whenever the service plan marks it: a remote endpoint would answer the client directly,
+/// bypassing the conntrack entry that has to undo the DNAT, and the connection would break.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub enum NoMasqueradeSource {
+    /// Packets the node itself sends: the source is a local address of the node that is not
+    /// loopback (`127.0.0.0/8` and `::1` must always be masqueraded: they can not leave the
+    /// node, and localhost NodePorts DNAT them to pods).
+    Node,
+    /// Packets from local pods, as [`crate::NodePlan::local_traffic`] recognises them; only when
+    /// pod traffic is detectable.
+    LocalPods,
+}
+
+/// The source NAT policy of one family (KEP-6246).
+///
+/// Rendering contract, identical for every dataplane, in the order a packet meets it in
+/// postrouting:
+///
+/// 1. Hairpin — after DNAT the source equals the chosen endpoint — is always source-NATed, to
+///    [`SnatPolicy::source`], whatever the other settings say: without it the endpoint answers
+///    itself directly and the connection breaks. Correctness wins over the option.
+/// 2. A packet not marked for masquerade by the service plan ([`crate::MasqueradeWhen`],
+///    [`crate::ExternalPolicy`]) is left alone.
+/// 3. A marked packet whose destination after DNAT (the chosen endpoint) is in
+///    [`SnatPolicy::no_masquerade_cidrs`] and whose source is one of
+///    [`crate::NodePlan::no_masquerade_sources`] is not translated: it is routed natively, so
+///    the endpoint sees what direct node-to-pod (or pod-to-pod) traffic shows. This applies on
+///    top of `masqueradeAll` too — the explicit, narrower list wins over the blanket switch,
+///    since both sources are safe without SNAT.
+/// 4. Every other marked packet is source-NATed to [`SnatPolicy::source`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct SnatPolicy {
-    /// Post-DNAT destinations that are never masqueraded (except hairpin traffic, which must be).
+    /// Post-DNAT destinations (of this family) that traffic from the node and its local pods is
+    /// never masqueraded to; hairpin and external traffic still are (see the type's contract).
     pub no_masquerade_cidrs: Vec<IpNet>,
     /// The source address of masqueraded packets.
     pub source: SnatSource,
-    /// Set when the SNAT-to-node-IP option is on but the node IP is unknown, so masquerade is
-    /// used instead; the caller logs it.
+    /// Set when the SNAT-to-node-IP option is on but the node IP of this family is unknown, so
+    /// masquerade is used instead; the caller warns about it (every time it becomes true).
     pub fell_back_to_masquerade: bool,
+}
+
+impl SnatPolicy {
+    /// A short name of the effective source NAT, for logs and the
+    /// `kproxy_masquerade_policy_info` metric: `masquerade`, `node-ip`, or
+    /// `masquerade-fallback` (node IP asked for but unknown).
+    pub fn source_label(&self) -> &'static str {
+        match (&self.source, self.fell_back_to_masquerade) {
+            (SnatSource::NodeIp(_), _) => "node-ip",
+            (SnatSource::Masquerade, true) => "masquerade-fallback",
+            (SnatSource::Masquerade, false) => "masquerade",
+        }
+    }
 }

@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 
 use super::*;
 use crate::model::{ExternalPolicy, MasqueradeWhen, NoEndpointsVerdict};
+use crate::policy::NoMasqueradeSource;
 
 const NODE: &str = "node-a";
 
@@ -456,4 +457,61 @@ proptest! {
         replay.apply(&delta);
         prop_assert_eq!(replay, plan);
     }
+}
+
+#[test]
+fn no_masquerade_sources_are_the_node_and_detectable_local_pods_only() {
+    let cidrs = vec!["198.18.16.0/20".parse().unwrap(), "fd00:10::/32".parse().unwrap()];
+    let detectable = ProxyPolicy {
+        no_masquerade_cidrs: cidrs.clone(),
+        detect_local: DetectLocal::ClusterCidr(vec!["198.18.16.0/20".parse().unwrap()]),
+        ..Default::default()
+    };
+    let plan = planner(detectable).build(&state(basic_cluster()));
+    let v4 = &plan.families[&IpFamily::V4].node;
+    assert_eq!(v4.no_masquerade_sources(), [NoMasqueradeSource::Node, NoMasqueradeSource::LocalPods]);
+    // No cluster CIDR of IPv6: IPv6 pod traffic is undetectable, so only the node is exempt.
+    let v6 = &plan.families[&IpFamily::V6].node;
+    assert_eq!(v6.snat.no_masquerade_cidrs, vec!["fd00:10::/32".parse::<IpNet>().unwrap()]);
+    assert_eq!(v6.no_masquerade_sources(), [NoMasqueradeSource::Node]);
+
+    let none = planner(ProxyPolicy { detect_local: DetectLocal::NodeCidr, ..Default::default() })
+        .build(&state(basic_cluster()));
+    assert!(none.families[&IpFamily::V4].node.no_masquerade_sources().is_empty());
+
+    // masqueradeAll does not remove the exemption (the explicit list wins).
+    let all = ProxyPolicy { no_masquerade_cidrs: cidrs, masquerade_all: true, ..Default::default() };
+    let plan = planner(all).build(&state(basic_cluster()));
+    assert_eq!(plan.families[&IpFamily::V4].node.no_masquerade_sources(), [NoMasqueradeSource::Node]);
+}
+
+#[test]
+fn snat_to_node_ip_follows_node_ip_changes_and_prefers_bind_address() {
+    let policy = ProxyPolicy { snat_to_node_ip: true, ..Default::default() };
+    let p = planner(policy.clone());
+    let mut st = state(vec![node(&["198.18.16.0/24"], &["198.18.0.2", "fd00:18::2"])]);
+    let _ = st.take_dirty();
+    let mut plan = p.build(&st);
+    assert_eq!(plan.families[&IpFamily::V4].node.snat.source, SnatSource::NodeIp(ip("198.18.0.2")));
+    assert_eq!(plan.families[&IpFamily::V6].node.snat.source_label(), "node-ip");
+
+    // The InternalIP changes and the IPv6 one disappears.
+    st.apply(node(&["198.18.16.0/24"], &["198.18.0.4"]));
+    let dirty = st.take_dirty();
+    let delta = p.update(&mut plan, &st, &dirty);
+    let v4 = &plan.families[&IpFamily::V4].node.snat;
+    let v6 = &plan.families[&IpFamily::V6].node.snat;
+    assert_eq!(v4.source, SnatSource::NodeIp(ip("198.18.0.4")));
+    assert_eq!((v6.source.clone(), v6.source_label()), (SnatSource::Masquerade, "masquerade-fallback"));
+    assert!(delta.families[&IpFamily::V4].node.is_some(), "the new SNAT target must reach the dataplane");
+    assert!(delta.families[&IpFamily::V6].node.is_some());
+
+    // bindAddress overrides the Node's InternalIP of its family only.
+    let ctx = NodeContext { name: NODE.into(), node_ip_override: vec![ip("198.18.0.9")], ..Default::default() };
+    let plan = Planner::new(policy, ctx).build(&state(vec![node(&[], &["198.18.0.2", "fd00:18::2"])]));
+    assert_eq!(plan.families[&IpFamily::V4].node.snat.source, SnatSource::NodeIp(ip("198.18.0.9")));
+    assert_eq!(plan.families[&IpFamily::V6].node.snat.source, SnatSource::NodeIp(ip("fd00:18::2")));
+
+    let off = planner(ProxyPolicy::default()).build(&st);
+    assert_eq!(off.families[&IpFamily::V4].node.snat.source_label(), "masquerade");
 }
