@@ -1,7 +1,7 @@
 //! `guest-run`: one command, run as root in the guest kernel, in the current directory, with the
 //! host's environment and filesystem.
 
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -92,7 +92,7 @@ fn run_script(cwd: &Path, env: impl Iterator<Item = (OsString, OsString)>, comma
     script.extend(shell::quote(cwd));
     script.extend_from_slice(b" || exit 126\n");
     for (name, value) in env {
-        if shell::is_variable_name(&name) && name != "KPROXY_GUEST" {
+        if shell::is_variable_name(&name) && name != "KPROXY_GUEST" && !set_by_cargo_run(&name) {
             script.extend_from_slice(b"export ");
             script.extend(shell::quote(&name));
             script.push(b'=');
@@ -109,6 +109,14 @@ fn run_script(cwd: &Path, env: impl Iterator<Item = (OsString, OsString)>, comma
     script
 }
 
+/// Variables `cargo run` sets for xtask itself; they describe xtask, not the guest command.
+fn set_by_cargo_run(name: &OsStr) -> bool {
+    let name = name.to_string_lossy();
+    name.starts_with("CARGO_PKG_")
+        || name.starts_with("CARGO_MANIFEST_")
+        || ["CARGO_CRATE_NAME", "CARGO_BIN_NAME", "CARGO_PRIMARY_PACKAGE"].contains(&name.as_ref())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -119,12 +127,14 @@ mod tests {
             (OsString::from("CI"), OsString::from("true")),
             (OsString::from("BAD-NAME"), OsString::from("x")),
             (OsString::from("KPROXY_GUEST"), OsString::from("0")),
+            (OsString::from("CARGO_PKG_NAME"), OsString::from("xtask")),
         ];
         let command = [OsString::from("sh"), OsString::from("-c"), OsString::from("echo 'hi'")];
         let script = String::from_utf8(run_script(Path::new("/work/a b"), env.into_iter(), &command)).unwrap();
         assert!(script.contains("cd -- '/work/a b' || exit 126\n"), "{script}");
         assert!(script.contains("export 'CI'='true'\n"), "{script}");
         assert!(!script.contains("BAD-NAME"), "{script}");
+        assert!(!script.contains("CARGO_PKG_NAME"), "{script}");
         assert!(!script.contains("'KPROXY_GUEST'='0'"), "{script}");
         assert!(script.ends_with("export KPROXY_GUEST=1\nexec 'sh' '-c' 'echo '\\''hi'\\'''\n"), "{script}");
     }
