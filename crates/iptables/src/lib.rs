@@ -1,0 +1,23 @@
+//! The iptables dataplane (`--proxy-mode=iptables`): renders the same plan as the nftables
+//! dataplane into upstream kube-proxy's iptables chains, so tools and CNIs that look for
+//! `KUBE-SERVICES`, `KUBE-SVC-*`, `KUBE-MARK-MASQ`, ... keep working.
+//!
+//! - [`naming`]: upstream's chain names (`KUBE-SVC-<hash16>`, ...).
+//! - [`rules`]: the plan rendered into `iptables-restore` lines, per table.
+//! - [`IptablesDataplane`]: the applied state in memory, full and partial restores.
+//! - [`restore`]: running `iptables-restore --noflush -w` of one [`Backend`]; a recorder for tests.
+//! - [`backend`]: detecting the host's backend like upstream.
+//! - [`canary`]: noticing that someone flushed kproxy's rules.
+//! - [`cleanup()`]: `kproxy --cleanup`.
+
+pub mod backend;
+pub mod canary;
+pub mod cleanup;
+pub mod naming;
+pub mod restore;
+pub mod rules;
+mod sync;
+
+pub use cleanup::cleanup;
+pub use restore::{Backend, ExecError, Executor, IptablesRestore, Output, Recording};
+pub use sync::{Config, IptablesDataplane, SyncError, SyncReport};

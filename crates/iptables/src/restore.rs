@@ -1,0 +1,268 @@
+//! How rules reach the kernel: `iptables-restore --noflush -w` (and `iptables`, `iptables-save`)
+//! of one backend, behind a trait so tests can record instead of apply.
+//!
+//! The binaries are always the backend's own (`iptables-legacy-restore`, `ip6tables-nft-save`,
+//! ...), never the `iptables` alternative, so kproxy can never write half its rules with one
+//! backend and half with the other.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use kproxy_state::IpFamily;
+
+use crate::rules::Table;
+
+/// Which iptables implementation the host uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Backend {
+    /// The x_tables kernel API (`iptables-legacy`).
+    Legacy,
+    /// nf_tables through the iptables compatibility layer (`iptables-nft`).
+    Nft,
+}
+
+impl Backend {
+    /// `legacy` or `nft`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Backend::Legacy => "legacy",
+            Backend::Nft => "nft",
+        }
+    }
+
+    /// The backend's binary for `family`: `tool` is "" (iptables), "-save" or "-restore".
+    pub fn program(self, family: IpFamily, tool: &str) -> String {
+        let base = match family {
+            IpFamily::V4 => "iptables",
+            IpFamily::V6 => "ip6tables",
+        };
+        format!("{base}-{}{tool}", self.as_str())
+    }
+}
+
+/// Why a command failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    /// The program could not be run.
+    #[error("running {program}: {source}")]
+    Spawn {
+        /// Program.
+        program: String,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// The program refused (a restore is atomic per table: a refused table is unchanged).
+    #[error("{program} failed: {stderr}")]
+    Failed {
+        /// Program.
+        program: String,
+        /// What it said.
+        stderr: String,
+    },
+    /// A test executor was told to fail.
+    #[error("injected failure")]
+    Injected,
+}
+
+/// What a plain `iptables` command printed.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Output {
+    /// Exit status 0.
+    pub success: bool,
+    /// Standard output.
+    pub stdout: String,
+}
+
+/// Runs the iptables tools of one backend.
+pub trait Executor {
+    /// Feeds `input` to `iptables-restore --noflush -w` (of `family`).
+    fn restore(&mut self, family: IpFamily, input: &str) -> Result<(), ExecError>;
+    /// `iptables-save -t <table>`.
+    fn save(&mut self, family: IpFamily, table: Table) -> Result<String, ExecError>;
+    /// `iptables -w <args>`; a non-zero exit is an [`Output`] with `success: false`.
+    fn run(&mut self, family: IpFamily, args: &[String]) -> Result<Output, ExecError>;
+    /// Writes a sysctl under `/proc/sys` (`net/ipv4/conf/all/route_localnet`).
+    fn sysctl(&mut self, key: &str, value: &str) -> Result<(), ExecError>;
+    /// Removes a table that holds nothing but empty built-in chains, where the backend can
+    /// (nf_tables; x_tables tables can't be removed and are left alone).
+    fn drop_empty_table(&mut self, family: IpFamily, table: Table) -> Result<(), ExecError>;
+}
+
+/// The real tools of `backend`, run in the network namespace of the calling thread.
+#[derive(Debug, Clone)]
+pub struct IptablesRestore {
+    backend: Backend,
+}
+
+impl IptablesRestore {
+    /// The tools of `backend`.
+    pub fn new(backend: Backend) -> Self {
+        Self { backend }
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    fn command(&self, family: IpFamily, tool: &str, args: &[&str], stdin: Option<&str>) -> Result<Output, ExecError> {
+        let program = self.backend.program(family, tool);
+        let spawn_err = |source| ExecError::Spawn { program: program.clone(), source };
+        let mut child = Command::new(&program)
+            .args(args)
+            .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(spawn_err)?;
+        if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
+            pipe.write_all(text.as_bytes()).map_err(spawn_err)?;
+        }
+        let out = child.wait_with_output().map_err(spawn_err)?;
+        match out.status.code() {
+            Some(0) => Ok(Output { success: true, stdout: String::from_utf8_lossy(&out.stdout).into_owned() }),
+            // 1: "bad rule (does a matching rule exist in that chain?)" and kin.
+            Some(1) if tool.is_empty() => {
+                Ok(Output { success: false, stdout: String::from_utf8_lossy(&out.stdout).into_owned() })
+            }
+            _ => Err(ExecError::Failed { program, stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned() }),
+        }
+    }
+}
+
+impl Executor for IptablesRestore {
+    fn restore(&mut self, family: IpFamily, input: &str) -> Result<(), ExecError> {
+        self.command(family, "-restore", &["--noflush", "-w"], Some(input)).map(|_| ())
+    }
+
+    fn save(&mut self, family: IpFamily, table: Table) -> Result<String, ExecError> {
+        self.command(family, "-save", &["-t", table.as_str()], None).map(|o| o.stdout)
+    }
+
+    fn run(&mut self, family: IpFamily, args: &[String]) -> Result<Output, ExecError> {
+        let mut all = vec!["-w"];
+        all.extend(args.iter().map(String::as_str));
+        self.command(family, "", &all, None)
+    }
+
+    fn sysctl(&mut self, key: &str, value: &str) -> Result<(), ExecError> {
+        let path = format!("/proc/sys/{key}");
+        std::fs::write(&path, value).map_err(|source| ExecError::Spawn { program: path, source })
+    }
+
+    fn drop_empty_table(&mut self, family: IpFamily, table: Table) -> Result<(), ExecError> {
+        if self.backend == Backend::Legacy {
+            return Ok(());
+        }
+        let nft_family = match family {
+            IpFamily::V4 => "ip",
+            IpFamily::V6 => "ip6",
+        };
+        let spawn_err = |source| ExecError::Spawn { program: "nft".to_owned(), source };
+        let out = Command::new("nft")
+            .args(["delete", "table", nft_family, table.as_str()])
+            .stdin(Stdio::null())
+            .output()
+            .map_err(spawn_err)?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(ExecError::Failed {
+                program: "nft".to_owned(),
+                stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+            })
+        }
+    }
+}
+
+/// Records instead of applying (unit tests, `--dry-run`).
+#[derive(Debug, Clone, Default)]
+pub struct Recording {
+    /// Every restore input, with its family, in order.
+    pub restores: Vec<(IpFamily, String)>,
+    /// Every `iptables` command, with its family, in order.
+    pub commands: Vec<(IpFamily, Vec<String>)>,
+    /// Every sysctl written.
+    pub sysctls: Vec<(String, String)>,
+    /// What `iptables-save` prints, per family and table (empty when absent).
+    pub saved: std::collections::BTreeMap<(IpFamily, Table), String>,
+    /// Whether `iptables -C` finds the rule.
+    pub check_succeeds: bool,
+    /// Fail the next restore (then reset).
+    pub fail_next: bool,
+    /// Tables dropped as empty.
+    pub dropped: Vec<(IpFamily, Table)>,
+}
+
+impl Recording {
+    /// The last restore input for `family`.
+    pub fn last(&self, family: IpFamily) -> Option<&str> {
+        self.restores.iter().rev().find(|(f, _)| *f == family).map(|(_, s)| s.as_str())
+    }
+}
+
+impl Executor for Recording {
+    fn restore(&mut self, family: IpFamily, input: &str) -> Result<(), ExecError> {
+        if std::mem::take(&mut self.fail_next) {
+            return Err(ExecError::Injected);
+        }
+        self.restores.push((family, input.to_owned()));
+        Ok(())
+    }
+
+    fn save(&mut self, family: IpFamily, table: Table) -> Result<String, ExecError> {
+        Ok(self.saved.get(&(family, table)).cloned().unwrap_or_default())
+    }
+
+    fn run(&mut self, family: IpFamily, args: &[String]) -> Result<Output, ExecError> {
+        self.commands.push((family, args.to_vec()));
+        let success = !args.iter().any(|a| a == "-C") || self.check_succeeds;
+        Ok(Output { success, stdout: String::new() })
+    }
+
+    fn sysctl(&mut self, key: &str, value: &str) -> Result<(), ExecError> {
+        self.sysctls.push((key.to_owned(), value.to_owned()));
+        Ok(())
+    }
+
+    fn drop_empty_table(&mut self, family: IpFamily, table: Table) -> Result<(), ExecError> {
+        self.dropped.push((family, table));
+        Ok(())
+    }
+}
+
+impl<E: Executor + ?Sized> Executor for &mut E {
+    fn restore(&mut self, family: IpFamily, input: &str) -> Result<(), ExecError> {
+        (**self).restore(family, input)
+    }
+    fn save(&mut self, family: IpFamily, table: Table) -> Result<String, ExecError> {
+        (**self).save(family, table)
+    }
+    fn run(&mut self, family: IpFamily, args: &[String]) -> Result<Output, ExecError> {
+        (**self).run(family, args)
+    }
+    fn sysctl(&mut self, key: &str, value: &str) -> Result<(), ExecError> {
+        (**self).sysctl(key, value)
+    }
+    fn drop_empty_table(&mut self, family: IpFamily, table: Table) -> Result<(), ExecError> {
+        (**self).drop_empty_table(family, table)
+    }
+}
+
+impl<E: Executor + ?Sized> Executor for Box<E> {
+    fn restore(&mut self, family: IpFamily, input: &str) -> Result<(), ExecError> {
+        (**self).restore(family, input)
+    }
+    fn save(&mut self, family: IpFamily, table: Table) -> Result<String, ExecError> {
+        (**self).save(family, table)
+    }
+    fn run(&mut self, family: IpFamily, args: &[String]) -> Result<Output, ExecError> {
+        (**self).run(family, args)
+    }
+    fn sysctl(&mut self, key: &str, value: &str) -> Result<(), ExecError> {
+        (**self).sysctl(key, value)
+    }
+    fn drop_empty_table(&mut self, family: IpFamily, table: Table) -> Result<(), ExecError> {
+        (**self).drop_empty_table(family, table)
+    }
+}
