@@ -71,4 +71,12 @@ cases!(
     ipv6_etp_local,
     service_updated_in_place,
     cleanup_leaves_the_kernel_as_found,
+    kep6246_without_options_node_traffic_is_masqueraded_to_the_egress_interface,
+    kep6246_no_masquerade_cidrs_route_node_traffic_like_direct_traffic,
+    kep6246_no_masquerade_cidrs_still_masquerade_hairpin,
+    kep6246_snat_to_node_ip,
+    kep6246_snat_to_node_ip_with_no_masquerade_cidrs,
+    kep6246_snat_to_node_ip_falls_back_per_family_and_follows_the_node,
+    kep6246_no_masquerade_cidrs_override_masquerade_all_for_node_and_local_pods,
+    kep6246_no_masquerade_cidrs_exempt_only_the_node_when_pods_are_undetectable,
 );

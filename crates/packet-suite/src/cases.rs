@@ -101,7 +101,7 @@ fn lb_status(ip: &str) -> Value {
 pub fn all_cases() -> Vec<Case> {
     let cip = Dest::ClusterIp(sa(CIP));
     let pod_c = Client::Pod("client");
-    vec![
+    let mut cases = vec![
         case(
             "clusterip_tcp",
             |env| web(env, json!({}), json!({}), &["a", "b"]),
@@ -607,7 +607,9 @@ pub fn all_cases() -> Vec<Case> {
                 Step::CleanupLeavesNothing,
             ],
         ),
-    ]
+    ];
+    cases.extend(crate::kep6246::cases());
+    cases
 }
 
 fn detect_local_steps() -> Vec<Step> {

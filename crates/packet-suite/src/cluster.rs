@@ -82,15 +82,26 @@ pub fn slice(ns: &str, svc: &str, suffix: &str, family: &str, ports: Value, endp
 }
 
 fn node(name: &str, zone: &str, ips: [IpAddr; 2], cidrs: [String; 2]) -> Object {
+    node_with(name, zone, &ips, cidrs)
+}
+
+fn node_with(name: &str, zone: &str, ips: &[IpAddr], cidrs: [String; 2]) -> Object {
+    let addresses: Vec<Value> = ips.iter().map(|ip| json!({"type": "InternalIP", "address": ip.to_string()})).collect();
     let value = json!({
         "metadata": {"name": name, "labels": {"topology.kubernetes.io/zone": zone}},
         "spec": {"podCIDRs": cidrs},
-        "status": {"addresses": [{"type": "InternalIP", "address": ips[0].to_string()}, {"type": "InternalIP", "address": ips[1].to_string()}]},
+        "status": {"addresses": addresses},
     });
     match serde_json::from_value(value) {
         Ok(n) => Object::Node(Box::new(n)),
         Err(e) => panic!("invalid Node {name}: {e}"),
     }
+}
+
+/// The proxy's Node with other InternalIPs (none of a family: its node IP is unknown), e.g. to
+/// show that SNAT to the node IP follows the Node and falls back per family.
+pub fn node_a_with_ips(ips: &[IpAddr]) -> Object {
+    node_with(NODE_A, "zone-a", ips, [NODE_POD_CIDR_V4.to_string(), NODE_POD_CIDR_V6.to_string()])
 }
 
 /// The two Nodes of the testbed.

@@ -96,6 +96,16 @@ pub enum Source {
     /// address when the endpoint sits behind the bridge (MASQUERADE picks the egress
     /// interface's address).
     Masqueraded,
+    /// Exactly this address (what the kernel is known to pick in the case's topology).
+    Is(IpAddr),
+    /// Exactly what the same client's direct connection to `pod`'s address (of the probe's
+    /// family) on `port` shows — measured with a real connection just before the probes.
+    AsDirect {
+        /// The pod to connect to directly.
+        pod: &'static str,
+        /// The port it serves.
+        port: u16,
+    },
     /// Not checked (no answer expected).
     Any,
 }
@@ -139,6 +149,9 @@ impl Check {
 /// Builds cluster changes from the testbed's addresses.
 pub type Build = fn(&Env) -> Vec<Object>;
 
+/// Changes the testbed for a case (e.g. a second NIC with routes through it).
+pub type Setup = fn(&Env) -> Result<(), String>;
+
 /// One step of a case.
 #[derive(Debug, Clone)]
 pub enum Step {
@@ -154,6 +167,8 @@ pub enum Step {
     StopServing(&'static str),
     /// Add a secondary interface with this address to the proxy's node.
     AddNodeAddress(&'static str),
+    /// Change the testbed (links, addresses, routes) beyond what the builder offers.
+    Setup(Setup),
     /// ClientIP affinity expires: `rounds` times, wait past `timeout` and open 3 connections
     /// (which must stick together); over the rounds more than one backend must be chosen.
     AffinityExpires {
@@ -232,11 +247,43 @@ fn check(tb: &Testbed, c: &Check, log: &mut String) -> Result<(), String> {
         }
         Err(ns) => ns,
     };
+    let v6 = c.dest.addr().is_ipv6();
+    let node_ip: IpAddr = if v6 { NODE_IP_V6.into() } else { NODE_IP_V4.into() };
+    let allowed: Vec<IpAddr> = match c.source {
+        Source::Client => vec![client_ip(tb, &c.client, v6)],
+        Source::NodeIp => vec![node_ip],
+        Source::Masqueraded => vec![
+            node_ip,
+            if v6 { first_host_v6(NODE_POD_CIDR_V6).into() } else { first_host_v4(NODE_POD_CIDR_V4).into() },
+        ],
+        Source::Is(ip) => vec![ip],
+        Source::AsDirect { pod, port } => {
+            let target = tb.pod(pod).ok_or_else(|| format!("case uses undeclared pod {pod}"))?;
+            let direct = SocketAddr::new(if v6 { target.ipv6().into() } else { target.ipv4().into() }, port);
+            let t = probe_many(from, c.proto, direct, 1, &options).map_err(|e| e.to_string())?;
+            let _ =
+                writeln!(log, "  {:?} {} direct to {direct}: observed sources {:?}", c.client, c.proto, t.seen_sources);
+            match t.seen_sources.keys().next() {
+                Some(ip) if t.seen_sources.len() == 1 => vec![*ip],
+                _ => return Err(format!("direct connection {:?} -> {direct} was not answered: {t:?}", c.client)),
+            }
+        }
+        Source::Any => Vec::new(),
+    };
     let tally = probe_many(from, c.proto, c.dest.addr(), c.count, &options).map_err(|e| e.to_string())?;
     let _ = writeln!(
         log,
-        "  {:?} {} {:?}: expected {:?} source {:?}; observed {:?}",
-        c.client, c.proto, c.dest, c.expect, c.source, tally
+        "  {:?} {} {:?}: expected {:?}, source {:?} = {allowed:?}; observed backends {:?}, sources {:?} (refused {}, unreachable {}, timed out {})",
+        c.client,
+        c.proto,
+        c.dest,
+        c.expect,
+        c.source,
+        tally.backends,
+        tally.seen_sources,
+        tally.refused,
+        tally.unreachable,
+        tally.timed_out
     );
     let answered: usize = tally.backends.values().sum();
     let seen: BTreeSet<&str> = tally.backends.keys().map(String::as_str).collect();
@@ -269,17 +316,6 @@ fn check(tb: &Testbed, c: &Check, log: &mut String) -> Result<(), String> {
                     return fail("spread is not even");
                 }
             }
-            let v6 = c.dest.addr().is_ipv6();
-            let node_ip: IpAddr = if v6 { NODE_IP_V6.into() } else { NODE_IP_V4.into() };
-            let allowed: Vec<IpAddr> = match c.source {
-                Source::Client => vec![client_ip(tb, &c.client, v6)],
-                Source::NodeIp => vec![node_ip],
-                Source::Masqueraded => vec![
-                    node_ip,
-                    if v6 { first_host_v6(NODE_POD_CIDR_V6).into() } else { first_host_v4(NODE_POD_CIDR_V4).into() },
-                ],
-                Source::Any => Vec::new(),
-            };
             if !allowed.is_empty() && tally.seen_sources.keys().any(|s| !allowed.contains(s)) {
                 return fail(&format!("backends saw a source outside {allowed:?}"));
             }
@@ -359,6 +395,7 @@ pub fn run_case<D: Dataplane, F: FnOnce() -> D + Send>(case: &Case, make: F) -> 
                 }
                 Step::Sleep(d) => std::thread::sleep(*d),
                 Step::StopServing(name) => env.pod(name).stop_serving(),
+                Step::Setup(setup) => setup(&env)?,
                 Step::AddNodeAddress(cidr) => {
                     let net: ipnet::IpNet = cidr.parse().map_err(|e| format!("{cidr}: {e}"))?;
                     tb.add_node_interface("extra0", &[net]).map_err(|e| e.to_string())?;
@@ -412,6 +449,7 @@ fn step_label(step: &Step) -> &'static str {
         Step::Sleep(_) => "sleep",
         Step::StopServing(_) => "stop serving",
         Step::AddNodeAddress(_) => "add a node address",
+        Step::Setup(_) => "change the testbed",
         Step::AffinityExpires { .. } => "affinity expires",
         Step::CleanupLeavesNothing => "cleanup",
     }

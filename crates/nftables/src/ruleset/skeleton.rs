@@ -1,9 +1,9 @@
 //! The fixed part of each table: base chains at upstream's hook priorities, the dispatch maps,
 //! and the node-wide rules (node ports, masquerading, no-endpoint checks).
 
-use kproxy_plan::{LocalTraffic, NodePlan, NodePortAddresses, SnatSource};
+use kproxy_plan::{LocalTraffic, NoMasqueradeSource, NodePlan, NodePortAddresses, SnatSource};
 
-use super::Ctx;
+use super::{Ctx, local_match};
 use crate::transaction::{Chain, Element, Hook, SetDef};
 
 /// Set of ClusterIPs (for rejecting traffic to ports no service has).
@@ -59,6 +59,23 @@ fn set(name: &str, key: String, data: Option<&str>, flags: Vec<&'static str>, co
     }
 }
 
+/// KEP-6246: marked packets from the node or its local pods to a no-masquerade destination
+/// (matched after DNAT, so on the chosen endpoint) leave `masquerading` untranslated. Hairpin was
+/// sent to `masquerade-now` before these rules, and traffic from elsewhere does not match them.
+fn no_masquerade_rules(ctx: &Ctx, node: &NodePlan) -> Vec<String> {
+    let ip = ctx.ip();
+    let mut rules = Vec::new();
+    for source in node.no_masquerade_sources() {
+        let from = match source {
+            NoMasqueradeSource::Node => Some(format!("fib saddr type local {ip} saddr != {}", ctx.loopback())),
+            NoMasqueradeSource::LocalPods => local_match(ctx, &node.local_traffic, false),
+        };
+        let Some(from) = from else { continue };
+        rules.extend(node.snat.no_masquerade_cidrs.iter().map(|c| format!("{from} {ip} daddr {c} return")));
+    }
+    rules
+}
+
 /// Renders the skeleton for `node`.
 pub fn render(ctx: &Ctx, node: &NodePlan) -> Skeleton {
     let ip = ctx.ip();
@@ -76,7 +93,7 @@ pub fn render(ctx: &Ctx, node: &NodePlan) -> Skeleton {
         format!("mark and {m:#x} == 0 return"),
         format!("mark set mark and {:#x}", !m),
     ];
-    masquerading.extend(node.snat.no_masquerade_cidrs.iter().map(|c| format!("{ip} daddr {c} return")));
+    masquerading.extend(no_masquerade_rules(ctx, node));
     masquerading.push("goto masquerade-now".to_owned());
     let snat = match node.snat.source {
         SnatSource::Masquerade => "masquerade fully-random".to_owned(),
@@ -172,4 +189,54 @@ pub fn render(ctx: &Ctx, node: &NodePlan) -> Skeleton {
         elements.extend(nets.iter().map(|n| Element { set: POD_CIDRS.into(), key: n.to_string(), value: None }));
     }
     Skeleton { chains, sets, elements }
+}
+
+#[cfg(test)]
+mod tests {
+    use kproxy_plan::{SnatPolicy, SnatSource};
+
+    use super::*;
+
+    fn node(local: LocalTraffic, cidrs: &[&str]) -> NodePlan {
+        NodePlan {
+            node_ip: None,
+            local_traffic: local,
+            nodeport_addresses: NodePortAddresses::Only(Vec::new()),
+            snat: SnatPolicy {
+                no_masquerade_cidrs: cidrs.iter().map(|c| c.parse().unwrap()).collect(),
+                source: SnatSource::Masquerade,
+                fell_back_to_masquerade: false,
+            },
+            service_cidrs: Vec::new(),
+            acceleration: false,
+        }
+    }
+
+    fn masquerading(ctx: &Ctx, node: &NodePlan) -> Vec<String> {
+        let skel = render(ctx, node);
+        skel.chains.into_iter().find(|(c, _)| c.name == "masquerading").map(|(_, r)| r).unwrap()
+    }
+
+    #[test]
+    fn no_masquerade_cidrs_exempt_only_the_node_and_local_pods_after_hairpin() {
+        let ctx = Ctx::new(kproxy_state::IpFamily::V4, "kproxy", 0x4000);
+        let rules = masquerading(&ctx, &node(LocalTraffic::InterfacePrefix("veth".into()), &["198.18.16.0/20"]));
+        assert_eq!(
+            rules,
+            [
+                "ct status dnat ip saddr . ip daddr @hairpin-endpoints goto masquerade-now",
+                "mark and 0x4000 == 0 return",
+                "mark set mark and 0xffffbfff",
+                "fib saddr type local ip saddr != 127.0.0.0/8 ip daddr 198.18.16.0/20 return",
+                "iifname \"veth*\" ip daddr 198.18.16.0/20 return",
+                "goto masquerade-now",
+            ]
+        );
+        let ctx6 = Ctx::new(kproxy_state::IpFamily::V6, "kproxy", 0x4000);
+        let rules = masquerading(&ctx6, &node(LocalTraffic::Undetectable, &["fd00:10::/32"]));
+        assert!(rules.contains(&"fib saddr type local ip6 saddr != ::1 ip6 daddr fd00:10::/32 return".to_owned()));
+        assert_eq!(rules.iter().filter(|r| r.ends_with("return")).count(), 2, "{rules:?}");
+        let none = masquerading(&ctx, &node(LocalTraffic::Undetectable, &[]));
+        assert!(!none.iter().any(|r| r.contains("daddr") && r.ends_with("return")), "{none:?}");
+    }
 }
