@@ -1,5 +1,5 @@
-//! Executors apply a transaction to the kernel. `nft -f -` for now; a netlink-native executor is
-//! a separate piece of work, hence the trait.
+//! Executors apply a transaction to the kernel: [`NftCommand`] runs `nft -f -` (fallback,
+//! `--dry-run` checks, debugging); the netlink-native executor lives in `kproxy-nft-netlink`.
 
 use std::io::Write;
 use std::process::{Command, Stdio};
@@ -28,6 +28,29 @@ pub enum ExecError {
     /// A test executor was told to fail.
     #[error("injected failure")]
     Injected,
+    /// The kernel rejected an operation of the transaction (netlink executor); nothing changed.
+    #[error("the kernel rejected operation {index} `{op}`: {source}")]
+    Kernel {
+        /// Index of the operation in the transaction.
+        index: usize,
+        /// The operation, as nft text.
+        op: String,
+        /// The kernel's errno.
+        source: std::io::Error,
+    },
+    /// An operation uses nft syntax the executor cannot encode; nothing was sent.
+    #[error("cannot encode operation {index} `{op}`: {reason}")]
+    Unsupported {
+        /// Index of the operation in the transaction.
+        index: usize,
+        /// The operation, as nft text.
+        op: String,
+        /// What is not supported.
+        reason: String,
+    },
+    /// Talking to the kernel failed; whether the transaction was applied is unknown.
+    #[error("netlink: {0}")]
+    Netlink(#[source] std::io::Error),
 }
 
 /// Applies transactions atomically.

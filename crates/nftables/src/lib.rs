@@ -8,6 +8,7 @@
 //! - [`exec`]: how a transaction reaches the kernel (`nft -f -` today).
 //! - [`cleanup()`]: `kproxy --cleanup`.
 
+pub mod chunk;
 pub mod cleanup;
 pub mod exec;
 pub mod naming;
@@ -17,5 +18,5 @@ pub mod transaction;
 
 pub use cleanup::cleanup;
 pub use exec::{ExecError, Executor, NftCommand, Recording};
-pub use sync::{Config, NftablesDataplane, SyncError, SyncReport};
+pub use sync::{Config, DEFAULT_COLD_START_CHUNK_OPS, NftablesDataplane, SyncError, SyncReport};
 pub use transaction::{OpCounts, Transaction};

@@ -26,11 +26,21 @@ pub struct Config {
     pub table: String,
     /// The masquerade mark (`1 << masqueradeBit`).
     pub masquerade_mark: u32,
+    /// A cold start (first sync, or the first after a failure) larger than this many operations
+    /// is applied as several transactions of at most this size (see [`crate::chunk`]).
+    pub cold_start_chunk_ops: usize,
 }
+
+/// Default bound on the operations of one cold-start transaction.
+pub const DEFAULT_COLD_START_CHUNK_OPS: usize = 50_000;
 
 impl Default for Config {
     fn default() -> Self {
-        Self { table: TABLE_NAME.to_owned(), masquerade_mark: DEFAULT_MASQUERADE_MARK }
+        Self {
+            table: TABLE_NAME.to_owned(),
+            masquerade_mark: DEFAULT_MASQUERADE_MARK,
+            cold_start_chunk_ops: DEFAULT_COLD_START_CHUNK_OPS,
+        }
     }
 }
 
@@ -172,9 +182,40 @@ impl<E: Executor> NftablesDataplane<E> {
     /// Rewrites everything from `plan`: recreates the tables on the first sync and after a
     /// failure, reconciles in place otherwise (every `syncPeriod`).
     pub fn full_sync(&mut self, plan: &Plan) -> Result<SyncReport, SyncError> {
-        let (tx, families) = self.full_transaction(plan, !self.in_sync);
-        let report = self.apply(tx, true)?;
+        let recreate = !self.in_sync;
+        let (tx, families) = self.full_transaction(plan, recreate);
+        let report = if recreate && tx.len() > self.config.cold_start_chunk_ops {
+            self.apply_cold_start(tx)?
+        } else {
+            self.apply(tx, true)?
+        };
         self.families = families;
+        Ok(report)
+    }
+
+    /// Applies a large cold start as bounded transactions, in an order where nothing dangles.
+    fn apply_cold_start(&mut self, tx: Transaction) -> Result<SyncReport, SyncError> {
+        let report = SyncReport { full: true, ops: tx.len(), counts: tx.counts() };
+        let parts = crate::chunk::split_cold_start(&tx, self.config.cold_start_chunk_ops);
+        drop(tx);
+        let total = parts.len();
+        let mut done = 0;
+        for (i, part) in parts.into_iter().enumerate() {
+            if let Err(e) = self.exec.apply(&part) {
+                tracing::warn!(error = %e, part = i + 1, of = total, "nftables cold start failed; the next sync is a full resync");
+                self.in_sync = false;
+                return Err(e.into());
+            }
+            done += part.len();
+            tracing::info!(
+                part = i + 1,
+                of = total,
+                ops = done,
+                total_ops = report.ops,
+                "nftables cold start progress"
+            );
+        }
+        self.in_sync = true;
         Ok(report)
     }
 
