@@ -2,15 +2,15 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Instant, SystemTime};
 
-use kproxy_plan::{ExternalPolicy, NoEndpointsVerdict, Plan, PlanDelta};
+use kproxy_plan::{ExternalPolicy, NoEndpointsVerdict};
 use kproxy_servers::{Metrics, ProxyHealth, ServiceHealthServer, TrafficPolicyKind};
-use kproxy_state::{ClusterState, IpFamily, ObjectError, ObjectKey};
+use kproxy_state::{IpFamily, ObjectError, ObjectKey};
 use tokio::sync::mpsc;
 use tracing::warn;
 
-use crate::proxier::SyncObserver;
+use crate::proxier::{SyncObserver, Synced};
 
 /// Health-check node ports and their local endpoint counts, as of one sync.
 type HealthCheckUpdate = (HashMap<ObjectKey, u16>, HashMap<ObjectKey, usize>);
@@ -25,6 +25,7 @@ pub struct DaemonObserver {
     last_health_checks: Option<HealthCheckUpdate>,
     /// Deletes stale UDP/SCTP conntrack entries after each sync (absent in `--dry-run`).
     conntrack: Option<kproxy_conntrack::Reconciler>,
+    started: SystemTime,
 }
 
 impl DaemonObserver {
@@ -46,7 +47,16 @@ impl DaemonObserver {
                 server.sync_endpoints(&endpoints).await;
             }
         });
-        Self { node_name, families, health, metrics, health_checks: tx, last_health_checks: None, conntrack }
+        Self {
+            node_name,
+            families,
+            health,
+            metrics,
+            health_checks: tx,
+            last_health_checks: None,
+            conntrack,
+            started: SystemTime::now(),
+        }
     }
 }
 
@@ -58,12 +68,23 @@ impl SyncObserver for DaemonObserver {
         }
     }
 
-    fn synced(&mut self, state: &ClusterState, plan: &Plan, delta: &PlanDelta, full: bool, took: Duration) {
+    fn synced(&mut self, sync: &Synced<'_>) {
+        let Synced { state, plan, delta, full, took, .. } = *sync;
         let now = SystemTime::now();
+        let triggers: Vec<(IpFamily, SystemTime)> = sync
+            .change_triggers
+            .iter()
+            .filter_map(|(family, t)| Some((*family, kproxy_servers::parse_rfc3339(t)?)))
+            // As upstream: changes from before kproxy started are not its programming latency.
+            .filter(|(_, t)| *t >= self.started)
+            .collect();
         for &family in &self.families {
             self.health.updated(family);
             self.metrics.set_last_sync_timestamp(family, now);
             self.metrics.observe_sync(family, full, took);
+        }
+        for (family, trigger) in triggers {
+            self.metrics.observe_network_programming_since(family, trigger, now);
         }
         self.health.set_node_eligible(state.node(&self.node_name).is_none_or(|n| !n.draining));
         let changed: u64 =

@@ -27,11 +27,28 @@ pub trait SyncObserver: Send {
     /// A sync was queued at `at`.
     fn queued(&mut self, _at: Instant) {}
     /// A sync finished.
-    fn synced(&mut self, _state: &ClusterState, _plan: &Plan, _delta: &PlanDelta, _full: bool, _took: Duration) {}
+    fn synced(&mut self, _sync: &Synced<'_>) {}
     /// A sync failed.
     fn failed(&mut self, _full: bool) {}
     /// Objects were rejected or warned about.
     fn rejected(&mut self, _errors: &[kproxy_state::ObjectError]) {}
+}
+
+/// What a successful sync did, for the observer.
+#[derive(Debug)]
+pub struct Synced<'a> {
+    /// The state the plan was computed from.
+    pub state: &'a ClusterState,
+    /// The plan now in the kernel.
+    pub plan: &'a Plan,
+    /// What changed.
+    pub delta: &'a PlanDelta,
+    /// A full resync (else partial).
+    pub full: bool,
+    /// How long the sync took.
+    pub took: Duration,
+    /// `last-change-trigger-time`s of the EndpointSlice changes this sync programmed.
+    pub change_triggers: Vec<(kproxy_state::IpFamily, String)>,
 }
 
 /// A no-op observer.
@@ -136,7 +153,10 @@ impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
                 } else {
                     debug!(took_us = took.as_micros() as u64, "partial sync done");
                 }
-                self.observer.synced(&self.state, &self.plan, &delta, full, took);
+                let change_triggers = self.state.take_change_triggers();
+                let synced =
+                    Synced { state: &self.state, plan: &self.plan, delta: &delta, full, took, change_triggers };
+                self.observer.synced(&synced);
                 true
             }
             Err(e) => {

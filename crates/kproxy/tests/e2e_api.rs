@@ -158,8 +158,13 @@ fn api_changes_reach_the_packets() {
     assert_eq!(status, 200, "{body}");
     assert!(body.contains("\"nodeEligible\":true"), "{body}");
 
-    // An endpoint change over the API moves the traffic.
-    api.server.apply(Kind::EndpointSlice, slice(&pod_b.ipv4().to_string(), "node-b"));
+    // An endpoint change over the API moves the traffic; its trigger time feeds the network
+    // programming latency metric.
+    let mut moved = slice(&pod_b.ipv4().to_string(), "node-b");
+    moved["metadata"]["annotations"] = json!({
+        "endpoints.kubernetes.io/last-change-trigger-time": kproxy_servers::rfc3339_nano(Some(std::time::SystemTime::now())),
+    });
+    api.server.apply(Kind::EndpointSlice, moved);
     assert_eq!(eventually(tb.external(), dest, &answered("web-b"), Duration::from_secs(10)), answered("web-b"));
 
     // A malformed Service is skipped and counted; the rest keeps working.
@@ -195,6 +200,10 @@ fn api_changes_reach_the_packets() {
         assert!(text.contains(name), "/metrics lacks {name}");
     }
     assert!(text.contains("kproxy_invalid_objects_total{kind=\"Service\"} 1"), "the bad Service is counted:\n{text}");
+    assert!(
+        text.contains("kubeproxy_network_programming_duration_seconds_count{ip_family=\"IPv4\"} 1"),
+        "the endpoint change's programming latency is recorded:\n{text}"
+    );
 
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -7,7 +7,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 use crate::change::{Kind, ObjectKey};
 use crate::error::ObjectError;
-use crate::labels::{SERVICE_NAME_LABEL, ignored_by_selectors};
+use crate::labels::{LAST_CHANGE_TRIGGER_TIME_ANNOTATION, SERVICE_NAME_LABEL, ignored_by_selectors};
 use crate::service::{IpFamily, Protocol, parse_ip, port_number};
 
 /// One port of an EndpointSlice.
@@ -53,6 +53,9 @@ pub struct SliceInfo {
     pub ports: Vec<SlicePort>,
     /// Endpoints.
     pub endpoints: Vec<EndpointInfo>,
+    /// `endpoints.kubernetes.io/last-change-trigger-time`: when the change behind this version
+    /// happened, for the network programming latency metric.
+    pub last_change_trigger_time: Option<String>,
 }
 
 impl SliceInfo {
@@ -119,12 +122,15 @@ impl SliceInfo {
             });
         }
 
+        let last_change_trigger_time =
+            slice.metadata.annotations.as_ref().and_then(|a| a.get(LAST_CHANGE_TRIGGER_TIME_ANNOTATION)).cloned();
         Ok(Some(SliceInfo {
             service: ObjectKey::new(key.namespace.clone(), service_name.clone()),
             key,
             family,
             ports,
             endpoints,
+            last_change_trigger_time,
         }))
     }
 }

@@ -8,6 +8,8 @@ pub const HEADLESS_LABEL: &str = "service.kubernetes.io/headless";
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 /// Opt-in to Services acceleration for clusters whose API server does not serve `spec.trafficHint`.
 pub const TRAFFIC_HINT_ANNOTATION: &str = "service.kproxy.io/traffic-hint";
+/// When the change an EndpointSlice version reflects happened (set by the EndpointSlice controller).
+pub const LAST_CHANGE_TRIGGER_TIME_ANNOTATION: &str = "endpoints.kubernetes.io/last-change-trigger-time";
 /// The node label holding the node's topology zone.
 pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 

@@ -17,7 +17,10 @@ mod store;
 pub use change::{Change, Kind, Object, ObjectKey, ServiceObject};
 pub use endpoints::{EndpointInfo, SliceInfo, SlicePort};
 pub use error::ObjectError;
-pub use labels::{HEADLESS_LABEL, SERVICE_NAME_LABEL, SERVICE_PROXY_NAME_LABEL, TRAFFIC_HINT_ANNOTATION};
+pub use labels::{
+    HEADLESS_LABEL, LAST_CHANGE_TRIGGER_TIME_ANNOTATION, SERVICE_NAME_LABEL, SERVICE_PROXY_NAME_LABEL,
+    TRAFFIC_HINT_ANNOTATION,
+};
 pub use node::NodeInfo;
 pub use service::{IpFamily, Protocol, ServiceInfo, ServicePortSpec, TrafficHint};
 pub use store::{ApplyOutcome, ClusterState, Dirty};

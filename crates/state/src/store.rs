@@ -10,7 +10,7 @@ use crate::change::{Change, Kind, Object, ObjectKey};
 use crate::endpoints::SliceInfo;
 use crate::error::ObjectError;
 use crate::node::NodeInfo;
-use crate::service::{ServiceInfo, invalid_traffic_hint};
+use crate::service::{IpFamily, ServiceInfo, invalid_traffic_hint};
 
 /// What applying one change did.
 #[derive(Debug, Default, PartialEq)]
@@ -49,6 +49,8 @@ pub struct ClusterState {
     service_cidrs: BTreeMap<String, Vec<IpNet>>,
     synced: BTreeSet<Kind>,
     dirty: Dirty,
+    /// Trigger times of EndpointSlice changes not yet programmed.
+    change_triggers: Vec<(IpFamily, String)>,
 }
 
 impl ClusterState {
@@ -90,6 +92,12 @@ impl ClusterState {
     /// Takes the set of services that changed since the last call.
     pub fn take_dirty(&mut self) -> Dirty {
         std::mem::take(&mut self.dirty)
+    }
+
+    /// Takes the `last-change-trigger-time`s of the EndpointSlice changes applied since the last
+    /// call (for `kubeproxy_network_programming_duration_seconds`).
+    pub fn take_change_triggers(&mut self) -> Vec<(IpFamily, String)> {
+        std::mem::take(&mut self.change_triggers)
     }
 
     /// Every Service kproxy proxies.
@@ -166,6 +174,7 @@ impl ClusterState {
                     self.slice_owner.insert(key, owner.clone());
                     if changed {
                         self.dirty.services.insert(owner);
+                        self.change_triggers.extend(info.last_change_trigger_time.clone().map(|t| (info.family, t)));
                     }
                 }
                 Ok(None) => self.remove(Kind::EndpointSlice, &object.key()),
