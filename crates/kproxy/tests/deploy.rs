@@ -2,6 +2,8 @@
 //! the ClusterRole covers every resource the Kubernetes source watches, and the ConfigMap holds a
 //! KubeProxyConfiguration kproxy accepts.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers: a panic is a test failure
+
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};

@@ -2,6 +2,8 @@
 //! a test network namespace → packets reach the right pods; then changes over the API reach the
 //! packets, through an API server restart, with /healthz and /metrics checked over HTTP.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers: a panic is a test failure
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
