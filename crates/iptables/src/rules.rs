@@ -12,8 +12,8 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use kproxy_plan::{
-    Endpoint, ExternalPolicy, LocalTraffic, MasqueradeWhen, NoEndpointsVerdict, NodePlan, NodePortAddresses,
-    ServicePortPlan, SnatSource,
+    Endpoint, ExternalPolicy, LocalTraffic, MasqueradeWhen, NoEndpointsVerdict, NoMasqueradeSource, NodePlan,
+    NodePortAddresses, ServicePortPlan, SnatSource,
 };
 use kproxy_state::IpFamily;
 
@@ -334,7 +334,7 @@ pub fn render_service(ctx: &Ctx, node: &NodePlan, p: &ServicePortPlan) -> Servic
         ));
     }
 
-    let hairpin_target = if node.snat.no_masquerade_cidrs.is_empty() {
+    let hairpin_target = if node.no_masquerade_sources().is_empty() {
         format!("-j {KUBE_MARK_MASQ}")
     } else {
         format!("-j MARK --or-mark {:#x}", ctx.masquerade_mark | ctx.hairpin_mark)
@@ -484,13 +484,26 @@ pub fn fixed(ctx: &Ctx, node: &NodePlan) -> BTreeMap<Table, TableInput> {
         format!("-A {KUBE_POSTROUTING} -m mark ! --mark {m:#x}/{m:#x} -j RETURN"),
         format!("-A {KUBE_POSTROUTING} -j MARK --xor-mark {m:#x}"),
     ];
-    if !node.snat.no_masquerade_cidrs.is_empty() {
+    let sources = node.no_masquerade_sources();
+    if !sources.is_empty() {
+        // KEP-6246 (the plan's SnatPolicy contract): marked traffic from the node or its local
+        // pods to a no-masquerade destination is routed natively. Hairpin carries its own mark
+        // bit (set in the endpoint chains) and is masqueraded whatever the destination.
         let h = ctx.hairpin_mark;
-        for cidr in &node.snat.no_masquerade_cidrs {
-            post.push(format!(
-                "-A {KUBE_POSTROUTING} {} -m mark ! --mark {h:#x}/{h:#x} -d {cidr} -j RETURN",
-                comment("no masquerade to noMasqueradeCIDRs")
-            ));
+        let from: Vec<String> = sources
+            .iter()
+            .flat_map(|s| match s {
+                NoMasqueradeSource::Node => vec![format!("-m addrtype --src-type LOCAL ! -s {}", ctx.loopback())],
+                NoMasqueradeSource::LocalPods => if_local(&node.local_traffic),
+            })
+            .collect();
+        for f in &from {
+            for cidr in &node.snat.no_masquerade_cidrs {
+                post.push(format!(
+                    "-A {KUBE_POSTROUTING} {} -m mark ! --mark {h:#x}/{h:#x} {f} -d {cidr} -j RETURN",
+                    comment("no masquerade to noMasqueradeCIDRs")
+                ));
+            }
         }
         post.push(format!("-A {KUBE_POSTROUTING} -j MARK --and-mark {:#x}", !h));
     }
