@@ -1,0 +1,405 @@
+//! Encodes a [`Transaction`] as one nfnetlink batch (`NFNL_MSG_BATCH_BEGIN` … `END`).
+//!
+//! Every operation becomes one message (an element of an interval set carries its range end in
+//! the same message), numbered by a sequence number from which [`Batch::op_for_seq`] recovers
+//! the operation the kernel complained about. Sets created in the batch get an id that later
+//! references in the same batch carry, as `nft` does.
+
+use std::collections::HashMap;
+
+use kproxy_nftables::transaction::{Chain, Element, Op, SetDef, TableFamily, TableRef, Transaction};
+
+use crate::expr::Expr;
+use crate::parse::{self, KeyType, ParseError};
+use crate::sys::*;
+use crate::wire::MsgBuf;
+
+/// An encoded batch.
+#[derive(Debug)]
+pub struct Batch {
+    buf: MsgBuf,
+    first_seq: u32,
+    /// For message `first_seq + 1 + i`, the index of its operation.
+    msg_ops: Vec<u32>,
+}
+
+/// An operation that could not be encoded.
+#[derive(Debug, thiserror::Error)]
+#[error("operation {index} ({op}): {source}")]
+pub struct EncodeError {
+    /// Index of the operation in the transaction.
+    pub index: usize,
+    /// The operation as nft text.
+    pub op: String,
+    /// Why.
+    pub source: ParseError,
+}
+
+/// The nfproto of a table family.
+pub fn nfproto(f: TableFamily) -> u8 {
+    match f {
+        TableFamily::Ip => NFPROTO_IPV4,
+        TableFamily::Ip6 => NFPROTO_IPV6,
+    }
+}
+
+fn hook_number(hook: &str) -> Option<u32> {
+    Some(match hook {
+        "prerouting" => 0,
+        "input" => 1,
+        "forward" => 2,
+        "output" => 3,
+        "postrouting" => 4,
+        _ => return None,
+    })
+}
+
+fn priority(p: &str) -> Option<i32> {
+    Some(match p {
+        "raw" => -300,
+        "mangle" => -150,
+        "dstnat" => -100,
+        "filter" => 0,
+        "security" => 50,
+        "srcnat" => 100,
+        n => n.parse().ok()?,
+    })
+}
+
+/// `nft`'s set user data: key (and data) byte order, a concatenation marker, the comment.
+fn set_userdata(key: &KeyType, def: &SetDef) -> Vec<u8> {
+    let mut u = Vec::new();
+    let mut tlv = |kind: u8, value: &[u8]| {
+        u.push(kind);
+        u.push(value.len() as u8);
+        u.extend_from_slice(value);
+    };
+    // BYTEORDER_BIG_ENDIAN for addresses, BYTEORDER_INVALID for concatenations.
+    let key_order: u32 = if key.is_concat() { 0 } else { 2 };
+    tlv(0, &key_order.to_ne_bytes());
+    if def.is_map() {
+        tlv(1, &0u32.to_ne_bytes());
+    }
+    if key.is_concat() {
+        // NFTNL_UDATA_SET_KEY_TYPEOF { TYPEOF_EXPR = EXPR_CONCAT, TYPEOF_DATA = {} }.
+        tlv(3, &[0, 4, 13, 0, 0, 0, 1, 0]);
+    }
+    if def.is_map() {
+        tlv(6, &0u32.to_ne_bytes());
+    }
+    if let Some(c) = &def.comment {
+        let mut s = c.replace('"', "").into_bytes();
+        s.truncate(254);
+        s.push(0);
+        tlv(7, &s);
+    }
+    u
+}
+
+struct Encoder {
+    buf: MsgBuf,
+    seq: u32,
+    msg_ops: Vec<u32>,
+    set_ids: HashMap<(TableRef, String), u32>,
+    next_set_id: u32,
+    index: u32,
+    /// Interval elements each set gets in this batch.
+    intervals: HashMap<(TableRef, String), Vec<String>>,
+}
+
+impl Encoder {
+    fn begin(&mut self, msg: u16, flags: u16, family: u8) {
+        self.seq = self.seq.wrapping_add(1);
+        self.msg_ops.push(self.index);
+        self.buf.begin_nft(msg, NLM_F_REQUEST | flags, self.seq, family);
+    }
+
+    fn set_id(&self, t: &TableRef, set: &str) -> Option<u32> {
+        self.set_ids.get(&(t.clone(), set.to_owned())).copied()
+    }
+
+    fn op(&mut self, op: &Op) -> Result<(), ParseError> {
+        match op {
+            Op::AddTable { table, comment } => {
+                self.begin(NFT_MSG_NEWTABLE, NLM_F_CREATE, nfproto(table.family));
+                self.buf.put_str(NFTA_TABLE_NAME, &table.name);
+                self.buf.put_be32(NFTA_TABLE_FLAGS, 0);
+                if let Some(c) = comment {
+                    let mut s = c.replace('"', "").into_bytes();
+                    s.truncate(254);
+                    s.push(0);
+                    let mut u = vec![0, s.len() as u8];
+                    u.extend_from_slice(&s);
+                    self.buf.put(NFTA_TABLE_USERDATA, &u);
+                }
+            }
+            Op::DeleteTable(t) => {
+                self.begin(NFT_MSG_DELTABLE, 0, nfproto(t.family));
+                self.buf.put_str(NFTA_TABLE_NAME, &t.name);
+                self.set_ids.retain(|(table, _), _| table != t);
+            }
+            Op::FlushTable(t) => {
+                self.begin(NFT_MSG_DELRULE, 0, nfproto(t.family));
+                self.buf.put_str(NFTA_RULE_TABLE, &t.name);
+            }
+            Op::AddChain(t, chain) => self.add_chain(t, chain)?,
+            Op::FlushChain(t, name) => {
+                self.begin(NFT_MSG_DELRULE, 0, nfproto(t.family));
+                self.buf.put_str(NFTA_RULE_TABLE, &t.name);
+                self.buf.put_str(NFTA_RULE_CHAIN, name);
+            }
+            Op::DeleteChain(t, name) => {
+                self.begin(NFT_MSG_DELCHAIN, 0, nfproto(t.family));
+                self.buf.put_str(NFTA_CHAIN_TABLE, &t.name);
+                self.buf.put_str(NFTA_CHAIN_NAME, name);
+            }
+            Op::AddRule { table, chain, rule } => {
+                let mut exprs = parse::rule(table.family, rule)?;
+                for e in &mut exprs {
+                    if let Expr::Lookup { set, set_id, .. } | Expr::DynsetUpdate { set, set_id, .. } = e {
+                        *set_id = self.set_id(table, set);
+                    }
+                }
+                self.begin(NFT_MSG_NEWRULE, NLM_F_CREATE | NLM_F_APPEND, nfproto(table.family));
+                self.buf.put_str(NFTA_RULE_TABLE, &table.name);
+                self.buf.put_str(NFTA_RULE_CHAIN, chain);
+                let n = self.buf.begin_nest(NFTA_RULE_EXPRESSIONS);
+                for e in &exprs {
+                    e.encode(&mut self.buf);
+                }
+                self.buf.end_nest(n);
+            }
+            Op::AddSet(t, def) => self.add_set(t, def)?,
+            Op::FlushSet { table, name, .. } => {
+                self.begin(NFT_MSG_DELSETELEM, 0, nfproto(table.family));
+                self.buf.put_str(NFTA_SET_ELEM_LIST_TABLE, &table.name);
+                self.buf.put_str(NFTA_SET_ELEM_LIST_SET, name);
+            }
+            Op::DeleteSet { table, name, .. } => {
+                self.begin(NFT_MSG_DELSET, 0, nfproto(table.family));
+                self.buf.put_str(NFTA_SET_TABLE, &table.name);
+                self.buf.put_str(NFTA_SET_NAME, name);
+                self.set_ids.remove(&(table.clone(), name.clone()));
+            }
+            Op::AddElement(t, e) => self.element(t, e, true)?,
+            Op::DeleteElement(t, e) => self.element(t, e, false)?,
+        }
+        self.buf.end();
+        Ok(())
+    }
+
+    fn add_chain(&mut self, t: &TableRef, chain: &Chain) -> Result<(), ParseError> {
+        let hook = match &chain.hook {
+            Some(h) => {
+                let err = |w: &str| ParseError { what: w.to_owned(), text: format!("{h:?}") };
+                Some((
+                    h.kind,
+                    hook_number(h.hook).ok_or_else(|| err(h.hook))?,
+                    priority(h.priority).ok_or_else(|| err(h.priority))?,
+                ))
+            }
+            None => None,
+        };
+        self.begin(NFT_MSG_NEWCHAIN, NLM_F_CREATE, nfproto(t.family));
+        self.buf.put_str(NFTA_CHAIN_TABLE, &t.name);
+        self.buf.put_str(NFTA_CHAIN_NAME, &chain.name);
+        if let Some((kind, hooknum, prio)) = hook {
+            self.buf.put_str(NFTA_CHAIN_TYPE, kind);
+            self.buf.put_be32(NFTA_CHAIN_POLICY, NF_ACCEPT);
+            let n = self.buf.begin_nest(NFTA_CHAIN_HOOK);
+            self.buf.put_be32(NFTA_HOOK_HOOKNUM, hooknum);
+            self.buf.put_be32(NFTA_HOOK_PRIORITY, prio as u32);
+            self.buf.end_nest(n);
+        }
+        Ok(())
+    }
+
+    fn add_set(&mut self, t: &TableRef, def: &SetDef) -> Result<(), ParseError> {
+        let key = KeyType::parse(&def.key_type)?;
+        let mut flags = 0;
+        for f in &def.flags {
+            flags |= match *f {
+                "interval" => NFT_SET_INTERVAL,
+                "dynamic" => NFT_SET_EVAL,
+                "timeout" => NFT_SET_TIMEOUT,
+                other => return Err(ParseError { what: other.to_owned(), text: def.name.clone() }),
+            };
+        }
+        match def.data_type.as_deref() {
+            None => {}
+            Some("verdict") => flags |= NFT_SET_MAP,
+            Some(other) => return Err(ParseError { what: other.to_owned(), text: def.name.clone() }),
+        }
+        self.next_set_id += 1;
+        let id = self.next_set_id;
+        self.set_ids.insert((t.clone(), def.name.clone()), id);
+        self.begin(NFT_MSG_NEWSET, NLM_F_CREATE, nfproto(t.family));
+        self.buf.put_str(NFTA_SET_TABLE, &t.name);
+        self.buf.put_str(NFTA_SET_NAME, &def.name);
+        self.buf.put_be32(NFTA_SET_FLAGS, flags);
+        self.buf.put_be32(NFTA_SET_KEY_TYPE, key.id());
+        self.buf.put_be32(NFTA_SET_KEY_LEN, key.byte_len());
+        if def.is_map() {
+            self.buf.put_be32(NFTA_SET_DATA_TYPE, NFT_DATA_VERDICT);
+            self.buf.put_be32(NFTA_SET_DATA_LEN, 0);
+        }
+        if let Some(size) = def.size {
+            let n = self.buf.begin_nest(NFTA_SET_DESC);
+            self.buf.put_be32(NFTA_SET_DESC_SIZE, size);
+            self.buf.end_nest(n);
+        }
+        self.buf.put_be32(NFTA_SET_ID, id);
+        if let Some(timeout) = def.timeout {
+            self.buf.put_be64(NFTA_SET_TIMEOUT, u64::from(timeout) * 1000);
+        }
+        self.buf.put(NFTA_SET_USERDATA, &set_userdata(&key, def));
+        let initial = self.intervals.get(&(t.clone(), def.name.clone())).cloned().unwrap_or_default();
+        if flags & NFT_SET_INTERVAL != 0 && !initial.is_empty() {
+            // Like nft for a new interval set filled in the same batch: the set's initial
+            // content is an interval end at the lowest key (the range below the first element
+            // is explicitly outside the set) and the batch's intervals.
+            self.buf.end();
+            self.begin(NFT_MSG_NEWSETELEM, NLM_F_CREATE, nfproto(t.family));
+            self.elem_header(t, &def.name);
+            let list = self.buf.begin_nest(NFTA_SET_ELEM_LIST_ELEMENTS);
+            self.elem(1, &vec![0; key.byte_len() as usize], None, true);
+            let mut n = 1;
+            for text in &initial {
+                let k = parse::element_key(text)?;
+                n += 1;
+                self.elem(n, &k.start, None, false);
+                if let Some(Some(end)) = &k.interval_end {
+                    n += 1;
+                    self.elem(n, end, None, true);
+                }
+            }
+            self.buf.end_nest(list);
+        }
+        Ok(())
+    }
+
+    fn elem_header(&mut self, t: &TableRef, set: &str) {
+        self.buf.put_str(NFTA_SET_ELEM_LIST_TABLE, &t.name);
+        self.buf.put_str(NFTA_SET_ELEM_LIST_SET, set);
+        if let Some(id) = self.set_id(t, set) {
+            self.buf.put_be32(NFTA_SET_ELEM_LIST_SET_ID, id);
+        }
+    }
+
+    /// One element of a list; libnftnl numbers them from 1 (the kernel ignores the number).
+    fn elem(&mut self, n: u16, key: &[u8], data: Option<&crate::expr::Verdict>, end: bool) {
+        let e = self.buf.begin_nest(n);
+        if end {
+            self.buf.put_be32(NFTA_SET_ELEM_FLAGS, NFT_SET_ELEM_INTERVAL_END);
+        }
+        let k = self.buf.begin_nest(NFTA_SET_ELEM_KEY);
+        self.buf.put(NFTA_DATA_VALUE, key);
+        self.buf.end_nest(k);
+        if let Some(v) = data {
+            let d = self.buf.begin_nest(NFTA_SET_ELEM_DATA);
+            v.encode(&mut self.buf);
+            self.buf.end_nest(d);
+        }
+        self.buf.end_nest(e);
+    }
+
+    fn element(&mut self, t: &TableRef, e: &Element, add: bool) -> Result<(), ParseError> {
+        let key = parse::element_key(&e.key)?;
+        let data = match (&e.value, add) {
+            (Some(v), true) => Some(parse::verdict(v)?),
+            _ => None,
+        };
+        if add {
+            self.begin(NFT_MSG_NEWSETELEM, NLM_F_CREATE, nfproto(t.family));
+        } else {
+            self.begin(NFT_MSG_DELSETELEM, 0, nfproto(t.family));
+        }
+        self.elem_header(t, &e.set);
+        let list = self.buf.begin_nest(NFTA_SET_ELEM_LIST_ELEMENTS);
+        self.elem(1, &key.start, data.as_ref(), false);
+        if let Some(Some(end)) = &key.interval_end {
+            self.elem(2, end, None, true);
+        }
+        self.buf.end_nest(list);
+        Ok(())
+    }
+}
+
+/// One operation as nft text, for error messages.
+pub fn op_text(op: &Op) -> String {
+    let mut t = Transaction::new();
+    t.push(op.clone());
+    t.render().trim().to_owned()
+}
+
+impl Batch {
+    /// Encodes `tx`, numbering messages from `first_seq` (the `BATCH_BEGIN`) on. The last
+    /// operation's message asks for an acknowledgement, so the sender knows when the kernel is
+    /// done; errors are reported for any message regardless.
+    pub fn encode(tx: &Transaction, first_seq: u32) -> Result<Batch, EncodeError> {
+        let mut enc = Encoder {
+            buf: MsgBuf::new(),
+            seq: first_seq,
+            msg_ops: Vec::with_capacity(tx.len()),
+            set_ids: HashMap::new(),
+            next_set_id: 0,
+            index: 0,
+            intervals: HashMap::new(),
+        };
+        for op in tx.ops() {
+            if let Op::AddElement(t, e) = op
+                && e.key.contains('/')
+            {
+                enc.intervals.entry((t.clone(), e.set.clone())).or_default().push(e.key.clone());
+            }
+        }
+        enc.buf.begin(NFNL_MSG_BATCH_BEGIN, NLM_F_REQUEST, first_seq, NFPROTO_UNSPEC, NFNL_SUBSYS_NFTABLES);
+        enc.buf.end();
+        let mut last_start = 0;
+        for (index, op) in tx.ops().iter().enumerate() {
+            enc.index = index as u32;
+            last_start = enc.buf.len();
+            enc.op(op).map_err(|source| EncodeError { index, op: op_text(op), source })?;
+        }
+        if !tx.is_empty() {
+            // NLM_F_ACK on the last message: flags live at bytes 6..8 of its header.
+            let b = &mut enc.buf;
+            b.set_flag(last_start, NLM_F_ACK);
+        }
+        enc.seq = enc.seq.wrapping_add(1);
+        enc.buf.begin(NFNL_MSG_BATCH_END, NLM_F_REQUEST, enc.seq, NFPROTO_UNSPEC, NFNL_SUBSYS_NFTABLES);
+        enc.buf.end();
+        Ok(Batch { buf: enc.buf, first_seq, msg_ops: enc.msg_ops })
+    }
+
+    /// The bytes to send.
+    pub fn bytes(&self) -> &[u8] {
+        self.buf.bytes()
+    }
+
+    /// Sequence number of `BATCH_BEGIN`.
+    pub fn first_seq(&self) -> u32 {
+        self.first_seq
+    }
+
+    /// Sequence number of the last operation's message (the one that is acknowledged).
+    pub fn last_seq(&self) -> u32 {
+        self.first_seq.wrapping_add(self.msg_ops.len() as u32)
+    }
+
+    /// Sequence number of `BATCH_END`.
+    pub fn end_seq(&self) -> u32 {
+        self.last_seq().wrapping_add(1)
+    }
+
+    /// Number of messages between `BEGIN` and `END`.
+    pub fn messages(&self) -> usize {
+        self.msg_ops.len()
+    }
+
+    /// The index of the operation that message `seq` encodes.
+    pub fn op_for_seq(&self, seq: u32) -> Option<usize> {
+        let i = seq.wrapping_sub(self.first_seq).checked_sub(1)?;
+        self.msg_ops.get(i as usize).map(|&i| i as usize)
+    }
+}

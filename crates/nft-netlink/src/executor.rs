@@ -1,0 +1,70 @@
+//! [`NetlinkExecutor`]: applies a [`Transaction`] as one nfnetlink batch.
+
+use std::io;
+
+use kproxy_nftables::{ExecError, Executor, Transaction};
+
+use crate::batch::{Batch, op_text};
+use crate::socket::NfSocket;
+
+/// Applies transactions over an `NETLINK_NETFILTER` socket, no `nft` process involved.
+///
+/// The socket is opened on first use, in the network namespace of the thread that applies.
+/// A transaction is one batch, hence atomic: on any error the kernel aborts all of it, and the
+/// error names the first operation it refused.
+#[derive(Debug, Default)]
+pub struct NetlinkExecutor {
+    sock: Option<NfSocket>,
+    seq: u32,
+}
+
+impl NetlinkExecutor {
+    /// An executor; nothing is opened yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The socket, opened on first use.
+    pub fn socket(&mut self) -> io::Result<&mut NfSocket> {
+        match &mut self.sock {
+            Some(s) => Ok(s),
+            slot => Ok(slot.insert(NfSocket::open()?)),
+        }
+    }
+
+    fn next_seq(&mut self, messages: usize) -> u32 {
+        let first = self.seq.wrapping_add(1);
+        self.seq = self.seq.wrapping_add(messages as u32 + 2);
+        first
+    }
+}
+
+impl Executor for NetlinkExecutor {
+    fn apply(&mut self, tx: &Transaction) -> Result<(), ExecError> {
+        if tx.is_empty() {
+            return Ok(());
+        }
+        // Interval elements and interval sets may take two messages.
+        let first = self.next_seq(tx.len() * 2);
+        let batch = Batch::encode(tx, first).map_err(|e| ExecError::Unsupported {
+            index: e.index,
+            op: e.op,
+            reason: e.source.to_string(),
+        })?;
+        let sock = self.socket().map_err(ExecError::Netlink)?;
+        let replies = sock.send_batch(&batch).map_err(|e| {
+            // The socket's state is unknown after an I/O error: start afresh next time.
+            self.sock = None;
+            ExecError::Netlink(e)
+        })?;
+        let Some(first_err) = replies.first() else {
+            tracing::debug!(ops = tx.len(), bytes = batch.bytes().len(), "applied nftables batch over netlink");
+            return Ok(());
+        };
+        let source = io::Error::from_raw_os_error(-first_err.error);
+        Err(match batch.op_for_seq(first_err.seq) {
+            Some(index) => ExecError::Kernel { index, op: op_text(&tx.ops()[index]), source },
+            None => ExecError::Netlink(io::Error::other(format!("the kernel refused the batch: {source}"))),
+        })
+    }
+}

@@ -1,0 +1,168 @@
+//! The nfnetlink socket: sends a batch in one `sendmsg` and collects the kernel's verdicts;
+//! runs dumps. Synchronous: kproxy applies one transaction at a time and waits for it.
+
+use std::io;
+use std::os::fd::AsFd;
+
+use netlink_sys::protocols::NETLINK_NETFILTER;
+use netlink_sys::{Socket, SocketAddr};
+use nix::sys::socket::{setsockopt, sockopt};
+
+use crate::batch::Batch;
+use crate::sys::*;
+use crate::wire::{MsgBuf, NLMSG_HDRLEN};
+
+/// Receive buffer for replies: errors for a failed batch and dump pages.
+const RCVBUF: usize = 16 << 20;
+const RECV_CHUNK: usize = 1 << 20;
+
+/// One `NLMSG_ERROR` the kernel sent for a batch message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reply {
+    /// Sequence number of the message it answers.
+    pub seq: u32,
+    /// `0` for an acknowledgement, else a negative errno.
+    pub error: i32,
+}
+
+/// A netlink socket bound to `NETLINK_NETFILTER` in the calling thread's network namespace.
+#[derive(Debug)]
+pub struct NfSocket {
+    sock: Socket,
+    sndbuf: usize,
+    recv: Vec<u8>,
+}
+
+/// One message read back from the kernel.
+#[derive(Debug, Clone, Copy)]
+pub struct RawMsg<'a> {
+    /// `nlmsg_type`.
+    pub kind: u16,
+    /// `nlmsg_flags`.
+    pub flags: u16,
+    /// `nlmsg_seq`.
+    pub seq: u32,
+    /// Payload after the netlink header.
+    pub payload: &'a [u8],
+}
+
+/// Splits a datagram into netlink messages.
+pub fn messages(buf: &[u8]) -> impl Iterator<Item = RawMsg<'_>> {
+    let mut rest = buf;
+    std::iter::from_fn(move || {
+        let hdr = rest.get(..NLMSG_HDRLEN)?;
+        let len = u32::from_ne_bytes(hdr[0..4].try_into().ok()?) as usize;
+        if len < NLMSG_HDRLEN || len > rest.len() {
+            return None;
+        }
+        let msg = RawMsg {
+            kind: u16::from_ne_bytes(hdr[4..6].try_into().ok()?),
+            flags: u16::from_ne_bytes(hdr[6..8].try_into().ok()?),
+            seq: u32::from_ne_bytes(hdr[8..12].try_into().ok()?),
+            payload: &rest[NLMSG_HDRLEN..len],
+        };
+        rest = rest.get(((len + 3) & !3).min(rest.len())..).unwrap_or(&[]);
+        Some(msg)
+    })
+}
+
+impl NfSocket {
+    /// Opens the socket (in the calling thread's network namespace).
+    pub fn open() -> io::Result<NfSocket> {
+        let mut sock = Socket::new(NETLINK_NETFILTER)?;
+        sock.bind_auto()?;
+        sock.connect(&SocketAddr::new(0, 0))?;
+        // Only the header of a failed message comes back with its error.
+        sock.set_cap_ack(true)?;
+        sock.set_ext_ack(true)?;
+        if setsockopt(&sock.as_fd(), sockopt::RcvBufForce, &RCVBUF).is_err() {
+            sock.set_rx_buf_sz(RCVBUF)?;
+        }
+        Ok(NfSocket { sock, sndbuf: 0, recv: Vec::with_capacity(RECV_CHUNK) })
+    }
+
+    fn ensure_sndbuf(&mut self, len: usize) -> io::Result<()> {
+        if len + 4096 > self.sndbuf {
+            let want = (len + 65536).next_power_of_two();
+            setsockopt(&self.sock.as_fd(), sockopt::SndBufForce, &want).map_err(io::Error::from)?;
+            self.sndbuf = want;
+        }
+        Ok(())
+    }
+
+    fn recv_some(&mut self) -> io::Result<()> {
+        self.recv.clear();
+        self.recv.reserve(RECV_CHUNK);
+        self.sock.recv(&mut self.recv, 0)?;
+        Ok(())
+    }
+
+    /// Sends `batch` and returns every error the kernel reported, in order (empty: applied).
+    pub fn send_batch(&mut self, batch: &Batch) -> io::Result<Vec<Reply>> {
+        let bytes = batch.bytes();
+        self.ensure_sndbuf(bytes.len())?;
+        let sent = self.sock.send(bytes, 0)?;
+        if sent != bytes.len() {
+            return Err(io::Error::other(format!("short netlink send: {sent} of {} bytes", bytes.len())));
+        }
+        let mut errors = Vec::new();
+        loop {
+            self.recv_some()?;
+            let mut done = false;
+            for msg in messages(&self.recv) {
+                if msg.kind != NLMSG_ERROR {
+                    continue;
+                }
+                let Some(code) = msg.payload.get(..4).and_then(|b| b.try_into().ok()).map(i32::from_ne_bytes) else {
+                    continue;
+                };
+                // The answered message's header follows the error code.
+                let seq =
+                    msg.payload.get(12..16).and_then(|b| b.try_into().ok()).map(u32::from_ne_bytes).unwrap_or(msg.seq);
+                if code != 0 {
+                    errors.push(Reply { seq, error: code });
+                }
+                // The acknowledged last message, or a commit failure reported on BEGIN.
+                if seq == batch.last_seq() || seq == batch.first_seq() {
+                    done = true;
+                }
+            }
+            if done {
+                return Ok(errors);
+            }
+        }
+    }
+
+    /// Runs one `NLM_F_DUMP` request and calls `each` with every reply message's payload
+    /// (after `nfgenmsg`).
+    pub fn dump(
+        &mut self,
+        msg: u16,
+        family: u8,
+        attrs: impl FnOnce(&mut MsgBuf),
+        mut each: impl FnMut(&[u8]),
+    ) -> io::Result<()> {
+        let mut m = MsgBuf::new();
+        m.begin_nft(msg, NLM_F_REQUEST | NLM_F_DUMP | NLM_F_ACK, 1, family);
+        attrs(&mut m);
+        m.end();
+        self.sock.send(m.bytes(), 0)?;
+        loop {
+            self.recv_some()?;
+            for reply in messages(&self.recv) {
+                match reply.kind {
+                    NLMSG_DONE => return Ok(()),
+                    NLMSG_ERROR => {
+                        let code = reply.payload.get(..4).and_then(|b| b.try_into().ok()).map(i32::from_ne_bytes);
+                        match code {
+                            Some(0) => {}
+                            Some(e) => return Err(io::Error::from_raw_os_error(-e)),
+                            None => return Err(io::Error::other("truncated netlink error")),
+                        }
+                    }
+                    _ => each(reply.payload.get(4..).unwrap_or(&[])),
+                }
+            }
+        }
+    }
+}
