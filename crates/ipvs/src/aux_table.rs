@@ -1,0 +1,210 @@
+//! The auxiliary nftables table (`ip kproxy-ipvs`, `ip6 kproxy-ipvs`): everything IPVS can not
+//! do, rendered from the plan. Its shape is fixed per node; services only add elements to a
+//! handful of shared sets and maps (no per-service sets or chains, so the kernel's cost stays
+//! linear, and a partial sync is element adds and deletes).
+//!
+//! Packet path, for a packet to a VIP or NodePort:
+//!
+//! 1. `classify-*` (prerouting and output, priority -150): NodePort traffic gets its service
+//!    port's firewall mark; traffic from local pods or the node to an `externalTrafficPolicy:
+//!    Local` destination gets the port's cluster mark (the short-circuit). New connections get
+//!    the masquerade conntrack mark per the plan (`masquerade-marks-*`), and, when KEP-6246
+//!    CIDRs are set, the local-pod conntrack mark. Conntrack marks are used rather than packet
+//!    marks because IPVS looks firewall-mark services up by the whole packet mark.
+//! 2. `service-checks` (input priority 0 and output priority -110: both before IPVS, which hooks
+//!    `LOCAL_IN` at 98 and `LOCAL_OUT` at -98): loadBalancerSourceRanges, then marked traffic
+//!    passes, then the plan's no-endpoint verdicts, then the guard: VIPs are local addresses, so
+//!    a new connection to a VIP on a port no service has is rejected — host services listening
+//!    on a wildcard address never leak on ClusterIPs (kubernetes#72236).
+//! 3. IPVS schedules and NATs.
+//! 4. `nat-postrouting`: hairpin is always masqueraded; marked connections are, except
+//!    (KEP-6246) from the node or local pods to the no-masquerade CIDRs.
+
+use kproxy_nftables::ruleset::{Ctx, local_match};
+use kproxy_nftables::transaction::{Chain, Element, Hook, SetDef};
+use kproxy_plan::{LocalTraffic, NoMasqueradeSource, NodePlan, NodePortAddresses, SnatSource};
+
+use crate::config::Config;
+
+/// Addresses on the dummy interface.
+pub const VIPS: &str = "vips";
+/// `addr . proto . port` of every virtual service on a VIP.
+pub const VIP_PORTS: &str = "vip-ports";
+/// Addresses that accept NodePort traffic (`nodePortAddresses` other than "all").
+pub const NODEPORT_IPS: &str = "nodeport-ips";
+/// Local pod CIDRs (detect-local by CIDR); the name `local_match` expects.
+pub const POD_CIDRS: &str = "pod-cidrs";
+/// `endpoint . endpoint`: after IPVS NAT, a packet from an endpoint to itself is hairpin.
+pub const HAIRPIN: &str = "hairpin-endpoints";
+/// ClusterIP destinations always masqueraded (`masqueradeAll`).
+pub const MASQ_ALWAYS: &str = "masquerade-always";
+/// ClusterIP destinations masqueraded unless the source is a local pod.
+pub const MASQ_NOT_LOCAL: &str = "masquerade-not-local";
+/// External destinations under Cluster policy (masqueraded).
+pub const MASQ_EXTERNAL: &str = "masquerade-external";
+/// NodePorts under Cluster policy (masqueraded).
+pub const MASQ_NODEPORTS: &str = "masquerade-nodeports";
+/// Every external destination with a virtual service (the node's traffic to them is masqueraded).
+pub const EXTERNAL_DESTS: &str = "external-dests";
+/// Every NodePort with a virtual service.
+pub const NODEPORTS: &str = "nodeports";
+/// `proto . port : mark` of NodePort traffic.
+pub const NODEPORT_MARKS: &str = "nodeport-marks";
+/// `addr . proto . port : mark`: Local-policy external destinations, short-circuited.
+pub const SHORTCIRCUIT_DESTS: &str = "shortcircuit-dests";
+/// `proto . port : mark`: Local-policy NodePorts, short-circuited.
+pub const SHORTCIRCUIT_NODEPORTS: &str = "shortcircuit-nodeports";
+/// `addr . proto . port : verdict` without endpoints.
+pub const NO_ENDPOINT_SERVICES: &str = "no-endpoint-services";
+/// `proto . port : verdict` NodePorts without endpoints.
+pub const NO_ENDPOINT_NODEPORTS: &str = "no-endpoint-nodeports";
+/// LoadBalancer destinations with loadBalancerSourceRanges.
+pub const FIREWALL_DESTS: &str = "firewall-dests";
+/// `addr . proto . port . source-range` allowed through the firewall.
+pub const FIREWALL_ALLOW: &str = "firewall-allow";
+/// Rejects (TCP reset / ICMP port unreachable).
+pub const REJECT_CHAIN: &str = "reject-chain";
+
+/// The fixed part of one family's table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Skeleton {
+    /// Chains with their rules, base chains first.
+    pub chains: Vec<(Chain, Vec<String>)>,
+    /// Sets and maps.
+    pub sets: Vec<SetDef>,
+    /// Node-wide elements.
+    pub elements: Vec<Element>,
+}
+
+fn set(name: &str, key: String, data: Option<&str>, flags: Vec<&'static str>) -> SetDef {
+    SetDef {
+        name: name.to_owned(),
+        key_type: key,
+        data_type: data.map(str::to_owned),
+        flags,
+        timeout: None,
+        size: None,
+        comment: None,
+    }
+}
+
+/// Renders the skeleton for `node`.
+pub fn skeleton(cfg: &Config, ctx: &Ctx, node: &NodePlan) -> Skeleton {
+    let ip = ctx.ip();
+    let a = ctx.addr_type();
+    let m = cfg.masquerade_mark;
+    let p = cfg.local_pod_mark;
+    let dest = format!("{ip} daddr . meta l4proto . th dport");
+    let port = "meta l4proto . th dport";
+    let np = match &node.nodeport_addresses {
+        NodePortAddresses::AllLocal => {
+            format!("fib daddr type local {ip} daddr != {} {ip} daddr != @{VIPS}", ctx.loopback())
+        }
+        NodePortAddresses::Only(_) => format!("{ip} daddr @{NODEPORT_IPS}"),
+    };
+    let set_masq = format!("ct mark set ct mark or {m:#x}");
+    let pod = local_match(ctx, &node.local_traffic, false);
+    let not_pod = local_match(ctx, &node.local_traffic, true);
+    let sources = node.no_masquerade_sources();
+    let base = |name: &str, kind: &'static str, hook: &'static str, priority: &'static str| Chain {
+        name: name.to_owned(),
+        hook: Some(Hook { kind, hook, priority }),
+    };
+    let plain = |name: &str| Chain { name: name.to_owned(), hook: None };
+
+    let mut classify_pre = vec![format!("{np} meta mark set {port} map @{NODEPORT_MARKS}")];
+    if let Some(pod) = &pod {
+        classify_pre.push(format!("{pod} meta mark set {dest} map @{SHORTCIRCUIT_DESTS}"));
+        classify_pre.push(format!("{pod} {np} meta mark set {port} map @{SHORTCIRCUIT_NODEPORTS}"));
+    }
+    classify_pre.push("ct state new jump masquerade-marks-prerouting".to_owned());
+    let classify_out = vec![
+        format!("{np} meta mark set {port} map @{NODEPORT_MARKS}"),
+        format!("meta mark set {dest} map @{SHORTCIRCUIT_DESTS}"),
+        format!("{np} meta mark set {port} map @{SHORTCIRCUIT_NODEPORTS}"),
+        "ct state new jump masquerade-marks-output".to_owned(),
+    ];
+    let mut marks_pre = vec![format!("{dest} @{MASQ_ALWAYS} {set_masq}")];
+    if let Some(not_pod) = &not_pod {
+        marks_pre.push(format!("{not_pod} {dest} @{MASQ_NOT_LOCAL} {set_masq}"));
+    }
+    marks_pre.push(format!("{dest} @{MASQ_EXTERNAL} {set_masq}"));
+    marks_pre.push(format!("{np} {port} @{MASQ_NODEPORTS} {set_masq}"));
+    if let (Some(pod), true) = (&pod, sources.contains(&NoMasqueradeSource::LocalPods)) {
+        marks_pre.push(format!("{pod} ct mark set ct mark or {p:#x}"));
+    }
+    let marks_out = vec![
+        format!("{dest} @{MASQ_ALWAYS} {set_masq}"),
+        format!("{dest} @{MASQ_NOT_LOCAL} {set_masq}"),
+        format!("{dest} @{EXTERNAL_DESTS} {set_masq}"),
+        format!("{np} {port} @{NODEPORTS} {set_masq}"),
+        // A VIP as source (the kernel's choice for a local route) can not be answered from
+        // another node: always masquerade it.
+        format!("{ip} saddr @{VIPS} {ip} daddr @{VIPS} {set_masq}"),
+    ];
+    let checks = vec![
+        format!("{dest} @{FIREWALL_DESTS} {dest} . {ip} saddr != @{FIREWALL_ALLOW} drop"),
+        format!("meta mark and {:#x} == {:#x} accept", cfg.fwmark_mask, cfg.fwmark_base),
+        format!("{dest} vmap @{NO_ENDPOINT_SERVICES}"),
+        format!("{np} {port} vmap @{NO_ENDPOINT_NODEPORTS}"),
+        format!("{ip} daddr @{VIPS} meta l4proto {{ tcp, udp, sctp }} {dest} != @{VIP_PORTS} goto {REJECT_CHAIN}"),
+    ];
+    let mut postrouting =
+        vec![format!("{ip} saddr . {ip} daddr @{HAIRPIN} goto masquerade-now"), format!("ct mark and {m:#x} == 0 return")];
+    for cidr in &node.snat.no_masquerade_cidrs {
+        if sources.contains(&NoMasqueradeSource::Node) {
+            postrouting.push(format!("{ip} daddr {cidr} fib saddr type local {ip} saddr != {} return", ctx.loopback()));
+        }
+        if sources.contains(&NoMasqueradeSource::LocalPods) {
+            postrouting.push(format!("{ip} daddr {cidr} ct mark and {p:#x} != 0 return"));
+        }
+    }
+    postrouting.push("goto masquerade-now".to_owned());
+    let snat = match node.snat.source {
+        SnatSource::Masquerade => "masquerade fully-random".to_owned(),
+        SnatSource::NodeIp(addr) => format!("snat to {addr} fully-random"),
+    };
+
+    let chains = vec![
+        (base("classify-prerouting", "filter", "prerouting", "-150"), classify_pre),
+        (base("classify-output", "filter", "output", "-150"), classify_out),
+        (base("service-checks-input", "filter", "input", "0"), vec!["ct state new jump service-checks".to_owned()]),
+        (base("service-checks-output", "filter", "output", "-110"), vec!["ct state new jump service-checks".to_owned()]),
+        (base("nat-postrouting", "nat", "postrouting", "100"), postrouting),
+        (plain("masquerade-marks-prerouting"), marks_pre),
+        (plain("masquerade-marks-output"), marks_out),
+        (plain("service-checks"), checks),
+        (plain("masquerade-now"), vec![snat]),
+        (plain(REJECT_CHAIN), vec!["meta l4proto tcp reject with tcp reset".to_owned(), "reject".to_owned()]),
+    ];
+    let dest_key = format!("{a} . inet_proto . inet_service");
+    let port_key = "inet_proto . inet_service".to_owned();
+    let sets = vec![
+        set(VIPS, a.to_owned(), None, vec![]),
+        set(VIP_PORTS, dest_key.clone(), None, vec![]),
+        set(NODEPORT_IPS, a.to_owned(), None, vec![]),
+        set(POD_CIDRS, a.to_owned(), None, vec!["interval"]),
+        set(HAIRPIN, format!("{a} . {a}"), None, vec![]),
+        set(MASQ_ALWAYS, dest_key.clone(), None, vec![]),
+        set(MASQ_NOT_LOCAL, dest_key.clone(), None, vec![]),
+        set(MASQ_EXTERNAL, dest_key.clone(), None, vec![]),
+        set(MASQ_NODEPORTS, port_key.clone(), None, vec![]),
+        set(EXTERNAL_DESTS, dest_key.clone(), None, vec![]),
+        set(NODEPORTS, port_key.clone(), None, vec![]),
+        set(NODEPORT_MARKS, port_key.clone(), Some("mark"), vec![]),
+        set(SHORTCIRCUIT_DESTS, dest_key.clone(), Some("mark"), vec![]),
+        set(SHORTCIRCUIT_NODEPORTS, port_key.clone(), Some("mark"), vec![]),
+        set(NO_ENDPOINT_SERVICES, dest_key.clone(), Some("verdict"), vec![]),
+        set(NO_ENDPOINT_NODEPORTS, port_key, Some("verdict"), vec![]),
+        set(FIREWALL_DESTS, dest_key.clone(), None, vec![]),
+        set(FIREWALL_ALLOW, format!("{dest_key} . {a}"), None, vec!["interval"]),
+    ];
+    let mut elements = Vec::new();
+    if let NodePortAddresses::Only(ips) = &node.nodeport_addresses {
+        elements.extend(ips.iter().map(|ip| Element { set: NODEPORT_IPS.into(), key: ip.to_string(), value: None }));
+    }
+    if let LocalTraffic::SourceCidrs(nets) = &node.local_traffic {
+        elements.extend(nets.iter().map(|n| Element { set: POD_CIDRS.into(), key: n.to_string(), value: None }));
+    }
+    Skeleton { chains, sets, elements }
+}

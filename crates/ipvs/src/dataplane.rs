@@ -1,0 +1,604 @@
+//! The IPVS dataplane: keeps the kernel's IPVS table, the dummy interface and the auxiliary
+//! table in line with the plan.
+//!
+//! The first sync (and the first after a failure) is a full reconcile: it lists the kernel's
+//! virtual services and real servers and the dummy interface's addresses, and changes only what
+//! differs — a restarted kproxy adopts what its predecessor left without touching a single
+//! established connection, and nothing ever fails with "file exists". Later syncs apply the plan
+//! delta against the state kept in memory: an endpoint change is a real-server add or delete on
+//! that service port's virtual services and nothing else.
+//!
+//! Graceful termination: a real server that leaves the plan keeps serving its connections at
+//! weight 0 (no new ones) until it has none or [`Config::graceful_period`] passed; UDP ones go at
+//! once (IPVS would otherwise keep sending a flow's datagrams to a dead pod). The kernel's
+//! `expire_quiescent_template` stops persistence templates from pinning new connections to it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::time::Instant;
+
+use kproxy_nftables::ruleset::Ctx;
+use kproxy_nftables::transaction::{Element, Op, TableFamily, TableRef, Transaction};
+use kproxy_plan::{NodePlan, Plan, PlanDelta, ServicePortName};
+use kproxy_state::{IpFamily, Protocol};
+
+use crate::aux_table;
+use crate::config::Config;
+use crate::error::Error;
+use crate::fwmark::Fwmarks;
+use crate::genl::{DestKey, DestSpec, IpvsOp, ServiceKey, ServiceSpec};
+use crate::host::{EEXIST, ENOENT, ESRCH, Host};
+use crate::render::{DesiredVs, PortObjects, render_port};
+
+/// What a sync did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SyncReport {
+    /// It was a full reconcile.
+    pub full: bool,
+    /// IPVS changes sent.
+    pub ipvs_ops: usize,
+    /// Addresses added to or removed from the dummy interface.
+    pub address_ops: usize,
+    /// nftables operations in the auxiliary table's transaction.
+    pub nft_ops: usize,
+    /// Real servers deleted after draining.
+    pub drained: usize,
+}
+
+/// A virtual service as applied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct AppliedVs {
+    spec: ServiceSpec,
+    protocol: Protocol,
+    dests: BTreeMap<DestKey, u32>,
+}
+
+type ElementKey = (String, String);
+
+#[derive(Debug, Clone)]
+struct FamilyState {
+    ctx: Ctx,
+    node: NodePlan,
+    ports: BTreeMap<ServicePortName, PortObjects>,
+    /// Every element with the value each owning service port wants (first owner wins).
+    elements: BTreeMap<ElementKey, BTreeMap<ServicePortName, Option<String>>>,
+}
+
+fn effective(owners: Option<&BTreeMap<ServicePortName, Option<String>>>) -> Option<Option<String>> {
+    owners.and_then(|o| o.values().next().cloned())
+}
+
+/// The IPVS dataplane over a [`Host`] (the kernel, or [`crate::FakeHost`]).
+#[derive(Debug)]
+pub struct IpvsDataplane<H> {
+    host: H,
+    config: Config,
+    families: BTreeMap<IpFamily, FamilyState>,
+    in_sync: bool,
+    vs_owners: BTreeMap<ServiceKey, BTreeMap<ServicePortName, DesiredVs>>,
+    applied: BTreeMap<ServiceKey, AppliedVs>,
+    draining: BTreeMap<(ServiceKey, DestKey), Instant>,
+    addr_owners: BTreeMap<IpAddr, BTreeSet<ServicePortName>>,
+    applied_addrs: BTreeSet<IpAddr>,
+    link: Option<u32>,
+    fwmarks: Fwmarks,
+}
+
+impl<H: Host> IpvsDataplane<H> {
+    /// A dataplane that changes nothing until the first sync.
+    pub fn new(host: H, config: Config) -> Self {
+        let fwmarks = Fwmarks::new(config.fwmark_base, config.fwmark_mask);
+        Self {
+            host,
+            config,
+            families: BTreeMap::new(),
+            in_sync: false,
+            vs_owners: BTreeMap::new(),
+            applied: BTreeMap::new(),
+            draining: BTreeMap::new(),
+            addr_owners: BTreeMap::new(),
+            applied_addrs: BTreeSet::new(),
+            link: None,
+            fwmarks,
+        }
+    }
+
+    /// The host (tests look at what was sent).
+    pub fn host(&self) -> &H {
+        &self.host
+    }
+
+    /// The host, mutably (tests inject failures and connections).
+    pub fn host_mut(&mut self) -> &mut H {
+        &mut self.host
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Real servers kept at weight 0 until they drain.
+    pub fn draining(&self) -> impl Iterator<Item = (&ServiceKey, &DestKey)> {
+        self.draining.keys().map(|(s, d)| (s, d))
+    }
+
+    /// Brings the kernel in line with `plan`; `delta` is what changed since the last sync.
+    /// Falls back to a full reconcile on the first sync, after a failure, or when node-wide
+    /// settings or the set of families changed.
+    pub fn sync(&mut self, plan: &Plan, delta: &PlanDelta) -> Result<SyncReport, Error> {
+        let node_changed = delta.families.values().any(|f| f.node.is_some());
+        let families_changed = !plan.families.keys().eq(self.families.keys());
+        let result = if !self.in_sync || node_changed || families_changed {
+            self.full_sync(plan)
+        } else {
+            self.partial_sync(delta)
+        };
+        match result {
+            Ok(report) => Ok(report),
+            Err(e) => {
+                tracing::warn!(error = %e, "IPVS sync failed; the next sync is a full reconcile");
+                self.in_sync = false;
+                Err(e)
+            }
+        }
+    }
+
+    /// A full reconcile against what the kernel has.
+    pub fn full_sync(&mut self, plan: &Plan) -> Result<SyncReport, Error> {
+        self.in_sync = false;
+        let mut report = SyncReport { full: true, ..Default::default() };
+        self.prepare_node(plan)?;
+
+        // Desired state, from scratch.
+        self.vs_owners.clear();
+        self.addr_owners.clear();
+        let mut families = BTreeMap::new();
+        let mut fwmarks = Fwmarks::new(self.config.fwmark_base, self.config.fwmark_mask);
+        for (&family, fam) in &plan.families {
+            let ctx = Ctx::new(family, &self.config.table, 0);
+            let mut state =
+                FamilyState { ctx, node: fam.node.clone(), ports: BTreeMap::new(), elements: BTreeMap::new() };
+            for (name, p) in &fam.services {
+                let objects = render_port(&self.config, &state.ctx, &fam.node, p, &mut |class| {
+                    fwmarks.get(family, name, class)
+                });
+                own(&mut self.vs_owners, &mut self.addr_owners, &mut state.elements, name, &objects, true);
+                state.ports.insert(name.clone(), objects);
+            }
+            families.insert(family, state);
+        }
+        self.fwmarks = fwmarks;
+
+        // IPVS: what the kernel has, ours only.
+        self.applied.clear();
+        for spec in self.host.ipvs_services()? {
+            if !owned(&self.config, &spec.key) {
+                continue;
+            }
+            let dests = self.host.ipvs_dests(&spec.key)?;
+            let protocol = match spec.key {
+                ServiceKey::Addr { protocol, .. } => protocol,
+                ServiceKey::Fwmark { .. } => self
+                    .vs_owners
+                    .get(&spec.key)
+                    .and_then(|o| o.values().next())
+                    .map_or(Protocol::Tcp, |d| d.protocol),
+            };
+            let dests = dests.into_iter().map(|d| (d.spec.key, d.spec.weight)).collect();
+            self.applied.insert(spec.key, AppliedVs { spec, protocol, dests });
+        }
+        self.draining.retain(|(s, _), _| self.applied.contains_key(s));
+        let keys: BTreeSet<ServiceKey> = self.vs_owners.keys().chain(self.applied.keys()).copied().collect();
+        for key in keys {
+            report.ipvs_ops += self.reconcile_service(key)?;
+        }
+
+        // Addresses.
+        let link = self.link.ok_or(Error::NotDummy(self.config.interface.clone()))?;
+        self.applied_addrs = self.host.addresses(link)?.into_iter().collect();
+        let addrs: BTreeSet<IpAddr> = self.addr_owners.keys().chain(self.applied_addrs.iter()).copied().collect();
+        for addr in addrs {
+            report.address_ops += self.reconcile_address(addr)?;
+        }
+
+        // The auxiliary table, recreated atomically.
+        let mut tx = Transaction::new();
+        for state in families.values() {
+            full_table(&self.config, state, &mut tx);
+        }
+        for family in IpFamily::BOTH.iter().filter(|f| !plan.families.contains_key(f)) {
+            let table = table_ref(*family, &self.config.table);
+            tx.push(Op::AddTable { table: table.clone(), comment: None });
+            tx.push(Op::DeleteTable(table));
+        }
+        report.nft_ops = tx.len();
+        self.host.nft(&tx)?;
+        self.families = families;
+        report.drained = self.reap_drained()?;
+        self.in_sync = true;
+        Ok(report)
+    }
+
+    fn partial_sync(&mut self, delta: &PlanDelta) -> Result<SyncReport, Error> {
+        let mut report = SyncReport::default();
+        let mut touched_vs = BTreeSet::new();
+        let mut touched_addrs = BTreeSet::new();
+        let mut tx = Transaction::new();
+        for (family, fd) in &delta.families {
+            let Some(state) = self.families.get_mut(family) else { continue };
+            let mut before: BTreeMap<ElementKey, Option<Option<String>>> = BTreeMap::new();
+            let mut changes: Vec<(ServicePortName, Option<PortObjects>)> = Vec::new();
+            for p in fd.added.iter().chain(fd.changed.iter().map(|c| &c.new)) {
+                let fwmarks = &mut self.fwmarks;
+                let objects = render_port(&self.config, &state.ctx, &state.node, p, &mut |class| {
+                    fwmarks.get(*family, &p.name, class)
+                });
+                changes.push((p.name.clone(), Some(objects)));
+            }
+            for p in &fd.removed {
+                changes.push((p.name.clone(), None));
+            }
+            for (name, new) in changes {
+                if let Some(old) = state.ports.remove(&name) {
+                    note(&old, &state.elements, &mut before, &mut touched_vs, &mut touched_addrs);
+                    own(&mut self.vs_owners, &mut self.addr_owners, &mut state.elements, &name, &old, false);
+                }
+                match new {
+                    Some(objects) => {
+                        note(&objects, &state.elements, &mut before, &mut touched_vs, &mut touched_addrs);
+                        own(&mut self.vs_owners, &mut self.addr_owners, &mut state.elements, &name, &objects, true);
+                        state.ports.insert(name, objects);
+                    }
+                    None => self.fwmarks.release(*family, &name),
+                }
+            }
+            let table = state.ctx.table.clone();
+            let mut adds = Vec::new();
+            for ((set, key), was) in before {
+                let now = effective(state.elements.get(&(set.clone(), key.clone())));
+                if was == now {
+                    continue;
+                }
+                if let Some(value) = was {
+                    tx.push(Op::DeleteElement(table.clone(), Element { set: set.clone(), key: key.clone(), value }));
+                }
+                if let Some(value) = now {
+                    adds.push(Op::AddElement(table.clone(), Element { set, key, value }));
+                }
+            }
+            adds.into_iter().for_each(|op| tx.push(op));
+        }
+        // New VIPs first (and services before their real servers), then the filter elements:
+        // the order in which nothing is briefly unreachable.
+        let (new_addrs, old_addrs): (Vec<IpAddr>, Vec<IpAddr>) =
+            touched_addrs.into_iter().partition(|a| self.addr_owners.contains_key(a));
+        for addr in new_addrs {
+            report.address_ops += self.reconcile_address(addr)?;
+        }
+        for key in touched_vs {
+            report.ipvs_ops += self.reconcile_service(key)?;
+        }
+        report.nft_ops = tx.len();
+        self.host.nft(&tx)?;
+        for addr in old_addrs {
+            report.address_ops += self.reconcile_address(addr)?;
+        }
+        report.drained = self.reap_drained()?;
+        Ok(report)
+    }
+
+    /// Sysctls, IPVS timeouts and the dummy interface.
+    fn prepare_node(&mut self, plan: &Plan) -> Result<(), Error> {
+        let mut wanted = vec![
+            // IPVS keeps conntrack entries: the auxiliary table's marks and masquerading need them.
+            ("net/ipv4/vs/conntrack", "1"),
+            // Drop a connection's packets once its real server is deleted, so clients reconnect.
+            ("net/ipv4/vs/expire_nodest_conn", "1"),
+            // Persistence templates of a weight-0 (draining) real server expire.
+            ("net/ipv4/vs/expire_quiescent_template", "1"),
+        ];
+        if plan.families.contains_key(&IpFamily::V4) {
+            wanted.push(("net/ipv4/ip_forward", "1"));
+        }
+        if plan.families.contains_key(&IpFamily::V6) {
+            wanted.push(("net/ipv6/conf/all/forwarding", "1"));
+        }
+        if self.config.strict_arp {
+            wanted.push(("net/ipv4/conf/all/arp_ignore", "1"));
+            wanted.push(("net/ipv4/conf/all/arp_announce", "2"));
+        }
+        for (path, value) in wanted {
+            match self.host.sysctl(path)? {
+                Some(v) if v == value => {}
+                Some(_) => {
+                    tracing::info!(sysctl = path, value, "setting sysctl");
+                    self.host.set_sysctl(path, value)?;
+                }
+                None => tracing::warn!(sysctl = path, "sysctl missing; not set"),
+            }
+        }
+        let secs = |d: std::time::Duration| u32::try_from(d.as_secs()).unwrap_or(u32::MAX);
+        let (tcp, tcp_fin, udp) =
+            (secs(self.config.tcp_timeout), secs(self.config.tcp_fin_timeout), secs(self.config.udp_timeout));
+        if tcp != 0 || tcp_fin != 0 || udp != 0 {
+            self.host.ipvs(&IpvsOp::SetTimeouts { tcp, tcp_fin, udp })?;
+        }
+        let name = self.config.interface.clone();
+        let index = match self.host.link(&name)? {
+            None => self.host.create_dummy(&name)?,
+            Some((index, Some(kind))) if kind == "dummy" => {
+                self.host.set_up(index)?;
+                index
+            }
+            Some(_) => return Err(Error::NotDummy(name)),
+        };
+        self.link = Some(index);
+        Ok(())
+    }
+
+    /// Takes one virtual service from what is applied to what is wanted; returns the number of
+    /// IPVS changes.
+    fn reconcile_service(&mut self, key: ServiceKey) -> Result<usize, Error> {
+        let desired = self.vs_owners.get(&key).and_then(|o| o.values().next()).cloned();
+        let now = Instant::now();
+        let mut ops = Vec::new();
+        match (desired, self.applied.get_mut(&key)) {
+            (None, None) => {}
+            (None, Some(_)) => {
+                ops.push(IpvsOp::DeleteService(key));
+                self.applied.remove(&key);
+                self.draining.retain(|(s, _), _| *s != key);
+            }
+            (Some(d), None) => {
+                ops.push(IpvsOp::AddService(d.spec.clone()));
+                ops.extend(d.dests.iter().map(|k| IpvsOp::AddDest(key, DestSpec { key: *k, weight: 1 })));
+                let dests = d.dests.iter().map(|k| (*k, 1)).collect();
+                self.applied.insert(key, AppliedVs { spec: d.spec, protocol: d.protocol, dests });
+            }
+            (Some(d), Some(a)) => {
+                if a.spec != d.spec {
+                    ops.push(IpvsOp::UpdateService(d.spec.clone()));
+                    a.spec = d.spec.clone();
+                }
+                a.protocol = d.protocol;
+                for dest in &d.dests {
+                    match a.dests.get(dest) {
+                        None => ops.push(IpvsOp::AddDest(key, DestSpec { key: *dest, weight: 1 })),
+                        Some(1) => {}
+                        Some(_) => ops.push(IpvsOp::UpdateDest(key, DestSpec { key: *dest, weight: 1 })),
+                    }
+                    a.dests.insert(*dest, 1);
+                    self.draining.remove(&(key, *dest));
+                }
+                let gone: Vec<(DestKey, u32)> =
+                    a.dests.iter().filter(|(k, _)| !d.dests.contains(k)).map(|(k, w)| (*k, *w)).collect();
+                for (dest, weight) in gone {
+                    if d.protocol == Protocol::Udp {
+                        ops.push(IpvsOp::DeleteDest(key, dest));
+                        a.dests.remove(&dest);
+                        self.draining.remove(&(key, dest));
+                        continue;
+                    }
+                    if weight != 0 {
+                        ops.push(IpvsOp::UpdateDest(key, DestSpec { key: dest, weight: 0 }));
+                        a.dests.insert(dest, 0);
+                    }
+                    self.draining.entry((key, dest)).or_insert(now);
+                }
+            }
+        }
+        for op in &ops {
+            apply(&mut self.host, op)?;
+        }
+        Ok(ops.len())
+    }
+
+    fn reconcile_address(&mut self, addr: IpAddr) -> Result<usize, Error> {
+        let Some(link) = self.link else { return Ok(0) };
+        let wanted = self.addr_owners.contains_key(&addr);
+        if wanted == self.applied_addrs.contains(&addr) {
+            return Ok(0);
+        }
+        match self.host.set_address(link, addr, wanted) {
+            Ok(()) => {}
+            Err(e) if wanted && e.errno() == Some(EEXIST) => {}
+            Err(e) if !wanted && matches!(e.errno(), Some(99) | Some(ENOENT)) => {}
+            Err(e) => return Err(e),
+        }
+        if wanted {
+            self.applied_addrs.insert(addr);
+        } else {
+            self.applied_addrs.remove(&addr);
+        }
+        Ok(1)
+    }
+
+    /// Deletes draining real servers that have no connections left or whose grace period is
+    /// over; returns how many. Runs with every sync; call it between syncs to reap sooner.
+    pub fn reap_drained(&mut self) -> Result<usize, Error> {
+        let services: BTreeSet<ServiceKey> = self.draining.keys().map(|(s, _)| *s).collect();
+        let mut deleted = 0;
+        for key in services {
+            let current = self.host.ipvs_dests(&key)?;
+            let candidates: Vec<(DestKey, Instant)> =
+                self.draining.iter().filter(|((s, _), _)| *s == key).map(|((_, d), t)| (*d, *t)).collect();
+            for (dest, since) in candidates {
+                let conns = current.iter().find(|d| d.spec.key == dest).map(|d| d.active_conns + d.inactive_conns);
+                let expired = since.elapsed() >= self.config.graceful_period;
+                if conns.is_some_and(|c| c > 0) && !expired {
+                    continue;
+                }
+                if conns.is_some() {
+                    apply(&mut self.host, &IpvsOp::DeleteDest(key, dest))?;
+                    deleted += 1;
+                }
+                self.draining.remove(&(key, dest));
+                if let Some(a) = self.applied.get_mut(&key) {
+                    a.dests.remove(&dest);
+                }
+            }
+        }
+        Ok(deleted)
+    }
+
+    /// Removes the IPVS services, the dummy interface and the auxiliary tables, and forgets the
+    /// applied state (`kproxy --cleanup`).
+    pub fn cleanup(&mut self) -> Result<(), Error> {
+        cleanup(&mut self.host, &self.config)?;
+        self.families.clear();
+        self.vs_owners.clear();
+        self.applied.clear();
+        self.draining.clear();
+        self.addr_owners.clear();
+        self.applied_addrs.clear();
+        self.link = None;
+        self.in_sync = false;
+        Ok(())
+    }
+}
+
+/// Records which kernel objects the service port `name` wants (`add`) or no longer wants.
+fn own(
+    vs_owners: &mut BTreeMap<ServiceKey, BTreeMap<ServicePortName, DesiredVs>>,
+    addr_owners: &mut BTreeMap<IpAddr, BTreeSet<ServicePortName>>,
+    elements: &mut BTreeMap<ElementKey, BTreeMap<ServicePortName, Option<String>>>,
+    name: &ServicePortName,
+    objects: &PortObjects,
+    add: bool,
+) {
+    for vs in &objects.services {
+        let owners = vs_owners.entry(vs.spec.key).or_default();
+        if add {
+            owners.insert(name.clone(), vs.clone());
+        } else {
+            owners.remove(name);
+            if owners.is_empty() {
+                vs_owners.remove(&vs.spec.key);
+            }
+        }
+    }
+    for addr in &objects.vips {
+        let owners = addr_owners.entry(*addr).or_default();
+        if add {
+            owners.insert(name.clone());
+        } else {
+            owners.remove(name);
+            if owners.is_empty() {
+                addr_owners.remove(addr);
+            }
+        }
+    }
+    for e in &objects.elements {
+        let key = (e.set.clone(), e.key.clone());
+        let owners = elements.entry(key.clone()).or_default();
+        if add {
+            owners.insert(name.clone(), e.value.clone());
+        } else {
+            owners.remove(name);
+            if owners.is_empty() {
+                elements.remove(&key);
+            }
+        }
+    }
+}
+
+/// Notes what `objects` touches, with each element's effective value before the change.
+fn note(
+    objects: &PortObjects,
+    elements: &BTreeMap<ElementKey, BTreeMap<ServicePortName, Option<String>>>,
+    before: &mut BTreeMap<ElementKey, Option<Option<String>>>,
+    vs: &mut BTreeSet<ServiceKey>,
+    addrs: &mut BTreeSet<IpAddr>,
+) {
+    vs.extend(objects.services.iter().map(|s| s.spec.key));
+    addrs.extend(objects.vips.iter().copied());
+    for e in &objects.elements {
+        let key = (e.set.clone(), e.key.clone());
+        before.entry(key.clone()).or_insert_with(|| effective(elements.get(&key)));
+    }
+}
+
+fn table_ref(family: IpFamily, name: &str) -> TableRef {
+    let family = match family {
+        IpFamily::V4 => TableFamily::Ip,
+        IpFamily::V6 => TableFamily::Ip6,
+    };
+    TableRef { family, name: name.to_owned() }
+}
+
+fn full_table(cfg: &Config, state: &FamilyState, tx: &mut Transaction) {
+    let table = state.ctx.table.clone();
+    let skel = aux_table::skeleton(cfg, &state.ctx, &state.node);
+    let comment = Some("IPVS dataplane rules for kproxy".to_owned());
+    tx.push(Op::AddTable { table: table.clone(), comment: comment.clone() });
+    tx.push(Op::DeleteTable(table.clone()));
+    tx.push(Op::AddTable { table: table.clone(), comment });
+    for (chain, _) in &skel.chains {
+        tx.push(Op::AddChain(table.clone(), chain.clone()));
+    }
+    for def in skel.sets {
+        tx.push(Op::AddSet(table.clone(), def));
+    }
+    for (chain, rules) in skel.chains {
+        tx.add_rules(&table, &chain.name, rules);
+    }
+    for e in skel.elements {
+        tx.push(Op::AddElement(table.clone(), e));
+    }
+    for ((set, key), owners) in &state.elements {
+        if let Some(value) = effective(Some(owners)) {
+            tx.push(Op::AddElement(table.clone(), Element { set: set.clone(), key: key.clone(), value }));
+        }
+    }
+}
+
+/// Whether a kernel virtual service is kproxy's: address services outside `excludeCIDRs`, and
+/// firewall-mark services in kproxy's mark range.
+fn owned(cfg: &Config, key: &ServiceKey) -> bool {
+    match key {
+        ServiceKey::Addr { addr, .. } => !cfg.exclude_cidrs.iter().any(|c| c.contains(addr)),
+        ServiceKey::Fwmark { mark, .. } => cfg.owns_fwmark(*mark),
+    }
+}
+
+/// Sends one IPVS change, idempotently: an add of something that exists becomes an edit, an
+/// edit of something missing an add, a delete of something missing is done.
+fn apply<H: Host>(host: &mut H, op: &IpvsOp) -> Result<(), Error> {
+    let Err(e) = host.ipvs(op) else { return Ok(()) };
+    match (op, e.errno()) {
+        (IpvsOp::AddService(s), Some(EEXIST)) => host.ipvs(&IpvsOp::UpdateService(s.clone())),
+        (IpvsOp::UpdateService(s), Some(ESRCH | ENOENT)) => host.ipvs(&IpvsOp::AddService(s.clone())),
+        (IpvsOp::AddDest(k, d), Some(EEXIST)) => host.ipvs(&IpvsOp::UpdateDest(*k, *d)),
+        (IpvsOp::UpdateDest(k, d), Some(ENOENT)) => host.ipvs(&IpvsOp::AddDest(*k, *d)),
+        (IpvsOp::DeleteService(_) | IpvsOp::DeleteDest(..), Some(ESRCH | ENOENT)) => Ok(()),
+        _ => Err(e),
+    }
+}
+
+/// `kproxy --cleanup` for IPVS mode: deletes kproxy's virtual services (address services outside
+/// `excludeCIDRs`, firewall-mark services in kproxy's range), the dummy interface and the
+/// auxiliary tables; nothing else. Works without a prior sync and when IPVS is not loaded.
+pub fn cleanup<H: Host>(host: &mut H, config: &Config) -> Result<(), Error> {
+    match host.ipvs_services() {
+        Ok(services) => {
+            for s in services.iter().filter(|s| owned(config, &s.key)) {
+                apply(host, &IpvsOp::DeleteService(s.key))?;
+            }
+        }
+        Err(Error::NoIpvs(_)) => {}
+        Err(e) => return Err(e),
+    }
+    if let Some((index, Some(kind))) = host.link(&config.interface)?
+        && kind == "dummy"
+    {
+        host.delete_link(index)?;
+    }
+    let mut tx = Transaction::new();
+    for family in IpFamily::BOTH {
+        let table = table_ref(family, &config.table);
+        tx.push(Op::AddTable { table: table.clone(), comment: None });
+        tx.push(Op::DeleteTable(table));
+    }
+    host.nft(&tx)
+}

@@ -1,0 +1,190 @@
+//! What one service port puts in the kernel: virtual services with their real servers, VIPs on
+//! the dummy interface, and elements of the auxiliary table's shared sets and maps.
+//!
+//! One IPVS virtual service has one real-server set, while a Kubernetes service port has up to
+//! two (cluster and local endpoints) chosen by traffic class. The classes map to services so:
+//!
+//! - `ClusterIP:port` — an address service with the internal endpoints (`internalTrafficPolicy`).
+//! - `ExternalIP:port`, `LoadBalancerIP:port` — address services with the external endpoints
+//!   (cluster ones under `externalTrafficPolicy: Cluster`, local ones under `Local`).
+//! - NodePorts — a firewall-mark service per service port with the external endpoints; the
+//!   auxiliary table marks packets to `nodeport` on any NodePort address (as `nodePortAddresses`
+//!   says, including addresses added later) with its mark. One service instead of one per node
+//!   address, and no resync when addresses change.
+//! - `externalTrafficPolicy: Local` short-circuit — traffic from local pods and from the node to
+//!   the external addresses or the NodePort goes to the cluster endpoints: the auxiliary table
+//!   marks it with the port's *cluster* mark, and IPVS looks firewall-mark services up before
+//!   address services.
+//!
+//! No service is created for traffic the plan rejects (no endpoints at all): the auxiliary table
+//! rejects it before IPVS sees it. A service whose local set is empty (the plan's `Drop`) exists
+//! with no real servers, and the auxiliary table drops its traffic first.
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+
+use kproxy_nftables::ruleset::Ctx;
+use kproxy_nftables::transaction::Element;
+use kproxy_plan::{Endpoint, ExternalPolicy, MasqueradeWhen, NoEndpointsVerdict, NodePlan, ServicePortPlan};
+use kproxy_state::Protocol;
+
+use crate::aux_table as t;
+use crate::config::Config;
+use crate::genl::{DestKey, F_PERSISTENT, ServiceKey, ServiceSpec};
+
+/// A virtual service kproxy wants.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DesiredVs {
+    /// The service.
+    pub spec: ServiceSpec,
+    /// Its protocol (firewall-mark services have none in the kernel; UDP skips graceful termination).
+    pub protocol: Protocol,
+    /// Its real servers (weight 1 each).
+    pub dests: BTreeSet<DestKey>,
+}
+
+/// A firewall-mark class of a service port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum MarkClass {
+    /// Cluster endpoints (NodePorts under Cluster policy, short-circuited traffic under Local).
+    Cluster,
+    /// Local endpoints (NodePorts under Local policy).
+    Local,
+}
+
+/// Everything one service port puts in the kernel.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PortObjects {
+    /// Virtual services.
+    pub services: Vec<DesiredVs>,
+    /// Addresses for the dummy interface.
+    pub vips: Vec<IpAddr>,
+    /// Elements of the auxiliary table's sets and maps.
+    pub elements: Vec<Element>,
+}
+
+fn verdict(v: NoEndpointsVerdict) -> String {
+    match v {
+        NoEndpointsVerdict::Reject => format!("goto {}", t::REJECT_CHAIN),
+        NoEndpointsVerdict::Drop => "drop".to_owned(),
+    }
+}
+
+fn dests(eps: &[Endpoint]) -> BTreeSet<DestKey> {
+    eps.iter().map(|e| DestKey { addr: e.ip, port: e.port }).collect()
+}
+
+/// Renders one service port; `mark` hands out the firewall mark of a class.
+pub fn render_port(
+    cfg: &Config,
+    ctx: &Ctx,
+    node: &NodePlan,
+    p: &ServicePortPlan,
+    mark: &mut dyn FnMut(MarkClass) -> u32,
+) -> PortObjects {
+    let mut out = PortObjects::default();
+    let proto = p.protocol.as_str();
+    let elem = |set: &str, key: String, value: Option<String>| Element { set: set.to_owned(), key, value };
+    let dest = |addr: &IpAddr, port: u16| format!("{addr} . {proto} . {port}");
+    let (flags, timeout) = match p.affinity_timeout {
+        Some(t) => (cfg.scheduler.flags() | F_PERSISTENT, t),
+        None => (cfg.scheduler.flags(), 0),
+    };
+    let vs = |key: ServiceKey, eps: &[Endpoint]| DesiredVs {
+        spec: ServiceSpec { key, scheduler: cfg.scheduler.name().to_owned(), flags, timeout },
+        protocol: p.protocol,
+        dests: dests(eps),
+    };
+    let family = ctx.family;
+
+    // ClusterIP.
+    out.vips.push(p.cluster_ip);
+    out.elements.push(elem(t::VIPS, p.cluster_ip.to_string(), None));
+    out.elements.push(elem(t::VIP_PORTS, dest(&p.cluster_ip, p.port), None));
+    out.services
+        .push(vs(ServiceKey::Addr { addr: p.cluster_ip, protocol: p.protocol, port: p.port }, p.internal_endpoints()));
+    if let Some(v) = p.internal.no_endpoints {
+        out.elements.push(elem(t::NO_ENDPOINT_SERVICES, dest(&p.cluster_ip, p.port), Some(verdict(v))));
+    }
+    match p.internal.masquerade {
+        MasqueradeWhen::Always => out.elements.push(elem(t::MASQ_ALWAYS, dest(&p.cluster_ip, p.port), None)),
+        MasqueradeWhen::SourceNotLocal => {
+            out.elements.push(elem(t::MASQ_NOT_LOCAL, dest(&p.cluster_ip, p.port), None))
+        }
+        MasqueradeWhen::Never => {}
+    }
+
+    // ExternalIPs, LoadBalancer IPs, NodePort.
+    if let Some(ext) = &p.external {
+        for vip in p.external_vips() {
+            out.vips.push(*vip);
+            out.elements.push(elem(t::VIPS, vip.to_string(), None));
+            out.elements.push(elem(t::VIP_PORTS, dest(vip, p.port), None));
+        }
+        if let Some(v) = ext.no_endpoints {
+            for vip in p.external_vips() {
+                out.elements.push(elem(t::NO_ENDPOINT_SERVICES, dest(vip, p.port), Some(verdict(v))));
+            }
+            if let Some(np) = p.node_port {
+                out.elements.push(elem(t::NO_ENDPOINT_NODEPORTS, format!("{proto} . {np}"), Some(verdict(v))));
+            }
+        }
+        if ext.no_endpoints != Some(NoEndpointsVerdict::Reject) {
+            let (external_eps, local) = match ext.policy {
+                ExternalPolicy::Cluster => (&p.cluster_endpoints, false),
+                ExternalPolicy::Local { .. } => (&p.local_endpoints, true),
+            };
+            for vip in p.external_vips() {
+                out.services.push(vs(ServiceKey::Addr { addr: *vip, protocol: p.protocol, port: p.port }, external_eps));
+                out.elements.push(elem(t::EXTERNAL_DESTS, dest(vip, p.port), None));
+                if !local {
+                    out.elements.push(elem(t::MASQ_EXTERNAL, dest(vip, p.port), None));
+                }
+            }
+            let cluster_mark = mark(MarkClass::Cluster);
+            if let Some(np) = p.node_port {
+                let np_key = format!("{proto} . {np}");
+                let external_mark = if local { mark(MarkClass::Local) } else { cluster_mark };
+                out.services.push(vs(ServiceKey::Fwmark { family, mark: external_mark }, external_eps));
+                out.elements.push(elem(t::NODEPORT_MARKS, np_key.clone(), Some(format!("{external_mark:#x}"))));
+                out.elements.push(elem(t::NODEPORTS, np_key.clone(), None));
+                if local {
+                    out.elements.push(elem(t::SHORTCIRCUIT_NODEPORTS, np_key, Some(format!("{cluster_mark:#x}"))));
+                } else {
+                    out.elements.push(elem(t::MASQ_NODEPORTS, np_key, None));
+                }
+            }
+            if local {
+                if !out.services.iter().any(|s| s.spec.key == (ServiceKey::Fwmark { family, mark: cluster_mark })) {
+                    out.services.push(vs(ServiceKey::Fwmark { family, mark: cluster_mark }, &p.cluster_endpoints));
+                }
+                for vip in p.external_vips() {
+                    out.elements.push(elem(t::SHORTCIRCUIT_DESTS, dest(vip, p.port), Some(format!("{cluster_mark:#x}"))));
+                }
+            }
+        }
+        if !p.source_ranges.is_empty() && !p.load_balancer_ips.is_empty() {
+            for lb in &p.load_balancer_ips {
+                out.elements.push(elem(t::FIREWALL_DESTS, dest(lb, p.port), None));
+                for range in &p.source_ranges {
+                    out.elements.push(elem(t::FIREWALL_ALLOW, format!("{} . {range}", dest(lb, p.port)), None));
+                }
+                // Traffic from the node to its own LB IP may carry the LB IP as source.
+                if node.node_ip.is_some_and(|n| p.source_ranges.iter().any(|r| r.contains(&n))) {
+                    for src in &p.load_balancer_ips {
+                        out.elements.push(elem(t::FIREWALL_ALLOW, format!("{} . {src}", dest(lb, p.port)), None));
+                    }
+                }
+            }
+        }
+    }
+
+    for ep in p.reachable_endpoints() {
+        out.elements.push(elem(t::HAIRPIN, format!("{} . {}", ep.ip, ep.ip), None));
+    }
+    out.vips.sort();
+    out.vips.dedup();
+    out.elements.sort();
+    out.elements.dedup();
+    out
+}
