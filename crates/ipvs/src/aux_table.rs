@@ -149,8 +149,10 @@ pub fn skeleton(cfg: &Config, ctx: &Ctx, node: &NodePlan) -> Skeleton {
         format!("{np} {port} vmap @{NO_ENDPOINT_NODEPORTS}"),
         format!("{ip} daddr @{VIPS} meta l4proto {{ tcp, udp, sctp }} {dest} != @{VIP_PORTS} goto {REJECT_CHAIN}"),
     ];
-    let mut postrouting =
-        vec![format!("{ip} saddr . {ip} daddr @{HAIRPIN} goto masquerade-now"), format!("ct mark and {m:#x} == 0 return")];
+    let mut postrouting = vec![
+        format!("{ip} saddr . {ip} daddr @{HAIRPIN} goto masquerade-now"),
+        format!("ct mark and {m:#x} == 0 return"),
+    ];
     for cidr in &node.snat.no_masquerade_cidrs {
         if sources.contains(&NoMasqueradeSource::Node) {
             postrouting.push(format!("{ip} daddr {cidr} fib saddr type local {ip} saddr != {} return", ctx.loopback()));
@@ -169,7 +171,10 @@ pub fn skeleton(cfg: &Config, ctx: &Ctx, node: &NodePlan) -> Skeleton {
         (base("classify-prerouting", "filter", "prerouting", "-150"), classify_pre),
         (base("classify-output", "filter", "output", "-150"), classify_out),
         (base("service-checks-input", "filter", "input", "0"), vec!["ct state new jump service-checks".to_owned()]),
-        (base("service-checks-output", "filter", "output", "-110"), vec!["ct state new jump service-checks".to_owned()]),
+        (
+            base("service-checks-output", "filter", "output", "-110"),
+            vec!["ct state new jump service-checks".to_owned()],
+        ),
         (base("nat-postrouting", "nat", "postrouting", "100"), postrouting),
         (plain("masquerade-marks-prerouting"), marks_pre),
         (plain("masquerade-marks-output"), marks_out),

@@ -160,9 +160,8 @@ impl<H: Host> IpvsDataplane<H> {
             let mut state =
                 FamilyState { ctx, node: fam.node.clone(), ports: BTreeMap::new(), elements: BTreeMap::new() };
             for (name, p) in &fam.services {
-                let objects = render_port(&self.config, &state.ctx, &fam.node, p, &mut |class| {
-                    fwmarks.get(family, name, class)
-                });
+                let objects =
+                    render_port(&self.config, &state.ctx, &fam.node, p, &mut |class| fwmarks.get(family, name, class));
                 own(&mut self.vs_owners, &mut self.addr_owners, &mut state.elements, name, &objects, true);
                 state.ports.insert(name.clone(), objects);
             }
@@ -179,11 +178,9 @@ impl<H: Host> IpvsDataplane<H> {
             let dests = self.host.ipvs_dests(&spec.key)?;
             let protocol = match spec.key {
                 ServiceKey::Addr { protocol, .. } => protocol,
-                ServiceKey::Fwmark { .. } => self
-                    .vs_owners
-                    .get(&spec.key)
-                    .and_then(|o| o.values().next())
-                    .map_or(Protocol::Tcp, |d| d.protocol),
+                ServiceKey::Fwmark { .. } => {
+                    self.vs_owners.get(&spec.key).and_then(|o| o.values().next()).map_or(Protocol::Tcp, |d| d.protocol)
+                }
             };
             let dests = dests.into_iter().map(|d| (d.spec.key, d.spec.weight)).collect();
             self.applied.insert(spec.key, AppliedVs { spec, protocol, dests });

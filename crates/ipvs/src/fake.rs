@@ -72,7 +72,12 @@ impl FakeHost {
         }
         h.links.insert(
             "eth0".into(),
-            FakeLink { index: 2, kind: None, up: true, addresses: BTreeSet::from(["198.18.0.2".parse().unwrap_or(IpAddr::from([0, 0, 0, 0]))]) },
+            FakeLink {
+                index: 2,
+                kind: None,
+                up: true,
+                addresses: BTreeSet::from(["198.18.0.2".parse().unwrap_or(IpAddr::from([0, 0, 0, 0]))]),
+            },
         );
         h
     }
@@ -139,8 +144,7 @@ impl Host for FakeHost {
                     (IpvsOp::UpdateDest(..), false) => return Err(Self::err(ENOENT, op)),
                     _ => {}
                 }
-                let entry =
-                    s.dests.entry(d.key).or_insert(DestState { spec: *d, active_conns: 0, inactive_conns: 0 });
+                let entry = s.dests.entry(d.key).or_insert(DestState { spec: *d, active_conns: 0, inactive_conns: 0 });
                 entry.spec = *d;
             }
             IpvsOp::DeleteDest(key, d) => {

@@ -347,10 +347,7 @@ pub fn parse_service(payload: &[u8]) -> Option<ServiceSpec> {
     let nest = netlink::find(payload.get(4..)?, CMD_ATTR_SERVICE)?;
     let family = netlink::find(nest, SVC_ATTR_AF).and_then(netlink::get_u16)?;
     let key = match netlink::find(nest, SVC_ATTR_FWMARK).and_then(netlink::get_u32).filter(|m| *m != 0) {
-        Some(mark) => ServiceKey::Fwmark {
-            family: if family == AF_INET6 { IpFamily::V6 } else { IpFamily::V4 },
-            mark,
-        },
+        Some(mark) => ServiceKey::Fwmark { family: if family == AF_INET6 { IpFamily::V6 } else { IpFamily::V4 }, mark },
         None => ServiceKey::Addr {
             addr: parse_addr(family, netlink::find(nest, SVC_ATTR_ADDR)?)?,
             protocol: protocol_from(netlink::find(nest, SVC_ATTR_PROTOCOL).and_then(netlink::get_u16)?)?,

@@ -77,7 +77,8 @@ impl KernelHost {
                     Err(NetlinkError::Kernel(ENOENT)) => return Err(Error::NoIpvs(genl::FAMILY_NAME)),
                     other => other.map_err(link)?,
                 };
-                let id = answer.iter().find_map(|p| genl::parse_family_id(p)).ok_or(Error::NoIpvs(genl::FAMILY_NAME))?;
+                let id =
+                    answer.iter().find_map(|p| genl::parse_family_id(p)).ok_or(Error::NoIpvs(genl::FAMILY_NAME))?;
                 Ok((client, id))
             };
             let opened = match open() {
@@ -140,7 +141,10 @@ impl Host for KernelHost {
 
     fn ipvs(&mut self, op: &IpvsOp) -> Result<(), Error> {
         let (client, id) = self.genl()?;
-        client.request(&genl::request(id, op)).map(|_| ()).map_err(|source| Error::Ipvs { op: format!("{op:?}"), source })
+        client
+            .request(&genl::request(id, op))
+            .map(|_| ())
+            .map_err(|source| Error::Ipvs { op: format!("{op:?}"), source })
     }
 
     fn link(&mut self, name: &str) -> Result<Option<(u32, Option<String>)>, Error> {
@@ -195,7 +199,9 @@ impl Host for KernelHost {
         if !Path::new(&full).exists() {
             return Ok(None);
         }
-        std::fs::read_to_string(&full).map(|v| Some(v.trim().to_owned())).map_err(|source| Error::Sysctl { path: full, source })
+        std::fs::read_to_string(&full)
+            .map(|v| Some(v.trim().to_owned()))
+            .map_err(|source| Error::Sysctl { path: full, source })
     }
 
     fn set_sysctl(&mut self, path: &str, value: &str) -> Result<(), Error> {

@@ -108,9 +108,7 @@ pub fn render_port(
     }
     match p.internal.masquerade {
         MasqueradeWhen::Always => out.elements.push(elem(t::MASQ_ALWAYS, dest(&p.cluster_ip, p.port), None)),
-        MasqueradeWhen::SourceNotLocal => {
-            out.elements.push(elem(t::MASQ_NOT_LOCAL, dest(&p.cluster_ip, p.port), None))
-        }
+        MasqueradeWhen::SourceNotLocal => out.elements.push(elem(t::MASQ_NOT_LOCAL, dest(&p.cluster_ip, p.port), None)),
         MasqueradeWhen::Never => {}
     }
 
@@ -135,7 +133,8 @@ pub fn render_port(
                 ExternalPolicy::Local { .. } => (&p.local_endpoints, true),
             };
             for vip in p.external_vips() {
-                out.services.push(vs(ServiceKey::Addr { addr: *vip, protocol: p.protocol, port: p.port }, external_eps));
+                out.services
+                    .push(vs(ServiceKey::Addr { addr: *vip, protocol: p.protocol, port: p.port }, external_eps));
                 out.elements.push(elem(t::EXTERNAL_DESTS, dest(vip, p.port), None));
                 if !local {
                     out.elements.push(elem(t::MASQ_EXTERNAL, dest(vip, p.port), None));
@@ -159,7 +158,11 @@ pub fn render_port(
                     out.services.push(vs(ServiceKey::Fwmark { family, mark: cluster_mark }, &p.cluster_endpoints));
                 }
                 for vip in p.external_vips() {
-                    out.elements.push(elem(t::SHORTCIRCUIT_DESTS, dest(vip, p.port), Some(format!("{cluster_mark:#x}"))));
+                    out.elements.push(elem(
+                        t::SHORTCIRCUIT_DESTS,
+                        dest(vip, p.port),
+                        Some(format!("{cluster_mark:#x}")),
+                    ));
                 }
             }
         }
