@@ -539,6 +539,14 @@ pub fn dispatch<'a>(
 
     let nat = tables.entry(Table::Nat).or_default();
     let mut svc: Vec<String> = all(|d| &d.nat_services).collect();
+    if ctx.localhost_nodeports_active(node) {
+        // route_localnet lets packets to 127.0.0.0/8 in from the wire; only the node itself
+        // may use localhost NodePorts (its own connections to 127.0.0.1 come from 127.0.0.1).
+        svc.push(format!(
+            "-A {KUBE_SERVICES} {} -d 127.0.0.0/8 ! -s 127.0.0.0/8 -j RETURN",
+            comment("localhost NodePorts are for the node itself")
+        ));
+    }
     let tail = comment("kubernetes service nodeports; NOTE: this must be the last rule in this chain");
     for m in nodeport_destinations(ctx, node) {
         svc.push(format!("-A {KUBE_SERVICES} {tail} {m} -j {KUBE_NODEPORTS}"));

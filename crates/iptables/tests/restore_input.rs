@@ -1,0 +1,246 @@
+//! What the dataplane feeds `iptables-restore`, recorded (no kernel): the full restore's
+//! layout, partial restores that rewrite only the changed service's chains, and when a full
+//! restore comes back.
+
+use kproxy_iptables::naming;
+use kproxy_iptables::{Config, IptablesDataplane, Recording};
+use kproxy_packet_suite::{endpoint, node_objects, service, slice};
+use kproxy_plan::{NodeContext, NodePortAddress, Plan, PlanDelta, Planner, ProxyPolicy, ServicePortName};
+use kproxy_state::{Change, ClusterState, IpFamily, Object, Protocol};
+use serde_json::json;
+
+fn web(eps: &[&str]) -> Vec<Object> {
+    let ports = json!([{"name": "http", "protocol": "TCP", "port": 8080}]);
+    vec![
+        service(
+            "default",
+            "web",
+            json!({"type": "NodePort", "clusterIP": "198.18.128.10", "clusterIPs": ["198.18.128.10"],
+                "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP", "nodePort": 30080}]}),
+            json!({}),
+        ),
+        slice(
+            "default",
+            "web",
+            "v4",
+            "IPv4",
+            ports,
+            eps.iter().map(|ip| endpoint(ip, "node-b", json!({"ready": true}))).collect(),
+        ),
+    ]
+}
+
+fn other() -> Vec<Object> {
+    vec![
+        service(
+            "default",
+            "other",
+            json!({"clusterIP": "198.18.128.11", "clusterIPs": ["198.18.128.11"],
+                "ports": [{"name": "dns", "port": 53, "targetPort": 5353, "protocol": "UDP"}]}),
+            json!({}),
+        ),
+        slice(
+            "default",
+            "other",
+            "v4",
+            "IPv4",
+            json!([{"name": "dns", "protocol": "UDP", "port": 5353}]),
+            vec![endpoint("198.18.17.20", "node-b", json!({"ready": true}))],
+        ),
+    ]
+}
+
+struct World {
+    planner: Planner,
+    state: ClusterState,
+    plan: Plan,
+}
+
+impl World {
+    fn new(objects: Vec<Object>) -> Self {
+        let policy = ProxyPolicy {
+            families: vec![IpFamily::V4],
+            nodeport_addresses: vec![NodePortAddress::All],
+            detect_local: kproxy_plan::DetectLocal::ClusterCidr(vec!["198.18.16.0/20".parse().unwrap()]),
+            ..ProxyPolicy::default()
+        };
+        let node = NodeContext {
+            name: "node-a".into(),
+            node_ip_override: Vec::new(),
+            local_addresses: vec!["198.18.0.2".parse().unwrap()],
+        };
+        let planner = Planner::new(policy, node);
+        let mut state = ClusterState::new();
+        for o in node_objects().into_iter().chain(objects) {
+            state.apply(Change::Applied(o));
+        }
+        let _ = state.take_dirty();
+        let plan = planner.build(&state);
+        World { planner, state, plan }
+    }
+
+    fn apply(&mut self, objects: Vec<Object>) -> PlanDelta {
+        for o in objects {
+            self.state.apply(Change::Applied(o));
+        }
+        let dirty = self.state.take_dirty();
+        self.planner.update(&mut self.plan, &self.state, &dirty)
+    }
+}
+
+fn spn(service: &str, port: &str, protocol: Protocol) -> ServicePortName {
+    ServicePortName { namespace: "default".into(), service: service.into(), port: port.into(), protocol }
+}
+
+fn sep(service: &str, port: &str, protocol: Protocol, ip: &str, target: u16) -> String {
+    let ep = kproxy_plan::Endpoint { ip: ip.parse().unwrap(), port: target, is_local: false, ready: true };
+    naming::sep_chain(&spn(service, port, protocol), &ep)
+}
+
+fn declared(input: &str) -> Vec<&str> {
+    input.lines().filter_map(|l| l.strip_prefix(':')).filter_map(|l| l.split_whitespace().next()).collect()
+}
+
+#[test]
+fn full_restore_has_upstreams_layout_jumps_and_localhost_nodeports() {
+    let w = World::new([web(&["198.18.17.10", "198.18.17.11"]), other()].concat());
+    let mut dp = IptablesDataplane::new(Recording::default(), Config::default());
+    let report = dp.sync(&w.plan, &PlanDelta::between(&Plan::default(), &w.plan)).unwrap();
+    assert!(report.full);
+    let input = dp.executor().last(IpFamily::V4).unwrap().to_owned();
+    let web_svc = naming::svc_chain(&spn("web", "http", Protocol::Tcp));
+    let web_ext = naming::ext_chain(&spn("web", "http", Protocol::Tcp));
+    for line in [
+        "*filter",
+        "*nat",
+        "*mangle",
+        ":KUBE-PROXY-CANARY - [0:0]",
+        "-A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP",
+        "-A KUBE-MARK-MASQ -j MARK --or-mark 0x4000",
+        "-A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN",
+        "-A KUBE-POSTROUTING -m comment --comment \"kubernetes service traffic requiring SNAT\" -j MASQUERADE --random-fully",
+        &format!(
+            "-A KUBE-SERVICES -m comment --comment \"default/web:http cluster IP\" -m tcp -p tcp -d 198.18.128.10 --dport 80 -j {web_svc}"
+        ),
+        &format!(
+            "-A {web_svc} -m comment --comment \"default/web:http cluster IP\" -m tcp -p tcp -d 198.18.128.10 --dport 80 ! -s 198.18.16.0/20 -j KUBE-MARK-MASQ"
+        ),
+        &format!(
+            "-A {web_svc} -m comment --comment \"default/web:http -> 198.18.17.10:8080\" -m statistic --mode random --probability 0.5000000000 -j {}",
+            sep("web", "http", Protocol::Tcp, "198.18.17.10", 8080)
+        ),
+        &format!(
+            "-A KUBE-NODEPORTS -m comment --comment \"default/web:http\" -m tcp -p tcp --dport 30080 -j {web_ext}"
+        ),
+        "-A KUBE-SERVICES -m comment --comment \"kubernetes service nodeports; NOTE: this must be the last rule in this chain\" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS",
+        "-A KUBE-FIREWALL -m comment --comment \"block incoming localnet connections\" -d 127.0.0.0/8 ! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP",
+    ] {
+        assert!(input.lines().any(|l| l == line), "missing {line:?} in\n{input}");
+    }
+    // Built-in chains are never declared (that would flush them) and only get jumps, ensured
+    // with -C then -I.
+    for builtin in ["PREROUTING", "OUTPUT", "POSTROUTING", "INPUT", "FORWARD"] {
+        assert!(!declared(&input).contains(&builtin), "{builtin} declared");
+    }
+    let cmds = &dp.executor().commands;
+    let jumps: Vec<String> = cmds.iter().map(|(_, a)| a.join(" ")).collect();
+    for jump in [
+        "-t nat -C PREROUTING -m comment --comment kubernetes service portals -j KUBE-SERVICES",
+        "-t nat -I PREROUTING -m comment --comment kubernetes service portals -j KUBE-SERVICES",
+        "-t nat -I POSTROUTING -m comment --comment kubernetes postrouting rules -j KUBE-POSTROUTING",
+        "-t filter -I FORWARD -m conntrack --ctstate NEW -m comment --comment kubernetes service portals -j KUBE-SERVICES",
+        "-t filter -I INPUT -j KUBE-FIREWALL",
+    ] {
+        assert!(jumps.iter().any(|j| j == jump), "missing {jump:?} in {jumps:#?}");
+    }
+    assert_eq!(dp.executor().sysctls, vec![("net/ipv4/conf/all/route_localnet".to_owned(), "1".to_owned())]);
+}
+
+#[test]
+fn one_endpoint_change_rewrites_only_that_services_chains() {
+    let mut w = World::new([web(&["198.18.17.10", "198.18.17.11"]), other()].concat());
+    let mut dp = IptablesDataplane::new(Recording::default(), Config::default());
+    dp.sync(&w.plan, &PlanDelta::between(&Plan::default(), &w.plan)).unwrap();
+    let full = dp.executor().last(IpFamily::V4).unwrap().to_owned();
+    let other_svc = naming::svc_chain(&spn("other", "dns", Protocol::Udp));
+    let other_sep = sep("other", "dns", Protocol::Udp, "198.18.17.20", 5353);
+    assert!(declared(&full).contains(&other_svc.as_str()) && declared(&full).contains(&other_sep.as_str()));
+
+    // 198.18.17.11 is replaced by 198.18.17.12.
+    let delta = w.apply(web(&["198.18.17.10", "198.18.17.12"]));
+    let report = dp.sync(&w.plan, &delta).unwrap();
+    assert!(!report.full, "{report:?}");
+    let input = dp.executor().last(IpFamily::V4).unwrap().to_owned();
+    let chains = declared(&input);
+    let web_svc = naming::svc_chain(&spn("web", "http", Protocol::Tcp));
+    let kept = sep("web", "http", Protocol::Tcp, "198.18.17.10", 8080);
+    let gone = sep("web", "http", Protocol::Tcp, "198.18.17.11", 8080);
+    let added = sep("web", "http", Protocol::Tcp, "198.18.17.12", 8080);
+    let mut expected = vec![
+        // filter dispatch chains, always rewritten
+        "KUBE-SERVICES",
+        "KUBE-EXTERNAL-SERVICES",
+        "KUBE-NODEPORTS",
+        "KUBE-PROXY-FIREWALL",
+        // nat dispatch chains, always rewritten
+        "KUBE-SERVICES",
+        "KUBE-NODEPORTS",
+    ];
+    // The changed service: its SVC chain and the new endpoint's chain; the removed endpoint's
+    // chain is declared (flushed) to be deleted. The kept endpoint's chain and the EXT chain
+    // did not change and are not written.
+    let mut svc_chains = vec![added.as_str(), web_svc.as_str(), gone.as_str()];
+    svc_chains.sort();
+    expected.extend(svc_chains);
+    let mut got = chains.clone();
+    got[6..].sort();
+    assert_eq!(got, expected, "restore input:\n{input}");
+    assert!(input.contains(&format!("-X {gone}\n")), "{input}");
+    assert!(!input.contains(&kept) || input.lines().all(|l| !l.starts_with(&format!("-A {kept} "))), "{input}");
+    for chain in [&other_sep, &other_svc] {
+        let rewritten =
+            input.lines().any(|l| l.starts_with(&format!("-A {chain} ")) || l.starts_with(&format!(":{chain} ")));
+        assert!(!rewritten, "other service's {chain} touched:\n{input}");
+    }
+    assert!(!input.contains(&other_sep), "{input}");
+    assert!(!input.contains("*mangle") && !input.contains("KUBE-POSTROUTING"), "{input}");
+    // The dispatch chains still carry every service.
+    assert!(input.contains("-d 198.18.128.11 --dport 53 -j"), "{input}");
+}
+
+#[test]
+fn a_failed_restore_makes_the_next_sync_full() {
+    let mut w = World::new([web(&["198.18.17.10"]), other()].concat());
+    let mut dp = IptablesDataplane::new(Recording::default(), Config::default());
+    dp.sync(&w.plan, &PlanDelta::between(&Plan::default(), &w.plan)).unwrap();
+    let delta = w.apply(web(&["198.18.17.11"]));
+    dp.executor_mut().fail_next = true;
+    assert!(dp.sync(&w.plan, &delta).is_err());
+    assert!(dp.full_sync_pending());
+    let report = dp.sync(&w.plan, &PlanDelta::default()).unwrap();
+    assert!(report.full, "{report:?}");
+    let input = dp.executor().last(IpFamily::V4).unwrap();
+    let stale = sep("web", "http", Protocol::Tcp, "198.18.17.10", 8080);
+    assert!(input.contains(&format!("-X {stale}\n")), "the full restore must delete the stale chain:\n{input}");
+    assert!(input.contains(&other_svc_line()), "{input}");
+}
+
+fn other_svc_line() -> String {
+    format!(":{} - [0:0]", naming::svc_chain(&spn("other", "dns", Protocol::Udp)))
+}
+
+#[test]
+fn stale_chains_found_by_iptables_save_are_deleted_on_a_full_restore() {
+    let w = World::new(other());
+    let mut rec = Recording::default();
+    let leftover = "KUBE-SEP-AAAAAAAAAAAAAAAA";
+    rec.saved.insert(
+        (IpFamily::V4, kproxy_iptables::rules::Table::Nat),
+        format!("*nat\n:PREROUTING ACCEPT [0:0]\n:{leftover} - [0:0]\n:DOCKER - [0:0]\nCOMMIT\n"),
+    );
+    let mut dp = IptablesDataplane::new(rec, Config::default());
+    dp.sync(&w.plan, &PlanDelta::between(&Plan::default(), &w.plan)).unwrap();
+    let input = dp.executor().last(IpFamily::V4).unwrap();
+    assert!(input.contains(&format!("-X {leftover}\n")), "{input}");
+    assert!(!input.contains("DOCKER"), "{input}");
+}
