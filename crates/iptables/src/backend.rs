@@ -43,9 +43,7 @@ impl BackendView {
 pub fn choose(nft: &BackendView, legacy: &BackendView) -> Backend {
     if nft.has_hint() {
         Backend::Nft
-    } else if legacy.has_hint() {
-        Backend::Legacy
-    } else if legacy.rule_count() > nft.rule_count() {
+    } else if legacy.has_hint() || legacy.rule_count() > nft.rule_count() {
         Backend::Legacy
     } else {
         Backend::Nft

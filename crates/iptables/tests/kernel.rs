@@ -2,6 +2,8 @@
 //! localhost NodePorts and the route_localnet mitigation, canary self-healing after a flush,
 //! and `--cleanup` leaving other tools' rules alone.
 
+#![allow(clippy::unwrap_used)]
+
 use std::net::{SocketAddr, UdpSocket};
 use std::time::Duration;
 

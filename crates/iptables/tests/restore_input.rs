@@ -2,6 +2,8 @@
 //! layout, partial restores that rewrite only the changed service's chains, and when a full
 //! restore comes back.
 
+#![allow(clippy::unwrap_used)]
+
 use kproxy_iptables::naming;
 use kproxy_iptables::{Config, IptablesDataplane, Recording};
 use kproxy_packet_suite::{endpoint, node_objects, service, slice};
