@@ -217,14 +217,16 @@ fn run_proxy(config: ProxyConfig) -> anyhow::Result<()> {
     })
 }
 
-/// States the effective masquerade policy once at startup (KEP-6246 asks for it).
+/// States the configured masquerade policy at startup (KEP-6246 asks for it); the effective
+/// per-family policy (node IP known or not) is logged and exported once the Node is seen.
 fn log_masquerade_policy(config: &ProxyConfig) {
     info!(
         masquerade_all = config.masquerade_all,
         detect_local = config.detect_local.mode_name(),
         no_masquerade_cidrs = ?config.no_masquerade_cidrs,
         snat_to_node_ip = config.snat_to_node_ip,
-        "masquerade policy"
+        "masquerade policy: hairpin and external-client traffic is always masqueraded; noMasqueradeCIDRs exempt \
+         traffic from the node and from detectable local pods, and win over masqueradeAll"
     );
 }
 
@@ -245,10 +247,6 @@ async fn start_servers(
     });
     let families = kproxy_state::IpFamily::BOTH.to_vec();
     let mut servers = Vec::new();
-    for &family in &families {
-        let source = if config.snat_to_node_ip { "node-ip" } else { "masquerade" };
-        metrics.set_masquerade_policy(family, source, &config.no_masquerade_cidrs);
-    }
     let hard_fail = |what: &str, e: kproxy_servers::ServeError| -> anyhow::Result<()> {
         if config.bind_address_hard_fail {
             Err(anyhow::anyhow!("{what}: {e}"))

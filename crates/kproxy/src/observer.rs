@@ -86,6 +86,17 @@ impl SyncObserver for DaemonObserver {
         for (family, trigger) in triggers {
             self.metrics.observe_network_programming_since(family, trigger, now);
         }
+        for (family, fd) in &delta.families {
+            let Some(node) = &fd.node else { continue };
+            let snat = &node.snat;
+            self.metrics.set_masquerade_policy(*family, snat.source_label(), &snat.no_masquerade_cidrs);
+            if snat.fell_back_to_masquerade {
+                warn!(%family, "snatToNodeIP is on but the node has no {family} InternalIP: masquerading instead");
+            } else {
+                tracing::info!(%family, source = snat.source_label(), no_masquerade_cidrs = ?snat.no_masquerade_cidrs,
+                    exempt = ?node.no_masquerade_sources(), "effective masquerade policy");
+            }
+        }
         self.health.set_node_eligible(state.node(&self.node_name).is_none_or(|n| !n.draining));
         let changed: u64 =
             delta.families.values().map(|f| (f.added.len() + f.changed.len() + f.removed.len()) as u64).sum();
