@@ -1,0 +1,366 @@
+//! IPVS-specific kernel tests (guest kernel): every scheduler in the kernel's table, `sh`
+//! stickiness, persistence, the VIP port guard, graceful termination and restart adoption.
+//! On the host they skip (no IPVS, no dummy devices) with a message, per `kproxy_testbed::kernel`.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::time::Duration;
+
+use kproxy_ipvs::{Config, IpvsDataplane, KernelHost, Scheduler};
+use kproxy_packet_suite::{NODE_A, NODE_B, node_objects, service, slice};
+use kproxy_plan::{DetectLocal, NodeContext, Plan, PlanDelta, Planner, ProxyPolicy};
+use kproxy_state::{Change, ClusterState, Object};
+use kproxy_testbed::kernel::{self, KernelFeature};
+use kproxy_testbed::topology::{CLUSTER_CIDR_V4, CLUSTER_CIDR_V6, NODE_IP_V4, NODE_IP_V6};
+use kproxy_testbed::{EchoServer, Netns, Pod, ProbeOptions, ProbeResult, Proto, Testbed, Where, probe, probe_many};
+use serde_json::json;
+
+const CIP: &str = "198.18.128.10:80";
+
+fn ready() -> bool {
+    kernel::require_root() && kernel::require(&[KernelFeature::Ipvs, KernelFeature::Dummy])
+}
+
+fn sa(s: &str) -> SocketAddr {
+    s.parse().unwrap()
+}
+
+/// The cluster: service `web` (ClusterIP 198.18.128.10:80 → `target`) with `eps` (pod, node).
+fn web(eps: &[(&Pod, &str)], target: u16, extra: serde_json::Value) -> Vec<Object> {
+    let mut spec = json!({"clusterIP": "198.18.128.10", "clusterIPs": ["198.18.128.10"],
+        "ports": [{"name": "http", "port": 80, "targetPort": target, "protocol": "TCP"}]});
+    if let (Some(s), serde_json::Value::Object(e)) = (spec.as_object_mut(), extra) {
+        s.extend(e);
+    }
+    let endpoints = eps
+        .iter()
+        .map(|(p, node)| json!({"addresses": [p.ipv4().to_string()], "nodeName": node, "conditions": {"ready": true}}))
+        .collect();
+    let ports = json!([{"name": "http", "protocol": "TCP", "port": target}]);
+    let mut out = node_objects();
+    out.push(service("default", "web", spec, json!({})));
+    out.push(slice("default", "web", "v4", "IPv4", ports, endpoints));
+    out
+}
+
+struct Cluster {
+    planner: Planner,
+    state: ClusterState,
+    plan: Plan,
+}
+
+impl Cluster {
+    fn new(objects: Vec<Object>) -> Self {
+        let policy = ProxyPolicy {
+            detect_local: DetectLocal::ClusterCidr(vec![CLUSTER_CIDR_V4.into(), CLUSTER_CIDR_V6.into()]),
+            ..ProxyPolicy::default()
+        };
+        let node = NodeContext {
+            name: NODE_A.into(),
+            node_ip_override: Vec::new(),
+            local_addresses: vec![NODE_IP_V4.into(), NODE_IP_V6.into()],
+        };
+        let planner = Planner::new(policy, node);
+        let mut state = ClusterState::new();
+        for o in objects {
+            state.apply(Change::Applied(o));
+        }
+        let _ = state.take_dirty();
+        let plan = planner.build(&state);
+        Self { planner, state, plan }
+    }
+
+    fn full(&self) -> PlanDelta {
+        PlanDelta::between(&Plan::default(), &self.plan)
+    }
+
+    fn update(&mut self, objects: Vec<Object>) -> PlanDelta {
+        for o in objects {
+            self.state.apply(Change::Applied(o));
+        }
+        let dirty = self.state.take_dirty();
+        self.planner.update(&mut self.plan, &self.state, &dirty)
+    }
+}
+
+fn dataplane(tb: &Testbed, config: Config) -> IpvsDataplane<KernelHost> {
+    tb.node().run_in(|| IpvsDataplane::new(KernelHost::new(), config)).unwrap()
+}
+
+fn sync(tb: &Testbed, dp: &mut IpvsDataplane<KernelHost>, plan: &Plan, delta: &PlanDelta) -> kproxy_ipvs::SyncReport {
+    tb.node().run_in(|| dp.sync(plan, delta)).unwrap().unwrap()
+}
+
+fn ipvsadm(ns: &Netns) -> String {
+    ns.exec_ok("ipvsadm", &["-Ln"]).unwrap()
+}
+
+/// A TCP server that answers every line with its name, on long-lived connections.
+fn line_server(ns: &Netns, name: &'static str, port: u16) {
+    let listener = ns.run_in(move || TcpListener::bind(("::", port))).unwrap().unwrap();
+    std::thread::spawn(move || {
+        for conn in listener.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(conn.try_clone().unwrap());
+                let mut writer = conn;
+                let mut line = String::new();
+                while reader.read_line(&mut line).is_ok_and(|n| n > 0) {
+                    if writer.write_all(format!("{name}\n").as_bytes()).is_err() {
+                        return;
+                    }
+                    line.clear();
+                }
+            });
+        }
+    });
+}
+
+/// A long-lived client connection opened from `ns`.
+struct Conn(BufReader<TcpStream>);
+
+impl Conn {
+    fn open(ns: &Netns, to: SocketAddr) -> Self {
+        let s = ns.run_in(move || TcpStream::connect_timeout(&to, Duration::from_secs(2))).unwrap().unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        Conn(BufReader::new(s))
+    }
+
+    fn ask(&mut self) -> std::io::Result<String> {
+        self.0.get_mut().write_all(b"who\n")?;
+        let mut line = String::new();
+        self.0.read_line(&mut line)?;
+        Ok(line.trim().to_owned())
+    }
+}
+
+fn pods(tb: &Testbed, specs: &[(&str, Where)]) -> Vec<Arc<Pod>> {
+    specs
+        .iter()
+        .map(|(n, w)| {
+            let p = tb.add_pod(n, *w).unwrap();
+            p.serve(&[(Proto::Tcp, 8080)]).unwrap();
+            p
+        })
+        .collect()
+}
+
+#[test]
+fn every_scheduler_is_accepted_and_visible_in_the_kernel_table() {
+    if !ready() {
+        return;
+    }
+    let tb = Testbed::new().unwrap();
+    let ps = pods(&tb, &[("a", Where::Node), ("client", Where::Node)]);
+    let cluster = Cluster::new(web(&[(&ps[0], NODE_A)], 8080, json!({})));
+    for scheduler in Scheduler::ALL {
+        let mut dp = dataplane(&tb, Config { scheduler, ..Config::default() });
+        sync(&tb, &mut dp, &cluster.plan, &cluster.full());
+        let table = ipvsadm(tb.node());
+        let line = table.lines().find(|l| l.contains(CIP)).unwrap_or_else(|| panic!("no {CIP} in\n{table}"));
+        let words: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(words.get(2), Some(&scheduler.name()), "{line}");
+        if scheduler == Scheduler::Mh {
+            assert!(line.contains("mh-port"), "{line}");
+        }
+        let got = probe(ps[1].netns(), Proto::Tcp, sa(CIP), Duration::from_secs(1)).unwrap();
+        assert!(matches!(&got, ProbeResult::Answered { backend, .. } if backend == "a"), "{scheduler}: {got:?}");
+        tb.node().run_in(|| dp.cleanup()).unwrap().unwrap();
+        assert!(!ipvsadm(tb.node()).contains(CIP), "cleanup leaves no service");
+    }
+}
+
+#[test]
+fn sh_scheduler_sticks_by_source() {
+    if !ready() {
+        return;
+    }
+    let tb = Testbed::new().unwrap();
+    let ps = pods(&tb, &[("a", Where::Node), ("b", Where::Node2), ("c", Where::Node2), ("client", Where::Node)]);
+    let eps: [(&Pod, &str); 3] = [(&ps[0], NODE_A), (&ps[1], NODE_B), (&ps[2], NODE_B)];
+    let cluster = Cluster::new(web(&eps, 8080, json!({})));
+    let mut dp = dataplane(&tb, Config { scheduler: Scheduler::Sh, ..Config::default() });
+    sync(&tb, &mut dp, &cluster.plan, &cluster.full());
+    let options = ProbeOptions::with_timeout(Duration::from_secs(1));
+    for from in [ps[3].netns(), tb.external(), tb.node()] {
+        let tally = probe_many(from, Proto::Tcp, sa(CIP), 15, &options).unwrap();
+        assert_eq!(tally.backends.values().sum::<usize>(), 15, "{tally:?}");
+        assert_eq!(tally.backends.len(), 1, "sh must send one source to one backend: {tally:?}");
+    }
+    // rr, for contrast, spreads the same client.
+    let mut rr = dataplane(&tb, Config::default());
+    sync(&tb, &mut rr, &cluster.plan, &cluster.full());
+    let tally = probe_many(ps[3].netns(), Proto::Tcp, sa(CIP), 15, &options).unwrap();
+    assert_eq!(tally.backends.len(), 3, "{tally:?}");
+    tb.node().run_in(|| rr.cleanup()).unwrap().unwrap();
+}
+
+#[test]
+fn affinity_is_persistence_with_the_service_timeout_and_expires() {
+    if !ready() {
+        return;
+    }
+    let tb = Testbed::new().unwrap();
+    let ps = pods(&tb, &[("a", Where::Node), ("b", Where::Node2), ("client", Where::Node)]);
+    let affinity = json!({"sessionAffinity": "ClientIP", "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 2}}});
+    let cluster = Cluster::new(web(&[(&ps[0], NODE_A), (&ps[1], NODE_B)], 8080, affinity));
+    let mut dp = dataplane(&tb, Config::default());
+    sync(&tb, &mut dp, &cluster.plan, &cluster.full());
+    let table = ipvsadm(tb.node());
+    assert!(table.lines().any(|l| l.contains(CIP) && l.contains("persistent 2")), "{table}");
+    let options = ProbeOptions::with_timeout(Duration::from_secs(1));
+    let mut chosen = std::collections::BTreeSet::new();
+    for _ in 0..8 {
+        let tally = probe_many(ps[2].netns(), Proto::Tcp, sa(CIP), 5, &options).unwrap();
+        assert_eq!(tally.backends.len(), 1, "persistence sticks: {tally:?}");
+        chosen.extend(tally.backends.into_keys());
+        if chosen.len() == 2 {
+            break;
+        }
+        // The template outlives its last connection by the timeout (and the connection's own
+        // IPVS entry, which ends with the close).
+        let conns = tb.node().exec_ok("ipvsadm", &["-Lnc"]).unwrap();
+        println!("{conns}");
+        std::thread::sleep(Duration::from_secs(4));
+    }
+    assert_eq!(chosen.len(), 2, "persistence never expired: {chosen:?}");
+    tb.node().run_in(|| dp.cleanup()).unwrap().unwrap();
+}
+
+#[test]
+fn a_host_service_on_another_port_is_not_reachable_through_a_cluster_ip() {
+    if !ready() {
+        return;
+    }
+    let tb = Testbed::new().unwrap();
+    let ps = pods(&tb, &[("a", Where::Node), ("client", Where::Node)]);
+    let _host = EchoServer::start(tb.node(), "host", &[(Proto::Tcp, 9999), (Proto::Udp, 9999)]).unwrap();
+    let cluster = Cluster::new(web(&[(&ps[0], NODE_A)], 8080, json!({})));
+    let mut dp = dataplane(&tb, Config::default());
+    sync(&tb, &mut dp, &cluster.plan, &cluster.full());
+    let t = Duration::from_secs(1);
+    // The host service answers on the node's address...
+    let direct = probe(ps[1].netns(), Proto::Tcp, sa("198.18.0.2:9999"), t).unwrap();
+    assert!(matches!(&direct, ProbeResult::Answered { backend, .. } if backend == "host"), "{direct:?}");
+    // ...and not on the ClusterIP, from a pod, from outside, or from the node itself.
+    for from in [ps[1].netns(), tb.external(), tb.node()] {
+        for proto in [Proto::Tcp, Proto::Udp] {
+            let got = probe(from, proto, sa("198.18.128.10:9999"), t).unwrap();
+            assert_eq!(got, ProbeResult::Refused, "{proto} from {}: {got:?}", from.role());
+        }
+    }
+    // The service port still works.
+    let got = probe(ps[1].netns(), Proto::Tcp, sa(CIP), t).unwrap();
+    assert!(matches!(&got, ProbeResult::Answered { backend, .. } if backend == "a"), "{got:?}");
+    tb.node().run_in(|| dp.cleanup()).unwrap().unwrap();
+}
+
+#[test]
+fn graceful_termination_keeps_established_connections_while_new_ones_go_elsewhere() {
+    if !ready() {
+        return;
+    }
+    let tb = Testbed::new().unwrap();
+    let a = tb.add_pod("a", Where::Node).unwrap();
+    let b = tb.add_pod("b", Where::Node2).unwrap();
+    let client = tb.add_pod("client", Where::Node).unwrap();
+    line_server(a.netns(), "a", 9000);
+    line_server(b.netns(), "b", 9000);
+    let mut cluster = Cluster::new(web(&[(&a, NODE_A)], 9000, json!({})));
+    let config = Config { graceful_period: Duration::from_secs(3), ..Config::default() };
+    let mut dp = dataplane(&tb, config);
+    sync(&tb, &mut dp, &cluster.plan, &cluster.full());
+    let mut old = Conn::open(client.netns(), sa(CIP));
+    assert_eq!(old.ask().unwrap(), "a");
+
+    // a leaves the endpoints, b arrives.
+    let delta = cluster.update(web(&[(&b, NODE_B)], 9000, json!({})));
+    let report = sync(&tb, &mut dp, &cluster.plan, &delta);
+    assert!(!report.full, "an endpoint change is a partial sync");
+    assert_eq!(report.ipvs_ops, 2, "weight 0 for a, add b: {report:?}");
+    let table = ipvsadm(tb.node());
+    let a_line = table.lines().find(|l| l.contains(&format!("{}:9000", a.ipv4()))).unwrap_or_else(|| panic!("{table}"));
+    assert_eq!(a_line.split_whitespace().nth(3), Some("0"), "a drains at weight 0: {a_line}");
+    assert_eq!(old.ask().unwrap(), "a", "the established connection keeps working");
+    for _ in 0..5 {
+        assert_eq!(Conn::open(client.netns(), sa(CIP)).ask().unwrap(), "b", "new connections go to b");
+    }
+    assert_eq!(old.ask().unwrap(), "a");
+    drop(old);
+    std::thread::sleep(Duration::from_secs(4));
+    let drained = tb.node().run_in(|| dp.reap_drained()).unwrap().unwrap();
+    assert_eq!(drained, 1);
+    let table = ipvsadm(tb.node());
+    assert!(!table.contains(&format!("{}:9000", a.ipv4())), "a is gone once drained:\n{table}");
+    tb.node().run_in(|| dp.cleanup()).unwrap().unwrap();
+}
+
+#[test]
+fn a_restarted_kproxy_adopts_the_kernel_state_without_dropping_connections() {
+    if !ready() {
+        return;
+    }
+    let tb = Testbed::new().unwrap();
+    let a = tb.add_pod("a", Where::Node).unwrap();
+    let b = tb.add_pod("b", Where::Node2).unwrap();
+    let client = tb.add_pod("client", Where::Node).unwrap();
+    line_server(a.netns(), "a", 9000);
+    line_server(b.netns(), "b", 9000);
+    let objects = web(
+        &[(&a, NODE_A), (&b, NODE_B)],
+        9000,
+        json!({"type": "NodePort",
+        "ports": [{"name": "http", "port": 80, "targetPort": 9000, "protocol": "TCP", "nodePort": 30090}]}),
+    );
+    let cluster = Cluster::new(objects);
+    let mut first = dataplane(&tb, Config::default());
+    sync(&tb, &mut first, &cluster.plan, &cluster.full());
+    let mut conns: Vec<(Conn, String)> = (0..4)
+        .map(|_| {
+            let mut c = Conn::open(client.netns(), sa(CIP));
+            let who = c.ask().unwrap();
+            (c, who)
+        })
+        .collect();
+    let mut external = Conn::open(tb.external(), sa("198.18.0.2:30090"));
+    let external_who = external.ask().unwrap();
+    let before = ipvsadm(tb.node());
+    drop(first); // the process dies: nothing is cleaned up
+
+    let mut second = dataplane(&tb, Config::default());
+    let report = sync(&tb, &mut second, &cluster.plan, &cluster.full());
+    assert!(report.full);
+    assert_eq!((report.ipvs_ops, report.address_ops), (0, 0), "adoption changes nothing: {report:?}");
+    assert_eq!(ipvsadm(tb.node()), before);
+    for (c, who) in &mut conns {
+        assert_eq!(&c.ask().unwrap(), who, "established connections survive the restart");
+    }
+    assert_eq!(external.ask().unwrap(), external_who);
+    let mut fresh = Conn::open(client.netns(), sa(CIP));
+    assert!(["a", "b"].contains(&fresh.ask().unwrap().as_str()));
+    tb.node().run_in(|| second.cleanup()).unwrap().unwrap();
+}
+
+#[test]
+fn cleanup_removes_services_interface_and_table_only() {
+    if !ready() {
+        return;
+    }
+    let tb = Testbed::new().unwrap();
+    let ps = pods(&tb, &[("a", Where::Node)]);
+    // Someone else's virtual service, inside excludeCIDRs.
+    tb.node().exec_ok("ipvsadm", &["-A", "-t", "192.0.2.1:80", "-s", "rr"]).unwrap();
+    let cluster = Cluster::new(web(&[(&ps[0], NODE_A)], 8080, json!({})));
+    let config = Config { exclude_cidrs: vec!["192.0.2.0/24".parse().unwrap()], ..Config::default() };
+    let mut dp = dataplane(&tb, config.clone());
+    sync(&tb, &mut dp, &cluster.plan, &cluster.full());
+    assert!(tb.node().ip(["link", "show", "kube-ipvs0"]).is_ok());
+    // A fresh process's --cleanup.
+    tb.node().run_in(|| kproxy_ipvs::cleanup(&mut KernelHost::new(), &config)).unwrap().unwrap();
+    let table = ipvsadm(tb.node());
+    assert!(table.contains("192.0.2.1:80"), "excluded service kept:\n{table}");
+    assert!(!table.contains(CIP), "{table}");
+    assert!(tb.node().ip(["link", "show", "kube-ipvs0"]).is_err(), "dummy interface removed");
+    let rules = tb.node().exec_ok("nft", &["list", "ruleset"]).unwrap();
+    assert!(!rules.contains("kproxy-ipvs"), "{rules}");
+}
