@@ -333,7 +333,7 @@ impl Metrics {
         let masquerade_policy = Family::default();
         registry.register(
             "kproxy_masquerade_policy_info",
-            "The effective masquerade policy per IP family: where it comes from and the CIDRs exempt from masquerading",
+            "The effective masquerade policy per IP family: the SNAT source (masquerade, node-ip, masquerade-fallback) and the CIDRs exempt from masquerading",
             Family::clone(&masquerade_policy),
         );
         let healthcheck_bind_failures = Counter::default();
@@ -473,8 +473,9 @@ impl Metrics {
         self.inner.invalid_objects.get_or_create(&KindLabels { kind: kind.to_string() }).inc();
     }
 
-    /// States the effective masquerade policy of `family`: where it came from (`source`, e.g.
-    /// `clusterCIDR`, `noMasqueradeCIDRs`, `masqueradeAll`) and the exempt CIDRs. Replaces the
+    /// States the effective masquerade policy of `family`: the SNAT source (`source`: `masquerade`,
+    /// `node-ip` or `masquerade-fallback`, see `kproxy_plan::SnatPolicy::source_label`) and the
+    /// CIDRs exempt from masquerading. Replaces the
     /// previous statement for that family, so exactly one series per family has value 1.
     pub fn set_masquerade_policy(&self, family: IpFamily, source: &str, no_masquerade_cidrs: &[IpNet]) {
         let labels = MasqueradeLabels {
@@ -584,13 +585,13 @@ mod tests {
     fn masquerade_policy_keeps_one_series_per_family() {
         let metrics = Metrics::new(DataplaneMode::Nftables);
         let cidr: IpNet = "198.18.0.0/15".parse().unwrap();
-        metrics.set_masquerade_policy(IpFamily::V4, "clusterCIDR", &[cidr]);
-        metrics.set_masquerade_policy(IpFamily::V6, "masqueradeAll", &[]);
-        metrics.set_masquerade_policy(IpFamily::V4, "noMasqueradeCIDRs", &[cidr]);
+        metrics.set_masquerade_policy(IpFamily::V4, "masquerade", &[cidr]);
+        metrics.set_masquerade_policy(IpFamily::V6, "masquerade-fallback", &[]);
+        metrics.set_masquerade_policy(IpFamily::V4, "node-ip", &[cidr]);
         let text = metrics.encode(Exposition::PrometheusText).unwrap();
         let series: Vec<&str> = text.lines().filter(|l| l.starts_with("kproxy_masquerade_policy_info{")).collect();
         assert_eq!(series.len(), 2, "{series:?}");
-        assert!(series.iter().any(|l| l.contains("source=\"noMasqueradeCIDRs\"") && l.contains("198.18.0.0/15")));
-        assert!(series.iter().any(|l| l.contains("ip_family=\"IPv6\"") && l.contains("source=\"masqueradeAll\"")));
+        assert!(series.iter().any(|l| l.contains("source=\"node-ip\"") && l.contains("198.18.0.0/15")));
+        assert!(series.iter().any(|l| l.contains("ip_family=\"IPv6\"") && l.contains("source=\"masquerade-fallback\"")));
     }
 }
