@@ -2,6 +2,7 @@
 
 use std::io::Write as _;
 
+use kproxy_iptables::IptablesDataplane;
 use kproxy_nftables::{ExecError, Executor, NftablesDataplane, Transaction};
 use kproxy_plan::{Plan, PlanDelta};
 
@@ -28,5 +29,57 @@ impl Executor for PrintTransactions {
         let mut out = std::io::stdout().lock();
         let _ = writeln!(out, "# --- transaction ({} operations) ---\n{}", tx.len(), tx.render());
         Ok(())
+    }
+}
+
+impl<E: kproxy_iptables::Executor + Send> Dataplane for IptablesDataplane<E> {
+    fn full_sync(&mut self, plan: &Plan) -> anyhow::Result<()> {
+        IptablesDataplane::full_sync(self, plan)?;
+        Ok(())
+    }
+
+    fn partial_sync(&mut self, plan: &Plan, delta: &PlanDelta) -> anyhow::Result<()> {
+        // Someone flushed kproxy's chains (the canary is gone): this sync becomes a full restore.
+        if !self.check_canary()? {
+            tracing::warn!("iptables canary chain missing: restoring every kproxy chain");
+        }
+        self.sync(plan, delta)?;
+        Ok(())
+    }
+}
+
+/// `--dry-run` in iptables mode: prints each `iptables-restore` input instead of applying it.
+#[derive(Debug, Default)]
+pub struct PrintRestores(kproxy_iptables::Recording);
+
+impl kproxy_iptables::Executor for PrintRestores {
+    fn restore(&mut self, family: kproxy_state::IpFamily, input: &str) -> Result<(), kproxy_iptables::ExecError> {
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "# --- {family} iptables-restore --noflush ---\n{input}");
+        self.0.restore(family, input)
+    }
+    fn save(
+        &mut self,
+        family: kproxy_state::IpFamily,
+        table: kproxy_iptables::rules::Table,
+    ) -> Result<String, kproxy_iptables::ExecError> {
+        self.0.save(family, table)
+    }
+    fn run(
+        &mut self,
+        family: kproxy_state::IpFamily,
+        args: &[String],
+    ) -> Result<kproxy_iptables::Output, kproxy_iptables::ExecError> {
+        self.0.run(family, args)
+    }
+    fn sysctl(&mut self, key: &str, value: &str) -> Result<(), kproxy_iptables::ExecError> {
+        self.0.sysctl(key, value)
+    }
+    fn drop_empty_table(
+        &mut self,
+        family: kproxy_state::IpFamily,
+        table: kproxy_iptables::rules::Table,
+    ) -> Result<(), kproxy_iptables::ExecError> {
+        self.0.drop_empty_table(family, table)
     }
 }

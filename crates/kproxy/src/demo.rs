@@ -25,7 +25,7 @@ pub const SANDBOX_CONNTRACK_FLAGS: [&str; 3] =
     ["--conntrack-max-per-core=0", "--conntrack-tcp-timeout-established=0", "--conntrack-tcp-timeout-close-wait=0"];
 
 /// Runs the demo on `manifests`.
-pub fn run(manifests: &Path) -> anyhow::Result<()> {
+pub fn run(manifests: &Path, mode: &str) -> anyhow::Result<()> {
     if !nix::unistd::geteuid().is_root() {
         bail!("the demo creates network namespaces: run it as root");
     }
@@ -42,9 +42,9 @@ pub fn run(manifests: &Path) -> anyhow::Result<()> {
     let names = start_pods(&testbed, &plan)?;
     let client = testbed.add_pod("client", Where::Node).context("adding the client pod")?;
 
-    println!("starting kproxy (nftables) in the node namespace on {} ...", manifests.display());
-    let mut kproxy = KproxyProcess::start(testbed.node(), &manifests)?;
-    kproxy.wait_for_rules(testbed.node(), Duration::from_secs(15))?;
+    println!("starting kproxy ({mode}) in the node namespace on {} ...", manifests.display());
+    let mut kproxy = KproxyProcess::start(testbed.node(), &manifests, mode)?;
+    kproxy.wait_for_rules(testbed.node(), mode, Duration::from_secs(15))?;
 
     let mut rows = Vec::new();
     for fam in plan.families.values() {
@@ -63,11 +63,13 @@ pub fn run(manifests: &Path) -> anyhow::Result<()> {
 
     kproxy.stop();
     let cleaned = testbed.node().exec(&std::env::current_exe()?.to_string_lossy(), &["--cleanup"])?;
-    let left = testbed.node().exec("nft", &["list", "tables"])?;
+    let tables = testbed.node().exec("nft", &["list", "tables"])?;
+    let saved = testbed.node().exec("iptables-save", &[] as &[&str])?;
+    let kube_chains = String::from_utf8_lossy(&saved.stdout).lines().filter(|l| l.starts_with(":KUBE-")).count();
     println!(
-        "\nkproxy --cleanup: exit {}; tables left in the node namespace: {:?}",
+        "\nkproxy --cleanup: exit {}; nftables tables left in the node namespace: {:?}; KUBE- iptables chains left: {kube_chains}",
         cleaned.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&left.stdout).trim()
+        String::from_utf8_lossy(&tables.stdout).trim()
     );
     drop(testbed);
     println!("sandbox removed.");
@@ -234,13 +236,14 @@ struct KproxyProcess {
 }
 
 impl KproxyProcess {
-    fn start(node: &Netns, manifests: &Path) -> anyhow::Result<Self> {
+    fn start(node: &Netns, manifests: &Path, mode: &str) -> anyhow::Result<Self> {
         let exe = std::env::current_exe()?;
         let child = Command::new("ip")
             .args(["netns", "exec", node.name()])
             .arg(exe)
             .arg(format!("--manifests={}", manifests.display()))
             .arg(format!("--hostname-override={NODE}"))
+            .arg(format!("--proxy-mode={mode}"))
             .arg("--detect-local-mode=NodeCIDR")
             .args(["--healthz-bind-address=", "--metrics-bind-address="])
             // nf_conntrack_max and the hash size are global to the host: leave them alone in a sandbox.
@@ -252,14 +255,18 @@ impl KproxyProcess {
         Ok(Self { child })
     }
 
-    fn wait_for_rules(&mut self, node: &Netns, timeout: Duration) -> anyhow::Result<()> {
+    fn wait_for_rules(&mut self, node: &Netns, mode: &str, timeout: Duration) -> anyhow::Result<()> {
         let start = Instant::now();
         while start.elapsed() < timeout {
             if let Some(status) = self.child.try_wait()? {
                 bail!("kproxy exited early: {status}");
             }
-            let out = node.exec("nft", &["list", "table", "ip", "kproxy"])?;
-            if out.status.success() && String::from_utf8_lossy(&out.stdout).contains("service-ips") {
+            let (out, programmed) = if mode == "iptables" {
+                (node.exec("iptables-save", &["-t", "nat"])?, "KUBE-SVC-")
+            } else {
+                (node.exec("nft", &["list", "table", "ip", "kproxy"])?, "service-ips")
+            };
+            if out.status.success() && String::from_utf8_lossy(&out.stdout).contains(programmed) {
                 return Ok(());
             }
             std::thread::sleep(Duration::from_millis(100));

@@ -17,6 +17,7 @@ use std::process::ExitCode;
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use kproxy_config::{Action, ProxyConfig, ProxyMode, SourceSelection, VersionRequest};
+use kproxy_iptables::IptablesDataplane;
 use kproxy_nftables::{NftCommand, NftablesDataplane};
 use kproxy_plan::Planner;
 use kproxy_state::{Change, ClusterState};
@@ -54,6 +55,9 @@ enum Command {
         /// Directory of YAML manifests to proxy.
         #[arg(long, value_name = "DIR", default_value = "examples")]
         manifests: PathBuf,
+        /// The dataplane to demonstrate.
+        #[arg(long, value_name = "MODE", default_value = "nftables", value_parser = ["nftables", "iptables"])]
+        mode: String,
     },
 }
 
@@ -89,7 +93,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     }
     match cli.command {
         Some(Command::Plan { manifests, output, node }) => return print_plan(&config, &manifests, output, node),
-        Some(Command::Demo { manifests }) => return demo::run(&manifests),
+        Some(Command::Demo { manifests, mode }) => return demo::run(&manifests, &mode),
         None => {}
     }
     match &config.action {
@@ -128,10 +132,17 @@ fn init_logging(config: &ProxyConfig) {
     };
 }
 
-/// `--cleanup`: removes kproxy's tables and nothing else.
+/// `--cleanup`: removes what any kproxy mode installed (its nftables tables, its iptables chains
+/// and jumps) and nothing else, like kube-proxy's `--cleanup` for every mode.
 fn cleanup() -> anyhow::Result<()> {
     kproxy_nftables::cleanup(&mut NftCommand::new()).context("removing kproxy's nftables tables")?;
     info!("removed kproxy's nftables tables");
+    let backend = kproxy_iptables::backend::detect();
+    match kproxy_iptables::cleanup(&mut kproxy_iptables::IptablesRestore::new(backend)) {
+        Ok(()) => info!(?backend, "removed kproxy's iptables chains"),
+        // A host without the iptables tools has no kproxy chains either.
+        Err(e) => warn!(?backend, error = %e, "could not clean iptables chains"),
+    }
     Ok(())
 }
 
@@ -164,9 +175,6 @@ fn print_plan(config: &ProxyConfig, dir: &Path, output: Output, node: Option<Str
 }
 
 fn run_proxy(config: ProxyConfig) -> anyhow::Result<()> {
-    if config.mode != ProxyMode::Nftables {
-        bail!("proxy mode {:?} is not available yet; use --proxy-mode=nftables", config.mode.as_str());
-    }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
         let name = node::node_name(&config);
@@ -196,17 +204,17 @@ fn run_proxy(config: ProxyConfig) -> anyhow::Result<()> {
             }
         };
         let (observer, _servers) = start_servers(&config, &name).await?;
-        let nft_config = kproxy_nftables::Config { masquerade_mark: config.masquerade_mark(), ..Default::default() };
-        let proxier_task = if config.dry_run {
-            let dp = NftablesDataplane::new(dataplane::PrintTransactions, nft_config);
-            tokio::spawn(async move {
-                Proxier::new(planner, dp, observer, pacing).run(rx).await;
-            })
-        } else {
-            let dp = NftablesDataplane::new(NftCommand::new(), nft_config);
-            tokio::spawn(async move {
-                Proxier::new(planner, dp, observer, pacing).run(rx).await;
-            })
+        let proxier_task = match (config.mode, config.dry_run) {
+            (ProxyMode::Nftables, false) => spawn_proxier(planner, NftablesDataplane::new(NftCommand::new(), nft_config(&config)), observer, pacing, rx),
+            (ProxyMode::Nftables, true) => spawn_proxier(planner, NftablesDataplane::new(dataplane::PrintTransactions, nft_config(&config)), observer, pacing, rx),
+            (ProxyMode::Iptables, false) => {
+                let backend = kproxy_iptables::backend::detect();
+                info!(?backend, "iptables backend");
+                let exec = kproxy_iptables::IptablesRestore::new(backend);
+                spawn_proxier(planner, IptablesDataplane::new(exec, iptables_config(&config)), observer, pacing, rx)
+            }
+            (ProxyMode::Iptables, true) => spawn_proxier(planner, IptablesDataplane::new(dataplane::PrintRestores::default(), iptables_config(&config)), observer, pacing, rx),
+            (ProxyMode::Ipvs, _) => bail!("proxy mode \"ipvs\" is not available yet; use --proxy-mode=nftables or iptables"),
         };
         tokio::select! {
             _ = tokio::signal::ctrl_c() => info!("interrupted; leaving the rules in place (use --cleanup to remove them)"),
@@ -302,4 +310,29 @@ fn tune_conntrack(config: &ProxyConfig) {
     };
     // Each failed setting is logged by the tuner; none of them stops the proxy (upstream does the same).
     let _ = tuning.apply(Path::new("/"));
+}
+
+fn spawn_proxier<D: proxier::Dataplane + 'static>(
+    planner: Planner,
+    dataplane: D,
+    observer: DaemonObserver,
+    pacing: Pacing,
+    events: mpsc::Receiver<Change>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        Proxier::new(planner, dataplane, observer, pacing).run(events).await;
+    })
+}
+
+fn nft_config(config: &ProxyConfig) -> kproxy_nftables::Config {
+    kproxy_nftables::Config { masquerade_mark: config.masquerade_mark(), ..Default::default() }
+}
+
+fn iptables_config(config: &ProxyConfig) -> kproxy_iptables::Config {
+    kproxy_iptables::Config {
+        masquerade_mark: config.masquerade_mark(),
+        localhost_nodeports: config.localhost_node_ports,
+        drop_invalid: !config.conntrack.tcp_be_liberal,
+        ..Default::default()
+    }
 }
