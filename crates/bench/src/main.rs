@@ -1,0 +1,99 @@
+//! `kproxy-bench`: how long kproxy's nftables dataplane takes to program clusters of 1k–100k
+//! services, next to what the kernel itself charges and to upstream's ruleset shape.
+//!
+//! Each size runs in a fresh child process (so its peak RSS is its own) and in fresh network
+//! namespaces: (1) full sync over netlink, (2) 50 one-endpoint changes, (3) peak RSS of the
+//! process after those — then, outside the measured process state, (4) the kernel floor: the
+//! same final ruleset as text loaded by one `nft -f`, (5) upstream's shape of the same cluster
+//! loaded by `nft -f` (capped: it is quadratic).
+
+mod cluster;
+mod measure;
+mod report;
+mod upstream;
+
+use std::process::{Command, ExitCode};
+
+use clap::Parser;
+
+/// Benchmark kproxy's nftables sync at scale (root; uses fresh network namespaces).
+#[derive(Debug, Clone, Parser)]
+#[command(name = "kproxy-bench")]
+pub struct Args {
+    /// Cluster sizes, in services.
+    #[arg(long, value_delimiter = ',', default_value = "1000,10000,50000,100000")]
+    pub sizes: Vec<usize>,
+    /// Endpoints per service.
+    #[arg(long, default_value_t = 5)]
+    pub endpoints: usize,
+    /// One-endpoint changes to time per size.
+    #[arg(long, default_value_t = 50)]
+    pub changes: usize,
+    /// Largest size whose upstream-shaped ruleset is loaded (it grows quadratically).
+    #[arg(long, default_value_t = 10_000)]
+    pub upstream_max: usize,
+    /// Give up on an upstream-shaped load after this many seconds.
+    #[arg(long, default_value_t = 300)]
+    pub upstream_timeout: u64,
+    /// CI smoke run: 10 changes, no upstream shape.
+    #[arg(long)]
+    pub quick: bool,
+    /// Internal: measure one size and print its result as JSON.
+    #[arg(long, hide = true)]
+    pub child: Option<usize>,
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter(
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+    ).init();
+    let mut args = Args::parse();
+    if args.quick {
+        args.changes = args.changes.min(10);
+        args.upstream_max = 0;
+    }
+    if let Some(size) = args.child {
+        return match measure::run(size, &args) {
+            Ok(result) => {
+                println!("{}", serde_json::to_string(&result).unwrap_or_default());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("kproxy-bench: size {size}: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    match parent(&args) {
+        Ok(all_met) => {
+            if all_met || args.quick { ExitCode::SUCCESS } else { ExitCode::from(2) }
+        }
+        Err(e) => {
+            eprintln!("kproxy-bench: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn parent(args: &Args) -> anyhow::Result<bool> {
+    let exe = std::env::current_exe()?;
+    let mut results = Vec::new();
+    for &size in &args.sizes {
+        eprintln!("kproxy-bench: {size} services × {} endpoints ...", args.endpoints);
+        let out = Command::new(&exe)
+            .args(std::env::args_os().skip(1))
+            .arg("--child")
+            .arg(size.to_string())
+            .stderr(std::process::Stdio::inherit())
+            .output()?;
+        if !out.status.success() {
+            anyhow::bail!("measuring {size} services failed ({})", out.status);
+        }
+        let line = String::from_utf8_lossy(&out.stdout);
+        results.push(serde_json::from_str::<measure::SizeResult>(line.trim())?);
+    }
+    let cmd: Vec<String> = std::env::args().collect();
+    let (text, all_met) = report::render(&cmd.join(" "), args, &results);
+    print!("{text}");
+    Ok(all_met)
+}

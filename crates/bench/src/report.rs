@@ -1,0 +1,127 @@
+//! The result table, the ratios, and the issue's targets checked against them.
+
+use std::fmt::Write as _;
+
+use crate::Args;
+use crate::measure::{SizeResult, UpstreamLoad};
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[idx.min(sorted.len() - 1)]
+}
+
+fn secs(s: f64) -> String {
+    if s < 1.0 { format!("{:.0} ms", s * 1000.0) } else { format!("{s:.2} s") }
+}
+
+fn upstream(u: &UpstreamLoad) -> String {
+    match u {
+        UpstreamLoad::Skipped => "skipped".into(),
+        UpstreamLoad::TimedOut(t) => format!("> {t} s"),
+        UpstreamLoad::Loaded(s) => secs(*s),
+        UpstreamLoad::Failed(e) => format!("failed: {e}"),
+    }
+}
+
+/// Renders the report; the flag is true when every checkable target is met.
+pub fn render(command: &str, args: &Args, results: &[SizeResult]) -> (String, bool) {
+    let mut s = String::new();
+    let _ = write_report(&mut s, command, args, results).map(|met| met);
+    let met = targets(results).iter().all(|(_, ok, _)| *ok);
+    (s, met)
+}
+
+fn by_size(results: &[SizeResult], n: usize) -> Option<&SizeResult> {
+    results.iter().find(|r| r.mix.services == n)
+}
+
+/// (target, met, measured).
+fn targets(results: &[SizeResult]) -> Vec<(String, bool, String)> {
+    let mut t = Vec::new();
+    let p50 = |r: &SizeResult| pct(&r.change_ms, 0.5);
+    if let Some(r) = by_size(results, 10_000) {
+        t.push(("full sync 10k ≤ 1.0 s".into(), r.full_sync_s <= 1.0, secs(r.full_sync_s)));
+        let ratio = r.full_sync_s / r.floor_s;
+        t.push(("full sync 10k ≤ 1.5 × kernel floor".into(), ratio <= 1.5, format!("{ratio:.2}×")));
+    }
+    if let Some(r) = by_size(results, 100_000) {
+        t.push(("full sync 100k ≤ 10 s".into(), r.full_sync_s <= 10.0, secs(r.full_sync_s)));
+        t.push(("one change at 100k ≤ 5 ms (median)".into(), p50(r) <= 5.0, format!("{:.2} ms", p50(r))));
+        t.push(("peak RSS at 100k ≤ 300 MiB".into(), r.peak_rss_mib <= 300.0, format!("{:.0} MiB", r.peak_rss_mib)));
+        if let Some(small) = by_size(results, 10_000) {
+            let g = r.full_sync_s / small.full_sync_s;
+            t.push(("growth 100k / 10k ≤ 12×".into(), g <= 12.0, format!("{g:.1}×")));
+        }
+        if let Some(small) = by_size(results, 1_000) {
+            let g = p50(r) / p50(small);
+            t.push(("change median 100k / 1k ≤ 2×".into(), g <= 2.0, format!("{g:.2}×")));
+        }
+    }
+    t
+}
+
+fn write_report(s: &mut String, command: &str, args: &Args, results: &[SizeResult]) -> Result<(), std::fmt::Error> {
+    writeln!(s, "$ {command}")?;
+    writeln!(s)?;
+    writeln!(
+        s,
+        "{} endpoints per service; mix: 10% NodePort, 2% LoadBalancer (half eTP Local), 1% ClientIP affinity. \
+         Upstream shape loaded up to {} services, timeout {} s.",
+        args.endpoints, args.upstream_max, args.upstream_timeout
+    )?;
+    writeln!(s)?;
+    writeln!(
+        s,
+        "| services | endpoints | full sync (netlink) | ops / txs | kernel floor (nft -f) | sync / floor | upstream shape (nft -f) | upstream / sync | change p50 | change p99 | change ops | peak RSS |"
+    )?;
+    writeln!(s, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")?;
+    for r in results {
+        let up_ratio = match r.upstream {
+            UpstreamLoad::Loaded(u) => format!("{:.0}×", u / r.full_sync_s),
+            UpstreamLoad::TimedOut(t) => format!("> {:.0}×", t as f64 / r.full_sync_s),
+            _ => "–".into(),
+        };
+        writeln!(
+            s,
+            "| {} | {} | {} | {} / {} | {} | {:.2}× | {} | {} | {:.2} ms | {:.2} ms | {} | {:.0} MiB |",
+            r.mix.services,
+            r.mix.endpoints,
+            secs(r.full_sync_s),
+            r.full_ops,
+            r.full_transactions,
+            secs(r.floor_s),
+            r.full_sync_s / r.floor_s,
+            upstream(&r.upstream),
+            up_ratio,
+            pct(&r.change_ms, 0.5),
+            pct(&r.change_ms, 0.99),
+            r.change_ops,
+            r.peak_rss_mib,
+        )?;
+    }
+    writeln!(s)?;
+    if let [first, .., last] = results {
+        writeln!(
+            s,
+            "Growth {} → {} services: full sync {:.1}×, kernel floor {:.1}×, change median {:.2}×.",
+            first.mix.services,
+            last.mix.services,
+            last.full_sync_s / first.full_sync_s,
+            last.floor_s / first.floor_s,
+            pct(&last.change_ms, 0.5) / pct(&first.change_ms, 0.5),
+        )?;
+        writeln!(s)?;
+    }
+    let t = targets(results);
+    if !t.is_empty() {
+        writeln!(s, "| target | measured | met |")?;
+        writeln!(s, "|---|---:|:---:|")?;
+        for (name, ok, measured) in t {
+            writeln!(s, "| {name} | {measured} | {} |", if ok { "yes" } else { "NO" })?;
+        }
+    }
+    Ok(())
+}
