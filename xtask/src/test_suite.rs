@@ -17,7 +17,7 @@ use crate::process;
 use crate::shell;
 
 /// The crates whose test binaries hold kernel tests.
-pub const PACKAGES: &[&str] = &["kproxy-testbed", "kproxy-nftables", "kproxy", "kproxy-ipvs"];
+pub const PACKAGES: &[&str] = &["kproxy-testbed", "kproxy-nftables", "kproxy", "kproxy-ipvs", "kproxy-accel"];
 
 const BUILD_TIMEOUT: Duration = Duration::from_secs(60 * 60);
 

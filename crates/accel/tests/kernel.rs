@@ -1,0 +1,190 @@
+//! The fast path against a real kernel with flowtables (the guest kernel:
+//! `cargo xtask guest-test accel`), under each dataplane: long transfers to the opted-in Service
+//! are offloaded (`[OFFLOAD]` in conntrack) and keep flowing through the flowtable, the same to
+//! a Service without the hint are not, UDP likewise, removing the hint stops offloading new
+//! connections; links join and leave the flowtable; cleanup leaves nothing.
+
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use kproxy_accel::harness::{
+    Cluster, FAST_NODE_PORT, FAST_VIP, Hint, ProxyMode, SERVICE_PORT, SLOW_VIP, finish, send_bytes, service_object,
+};
+use kproxy_accel::{AccelConfig, TABLE, WatchOptions, offloaded_connections};
+use kproxy_testbed::kernel;
+use kproxy_testbed::topology::NODE_IP_V4;
+
+const CHUNK: usize = 4 * 1024 * 1024;
+const OFFLOAD_WAIT: Duration = Duration::from_secs(10);
+
+fn ready(mode: ProxyMode) -> bool {
+    kernel::require_root() && kernel::require(&mode.features())
+}
+
+/// A long TCP upload to `address:port`: offloaded or not after the first chunk, and every byte
+/// arrives (through the flowtable when offloaded, which proves its NAT is right).
+fn tcp_transfer(cluster: &Cluster, address: IpAddr, port: u16, expect_offload: bool) {
+    let mut stream = cluster.connect_tcp(address, port).unwrap();
+    let client_port = stream.local_addr().unwrap().port();
+    send_bytes(&mut stream, CHUNK).unwrap();
+    let offloaded = cluster.wait_offloaded("tcp", client_port, if expect_offload { OFFLOAD_WAIT } else { Duration::ZERO });
+    let entry = cluster.conntrack_entry("tcp", client_port);
+    assert!(entry.is_some(), "no conntrack entry for {address}:{port} from port {client_port}");
+    assert_eq!(offloaded, expect_offload, "{address}:{port}: offload expected {expect_offload}: {entry:?}\n{}", cluster.ruleset());
+    send_bytes(&mut stream, CHUNK).unwrap();
+    assert_eq!(finish(stream).unwrap(), 2 * CHUNK as u64, "bytes lost through {address}:{port}");
+}
+
+/// A UDP exchange of 60 datagrams (each echoed) on one socket.
+fn udp_exchange(cluster: &Cluster, address: IpAddr, expect_offload: bool) {
+    let socket = cluster.connect_udp(address, SERVICE_PORT).unwrap();
+    let client_port = socket.local_addr().unwrap().port();
+    let mut buffer = [0u8; 64];
+    for round in 0..60u32 {
+        socket.send(&round.to_be_bytes()).unwrap();
+        let n = socket.recv(&mut buffer).unwrap_or_else(|e| panic!("no echo for datagram {round} to {address}: {e}"));
+        assert_eq!(&buffer[..n], &round.to_be_bytes());
+    }
+    let offloaded = cluster.wait_offloaded("udp", client_port, if expect_offload { OFFLOAD_WAIT } else { Duration::ZERO });
+    let entry = cluster.conntrack_entry("udp", client_port);
+    assert_eq!(offloaded, expect_offload, "udp {address}: offload expected {expect_offload}: {entry:?}");
+    // Still answered after offload.
+    socket.send(b"after").unwrap();
+    let n = socket.recv(&mut buffer).unwrap();
+    assert_eq!(&buffer[..n], b"after");
+}
+
+/// The acceptance scenario of the issue, for one dataplane.
+fn opted_in_services_are_offloaded(mode: ProxyMode) {
+    if !ready(mode) {
+        return;
+    }
+    let mut cluster = Cluster::start(mode, AccelConfig::default(), Hint::Field).unwrap();
+    tcp_transfer(&cluster, FAST_VIP.into(), SERVICE_PORT, true);
+    tcp_transfer(&cluster, SLOW_VIP.into(), SERVICE_PORT, false);
+    udp_exchange(&cluster, FAST_VIP.into(), true);
+    udp_exchange(&cluster, SLOW_VIP.into(), false);
+
+    // The metric counted the two offloaded connections; the view attributes them.
+    let total = cluster.accel.lock().unwrap().accelerated_connections_total();
+    assert!(total >= 2, "accelerated_connections_total = {total}");
+    let offloaded = cluster.node().run_in(offloaded_connections).unwrap().unwrap();
+    let view = cluster.accel.lock().unwrap().accelerated_view(&offloaded);
+    let names: Vec<String> = view.iter().map(|v| v.service.to_string()).collect();
+    assert_eq!(names, ["default/fast:tcp/TCP", "default/fast:udp/UDP"], "{view:?}");
+    assert!(view.iter().all(|v| v.offloaded_connections >= 1), "{view:?} from {offloaded:?}");
+
+    // Removing the hint: new connections stay on the slow path.
+    cluster.apply(vec![service_object("fast", FAST_VIP, Some(FAST_NODE_PORT), Hint::None)]).unwrap();
+    assert!(!cluster.ruleset().contains(&format!("table inet {TABLE}")), "table kept without opted-in services");
+    tcp_transfer(&cluster, FAST_VIP.into(), SERVICE_PORT, false);
+    udp_exchange(&cluster, FAST_VIP.into(), false);
+
+    // And opting in again works.
+    cluster.apply(vec![service_object("fast", FAST_VIP, Some(FAST_NODE_PORT), Hint::Annotation)]).unwrap();
+    tcp_transfer(&cluster, FAST_VIP.into(), SERVICE_PORT, true);
+
+    cluster.cleanup().unwrap();
+    assert!(!cluster.ruleset().contains(TABLE), "cleanup left the table:\n{}", cluster.ruleset());
+}
+
+#[test]
+fn nftables_mode_offloads_opted_in_services_only() {
+    opted_in_services_are_offloaded(ProxyMode::Nftables);
+}
+
+#[test]
+fn iptables_mode_offloads_opted_in_services_only() {
+    opted_in_services_are_offloaded(ProxyMode::Iptables);
+}
+
+#[test]
+fn ipvs_mode_offloads_opted_in_services_only() {
+    opted_in_services_are_offloaded(ProxyMode::Ipvs);
+}
+
+#[test]
+fn node_port_connections_are_offloaded() {
+    if !ready(ProxyMode::Nftables) {
+        return;
+    }
+    let cluster = Cluster::start(ProxyMode::Nftables, AccelConfig::default(), Hint::Annotation).unwrap();
+    tcp_transfer(&cluster, NODE_IP_V4.into(), FAST_NODE_PORT, true);
+}
+
+#[test]
+fn short_exchanges_below_the_threshold_are_not_offloaded() {
+    if !ready(ProxyMode::Nftables) {
+        return;
+    }
+    let config = AccelConfig { packet_threshold: 1000, ..AccelConfig::default() };
+    let cluster = Cluster::start(ProxyMode::Nftables, config, Hint::Field).unwrap();
+    udp_exchange(&cluster, FAST_VIP.into(), false);
+}
+
+fn flowtable_devices(cluster: &Cluster) -> String {
+    cluster.node().exec_ok("nft", &["list", "flowtable", "inet", TABLE, kproxy_accel::FLOWTABLE]).unwrap()
+}
+
+fn wait_until(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if check() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    check()
+}
+
+#[test]
+fn links_join_and_leave_the_flowtable() {
+    if !ready(ProxyMode::Nftables) {
+        return;
+    }
+    let mut cluster = Cluster::start(ProxyMode::Nftables, AccelConfig::default(), Hint::Field).unwrap();
+    let before = flowtable_devices(&cluster);
+    assert!(before.contains("eth0") && !before.contains("\"lo\"") && !before.contains(" lo,"), "{before}");
+    cluster
+        .watch_links(WatchOptions { min_interval: Duration::from_millis(300), resync_every: Duration::from_secs(60) })
+        .unwrap();
+
+    cluster.node().ip(["link", "add", "accj0", "type", "veth", "peer", "name", "accj1"]).unwrap();
+    cluster.node().ip(["link", "set", "accj0", "up"]).unwrap();
+    cluster.node().ip(["link", "set", "accj1", "up"]).unwrap();
+    let joined = wait_until(Duration::from_secs(10), || {
+        let devices = flowtable_devices(&cluster);
+        devices.contains("accj0") && devices.contains("accj1")
+    });
+    assert!(joined, "new links did not join:\n{}", flowtable_devices(&cluster));
+
+    // Down: unregistered explicitly. Deleted: leaves by itself, without errors.
+    cluster.node().ip(["link", "set", "accj1", "down"]).unwrap();
+    let left = wait_until(Duration::from_secs(10), || !flowtable_devices(&cluster).contains("accj1"));
+    assert!(left, "a link that went down stayed:\n{}", flowtable_devices(&cluster));
+    cluster.node().ip(["link", "del", "accj0"]).unwrap();
+    let gone = wait_until(Duration::from_secs(10), || {
+        !flowtable_devices(&cluster).contains("accj0") && !cluster.accel.lock().unwrap().devices().contains("accj0")
+    });
+    assert!(gone, "deleted link still listed:\n{}", flowtable_devices(&cluster));
+    let accel = cluster.accel.clone();
+    let refreshed = cluster.node().run_in(move || accel.lock().unwrap().refresh_devices()).unwrap();
+    assert!(refreshed.is_ok(), "refresh after deletion failed: {refreshed:?}");
+    assert!(cluster.accel.lock().unwrap().is_active());
+    // Traffic still offloads with the new device list.
+    tcp_transfer(&cluster, FAST_VIP.into(), SERVICE_PORT, true);
+}
+
+#[test]
+fn turning_acceleration_off_removes_the_table_and_on_restores_it() {
+    if !ready(ProxyMode::Nftables) {
+        return;
+    }
+    let cluster = Cluster::start(ProxyMode::Nftables, AccelConfig::default(), Hint::Field).unwrap();
+    cluster.set_acceleration(false).unwrap();
+    assert!(!cluster.ruleset().contains(TABLE));
+    tcp_transfer(&cluster, FAST_VIP.into(), SERVICE_PORT, false);
+    cluster.set_acceleration(true).unwrap();
+    assert!(cluster.ruleset().contains(TABLE));
+    tcp_transfer(&cluster, FAST_VIP.into(), SERVICE_PORT, true);
+}
