@@ -193,7 +193,8 @@ impl<H: Host> IpvsDataplane<H> {
 
         // Addresses.
         let link = self.link.ok_or(Error::NotDummy(self.config.interface.clone()))?;
-        self.applied_addrs = self.host.addresses(link)?.into_iter().collect();
+        // IPv6 link-local addresses are the kernel's own (the interface is up), not VIPs.
+        self.applied_addrs = self.host.addresses(link)?.into_iter().filter(|a| !is_link_local(a)).collect();
         let addrs: BTreeSet<IpAddr> = self.addr_owners.keys().chain(self.applied_addrs.iter()).copied().collect();
         for addr in addrs {
             report.address_ops += self.reconcile_address(addr)?;
@@ -513,6 +514,13 @@ fn note(
     for e in &objects.elements {
         let key = (e.set.clone(), e.key.clone());
         before.entry(key.clone()).or_insert_with(|| effective(elements.get(&key)));
+    }
+}
+
+fn is_link_local(addr: &IpAddr) -> bool {
+    match addr {
+        IpAddr::V4(_) => false,
+        IpAddr::V6(v6) => (v6.segments()[0] & 0xffc0) == 0xfe80,
     }
 }
 

@@ -143,9 +143,13 @@ pub fn render_port(
             let cluster_mark = mark(MarkClass::Cluster);
             if let Some(np) = p.node_port {
                 let np_key = format!("{proto} . {np}");
-                let external_mark = if local { mark(MarkClass::Local) } else { cluster_mark };
-                out.services.push(vs(ServiceKey::Fwmark { family, mark: external_mark }, external_eps));
-                out.elements.push(elem(t::NODEPORT_MARKS, np_key.clone(), Some(format!("{external_mark:#x}"))));
+                // Without local endpoints (the plan's Drop) external NodePort traffic stays
+                // unmarked and the auxiliary table drops it; only the short-circuit is marked.
+                if ext.no_endpoints.is_none() {
+                    let external_mark = if local { mark(MarkClass::Local) } else { cluster_mark };
+                    out.services.push(vs(ServiceKey::Fwmark { family, mark: external_mark }, external_eps));
+                    out.elements.push(elem(t::NODEPORT_MARKS, np_key.clone(), Some(format!("{external_mark:#x}"))));
+                }
                 out.elements.push(elem(t::NODEPORTS, np_key.clone(), None));
                 if local {
                     out.elements.push(elem(t::SHORTCIRCUIT_NODEPORTS, np_key, Some(format!("{cluster_mark:#x}"))));
