@@ -248,11 +248,12 @@ async fn start_servers(
     use std::sync::Arc;
 
     let health = Arc::new(ProxyHealth::new(ProxyHealth::healthz_timeout_for(config.sync_period)));
-    let metrics = kproxy_servers::Metrics::new(match config.mode {
+    let mode = match config.mode {
         ProxyMode::Nftables => DataplaneMode::Nftables,
         ProxyMode::Iptables => DataplaneMode::Iptables,
         ProxyMode::Ipvs => DataplaneMode::Ipvs,
-    });
+    };
+    let metrics = kproxy_servers::Metrics::new(mode);
     let families = kproxy_state::IpFamily::BOTH.to_vec();
     let mut servers = Vec::new();
     let hard_fail = |what: &str, e: kproxy_servers::ServeError| -> anyhow::Result<()> {
@@ -293,7 +294,7 @@ async fn start_servers(
             }
         }
     };
-    Ok((DaemonObserver::new(node_name.to_owned(), families, health, metrics, hc, conntrack), servers))
+    Ok((DaemonObserver::new(node_name.to_owned(), families, health, metrics, hc, conntrack, mode), servers))
 }
 
 /// kube-proxy's privileged host setup: nf_conntrack limits and timeouts.

@@ -26,6 +26,7 @@ pub struct DaemonObserver {
     /// Deletes stale UDP/SCTP conntrack entries after each sync (absent in `--dry-run`).
     conntrack: Option<kproxy_conntrack::Reconciler>,
     started: SystemTime,
+    mode: kproxy_servers::DataplaneMode,
 }
 
 impl DaemonObserver {
@@ -37,6 +38,7 @@ impl DaemonObserver {
         metrics: Metrics,
         server: Arc<ServiceHealthServer>,
         conntrack: Option<kproxy_conntrack::Reconciler>,
+        mode: kproxy_servers::DataplaneMode,
     ) -> Self {
         let (tx, mut rx) = mpsc::unbounded_channel::<HealthCheckUpdate>();
         tokio::spawn(async move {
@@ -56,6 +58,7 @@ impl DaemonObserver {
             last_health_checks: None,
             conntrack,
             started: SystemTime::now(),
+            mode,
         }
     }
 }
@@ -142,9 +145,17 @@ impl SyncObserver for DaemonObserver {
         }
     }
 
-    fn failed(&mut self, _full: bool) {
+    fn failed(&mut self, full: bool) {
         for &family in &self.families {
-            self.metrics.inc_nftables_sync_failure(family);
+            match self.mode {
+                kproxy_servers::DataplaneMode::Nftables => self.metrics.inc_nftables_sync_failure(family),
+                kproxy_servers::DataplaneMode::Iptables if !full => {
+                    self.metrics.inc_iptables_partial_restore_failure(family)
+                }
+                kproxy_servers::DataplaneMode::Iptables | kproxy_servers::DataplaneMode::Ipvs => {
+                    self.metrics.inc_iptables_restore_failure(family)
+                }
+            }
         }
     }
 
