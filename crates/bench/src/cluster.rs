@@ -13,9 +13,8 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
 use kproxy_plan::{
-    Endpoint, ExternalPolicy, ExternalTraffic, FamilyPlan, InternalTraffic, LocalTraffic,
-    MasqueradeWhen, NodePlan, NodePortAddresses, Plan, PlanDelta, ServicePortName,
-    ServicePortPlan, SnatPolicy, SnatSource,
+    Endpoint, ExternalPolicy, ExternalTraffic, FamilyPlan, InternalTraffic, LocalTraffic, MasqueradeWhen, NodePlan,
+    NodePortAddresses, Plan, PlanDelta, ServicePortName, ServicePortPlan, SnatPolicy, SnatSource,
 };
 use kproxy_state::{IpFamily, Protocol};
 
@@ -46,7 +45,11 @@ pub fn node() -> NodePlan {
         node_ip: Some(IpAddr::V4(Ipv4Addr::new(203, 0, 113, 2))),
         local_traffic: LocalTraffic::SourceCidrs(vec![ipnet("198.18.0.0/16")]),
         nodeport_addresses: NodePortAddresses::Only(vec![IpAddr::V4(Ipv4Addr::new(203, 0, 113, 2))]),
-        snat: SnatPolicy { no_masquerade_cidrs: vec![], source: SnatSource::Masquerade, fell_back_to_masquerade: false },
+        snat: SnatPolicy {
+            no_masquerade_cidrs: vec![],
+            source: SnatSource::Masquerade,
+            fell_back_to_masquerade: false,
+        },
         service_cidrs: vec![ipnet("198.19.0.0/16")],
         acceleration: false,
     }
@@ -65,9 +68,9 @@ pub fn endpoint(i: usize, j: usize, per_service: usize, generation: usize) -> En
 
 /// Service port `i` of a cluster with `per_service` endpoints per service.
 pub fn service(i: usize, per_service: usize) -> ServicePortPlan {
-    let node_port = i % 10 == 0;
-    let load_balancer = i % 50 == 0;
-    let etp_local = load_balancer && i % 100 == 0;
+    let node_port = i.is_multiple_of(10);
+    let load_balancer = i.is_multiple_of(50);
+    let etp_local = load_balancer && i.is_multiple_of(100);
     let affinity = i % 100 == 7;
     let eps: Vec<Endpoint> = (0..per_service).map(|j| endpoint(i, j, per_service, 0)).collect();
     let mut eps_sorted = eps.clone();
@@ -98,7 +101,11 @@ pub fn service(i: usize, per_service: usize) -> ServicePortPlan {
         local_endpoints: local,
         internal: InternalTraffic { local: false, masquerade: MasqueradeWhen::SourceNotLocal, no_endpoints: None },
         external: node_port.then_some(ExternalTraffic {
-            policy: if etp_local { ExternalPolicy::Local { short_circuit_pods: true } } else { ExternalPolicy::Cluster },
+            policy: if etp_local {
+                ExternalPolicy::Local { short_circuit_pods: true }
+            } else {
+                ExternalPolicy::Cluster
+            },
             no_endpoints: None,
         }),
         health_check_node_port: None,
@@ -114,7 +121,8 @@ pub fn plan(n: usize, per_service: usize) -> (Plan, Mix) {
         let s = service(i, per_service);
         mix.node_ports += usize::from(s.node_port.is_some());
         mix.load_balancers += usize::from(!s.load_balancer_ips.is_empty());
-        mix.etp_local += usize::from(matches!(s.external, Some(ExternalTraffic { policy: ExternalPolicy::Local { .. }, .. })));
+        mix.etp_local +=
+            usize::from(matches!(s.external, Some(ExternalTraffic { policy: ExternalPolicy::Local { .. }, .. })));
         mix.affinity += usize::from(s.affinity_timeout.is_some());
         services.insert(s.name.clone(), Arc::new(s));
     }

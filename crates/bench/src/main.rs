@@ -44,9 +44,10 @@ pub struct Args {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter(
-        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-    ).init();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
+        .init();
     let mut args = Args::parse();
     if args.quick {
         args.changes = args.changes.min(10);
@@ -66,7 +67,11 @@ fn main() -> ExitCode {
     }
     match parent(&args) {
         Ok(all_met) => {
-            if all_met || args.quick { ExitCode::SUCCESS } else { ExitCode::from(2) }
+            if all_met || args.quick {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(2)
+            }
         }
         Err(e) => {
             eprintln!("kproxy-bench: {e:#}");

@@ -78,7 +78,8 @@ fn nft_load(ns: &Netns, script: &str, timeout: Duration) -> anyhow::Result<Optio
     std::fs::File::create(&path)?.write_all(script.as_bytes())?;
     let result = ns.run_in(|| -> anyhow::Result<Option<f64>> {
         let start = Instant::now();
-        let mut child = Command::new("nft").arg("-f").arg(&path).stdout(Stdio::null()).stderr(Stdio::piped()).spawn()?;
+        let mut child =
+            Command::new("nft").arg("-f").arg(&path).stdout(Stdio::null()).stderr(Stdio::piped()).spawn()?;
         loop {
             if let Some(status) = child.try_wait()? {
                 let elapsed = start.elapsed().as_secs_f64();
@@ -109,8 +110,8 @@ pub fn run(size: usize, args: &Args) -> anyhow::Result<SizeResult> {
     let (mut plan, mix) = cluster::plan(size, per);
     let ns = Netns::new("bench-netlink")?;
     let changes = args.changes;
-    let (full_sync_s, full_ops, full_transactions, change_ms, change_ops, final_plan) = ns
-        .run_in(move || -> anyhow::Result<_> {
+    let (full_sync_s, full_ops, full_transactions, change_ms, change_ops, final_plan) =
+        ns.run_in(move || -> anyhow::Result<_> {
             let mut dp = NftablesDataplane::new(Counting::default(), Config::default());
             let start = Instant::now();
             let report = dp.full_sync(&plan).context("full sync")?;

@@ -103,14 +103,19 @@ fn write_ruleset(s: &mut String, plan: &Plan) -> std::fmt::Result {
                 writeln!(s, "add rule {T} {chain} meta l4proto {proto} dnat to {}:{}", ep.ip, ep.port)?;
             }
             writeln!(s, "add chain {T} {svc}")?;
-            writeln!(s, "add rule {T} {svc} ip daddr {} ip saddr != 198.18.0.0/16 jump mark-for-masquerade", p.cluster_ip)?;
+            writeln!(
+                s,
+                "add rule {T} {svc} ip daddr {} ip saddr != 198.18.0.0/16 jump mark-for-masquerade",
+                p.cluster_ip
+            )?;
             for (chain, set) in &targets {
                 if let Some(set) = set {
                     writeln!(s, "add rule {T} {svc} ip saddr @{set} goto {chain}")?;
                 }
             }
             if !targets.is_empty() {
-                let arms: Vec<String> = targets.iter().enumerate().map(|(i, (c, _))| format!("{i} : goto {c}")).collect();
+                let arms: Vec<String> =
+                    targets.iter().enumerate().map(|(i, (c, _))| format!("{i} : goto {c}")).collect();
                 writeln!(s, "add rule {T} {svc} numgen random mod {} vmap {{ {} }}", targets.len(), arms.join(", "))?;
             }
             writeln!(s, "add element {T} cluster-ips {{ {} }}", p.cluster_ip)?;

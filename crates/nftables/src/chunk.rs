@@ -9,27 +9,26 @@
 //! already have their rules; last the base chains and their rules, so no packet enters the new
 //! table before everything it can reach is in place.
 
-use std::collections::BTreeSet;
-
 use crate::transaction::{Op, TableRef, Transaction};
 
 /// Splits `tx` into transactions of at most `max_ops` operations (at least 1), in the order
 /// above. Applying them in sequence yields the same ruleset as applying `tx`.
-pub fn split_cold_start(tx: &Transaction, max_ops: usize) -> Vec<Transaction> {
+/// Operations are moved, not copied: at 100k services the cold start is a million of them.
+pub fn split_cold_start(tx: Transaction, max_ops: usize) -> Vec<Transaction> {
     let max_ops = max_ops.max(1);
-    let base: BTreeSet<(&TableRef, &str)> = tx
+    let base: Vec<(TableRef, String)> = tx
         .ops()
         .iter()
         .filter_map(|op| match op {
-            Op::AddChain(t, c) if c.hook.is_some() => Some((t, c.name.as_str())),
+            Op::AddChain(t, c) if c.hook.is_some() => Some((t.clone(), c.name.clone())),
             _ => None,
         })
         .collect();
-    let mut phases: [Vec<&Op>; 4] = Default::default();
-    for op in tx.ops() {
-        let phase = match op {
+    let mut phases: [Vec<Op>; 4] = Default::default();
+    for op in tx.into_ops() {
+        let phase = match &op {
             Op::AddChain(_, c) if c.hook.is_some() => 3,
-            Op::AddRule { table, chain, .. } if base.contains(&(table, chain.as_str())) => 3,
+            Op::AddRule { table, chain, .. } if base.iter().any(|(t, c)| t == table && c == chain) => 3,
             Op::AddRule { .. } => 1,
             Op::AddElement(..) => 2,
             _ => 0,
@@ -38,9 +37,14 @@ pub fn split_cold_start(tx: &Transaction, max_ops: usize) -> Vec<Transaction> {
     }
     let mut out = Vec::new();
     for phase in phases {
-        for chunk in phase.chunks(max_ops) {
-            let mut t = Transaction::new();
-            chunk.iter().for_each(|op| t.push((*op).clone()));
+        let mut t = Transaction::new();
+        for op in phase {
+            if t.len() == max_ops {
+                out.push(std::mem::take(&mut t));
+            }
+            t.push(op);
+        }
+        if !t.is_empty() {
             out.push(t);
         }
     }
@@ -67,7 +71,7 @@ mod tests {
         tx.add_rules(&t(), "svc", ["drop".to_owned(), "accept".to_owned()]);
         let e = Element { set: "m".into(), key: "10.0.0.1 . tcp . 80".into(), value: Some("goto svc".into()) };
         tx.push(Op::AddElement(t(), e));
-        let parts = split_cold_start(&tx, 2);
+        let parts = split_cold_start(tx.clone(), 2);
         let texts: Vec<String> = parts.iter().map(|p| p.render()).collect();
         assert_eq!(
             texts,

@@ -196,10 +196,10 @@ impl<E: Executor> NftablesDataplane<E> {
     /// Applies a large cold start as bounded transactions, in an order where nothing dangles.
     fn apply_cold_start(&mut self, tx: Transaction) -> Result<SyncReport, SyncError> {
         let report = SyncReport { full: true, ops: tx.len(), counts: tx.counts() };
-        let parts = crate::chunk::split_cold_start(&tx, self.config.cold_start_chunk_ops);
-        drop(tx);
+        let parts = crate::chunk::split_cold_start(tx, self.config.cold_start_chunk_ops);
         let total = parts.len();
         let mut done = 0;
+        // Each part is dropped once applied.
         for (i, part) in parts.into_iter().enumerate() {
             if let Err(e) = self.exec.apply(&part) {
                 tracing::warn!(error = %e, part = i + 1, of = total, "nftables cold start failed; the next sync is a full resync");

@@ -206,6 +206,11 @@ impl Transaction {
         &self.ops
     }
 
+    /// The operations, by value.
+    pub fn into_ops(self) -> Vec<Op> {
+        self.ops
+    }
+
     /// Number of operations.
     pub fn len(&self) -> usize {
         self.ops.len()
