@@ -16,11 +16,18 @@
 //!   chain offload {             # after DNAT: only forwarded traffic can be offloaded
 //!     type filter hook forward priority filter; policy accept;
 //!     ct mark & ACCEL == 0 return
-//!     ct state established ct packets > N ct mark & OFFLOADED == 0 ct mark set ct mark | OFFLOADED counter flow add @fastpath
-//!     ct state established ct packets > N flow add @fastpath
+//!     ct state established ct status dnat ct packets > N ct mark & OFFLOADED == 0 ct mark set ct mark | OFFLOADED counter flow add @fastpath
+//!     ct state established ct status dnat ct packets > N flow add @fastpath
 //!   }
 //! }
 //! ```
+//!
+//! `ct status dnat` keeps connections that conntrack did not translate out of the flowtable:
+//! the flowtable rewrites packets only as conntrack's NAT says, so a connection translated by
+//! someone else — IPVS, which DNATs in its own hooks and only alters the conntrack reply tuple —
+//! would be forwarded untranslated once offloaded (observed in the guest kernel: the transfer
+//! stalls). Service traffic of the nftables and iptables dataplanes is always DNATed by
+//! conntrack, so the condition costs them nothing; under IPVS nothing is offloaded.
 //!
 //! The second `flow add` re-offloads a connection whose flowtable entry expired (idle) and fell
 //! back to the slow path; only the first one counts, so its counter is "connections offloaded".
@@ -86,10 +93,10 @@ pub fn create_table<'a>(
     let _ = writeln!(out, "    ct mark & {accel:#010x} == 0 return");
     let _ = writeln!(
         out,
-        "    ct state established ct packets > {n} ct mark & {offloaded:#010x} == 0 \
+        "    ct state established ct status dnat ct packets > {n} ct mark & {offloaded:#010x} == 0 \
          ct mark set ct mark | {offloaded:#010x} counter flow add @{FLOWTABLE}"
     );
-    let _ = writeln!(out, "    ct state established ct packets > {n} flow add @{FLOWTABLE}");
+    let _ = writeln!(out, "    ct state established ct status dnat ct packets > {n} flow add @{FLOWTABLE}");
     let _ = writeln!(out, "  }}");
     let _ = writeln!(out, "}}");
     out.push_str(&element_updates(elements, std::iter::empty()));
@@ -197,7 +204,7 @@ mod tests {
         assert!(text.contains("devices = { \"eth0\", \"veth1\" }; counter; }"), "{text}");
         assert!(text.contains("type filter hook prerouting priority dstnat - 10;"), "{text}");
         assert!(text.contains("ct mark set ct mark | 0x00100000 return"), "{text}");
-        assert!(text.contains("ct packets > 7 ct mark & 0x00200000 == 0 ct mark set ct mark | 0x00200000 counter flow add @fastpath"), "{text}");
+        assert!(text.contains("ct status dnat ct packets > 7 ct mark & 0x00200000 == 0 ct mark set ct mark | 0x00200000 counter flow add @fastpath"), "{text}");
         assert!(!create_table(&config, &set(&[]), &[], false).contains("devices"));
     }
 
