@@ -2,7 +2,9 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Instant, SystemTime};
+use std::time::SystemTime;
+
+use tokio::time::Instant;
 
 use kproxy_plan::{ExternalPolicy, NoEndpointsVerdict};
 use kproxy_servers::{Metrics, ProxyHealth, ServiceHealthServer, TrafficPolicyKind};

@@ -7,7 +7,9 @@
 //! both Services and EndpointSlices have been listed once, so a partial view never reaches the
 //! kernel.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use kproxy_plan::{Plan, PlanDelta, Planner};
 use kproxy_state::{Change, ClusterState, Kind};
