@@ -2,6 +2,8 @@
 //! stickiness, persistence, the VIP port guard, graceful termination and restart adoption.
 //! On the host they skip (no IPVS, no dummy devices) with a message, per `kproxy_testbed::kernel`.
 
+#![allow(clippy::unwrap_used)]
+
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;

@@ -1,0 +1,219 @@
+//! The dataplane's logic against the in-memory kernel ([`FakeHost`]): what would be sent.
+
+use std::time::Duration;
+
+use kproxy_ipvs::{Config, DestKey, FakeHost, IpvsDataplane, IpvsOp, ServiceKey};
+use kproxy_packet_suite::{NODE_A, NODE_B, node_objects, service, slice};
+use kproxy_plan::{DetectLocal, NodeContext, Plan, PlanDelta, Planner, ProxyPolicy};
+use kproxy_state::{Change, ClusterState, Object, Protocol};
+use serde_json::json;
+
+fn svc(name: &str, ip: &str, eps: &[(&str, &str)], extra: serde_json::Value) -> Vec<Object> {
+    let mut spec = json!({"clusterIP": ip, "clusterIPs": [ip],
+        "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]});
+    if let (Some(s), serde_json::Value::Object(e)) = (spec.as_object_mut(), extra) {
+        s.extend(e);
+    }
+    let endpoints = eps
+        .iter()
+        .map(|(ip, node)| json!({"addresses": [ip], "nodeName": node, "conditions": {"ready": true}}))
+        .collect();
+    vec![
+        service("default", name, spec, json!({})),
+        slice("default", name, "v4", "IPv4", json!([{"name": "http", "protocol": "TCP", "port": 8080}]), endpoints),
+    ]
+}
+
+struct World {
+    planner: Planner,
+    state: ClusterState,
+    plan: Plan,
+}
+
+impl World {
+    fn new(objects: Vec<Object>) -> Self {
+        let policy = ProxyPolicy {
+            families: vec![kproxy_state::IpFamily::V4],
+            detect_local: DetectLocal::ClusterCidr(vec!["198.18.16.0/20".parse().unwrap()]),
+            ..ProxyPolicy::default()
+        };
+        let node = NodeContext {
+            name: NODE_A.into(),
+            node_ip_override: Vec::new(),
+            local_addresses: vec!["198.18.0.2".parse().unwrap()],
+        };
+        let planner = Planner::new(policy, node);
+        let mut state = ClusterState::new();
+        for o in node_objects().into_iter().chain(objects) {
+            state.apply(Change::Applied(o));
+        }
+        let _ = state.take_dirty();
+        let plan = planner.build(&state);
+        Self { planner, state, plan }
+    }
+
+    fn full(&self) -> PlanDelta {
+        PlanDelta::between(&Plan::default(), &self.plan)
+    }
+
+    fn apply(&mut self, objects: Vec<Object>) -> PlanDelta {
+        for o in objects {
+            self.state.apply(Change::Applied(o));
+        }
+        let dirty = self.state.take_dirty();
+        self.planner.update(&mut self.plan, &self.state, &dirty)
+    }
+}
+
+fn cip(ip: &str) -> ServiceKey {
+    ServiceKey::Addr { addr: ip.parse().unwrap(), protocol: Protocol::Tcp, port: 80 }
+}
+
+fn dest(ip: &str) -> DestKey {
+    DestKey { addr: ip.parse().unwrap(), port: 8080 }
+}
+
+fn two_services() -> Vec<Object> {
+    let mut o = svc("web", "198.18.128.10", &[("198.18.16.10", NODE_A), ("198.18.17.10", NODE_B)], json!({}));
+    o.extend(svc("db", "198.18.128.11", &[("198.18.16.11", NODE_A)], json!({})));
+    o
+}
+
+#[test]
+fn first_sync_creates_services_vips_sysctls_and_the_table() {
+    let world = World::new(two_services());
+    let mut dp = IpvsDataplane::new(FakeHost::new(), Config::default());
+    let report = dp.sync(&world.plan, &world.full()).unwrap();
+    assert!(report.full);
+    let host = dp.host();
+    let web = &host.services[&cip("198.18.128.10")];
+    assert_eq!(web.spec.scheduler, "rr");
+    assert_eq!(web.dests.keys().copied().collect::<Vec<_>>(), vec![dest("198.18.16.10"), dest("198.18.17.10")]);
+    let link = &host.links["kube-ipvs0"];
+    assert_eq!(link.kind.as_deref(), Some("dummy"));
+    assert!(link.addresses.contains(&"198.18.128.11".parse().unwrap()));
+    for s in ["net/ipv4/vs/conntrack", "net/ipv4/vs/expire_nodest_conn", "net/ipv4/vs/expire_quiescent_template"] {
+        assert_eq!(host.sysctls[s], "1", "{s}");
+    }
+    assert_eq!(host.sysctls["net/ipv4/conf/all/arp_ignore"], "0", "strictARP is off by default");
+    let text = host.nft.last().unwrap().render();
+    assert!(text.contains("198.18.128.10 . tcp . 80"), "{text}");
+}
+
+#[test]
+fn an_endpoint_change_touches_only_that_services_real_servers() {
+    let mut world = World::new(two_services());
+    let mut dp = IpvsDataplane::new(FakeHost::new(), Config::default());
+    dp.sync(&world.plan, &world.full()).unwrap();
+    dp.host_mut().clear_log();
+    let delta =
+        world.apply(svc("db", "198.18.128.11", &[("198.18.16.11", NODE_A), ("198.18.16.12", NODE_A)], json!({})));
+    let report = dp.sync(&world.plan, &delta).unwrap();
+    assert!(!report.full);
+    assert_eq!(
+        dp.host().ipvs_ops,
+        vec![IpvsOp::AddDest(cip("198.18.128.11"), kproxy_ipvs::DestSpec { key: dest("198.18.16.12"), weight: 1 })]
+    );
+    assert_eq!(dp.host().dumps, 0, "no listing of the kernel on a partial sync");
+    assert_eq!(report.address_ops, 0);
+    // Only the new hairpin element changes in the auxiliary table.
+    assert_eq!(report.nft_ops, 1, "{:?}", dp.host().nft);
+}
+
+#[test]
+fn a_restart_adopts_what_the_kernel_has_and_fixes_only_differences() {
+    let world = World::new(two_services());
+    let mut first = IpvsDataplane::new(FakeHost::new(), Config::default());
+    first.sync(&world.plan, &world.full()).unwrap();
+    let mut kernel = first.host().clone();
+    // Something changed behind kproxy's back: a real server gone, a stranger added.
+    kernel.services.get_mut(&cip("198.18.128.10")).unwrap().dests.remove(&dest("198.18.17.10"));
+    kernel
+        .ipvs(&IpvsOp::AddService(kproxy_ipvs::ServiceSpec {
+            key: cip("198.18.128.99"),
+            scheduler: "rr".into(),
+            flags: 0,
+            timeout: 0,
+        }))
+        .unwrap();
+    kernel.clear_log();
+    let mut second = IpvsDataplane::new(kernel, Config::default());
+    let report = second.sync(&world.plan, &world.full()).unwrap();
+    assert_eq!(report.ipvs_ops, 2, "{:?}", second.host().ipvs_ops);
+    assert!(second.host().ipvs_ops.contains(&IpvsOp::DeleteService(cip("198.18.128.99"))));
+    assert!(matches!(&second.host().ipvs_ops[..], [IpvsOp::AddDest(..), _] | [_, IpvsOp::AddDest(..)]));
+    assert_eq!(report.address_ops, 0);
+    // And once more: nothing at all.
+    let mut third = IpvsDataplane::new(second.host().clone(), Config::default());
+    third.host_mut().clear_log();
+    let report = third.sync(&world.plan, &world.full()).unwrap();
+    assert_eq!((report.ipvs_ops, report.address_ops), (0, 0));
+}
+
+#[test]
+fn removed_tcp_endpoints_drain_at_weight_zero_and_go_when_idle() {
+    let mut world = World::new(two_services());
+    let config = Config { graceful_period: Duration::from_secs(3600), ..Config::default() };
+    let mut dp = IpvsDataplane::new(FakeHost::new(), config);
+    dp.sync(&world.plan, &world.full()).unwrap();
+    dp.host_mut().set_active(&cip("198.18.128.10"), &dest("198.18.17.10"), 1);
+    let delta = world.apply(svc("web", "198.18.128.10", &[("198.18.16.10", NODE_A)], json!({})));
+    dp.sync(&world.plan, &delta).unwrap();
+    let web = &dp.host().services[&cip("198.18.128.10")];
+    assert_eq!(web.dests[&dest("198.18.17.10")].spec.weight, 0, "kept at weight 0 while it has a connection");
+    assert_eq!(dp.draining().count(), 1);
+    assert_eq!(dp.reap_drained().unwrap(), 0);
+    dp.host_mut().set_active(&cip("198.18.128.10"), &dest("198.18.17.10"), 0);
+    assert_eq!(dp.reap_drained().unwrap(), 1);
+    assert!(!dp.host().services[&cip("198.18.128.10")].dests.contains_key(&dest("198.18.17.10")));
+    // It comes back: weight 1 again, not a second entry.
+    let delta =
+        world.apply(svc("web", "198.18.128.10", &[("198.18.16.10", NODE_A), ("198.18.17.10", NODE_B)], json!({})));
+    dp.sync(&world.plan, &delta).unwrap();
+    assert_eq!(dp.host().services[&cip("198.18.128.10")].dests[&dest("198.18.17.10")].spec.weight, 1);
+}
+
+#[test]
+fn affinity_is_persistence_and_nodeports_are_firewall_mark_services() {
+    let world = World::new(svc(
+        "web",
+        "198.18.128.10",
+        &[("198.18.16.10", NODE_A)],
+        json!({"type": "NodePort", "sessionAffinity": "ClientIP",
+            "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 30}},
+            "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP", "nodePort": 30080}]}),
+    ));
+    let mut dp = IpvsDataplane::new(FakeHost::new(), Config::default());
+    dp.sync(&world.plan, &world.full()).unwrap();
+    let host = dp.host();
+    let web = &host.services[&cip("198.18.128.10")];
+    assert_eq!((web.spec.flags & 1, web.spec.timeout), (1, 30));
+    let fw: Vec<_> = host.services.keys().filter(|k| matches!(k, ServiceKey::Fwmark { .. })).collect();
+    assert_eq!(fw.len(), 1, "{fw:?}");
+    let ServiceKey::Fwmark { mark, .. } = fw[0] else { unreachable!() };
+    let text = host.nft.last().unwrap().render();
+    assert!(text.contains(&format!("tcp . 30080 : {mark:#x}")), "{text}");
+}
+
+#[test]
+fn cleanup_spares_excluded_and_foreign_services() {
+    let world = World::new(two_services());
+    let config = Config { exclude_cidrs: vec!["192.0.2.0/24".parse().unwrap()], ..Config::default() };
+    let mut host = FakeHost::new();
+    for key in [
+        ServiceKey::Addr { addr: "192.0.2.1".parse().unwrap(), protocol: Protocol::Tcp, port: 80 },
+        ServiceKey::Fwmark { family: kproxy_state::IpFamily::V4, mark: 7 },
+    ] {
+        host.ipvs(&IpvsOp::AddService(kproxy_ipvs::ServiceSpec { key, scheduler: "rr".into(), flags: 0, timeout: 0 }))
+            .unwrap();
+    }
+    let mut dp = IpvsDataplane::new(host, config);
+    dp.sync(&world.plan, &world.full()).unwrap();
+    assert_eq!(dp.host().services.len(), 4, "foreign services are left alone by syncs too");
+    dp.cleanup().unwrap();
+    assert_eq!(dp.host().services.len(), 2);
+    assert!(!dp.host().links.contains_key("kube-ipvs0"));
+    assert!(dp.host().links.contains_key("eth0"));
+}
+
+use kproxy_ipvs::Host as _;
