@@ -1,5 +1,7 @@
 //! The dataplane's logic against the in-memory kernel ([`FakeHost`]): what would be sent.
 
+#![allow(clippy::unwrap_used)]
+
 use std::time::Duration;
 
 use kproxy_ipvs::{Config, DestKey, FakeHost, IpvsDataplane, IpvsOp, ServiceKey};
