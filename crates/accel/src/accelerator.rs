@@ -71,6 +71,16 @@ impl<R: NftRunner> Accelerator<R> {
         }
     }
 
+    /// The executor (tests inspect what was applied).
+    pub fn runner(&self) -> &R {
+        &self.runner
+    }
+
+    /// The executor, mutably.
+    pub fn runner_mut(&mut self) -> &mut R {
+        &mut self.runner
+    }
+
     /// The configuration.
     pub fn config(&self) -> &AccelConfig {
         &self.config

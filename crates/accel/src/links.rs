@@ -142,6 +142,7 @@ fn messages<I: NetlinkDeserializable>(mut data: &[u8]) -> Result<Vec<NetlinkMess
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use netlink_packet_route::link::LinkHeader;

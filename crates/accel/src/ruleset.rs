@@ -81,8 +81,14 @@ pub fn create_table<'a>(
     let _ = writeln!(out, "  chain {CHAIN_CLASSIFY} {{");
     let _ = writeln!(out, "    type filter hook prerouting priority dstnat - 10; policy accept;");
     let _ = writeln!(out, "    ct state != new return");
-    let _ = writeln!(out, "    meta l4proto . ip daddr . th dport @{SET_VIPS_V4} ct mark set ct mark | {accel:#010x} return");
-    let _ = writeln!(out, "    meta l4proto . ip6 daddr . th dport @{SET_VIPS_V6} ct mark set ct mark | {accel:#010x} return");
+    let _ = writeln!(
+        out,
+        "    meta l4proto . ip daddr . th dport @{SET_VIPS_V4} ct mark set ct mark | {accel:#010x} return"
+    );
+    let _ = writeln!(
+        out,
+        "    meta l4proto . ip6 daddr . th dport @{SET_VIPS_V6} ct mark set ct mark | {accel:#010x} return"
+    );
     let _ = writeln!(
         out,
         "    fib daddr type local meta l4proto . th dport @{SET_NODEPORTS} ct mark set ct mark | {accel:#010x}"
@@ -131,7 +137,8 @@ pub fn element_updates<'a>(
 pub fn device_updates(added: &BTreeSet<String>, removed: &BTreeSet<String>) -> String {
     let mut out = String::new();
     if !removed.is_empty() {
-        let _ = writeln!(out, "delete flowtable inet {TABLE} {FLOWTABLE} {{ devices = {{ {} }}; }}", device_list(removed));
+        let _ =
+            writeln!(out, "delete flowtable inet {TABLE} {FLOWTABLE} {{ devices = {{ {} }}; }}", device_list(removed));
     }
     if !added.is_empty() {
         let _ = writeln!(
@@ -171,6 +178,7 @@ fn proto(protocol: Protocol) -> &'static str {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -67,9 +67,10 @@ pub(crate) fn group_by_service(index: &ElementIndex, offloaded: &[OffloadedConne
 /// The packets counter of the counting rule in `nft -j list chain …` output.
 pub(crate) fn offload_counter(json: &str) -> Option<u64> {
     let value: Value = serde_json::from_str(json).ok()?;
-    value["nftables"].as_array()?.iter().find_map(|item| {
-        item["rule"]["expr"].as_array()?.iter().find_map(|expr| expr["counter"]["packets"].as_u64())
-    })
+    value["nftables"]
+        .as_array()?
+        .iter()
+        .find_map(|item| item["rule"]["expr"].as_array()?.iter().find_map(|expr| expr["counter"]["packets"].as_u64()))
 }
 
 /// The offloaded connections of both families in the calling thread's network namespace
@@ -109,6 +110,7 @@ pub fn parse_offloaded(line: &str) -> Option<OffloadedConnection> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -118,7 +120,11 @@ mod tests {
                     src=198.18.17.10 dst=198.18.0.10 sport=8080 dport=40000 packets=25 bytes=100000 [OFFLOAD] mark=1048576 use=2";
         assert_eq!(
             parse_offloaded(line),
-            Some(OffloadedConnection { protocol: Protocol::Tcp, destination: "198.18.128.10".parse().unwrap(), port: 80 })
+            Some(OffloadedConnection {
+                protocol: Protocol::Tcp,
+                destination: "198.18.128.10".parse().unwrap(),
+                port: 80
+            })
         );
         assert_eq!(parse_offloaded(&line.replace("[OFFLOAD] ", "[ASSURED] ")), None);
         let udp = "udp      17 src=fd00:18::10 dst=fd00:96::10 sport=5000 dport=53 src=fd00:10:17::a dst=fd00:18::10 sport=53 dport=5000 [OFFLOAD] mark=0 use=2";

@@ -4,6 +4,8 @@
 //! a Service without the hint are not, UDP likewise, removing the hint stops offloading new
 //! connections; links join and leave the flowtable; cleanup leaves nothing.
 
+#![allow(clippy::unwrap_used)]
+
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
@@ -27,10 +29,16 @@ fn tcp_transfer(cluster: &Cluster, address: IpAddr, port: u16, expect_offload: b
     let mut stream = cluster.connect_tcp(address, port).unwrap();
     let client_port = stream.local_addr().unwrap().port();
     send_bytes(&mut stream, CHUNK).unwrap();
-    let offloaded = cluster.wait_offloaded("tcp", client_port, if expect_offload { OFFLOAD_WAIT } else { Duration::ZERO });
+    let offloaded =
+        cluster.wait_offloaded("tcp", client_port, if expect_offload { OFFLOAD_WAIT } else { Duration::ZERO });
     let entry = cluster.conntrack_entry("tcp", client_port);
     assert!(entry.is_some(), "no conntrack entry for {address}:{port} from port {client_port}");
-    assert_eq!(offloaded, expect_offload, "{address}:{port}: offload expected {expect_offload}: {entry:?}\n{}", cluster.ruleset());
+    assert_eq!(
+        offloaded,
+        expect_offload,
+        "{address}:{port}: offload expected {expect_offload}: {entry:?}\n{}",
+        cluster.ruleset()
+    );
     send_bytes(&mut stream, CHUNK).unwrap();
     assert_eq!(finish(stream).unwrap(), 2 * CHUNK as u64, "bytes lost through {address}:{port}");
 }
@@ -45,7 +53,8 @@ fn udp_exchange(cluster: &Cluster, address: IpAddr, expect_offload: bool) {
         let n = socket.recv(&mut buffer).unwrap_or_else(|e| panic!("no echo for datagram {round} to {address}: {e}"));
         assert_eq!(&buffer[..n], &round.to_be_bytes());
     }
-    let offloaded = cluster.wait_offloaded("udp", client_port, if expect_offload { OFFLOAD_WAIT } else { Duration::ZERO });
+    let offloaded =
+        cluster.wait_offloaded("udp", client_port, if expect_offload { OFFLOAD_WAIT } else { Duration::ZERO });
     let entry = cluster.conntrack_entry("udp", client_port);
     assert_eq!(offloaded, expect_offload, "udp {address}: offload expected {expect_offload}: {entry:?}");
     // Still answered after offload.

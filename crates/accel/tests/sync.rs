@@ -1,0 +1,128 @@
+//! The fast path's sync logic without a kernel: what it sends to `nft` for each plan change.
+//! (Creating the table reads the links of the test's own namespace; nothing is applied.)
+
+#![allow(clippy::unwrap_used)]
+
+use kproxy_accel::harness::{FAST_NODE_PORT, FAST_VIP, Hint, SLOW_VIP, service_object};
+use kproxy_accel::{AccelConfig, Accelerator, RecordingRunner};
+use kproxy_packet_suite::{NODE_A, node_objects};
+use kproxy_plan::{NodeContext, Plan, PlanDelta, Planner, ProxyPolicy};
+use kproxy_state::{Change, ClusterState, Object};
+
+struct World {
+    planner: Planner,
+    state: ClusterState,
+    plan: Plan,
+}
+
+impl World {
+    fn new(acceleration: bool, objects: Vec<Object>) -> (World, PlanDelta) {
+        let policy = ProxyPolicy { acceleration, ..ProxyPolicy::default() };
+        let planner = Planner::new(policy, NodeContext { name: NODE_A.into(), ..NodeContext::default() });
+        let mut state = ClusterState::new();
+        for object in node_objects().into_iter().chain(objects) {
+            state.apply(Change::Applied(object));
+        }
+        let _ = state.take_dirty();
+        let plan = planner.build(&state);
+        let delta = PlanDelta::between(&Plan::default(), &plan);
+        (World { planner, state, plan }, delta)
+    }
+
+    fn apply(&mut self, object: Object) -> PlanDelta {
+        self.state.apply(Change::Applied(object));
+        let dirty = self.state.take_dirty();
+        self.planner.update(&mut self.plan, &self.state, &dirty)
+    }
+}
+
+fn accelerator() -> Accelerator<RecordingRunner> {
+    Accelerator::new(RecordingRunner::default(), AccelConfig::default())
+}
+
+fn runner(accel: &Accelerator<RecordingRunner>) -> &RecordingRunner {
+    accel.runner()
+}
+
+#[test]
+fn first_sync_creates_the_table_with_every_opted_in_frontend() {
+    let (world, delta) = World::new(
+        true,
+        vec![
+            service_object("fast", FAST_VIP, Some(FAST_NODE_PORT), Hint::Field),
+            service_object("slow", SLOW_VIP, None, Hint::None),
+        ],
+    );
+    let mut accel = accelerator();
+    let report = accel.sync(&world.plan, &delta).unwrap();
+    assert!(report.recreated);
+    let batch = &runner(&accel).applied[0];
+    assert!(batch.starts_with("add table inet kproxy-accel\ndelete table inet kproxy-accel\n"), "{batch}");
+    assert!(
+        batch.contains("add element inet kproxy-accel vips-v4 { tcp . 198.18.128.20 . 80, udp . 198.18.128.20 . 80 }"),
+        "{batch}"
+    );
+    assert!(batch.contains("add element inet kproxy-accel nodeports { tcp . 30020 }"), "{batch}");
+    assert!(!batch.contains("198.18.128.21"), "the service without the hint is in the sets:\n{batch}");
+}
+
+#[test]
+fn changes_cost_only_the_elements_that_flip() {
+    let (mut world, delta) = World::new(
+        true,
+        vec![
+            service_object("fast", FAST_VIP, Some(FAST_NODE_PORT), Hint::Field),
+            service_object("slow", SLOW_VIP, None, Hint::None),
+        ],
+    );
+    let mut accel = accelerator();
+    accel.sync(&world.plan, &delta).unwrap();
+
+    let delta = world.apply(service_object("slow", SLOW_VIP, None, Hint::Annotation));
+    accel.sync(&world.plan, &delta).unwrap();
+    assert_eq!(
+        runner(&accel).applied.last().unwrap(),
+        "add element inet kproxy-accel vips-v4 { tcp . 198.18.128.21 . 80, udp . 198.18.128.21 . 80 }\n"
+    );
+
+    let delta = world.apply(service_object("fast", FAST_VIP, Some(FAST_NODE_PORT), Hint::None));
+    accel.sync(&world.plan, &delta).unwrap();
+    assert_eq!(
+        runner(&accel).applied.last().unwrap(),
+        "delete element inet kproxy-accel vips-v4 { tcp . 198.18.128.20 . 80, udp . 198.18.128.20 . 80 }\n\
+         delete element inet kproxy-accel nodeports { tcp . 30020 }\n"
+    );
+
+    // An unchanged plan sends nothing; the last opted-in service leaving removes the table.
+    let batches = runner(&accel).applied.len();
+    accel.sync(&world.plan, &PlanDelta::default()).unwrap();
+    assert_eq!(runner(&accel).applied.len(), batches);
+    let delta = world.apply(service_object("slow", SLOW_VIP, None, Hint::None));
+    assert!(accel.sync(&world.plan, &delta).unwrap().removed);
+    assert!(!accel.is_active());
+    assert_eq!(runner(&accel).applied.last().unwrap(), "add table inet kproxy-accel\ndelete table inet kproxy-accel\n");
+}
+
+#[test]
+fn a_failed_batch_is_repaired_by_recreating_the_table() {
+    let (mut world, delta) =
+        World::new(true, vec![service_object("fast", FAST_VIP, Some(FAST_NODE_PORT), Hint::Field)]);
+    let mut accel = accelerator();
+    accel.sync(&world.plan, &delta).unwrap();
+    accel.runner_mut().fail_next = true;
+    let delta = world.apply(service_object("slow", SLOW_VIP, None, Hint::Field));
+    assert!(accel.sync(&world.plan, &delta).is_err());
+    let report = accel.sync(&world.plan, &PlanDelta::default()).unwrap();
+    assert!(report.recreated, "{report:?}");
+    let batch = runner(&accel).applied.last().unwrap();
+    assert!(batch.contains("198.18.128.20") && batch.contains("198.18.128.21"), "{batch}");
+}
+
+#[test]
+fn acceleration_switched_off_means_no_table() {
+    let (world, delta) = World::new(false, vec![service_object("fast", FAST_VIP, Some(FAST_NODE_PORT), Hint::Field)]);
+    let mut accel = accelerator();
+    let report = accel.sync(&world.plan, &delta).unwrap();
+    assert!(report.removed && !accel.is_active());
+    assert!(runner(&accel).applied.iter().all(|b| !b.contains("flowtable")), "{:?}", runner(&accel).applied);
+}
