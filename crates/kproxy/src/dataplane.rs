@@ -83,3 +83,15 @@ impl kproxy_iptables::Executor for PrintRestores {
         self.0.drop_empty_table(family, table)
     }
 }
+
+impl<H: kproxy_ipvs::Host + Send> Dataplane for kproxy_ipvs::IpvsDataplane<H> {
+    fn full_sync(&mut self, plan: &Plan) -> anyhow::Result<()> {
+        kproxy_ipvs::IpvsDataplane::full_sync(self, plan)?;
+        Ok(())
+    }
+
+    fn partial_sync(&mut self, plan: &Plan, delta: &PlanDelta) -> anyhow::Result<()> {
+        self.sync(plan, delta)?;
+        Ok(())
+    }
+}

@@ -14,7 +14,7 @@ mod proxier;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use kproxy_config::{Action, ProxyConfig, ProxyMode, SourceSelection, VersionRequest};
 use kproxy_iptables::IptablesDataplane;
@@ -137,6 +137,11 @@ fn init_logging(config: &ProxyConfig) {
 fn cleanup() -> anyhow::Result<()> {
     kproxy_nftables::cleanup(&mut NftCommand::new()).context("removing kproxy's nftables tables")?;
     info!("removed kproxy's nftables tables");
+    // IPVS services, kube-ipvs0 and the auxiliary table (a kernel without IPVS has none of them).
+    match kproxy_ipvs::cleanup(&mut kproxy_ipvs::KernelHost::new(), &kproxy_ipvs::Config::default()) {
+        Ok(()) => info!("removed kproxy's IPVS services, kube-ipvs0 and its table"),
+        Err(e) => warn!(error = %e, "could not clean IPVS state"),
+    }
     let backend = kproxy_iptables::backend::detect();
     match kproxy_iptables::cleanup(&mut kproxy_iptables::IptablesRestore::new(backend)) {
         Ok(()) => info!(?backend, "removed kproxy's iptables chains"),
@@ -214,7 +219,15 @@ fn run_proxy(config: ProxyConfig) -> anyhow::Result<()> {
                 spawn_proxier(planner, IptablesDataplane::new(exec, iptables_config(&config)), observer, pacing, rx)
             }
             (ProxyMode::Iptables, true) => spawn_proxier(planner, IptablesDataplane::new(dataplane::PrintRestores::default(), iptables_config(&config)), observer, pacing, rx),
-            (ProxyMode::Ipvs, _) => bail!("proxy mode \"ipvs\" is not available yet; use --proxy-mode=nftables or iptables"),
+            (ProxyMode::Ipvs, false) => {
+                let dp = kproxy_ipvs::IpvsDataplane::new(kproxy_ipvs::KernelHost::new(), ipvs_config(&config)?);
+                spawn_proxier(planner, dp, observer, pacing, rx)
+            }
+            // The in-memory kernel records what would be programmed.
+            (ProxyMode::Ipvs, true) => {
+                let dp = kproxy_ipvs::IpvsDataplane::new(kproxy_ipvs::FakeHost::new(), ipvs_config(&config)?);
+                spawn_proxier(planner, dp, observer, pacing, rx)
+            }
         };
         tokio::select! {
             _ = tokio::signal::ctrl_c() => info!("interrupted; leaving the rules in place (use --cleanup to remove them)"),
@@ -327,6 +340,19 @@ fn spawn_proxier<D: proxier::Dataplane + 'static>(
 
 fn nft_config(config: &ProxyConfig) -> kproxy_nftables::Config {
     kproxy_nftables::Config { masquerade_mark: config.masquerade_mark(), ..Default::default() }
+}
+
+fn ipvs_config(config: &ProxyConfig) -> anyhow::Result<kproxy_ipvs::Config> {
+    let mut ipvs = kproxy_ipvs::Config { masquerade_mark: config.masquerade_mark(), ..Default::default() };
+    if let Some(c) = &config.ipvs {
+        ipvs.scheduler = c.scheduler.as_str().parse()?;
+        ipvs.strict_arp = c.strict_arp;
+        ipvs.tcp_timeout = c.tcp_timeout;
+        ipvs.tcp_fin_timeout = c.tcp_fin_timeout;
+        ipvs.udp_timeout = c.udp_timeout;
+        ipvs.exclude_cidrs = c.exclude_cidrs.clone();
+    }
+    Ok(ipvs)
 }
 
 fn iptables_config(config: &ProxyConfig) -> kproxy_iptables::Config {
