@@ -18,7 +18,9 @@
 //!    on a wildcard address never leak on ClusterIPs (kubernetes#72236).
 //! 3. IPVS schedules and NATs.
 //! 4. `nat-postrouting`: hairpin is always masqueraded; marked connections are, except
-//!    (KEP-6246) from the node or local pods to the no-masquerade CIDRs.
+//!    (KEP-6246) from the node or local pods to the no-masquerade CIDRs. The node's exempt
+//!    connections that carry a VIP as source can not go out untranslated under IPVS; they are
+//!    source-NATed to the node IP, what a direct connection shows (see `vip_source_snat`).
 
 use kproxy_nftables::ruleset::{Ctx, local_match};
 use kproxy_nftables::transaction::{Chain, Element, Hook, SetDef};
@@ -88,6 +90,22 @@ fn set(name: &str, key: String, data: Option<&str>, flags: Vec<&'static str>) ->
     }
 }
 
+/// What the node's exempt (KEP-6246) traffic with a VIP as source gets instead of "not
+/// translated". Under IPVS every VIP is a local address on the dummy interface, so the kernel's
+/// route to a VIP is a local route and the node's own connection to a ClusterIP takes the VIP
+/// itself as source (under iptables/nftables it takes the source of the route to the ClusterIP,
+/// usually the InternalIP). IPVS rewrites only the destination; left alone, the endpoint would
+/// answer the VIP, which it routes to its own node or drops, and the connection times out.
+/// So this traffic is source-NATed to what a direct node → endpoint connection shows: the node
+/// IP of the family (the `src` of the pod routes in the #133024 setup). Without a known node IP
+/// it is masqueraded like non-exempt traffic.
+fn vip_source_snat(node: &NodePlan) -> String {
+    match node.node_ip {
+        Some(addr) => format!("snat to {addr} fully-random"),
+        None => "goto masquerade-now".to_owned(),
+    }
+}
+
 /// Renders the skeleton for `node`.
 pub fn skeleton(cfg: &Config, ctx: &Ctx, node: &NodePlan) -> Skeleton {
     let ip = ctx.ip();
@@ -153,8 +171,11 @@ pub fn skeleton(cfg: &Config, ctx: &Ctx, node: &NodePlan) -> Skeleton {
         format!("{ip} saddr . {ip} daddr @{HAIRPIN} goto masquerade-now"),
         format!("ct mark and {m:#x} == 0 return"),
     ];
+    // The node's own connections to a VIP leave with the VIP as source (see `vip_source_snat`).
+    let vip_source = vip_source_snat(node);
     for cidr in &node.snat.no_masquerade_cidrs {
         if sources.contains(&NoMasqueradeSource::Node) {
+            postrouting.push(format!("{ip} daddr {cidr} {ip} saddr @{VIPS} {vip_source}"));
             postrouting.push(format!("{ip} daddr {cidr} fib saddr type local {ip} saddr != {} return", ctx.loopback()));
         }
         if sources.contains(&NoMasqueradeSource::LocalPods) {
