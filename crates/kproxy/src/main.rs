@@ -24,7 +24,7 @@ use kproxy_state::{Change, ClusterState};
 use tokio::sync::mpsc;
 use tracing::{error, info, warn};
 
-use crate::observer::DaemonObserver;
+use crate::observer::{DaemonObserver, Sinks};
 use crate::proxier::{Pacing, Proxier};
 
 #[derive(Parser, Debug)]
@@ -142,6 +142,10 @@ fn cleanup() -> anyhow::Result<()> {
         Ok(()) => info!("removed kproxy's IPVS services, kube-ipvs0 and its table"),
         Err(e) => warn!(error = %e, "could not clean IPVS state"),
     }
+    match kproxy_accel::cleanup(&mut kproxy_accel::NftBinary::default()) {
+        Ok(()) => info!("removed the services acceleration table"),
+        Err(e) => warn!(error = %e, "could not remove the services acceleration table"),
+    }
     let backend = kproxy_iptables::backend::detect();
     match kproxy_iptables::cleanup(&mut kproxy_iptables::IptablesRestore::new(backend)) {
         Ok(()) => info!(?backend, "removed kproxy's iptables chains"),
@@ -209,6 +213,17 @@ fn run_proxy(config: ProxyConfig) -> anyhow::Result<()> {
             }
         };
         let (observer, _servers) = start_servers(&config, &name).await?;
+        // Flowtable devices follow the node's links (rtnetlink events, rate-limited).
+        let _link_watcher = match observer.accelerator() {
+            Some(accel) => match kproxy_accel::LinkWatcher::spawn(accel, kproxy_accel::WatchOptions::default()) {
+                Ok(watcher) => Some(watcher),
+                Err(e) => {
+                    warn!(error = %e, "no link watcher: the flowtable follows interfaces only at syncs");
+                    None
+                }
+            },
+            None => None,
+        };
         let proxier_task = match (config.mode, config.dry_run) {
             (ProxyMode::Nftables, false) => spawn_proxier(planner, NftablesDataplane::new(NftCommand::new(), nft_config(&config)), observer, pacing, rx),
             (ProxyMode::Nftables, true) => spawn_proxier(planner, NftablesDataplane::new(dataplane::PrintTransactions, nft_config(&config)), observer, pacing, rx),
@@ -307,7 +322,25 @@ async fn start_servers(
             }
         }
     };
-    Ok((DaemonObserver::new(node_name.to_owned(), families, health, metrics, hc, conntrack, mode), servers))
+    let accel = (!config.dry_run).then(|| {
+        let accel_config =
+            kproxy_accel::AccelConfig { packet_threshold: config.acceleration.packet_threshold, ..Default::default() };
+        Arc::new(std::sync::Mutex::new(kproxy_accel::Accelerator::new(
+            kproxy_accel::NftBinary::default(),
+            accel_config,
+        )))
+    });
+    let observer = DaemonObserver::new(Sinks {
+        node_name: node_name.to_owned(),
+        families,
+        health,
+        metrics,
+        health_check_server: hc,
+        conntrack,
+        mode,
+        accel,
+    });
+    Ok((observer, servers))
 }
 
 /// kube-proxy's privileged host setup: nf_conntrack limits and timeouts.

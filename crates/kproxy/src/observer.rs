@@ -29,19 +29,39 @@ pub struct DaemonObserver {
     conntrack: Option<kproxy_conntrack::Reconciler>,
     started: SystemTime,
     mode: kproxy_servers::DataplaneMode,
+    /// Services acceleration (KEP-4963), synced after each dataplane sync (absent in `--dry-run`).
+    accel: Option<SharedAccelerator>,
+    accel_synced: bool,
+    accel_failing: bool,
+}
+
+/// The accelerator, shared with the link watcher that refreshes its flowtable devices.
+pub type SharedAccelerator = Arc<std::sync::Mutex<kproxy_accel::Accelerator<kproxy_accel::NftBinary>>>;
+
+/// What the daemon observer feeds.
+pub struct Sinks {
+    /// This node's name (for its draining state).
+    pub node_name: String,
+    /// The families planned.
+    pub families: Vec<IpFamily>,
+    /// `/healthz` and `/livez` state.
+    pub health: Arc<ProxyHealth>,
+    /// The metrics registry.
+    pub metrics: Metrics,
+    /// Health-check node ports.
+    pub health_check_server: Arc<ServiceHealthServer>,
+    /// Stale conntrack cleanup.
+    pub conntrack: Option<kproxy_conntrack::Reconciler>,
+    /// The dataplane, for mode-specific metrics.
+    pub mode: kproxy_servers::DataplaneMode,
+    /// Services acceleration.
+    pub accel: Option<SharedAccelerator>,
 }
 
 impl DaemonObserver {
     /// An observer; health-check updates are applied in order by a task it spawns.
-    pub fn new(
-        node_name: String,
-        families: Vec<IpFamily>,
-        health: Arc<ProxyHealth>,
-        metrics: Metrics,
-        server: Arc<ServiceHealthServer>,
-        conntrack: Option<kproxy_conntrack::Reconciler>,
-        mode: kproxy_servers::DataplaneMode,
-    ) -> Self {
+    pub fn new(sinks: Sinks) -> Self {
+        let Sinks { node_name, families, health, metrics, health_check_server: server, conntrack, mode, accel } = sinks;
         let (tx, mut rx) = mpsc::unbounded_channel::<HealthCheckUpdate>();
         tokio::spawn(async move {
             while let Some((ports, endpoints)) = rx.recv().await {
@@ -61,7 +81,17 @@ impl DaemonObserver {
             conntrack,
             started: SystemTime::now(),
             mode,
+            accel,
+            accel_synced: false,
+            accel_failing: false,
         }
+    }
+}
+
+impl DaemonObserver {
+    /// The accelerator, for the link watcher.
+    pub fn accelerator(&self) -> Option<SharedAccelerator> {
+        self.accel.clone()
     }
 }
 
@@ -137,6 +167,28 @@ impl SyncObserver for DaemonObserver {
                     }
                     Err(e) => warn!(%family, error = %e, "conntrack cleanup failed; retrying after the next sync"),
                 }
+            }
+        }
+
+        if let Some(accel) = &self.accel {
+            let mut accel = accel.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            // The first sync also removes whatever a previous run left when acceleration is now off.
+            let result =
+                if self.accel_synced { accel.sync(plan, delta).map(|_| ()) } else { accel.full_sync(plan).map(|_| ()) };
+            match result {
+                Ok(()) => {
+                    self.accel_synced = true;
+                    self.accel_failing = false;
+                    if accel.is_active() {
+                        self.metrics.set_accelerated_connections(accel.accelerated_connections_total());
+                    }
+                }
+                // Once per failure streak: a kernel without nf_flow_table fails every sync.
+                Err(e) if !self.accel_failing => {
+                    self.accel_failing = true;
+                    warn!(error = %e, "services acceleration sync failed (does the kernel have nf_flow_table?); retrying at every sync")
+                }
+                Err(e) => tracing::debug!(error = %e, "services acceleration sync failed again"),
             }
         }
 

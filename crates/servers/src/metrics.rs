@@ -166,6 +166,7 @@ struct Inner {
     masquerade_policy: Family<MasqueradeLabels, Gauge>,
     masquerade_current: Mutex<Vec<MasqueradeLabels>>,
     healthcheck_bind_failures: Counter,
+    accelerated_connections: Counter,
 }
 
 fn family_labels(family: IpFamily) -> FamilyLabels {
@@ -342,6 +343,13 @@ impl Metrics {
             "Health-check node ports that could not be opened",
             healthcheck_bind_failures.clone(),
         );
+        let accelerated_connections = Counter::default();
+        registry.register(
+            // KEP-4963's name; the `_total` suffix is added by the exposition.
+            "kubeproxy_accelerated_connections_count",
+            "Connections of opted-in Services offloaded to the flowtable",
+            accelerated_connections.clone(),
+        );
 
         Self {
             inner: Arc::new(Inner {
@@ -371,6 +379,7 @@ impl Metrics {
                 masquerade_policy,
                 masquerade_current: Mutex::new(Vec::new()),
                 healthcheck_bind_failures,
+                accelerated_connections,
             }),
         }
     }
@@ -507,6 +516,15 @@ impl Metrics {
         self.inner.livez.get_or_create(&CodeLabels { code: status.to_string() }).inc();
     }
 
+    /// Raises `kubeproxy_accelerated_connections_count_total` to the kernel's count of offloaded
+    /// connections (a counter on the flowtable's first `flow add`); never goes down.
+    pub fn set_accelerated_connections(&self, total: u64) {
+        let current = self.inner.accelerated_connections.get();
+        if total > current {
+            self.inner.accelerated_connections.inc_by(total - current);
+        }
+    }
+
     /// A health-check node port could not be opened.
     pub fn inc_healthcheck_bind_failure(&self) {
         self.inner.healthcheck_bind_failures.inc();
@@ -592,6 +610,8 @@ mod tests {
         let series: Vec<&str> = text.lines().filter(|l| l.starts_with("kproxy_masquerade_policy_info{")).collect();
         assert_eq!(series.len(), 2, "{series:?}");
         assert!(series.iter().any(|l| l.contains("source=\"node-ip\"") && l.contains("198.18.0.0/15")));
-        assert!(series.iter().any(|l| l.contains("ip_family=\"IPv6\"") && l.contains("source=\"masquerade-fallback\"")));
+        assert!(
+            series.iter().any(|l| l.contains("ip_family=\"IPv6\"") && l.contains("source=\"masquerade-fallback\""))
+        );
     }
 }
