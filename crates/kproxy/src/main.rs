@@ -225,7 +225,10 @@ fn run_proxy(config: ProxyConfig) -> anyhow::Result<()> {
             None => None,
         };
         let proxier_task = match (config.mode, config.dry_run) {
-            (ProxyMode::Nftables, false) => spawn_proxier(planner, NftablesDataplane::new(NftCommand::new(), nft_config(&config)), observer, pacing, rx),
+            (ProxyMode::Nftables, false) => {
+                let dp = NftablesDataplane::new(dataplane::PreferNetlink::default(), nft_config(&config));
+                spawn_proxier(planner, dp, observer, pacing, rx)
+            }
             (ProxyMode::Nftables, true) => spawn_proxier(planner, NftablesDataplane::new(dataplane::PrintTransactions, nft_config(&config)), observer, pacing, rx),
             (ProxyMode::Iptables, false) => {
                 let backend = kproxy_iptables::backend::detect();
