@@ -2,7 +2,7 @@
 //! testbed (namespaces are uniquely named, so the tests run in parallel).
 
 use kproxy_nftables::{Config, NftCommand, NftablesDataplane};
-use kproxy_packet_suite::{Dataplane, all_cases, run_case};
+use kproxy_packet_suite::{Dataplane, run_named};
 use kproxy_plan::{Plan, PlanDelta};
 
 struct Nft(NftablesDataplane<NftCommand>);
@@ -18,65 +18,7 @@ impl Dataplane for Nft {
 }
 
 fn run(name: &str) {
-    let cases = all_cases();
-    let Some(case) = cases.iter().find(|c| c.name == name) else { panic!("no case named {name}") };
-    match run_case(case, || Nft(NftablesDataplane::new(NftCommand::new(), Config::default()))) {
-        Ok(Some(log)) => println!("{log}"),
-        Ok(None) => println!("case {name} skipped"),
-        Err(report) => panic!("{report}"),
-    }
+    run_named(name, || Nft(NftablesDataplane::new(NftCommand::new(), Config::default())));
 }
 
-macro_rules! cases {
-    ($($name:ident),+ $(,)?) => {
-        $( #[test] fn $name() { run(stringify!($name)); } )+
-
-        #[test]
-        fn every_suite_case_has_a_test() {
-            let listed = [$(stringify!($name)),+];
-            for case in all_cases() {
-                assert!(listed.contains(&case.name), "case {} has no test in tests/packets.rs", case.name);
-            }
-        }
-    };
-}
-
-cases!(
-    clusterip_tcp,
-    clusterip_udp,
-    clusterip_sctp,
-    multi_port,
-    endpoints_spread_evenly,
-    nodeport_primary_ip_only,
-    nodeport_all_addresses,
-    loadbalancer_ip,
-    external_ip,
-    etp_local_keeps_client_ip_and_local_endpoints,
-    etp_local_short_circuits_pods_and_host,
-    itp_local,
-    client_ip_affinity_sticks_and_expires,
-    no_endpoints_rejects,
-    local_policy_without_local_endpoints_drops,
-    load_balancer_source_ranges,
-    hairpin_is_masqueraded,
-    masquerade_all,
-    detect_local_node_cidr,
-    detect_local_interface_name_prefix,
-    detect_local_bridge_interface,
-    detect_local_none_never_masquerades_cluster_ips,
-    terminating_endpoints_are_a_fallback,
-    topology_hints_pick_same_zone,
-    ipv6_clusterip,
-    ipv6_nodeport,
-    ipv6_etp_local,
-    service_updated_in_place,
-    cleanup_leaves_the_kernel_as_found,
-    kep6246_without_options_node_traffic_is_masqueraded_to_the_egress_interface,
-    kep6246_no_masquerade_cidrs_route_node_traffic_like_direct_traffic,
-    kep6246_no_masquerade_cidrs_still_masquerade_hairpin,
-    kep6246_snat_to_node_ip,
-    kep6246_snat_to_node_ip_with_no_masquerade_cidrs,
-    kep6246_snat_to_node_ip_falls_back_per_family_and_follows_the_node,
-    kep6246_no_masquerade_cidrs_override_masquerade_all_for_node_and_local_pods,
-    kep6246_no_masquerade_cidrs_exempt_only_the_node_when_pods_are_undetectable,
-);
+kproxy_packet_suite::packet_tests!(run);

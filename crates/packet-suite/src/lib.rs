@@ -13,7 +13,9 @@ mod cases;
 mod cluster;
 pub mod kep6246;
 mod runner;
+mod tests_macro;
 
 pub use cases::all_cases;
 pub use cluster::{Env, NODE_A, NODE_B, endpoint, node_a_with_ips, node_objects, service, slice};
 pub use runner::{Case, Check, Client, Dataplane, Dest, Expect, PodSpec, Setup, Source, Step, run_case};
+pub use tests_macro::run_named;
