@@ -234,3 +234,65 @@ pub fn skeleton(cfg: &Config, ctx: &Ctx, node: &NodePlan) -> Skeleton {
     }
     Skeleton { chains, sets, elements }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::net::IpAddr;
+
+    use kproxy_plan::SnatPolicy;
+    use kproxy_state::IpFamily;
+
+    use super::*;
+
+    fn node(node_ip: Option<&str>, cidrs: &[&str], source: SnatSource) -> NodePlan {
+        NodePlan {
+            node_ip: node_ip.map(|ip| ip.parse::<IpAddr>().unwrap()),
+            local_traffic: LocalTraffic::SourceCidrs(vec!["198.18.16.0/20".parse().unwrap()]),
+            nodeport_addresses: NodePortAddresses::AllLocal,
+            snat: SnatPolicy {
+                no_masquerade_cidrs: cidrs.iter().map(|c| c.parse().unwrap()).collect(),
+                source,
+                fell_back_to_masquerade: false,
+            },
+            service_cidrs: vec![],
+            acceleration: false,
+        }
+    }
+
+    fn postrouting(node: &NodePlan) -> Vec<String> {
+        let ctx = Ctx::new(IpFamily::V4, "kproxy-ipvs", 0);
+        let skel = skeleton(&Config::default(), &ctx, node);
+        skel.chains.into_iter().find(|(c, _)| c.name == "nat-postrouting").unwrap().1
+    }
+
+    fn position(rules: &[String], needle: &str) -> usize {
+        rules.iter().position(|r| r.contains(needle)).unwrap_or_else(|| panic!("no rule with {needle:?} in {rules:#?}"))
+    }
+
+    #[test]
+    fn exempt_node_traffic_from_a_vip_is_snated_to_the_node_ip_before_the_exemption() {
+        let rules = postrouting(&node(Some("198.18.0.2"), &["198.18.16.0/20"], SnatSource::Masquerade));
+        let snat = position(&rules, "ip daddr 198.18.16.0/20 ip saddr @vips snat to 198.18.0.2 fully-random");
+        let node_exempt = position(&rules, "fib saddr type local");
+        assert!(position(&rules, "@hairpin-endpoints") < snat, "{rules:#?}");
+        assert!(position(&rules, "ct mark and") < snat, "only marked traffic: {rules:#?}");
+        assert!(snat < node_exempt, "{rules:#?}");
+    }
+
+    #[test]
+    fn exempt_node_traffic_from_a_vip_is_masqueraded_without_a_node_ip() {
+        let rules = postrouting(&node(None, &["198.18.16.0/20"], SnatSource::Masquerade));
+        let masq = position(&rules, "ip daddr 198.18.16.0/20 ip saddr @vips goto masquerade-now");
+        assert!(masq < position(&rules, "fib saddr type local"), "{rules:#?}");
+    }
+
+    #[test]
+    fn without_no_masquerade_cidrs_vip_sourced_traffic_follows_the_snat_source() {
+        let rules = postrouting(&node(Some("198.18.0.2"), &[], SnatSource::Masquerade));
+        assert!(!rules.iter().any(|r| r.contains("@vips")), "{rules:#?}");
+        let ctx = Ctx::new(IpFamily::V4, "kproxy-ipvs", 0);
+        let skel = skeleton(&Config::default(), &ctx, &node(Some("198.18.0.2"), &[], SnatSource::Masquerade));
+        let marks = skel.chains.iter().find(|(c, _)| c.name == "masquerade-marks-output").unwrap();
+        assert!(marks.1.iter().any(|r| r.contains("ip saddr @vips ip daddr @vips ct mark set")), "{marks:#?}");
+    }
+}
