@@ -190,7 +190,11 @@ fn run_proxy(config: ProxyConfig) -> anyhow::Result<()> {
         info!(node = %name, mode = config.mode.as_str(), "starting kproxy");
         let planner = Planner::new(policy::proxy_policy(&config), node::context(&config, name.clone()));
         log_masquerade_policy(&config);
-        let pacing = Pacing { min_sync_period: config.min_sync_period, sync_period: config.sync_period };
+        let pacing = Pacing {
+            min_sync_period: config.min_sync_period,
+            sync_period: config.sync_period,
+            burst: proxier::DEFAULT_BURST,
+        };
         let (tx, rx) = mpsc::channel::<Change>(1024);
         let source = match &config.source {
             SourceSelection::Manifests(dir) => {

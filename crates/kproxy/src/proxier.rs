@@ -60,13 +60,45 @@ pub struct NoObserver;
 #[cfg(test)]
 impl SyncObserver for NoObserver {}
 
-/// Pacing of syncs.
+/// Pacing of syncs: upstream's bounded-frequency runner, a token bucket refilled at one sync per
+/// `min_sync_period` holding at most `burst` syncs, plus a full resync every `sync_period`.
 #[derive(Debug, Clone, Copy)]
 pub struct Pacing {
-    /// Minimum time between two syncs.
+    /// Average minimum time between two syncs.
     pub min_sync_period: Duration,
     /// Time between full resyncs.
     pub sync_period: Duration,
+    /// Syncs that may run back to back before `min_sync_period` applies (upstream: 2).
+    pub burst: u32,
+}
+
+/// kube-proxy's burst of syncs.
+pub const DEFAULT_BURST: u32 = 2;
+
+/// The bounded-frequency token bucket.
+#[derive(Debug, Clone, Copy)]
+struct SyncTokens {
+    tokens: f64,
+    at: Instant,
+}
+
+impl SyncTokens {
+    fn full(pacing: &Pacing) -> Self {
+        Self { tokens: f64::from(pacing.burst.max(1)), at: Instant::now() }
+    }
+
+    fn refilled(self, pacing: &Pacing, now: Instant) -> Self {
+        let period = pacing.min_sync_period.as_secs_f64();
+        let gained =
+            if period == 0.0 { f64::INFINITY } else { now.saturating_duration_since(self.at).as_secs_f64() / period };
+        Self { tokens: (self.tokens + gained).min(f64::from(pacing.burst.max(1))), at: now }
+    }
+
+    /// When the next token is there.
+    fn available_at(self, pacing: &Pacing, now: Instant) -> Instant {
+        let current = self.refilled(pacing, now);
+        if current.tokens >= 1.0 { now } else { now + pacing.min_sync_period.mul_f64(1.0 - current.tokens) }
+    }
 }
 
 /// The proxier: owns the state, the plan and the dataplane.
@@ -79,7 +111,7 @@ pub struct Proxier<D, O> {
     pacing: Pacing,
     needs_full_sync: bool,
     last_full_sync: Option<Instant>,
-    last_sync: Option<Instant>,
+    tokens: SyncTokens,
     pending: bool,
 }
 
@@ -95,7 +127,7 @@ impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
             pacing,
             needs_full_sync: true,
             last_full_sync: None,
-            last_sync: None,
+            tokens: SyncTokens::full(&pacing),
             pending: false,
         }
     }
@@ -143,7 +175,9 @@ impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
             let result = if delta.is_empty() { Ok(()) } else { self.dataplane.partial_sync(&self.plan, &delta) };
             (delta, result)
         };
-        self.last_sync = Some(start);
+        let mut tokens = self.tokens.refilled(&self.pacing, start);
+        tokens.tokens -= 1.0;
+        self.tokens = tokens;
         self.pending = false;
         match result {
             Ok(()) => {
@@ -173,7 +207,7 @@ impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
 
     /// When the next sync should run, if any is due.
     fn next_sync_at(&self, now: Instant) -> Instant {
-        let earliest = self.last_sync.map_or(now, |t| t + self.pacing.min_sync_period);
+        let earliest = self.tokens.available_at(&self.pacing, now);
         let full_due = self.last_full_sync.map_or(now, |t| t + self.pacing.sync_period);
         if self.pending || self.needs_full_sync { earliest.max(now) } else { full_due.max(earliest) }
     }
@@ -185,6 +219,8 @@ impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
             let at = self.next_sync_at(now);
             let wait = at.saturating_duration_since(now);
             tokio::select! {
+                // Drain queued events before syncing, so a burst of them makes one sync.
+                biased;
                 event = events.recv() => match event {
                     Some(change) => self.apply(change),
                     None => return self,

@@ -70,7 +70,8 @@ fn slice(name: &str, svc: &str) -> Object {
 
 fn proxier(recorder: &Recorder) -> Proxier<Recorder, NoObserver> {
     let planner = Planner::new(ProxyPolicy::default(), NodeContext { name: "node-a".into(), ..Default::default() });
-    let pacing = Pacing { min_sync_period: Duration::ZERO, sync_period: Duration::from_secs(3600) };
+    let pacing =
+        Pacing { min_sync_period: Duration::ZERO, sync_period: Duration::from_secs(3600), burst: DEFAULT_BURST };
     Proxier::new(planner, recorder.clone(), NoObserver, pacing)
 }
 
@@ -132,4 +133,29 @@ async fn events_in_a_burst_collapse_into_one_sync() {
     drop(tx);
     let _ = tokio::time::timeout(Duration::from_secs(2), task).await.unwrap();
     assert_eq!(rec.calls(), [Call::Full(0), Call::Partial(10)]);
+}
+
+/// Upstream's bounded-frequency runner: two syncs may run back to back, then one per
+/// `min_sync_period` on average.
+#[tokio::test(start_paused = true)]
+async fn syncs_are_paced_by_a_token_bucket_with_a_burst_of_two() {
+    let rec = Recorder::default();
+    let mut p = proxier(&rec);
+    p.pacing.min_sync_period = Duration::from_secs(1);
+    p.tokens = SyncTokens::full(&p.pacing);
+    p.apply(Change::Replaced(Kind::Service, vec![]));
+    p.apply(Change::Replaced(Kind::EndpointSlice, vec![]));
+    let t0 = Instant::now();
+    assert_eq!(p.next_sync_at(t0), t0, "the first sync runs at once");
+    assert!(p.sync());
+    p.apply(Change::Applied(service("a", "198.18.128.1")));
+    assert_eq!(p.next_sync_at(t0), t0, "the burst allows a second sync at once");
+    assert!(p.sync());
+    p.apply(Change::Applied(service("b", "198.18.128.2")));
+    assert_eq!(p.next_sync_at(t0), t0 + Duration::from_secs(1), "the third waits for a token");
+    tokio::time::advance(Duration::from_millis(400)).await;
+    assert_eq!(p.next_sync_at(Instant::now()), t0 + Duration::from_secs(1));
+    tokio::time::advance(Duration::from_secs(5)).await;
+    let later = Instant::now();
+    assert_eq!(p.next_sync_at(later), later, "tokens refill over time");
 }
