@@ -15,7 +15,9 @@ use kproxy_plan::{DetectLocal, NodeContext, Plan, PlanDelta, Planner, ProxyPolic
 use kproxy_state::{Change, ClusterState, Object};
 use kproxy_testbed::kernel::{self, KernelFeature};
 use kproxy_testbed::topology::{CLUSTER_CIDR_V4, CLUSTER_CIDR_V6, NODE_IP_V4, NODE_IP_V6};
-use kproxy_testbed::{EchoServer, Netns, Pod, ProbeOptions, ProbeResult, Proto, Testbed, Where, probe, probe_many};
+use kproxy_testbed::{
+    EchoServer, Netns, Pod, ProbeOptions, ProbeResult, Proto, Testbed, Where, probe, probe_many, probe_with,
+};
 use serde_json::json;
 
 const CIP: &str = "198.18.128.10:80";
@@ -386,4 +388,55 @@ fn cleanup_removes_services_interface_and_table_only() {
     assert!(tb.node().ip(["link", "show", "kube-ipvs0"]).is_err(), "dummy interface removed");
     let rules = tb.node().exec_ok("nft", &["list", "ruleset"]).unwrap();
     assert!(!rules.contains("kproxy-ipvs"), "{rules}");
+}
+
+/// A client that opens a new connection from the port of one that just closed (what random
+/// ephemeral ports do now and then). TCP is answered at once: conntrack replaces a TIME_WAIT or
+/// CLOSE entry on a new SYN, so IPVS (`conn_reuse_mode` 1, the kernel default kept on >= 5.9 as
+/// upstream does) reschedules without dropping. SCTP is not, on this kernel: conntrack keeps the
+/// confirmed entry of the closed association for the new INIT, and `ip_vs_in_hook` drops a new
+/// connection's first packet that reuses an IPVS connection in CLOSED state (10 s, not settable
+/// through the IPVS API) while it "uses old conntrack". The INIT is retransmitted after SCTP's
+/// initial RTO (3 s) and then answered. This is why `clusterip_sctp` can, rarely, see one of its
+/// 700 ms probes time out: two of its probes drew the same random source port.
+#[test]
+fn a_client_reusing_the_port_of_a_closed_connection() {
+    if !ready() || !kernel::require(&[KernelFeature::Sctp]) {
+        return;
+    }
+    let tb = Testbed::new().unwrap();
+    let a = tb.add_pod("a", Where::Node).unwrap();
+    let client = tb.add_pod("client", Where::Node).unwrap();
+    a.serve(&[(Proto::Tcp, 8080), (Proto::Sctp, 8080)]).unwrap();
+    let spec = json!({"ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"},
+                               {"name": "sctp", "port": 80, "targetPort": 8080, "protocol": "SCTP"}]});
+    let mut objects = web(&[], 8080, spec);
+    let ports =
+        json!([{"name": "http", "protocol": "TCP", "port": 8080}, {"name": "sctp", "protocol": "SCTP", "port": 8080}]);
+    let eps = vec![json!({"addresses": [a.ipv4().to_string()], "nodeName": NODE_A, "conditions": {"ready": true}})];
+    objects.push(slice("default", "web", "both", "IPv4", ports, eps));
+    let cluster = Cluster::new(objects);
+    let mut dp = dataplane(&tb, Config::default());
+    sync(&tb, &mut dp, &cluster.plan, &cluster.full());
+    let from = |port| Some(SocketAddr::new(client.ipv4().into(), port));
+    let quick = |port| ProbeOptions { timeout: Duration::from_millis(700), bind: from(port) };
+
+    for round in 0..3 {
+        let result = probe_with(client.netns(), Proto::Tcp, sa(CIP), &quick(40000)).unwrap();
+        assert_eq!(result.backend(), Some("a"), "TCP from port 40000, connection {round}: {result:?}");
+    }
+
+    let first = probe_with(client.netns(), Proto::Sctp, sa(CIP), &quick(40001)).unwrap();
+    assert_eq!(first.backend(), Some("a"), "SCTP, first association: {first:?}");
+    let started = std::time::Instant::now();
+    let patient = ProbeOptions { timeout: Duration::from_secs(6), bind: from(40001) };
+    let second = probe_with(client.netns(), Proto::Sctp, sa(CIP), &patient).unwrap();
+    let took = started.elapsed();
+    assert_eq!(second.backend(), Some("a"), "SCTP, same port again: {second:?}");
+    assert!(
+        took >= Duration::from_secs(2),
+        "the reused port's first INIT was answered at once ({took:?}): the kernel no longer drops it, so \
+         this test's explanation of clusterip_sctp timeouts is out of date"
+    );
+    tb.node().run_in(|| dp.cleanup()).unwrap().unwrap();
 }
