@@ -105,10 +105,34 @@ pub fn probe_many(from: &Netns, proto: Proto, dest: SocketAddr, n: usize, option
     from.run_in(move || {
         let mut tally = Tally::default();
         for _ in 0..n {
+            let mut options = options;
+            if proto == Proto::Sctp && options.bind.is_none_or(|b| b.port() == 0) {
+                // An SCTP INIT from the port of a just-closed association is held back by
+                // conntrack and only retransmitted after 3 s: give every SCTP probe a fresh port.
+                let ip = options.bind.map(|b| b.ip()).unwrap_or(if dest.is_ipv4() {
+                    std::net::Ipv4Addr::UNSPECIFIED.into()
+                } else {
+                    std::net::Ipv6Addr::UNSPECIFIED.into()
+                });
+                options.bind = Some(SocketAddr::new(ip, fresh_sctp_port()));
+            }
             tally.record(probe_here(proto, dest, &options)?);
         }
         Ok(tally)
     })?
+}
+
+/// A source port no earlier SCTP probe of this process used (below the kernel's ephemeral range,
+/// so it never collides with ports the kernel picks).
+fn fresh_sctp_port() -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const FIRST: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    // Processes running at the same time start at different offsets.
+    let offset = std::process::id().wrapping_mul(2_654_435_761) % SPAN;
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    (FIRST + (offset + n) % SPAN) as u16
 }
 
 /// Outcomes of many probes.
