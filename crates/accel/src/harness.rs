@@ -54,50 +54,19 @@ impl ProxyMode {
 
     fn dataplane(self) -> Box<dyn Dataplane> {
         match self {
-            ProxyMode::Nftables => Box::new(Nft(kproxy_nftables::NftablesDataplane::new(
+            ProxyMode::Nftables => Box::new(kproxy_nftables::NftablesDataplane::new(
                 kproxy_nftables::NftCommand::new(),
                 kproxy_nftables::Config::default(),
-            ))),
-            ProxyMode::Iptables => Box::new(Ipt(kproxy_iptables::IptablesDataplane::new(
+            )),
+            ProxyMode::Iptables => Box::new(kproxy_iptables::IptablesDataplane::new(
                 kproxy_iptables::IptablesRestore::new(kproxy_iptables::Backend::Nft),
                 kproxy_iptables::Config::default(),
-            ))),
-            ProxyMode::Ipvs => Box::new(Ipvs(kproxy_ipvs::IpvsDataplane::new(
+            )),
+            ProxyMode::Ipvs => Box::new(kproxy_ipvs::IpvsDataplane::new(
                 kproxy_ipvs::KernelHost::new(),
                 kproxy_ipvs::Config::default(),
-            ))),
+            )),
         }
-    }
-}
-
-struct Nft(kproxy_nftables::NftablesDataplane<kproxy_nftables::NftCommand>);
-struct Ipt(kproxy_iptables::IptablesDataplane<kproxy_iptables::IptablesRestore>);
-struct Ipvs(kproxy_ipvs::IpvsDataplane<kproxy_ipvs::KernelHost>);
-
-impl Dataplane for Nft {
-    fn sync(&mut self, plan: &Plan, delta: &PlanDelta) -> Result<(), String> {
-        self.0.partial_sync(plan, delta).map(|_| ()).map_err(|e| e.to_string())
-    }
-    fn cleanup(&mut self) -> Result<(), String> {
-        self.0.cleanup().map_err(|e| e.to_string())
-    }
-}
-
-impl Dataplane for Ipt {
-    fn sync(&mut self, plan: &Plan, delta: &PlanDelta) -> Result<(), String> {
-        self.0.sync(plan, delta).map(|_| ()).map_err(|e| e.to_string())
-    }
-    fn cleanup(&mut self) -> Result<(), String> {
-        self.0.cleanup().map_err(|e| e.to_string())
-    }
-}
-
-impl Dataplane for Ipvs {
-    fn sync(&mut self, plan: &Plan, delta: &PlanDelta) -> Result<(), String> {
-        self.0.sync(plan, delta).map(|_| ()).map_err(|e| e.to_string())
-    }
-    fn cleanup(&mut self) -> Result<(), String> {
-        self.0.cleanup().map_err(|e| e.to_string())
     }
 }
 
@@ -201,7 +170,9 @@ impl Cluster {
         let delta = PlanDelta::between(&Plan::default(), &plan);
         let node_ns = testbed.node();
         let mut dataplane = node_ns.run_in(|| mode.dataplane()).map_err(|e| e.to_string())?;
-        node_ns.run_in(|| dataplane.sync(&plan, &delta)).map_err(|e| e.to_string())??;
+        node_ns
+            .run_in(|| dataplane.partial_sync(&plan, &delta).map_err(|e| e.to_string()))
+            .map_err(|e| e.to_string())??;
         let mut accelerator = Accelerator::new(NftBinary::default(), config);
         node_ns.run_in(|| accelerator.sync(&plan, &delta)).map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
         Ok(Cluster {
@@ -243,7 +214,10 @@ impl Cluster {
         let dirty = self.state.take_dirty();
         let delta = self.planner.update(&mut self.plan, &self.state, &dirty);
         let (plan, dataplane, accel) = (&self.plan, &mut self.dataplane, &self.accel);
-        self.testbed.node().run_in(|| dataplane.sync(plan, &delta)).map_err(|e| e.to_string())??;
+        self.testbed
+            .node()
+            .run_in(|| dataplane.partial_sync(plan, &delta).map_err(|e| e.to_string()))
+            .map_err(|e| e.to_string())??;
         self.testbed
             .node()
             .run_in(|| lock(accel).sync(plan, &delta))
@@ -327,7 +301,7 @@ impl Cluster {
         self.watcher = None;
         let (dataplane, accel) = (&mut self.dataplane, &self.accel);
         self.testbed.node().run_in(|| lock(accel).cleanup()).map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
-        self.testbed.node().run_in(|| dataplane.cleanup()).map_err(|e| e.to_string())?
+        self.testbed.node().run_in(|| dataplane.cleanup().map_err(|e| e.to_string())).map_err(|e| e.to_string())?
     }
 }
 

@@ -345,3 +345,24 @@ fn ensure_jump(exec: &mut dyn Executor, family: IpFamily, jump: &rules::Jump) ->
     }
     Ok(())
 }
+
+impl<E: Executor + Send> kproxy_plan::Dataplane for IptablesDataplane<E> {
+    fn full_sync(&mut self, plan: &Plan) -> Result<(), kproxy_plan::DataplaneError> {
+        IptablesDataplane::full_sync(self, plan)?;
+        Ok(())
+    }
+
+    fn partial_sync(&mut self, plan: &Plan, delta: &PlanDelta) -> Result<(), kproxy_plan::DataplaneError> {
+        // Someone flushed kproxy's chains (the canary is gone): this sync becomes a full restore.
+        if !self.check_canary()? {
+            tracing::warn!("iptables canary chain missing: restoring every kproxy chain");
+        }
+        self.sync(plan, delta)?;
+        Ok(())
+    }
+
+    fn cleanup(&mut self) -> Result<(), kproxy_plan::DataplaneError> {
+        IptablesDataplane::cleanup(self)?;
+        Ok(())
+    }
+}

@@ -2,23 +2,10 @@
 //! case is two tests, `nft::<case>` and `legacy::<case>`, each in its own testbed.
 
 use kproxy_iptables::{Backend, Config, IptablesDataplane, IptablesRestore};
-use kproxy_packet_suite::{Dataplane, run_named};
-use kproxy_plan::{Plan, PlanDelta};
-
-struct Ipt(IptablesDataplane<IptablesRestore>);
-
-impl Dataplane for Ipt {
-    fn sync(&mut self, plan: &Plan, delta: &PlanDelta) -> Result<(), String> {
-        self.0.sync(plan, delta).map(|_| ()).map_err(|e| e.to_string())
-    }
-
-    fn cleanup(&mut self) -> Result<(), String> {
-        self.0.cleanup().map_err(|e| e.to_string())
-    }
-}
+use kproxy_packet_suite::run_named;
 
 fn run(backend: Backend, name: &str) {
-    run_named(name, || Ipt(IptablesDataplane::new(IptablesRestore::new(backend), Config::default())));
+    run_named(name, || IptablesDataplane::new(IptablesRestore::new(backend), Config::default()));
 }
 
 mod nft {

@@ -607,3 +607,20 @@ pub fn cleanup<H: Host>(host: &mut H, config: &Config) -> Result<(), Error> {
     }
     host.nft(&tx)
 }
+
+impl<H: Host + Send> kproxy_plan::Dataplane for IpvsDataplane<H> {
+    fn full_sync(&mut self, plan: &Plan) -> Result<(), kproxy_plan::DataplaneError> {
+        IpvsDataplane::full_sync(self, plan)?;
+        Ok(())
+    }
+
+    fn partial_sync(&mut self, plan: &Plan, delta: &PlanDelta) -> Result<(), kproxy_plan::DataplaneError> {
+        self.sync(plan, delta)?;
+        Ok(())
+    }
+
+    fn cleanup(&mut self) -> Result<(), kproxy_plan::DataplaneError> {
+        IpvsDataplane::cleanup(self)?;
+        Ok(())
+    }
+}

@@ -5,22 +5,27 @@
 //! `CANNOT_APPLY_TO_IPVS` with the kernel's reason, and that list is printed on every run.
 
 use kproxy_ipvs::{Config, IpvsDataplane, KernelHost};
-use kproxy_packet_suite::{Dataplane, all_cases, run_case};
-use kproxy_plan::{Plan, PlanDelta};
+use kproxy_packet_suite::{all_cases, run_named};
+use kproxy_plan::{Dataplane, DataplaneError, Plan, PlanDelta};
 use kproxy_testbed::kernel::{self, KernelFeature};
 
+/// The IPVS dataplane, dumping the kernel state before cleanup when `KPROXY_IPVS_DUMP` is set.
 struct Ipvs(IpvsDataplane<KernelHost>);
 
 impl Dataplane for Ipvs {
-    fn sync(&mut self, plan: &Plan, delta: &PlanDelta) -> Result<(), String> {
-        self.0.sync(plan, delta).map(|_| ()).map_err(|e| e.to_string())
+    fn full_sync(&mut self, plan: &Plan) -> Result<(), DataplaneError> {
+        self.0.full_sync(plan).map(|_| ()).map_err(Into::into)
     }
 
-    fn cleanup(&mut self) -> Result<(), String> {
+    fn partial_sync(&mut self, plan: &Plan, delta: &PlanDelta) -> Result<(), DataplaneError> {
+        self.0.sync(plan, delta).map(|_| ()).map_err(Into::into)
+    }
+
+    fn cleanup(&mut self) -> Result<(), DataplaneError> {
         if std::env::var_os("KPROXY_IPVS_DUMP").is_some() {
             dump_kernel_state();
         }
-        self.0.cleanup().map_err(|e| e.to_string())
+        self.0.cleanup().map_err(Into::into)
     }
 }
 
@@ -36,9 +41,9 @@ fn dump_kernel_state() {
     }
 }
 
-/// Suite cases that can not hold on IPVS, with the kernel's reason. They get no test;
-/// `every_suite_case_has_a_test` accepts a missing test only from this list, and
-/// `cases_that_cannot_apply_to_ipvs` prints the list on every run.
+/// Suite cases that can not hold on IPVS, with the kernel's reason. Their generated test prints
+/// the reason instead of running the case, and `cases_that_cannot_apply_to_ipvs` prints the whole
+/// list on every run.
 const CANNOT_APPLY_TO_IPVS: &[(&str, &str)] = &[(
     "client_ip_affinity_sticks_and_expires",
     "IPVS implements ClientIP affinity as a persistence template, and the kernel does not expire a \
@@ -64,72 +69,15 @@ fn cases_that_cannot_apply_to_ipvs() {
 }
 
 fn run(name: &str) {
+    if let Some((_, why)) = CANNOT_APPLY_TO_IPVS.iter().find(|(n, _)| *n == name) {
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr(), "{name}: cannot apply to IPVS, not run: {why}");
+        return;
+    }
     if !kernel::require_root() || !kernel::require(&[KernelFeature::Ipvs, KernelFeature::Dummy]) {
         return;
     }
-    let cases = all_cases();
-    let Some(case) = cases.iter().find(|c| c.name == name) else { panic!("no case named {name}") };
-    match run_case(case, || Ipvs(IpvsDataplane::new(KernelHost::new(), Config::default()))) {
-        Ok(Some(log)) => println!("{log}"),
-        Ok(None) => println!("case {name} skipped"),
-        Err(report) => panic!("{report}"),
-    }
+    run_named(name, || Ipvs(IpvsDataplane::new(KernelHost::new(), Config::default())));
 }
 
-macro_rules! cases {
-    ($($name:ident),+ $(,)?) => {
-        $( #[test] fn $name() { run(stringify!($name)); } )+
-
-        #[test]
-        fn every_suite_case_has_a_test() {
-            let listed = [$(stringify!($name)),+];
-            for case in all_cases() {
-                let excluded = CANNOT_APPLY_TO_IPVS.iter().any(|(n, _)| *n == case.name);
-                assert!(
-                    listed.contains(&case.name) != excluded,
-                    "case {} needs exactly one of: a test in tests/packets.rs, an entry in CANNOT_APPLY_TO_IPVS",
-                    case.name
-                );
-            }
-        }
-    };
-}
-
-cases!(
-    clusterip_tcp,
-    clusterip_udp,
-    clusterip_sctp,
-    multi_port,
-    endpoints_spread_evenly,
-    nodeport_primary_ip_only,
-    nodeport_all_addresses,
-    loadbalancer_ip,
-    external_ip,
-    etp_local_keeps_client_ip_and_local_endpoints,
-    etp_local_short_circuits_pods_and_host,
-    itp_local,
-    no_endpoints_rejects,
-    local_policy_without_local_endpoints_drops,
-    load_balancer_source_ranges,
-    hairpin_is_masqueraded,
-    masquerade_all,
-    detect_local_node_cidr,
-    detect_local_interface_name_prefix,
-    detect_local_bridge_interface,
-    detect_local_none_never_masquerades_cluster_ips,
-    terminating_endpoints_are_a_fallback,
-    topology_hints_pick_same_zone,
-    ipv6_clusterip,
-    ipv6_nodeport,
-    ipv6_etp_local,
-    service_updated_in_place,
-    cleanup_leaves_the_kernel_as_found,
-    kep6246_no_masquerade_cidrs_exempt_only_the_node_when_pods_are_undetectable,
-    kep6246_no_masquerade_cidrs_override_masquerade_all_for_node_and_local_pods,
-    kep6246_no_masquerade_cidrs_route_node_traffic_like_direct_traffic,
-    kep6246_no_masquerade_cidrs_still_masquerade_hairpin,
-    kep6246_snat_to_node_ip,
-    kep6246_snat_to_node_ip_falls_back_per_family_and_follows_the_node,
-    kep6246_snat_to_node_ip_with_no_masquerade_cidrs,
-    kep6246_without_options_node_traffic_is_masqueraded_to_the_egress_interface,
-);
+kproxy_packet_suite::packet_tests!(run);

@@ -1,24 +1,8 @@
-//! The dataplanes the sync loop can drive.
+//! Executors the binary adds to the dataplanes: netlink with an `nft` fallback, and `--dry-run` printers.
 
 use std::io::Write as _;
 
-use kproxy_iptables::IptablesDataplane;
-use kproxy_nftables::{ExecError, Executor, NftablesDataplane, Transaction};
-use kproxy_plan::{Plan, PlanDelta};
-
-use crate::proxier::Dataplane;
-
-impl<E: Executor + Send> Dataplane for NftablesDataplane<E> {
-    fn full_sync(&mut self, plan: &Plan) -> anyhow::Result<()> {
-        NftablesDataplane::full_sync(self, plan)?;
-        Ok(())
-    }
-
-    fn partial_sync(&mut self, plan: &Plan, delta: &PlanDelta) -> anyhow::Result<()> {
-        NftablesDataplane::partial_sync(self, plan, delta)?;
-        Ok(())
-    }
-}
+use kproxy_nftables::{ExecError, Executor, Transaction};
 
 /// Applies transactions over nf_tables netlink (no `nft` process, no ruleset dump), falling back
 /// to `nft -f` for a transaction that uses syntax the netlink encoder does not cover.
@@ -56,22 +40,6 @@ impl Executor for PrintTransactions {
     }
 }
 
-impl<E: kproxy_iptables::Executor + Send> Dataplane for IptablesDataplane<E> {
-    fn full_sync(&mut self, plan: &Plan) -> anyhow::Result<()> {
-        IptablesDataplane::full_sync(self, plan)?;
-        Ok(())
-    }
-
-    fn partial_sync(&mut self, plan: &Plan, delta: &PlanDelta) -> anyhow::Result<()> {
-        // Someone flushed kproxy's chains (the canary is gone): this sync becomes a full restore.
-        if !self.check_canary()? {
-            tracing::warn!("iptables canary chain missing: restoring every kproxy chain");
-        }
-        self.sync(plan, delta)?;
-        Ok(())
-    }
-}
-
 /// `--dry-run` in iptables mode: prints each `iptables-restore` input instead of applying it.
 #[derive(Debug, Default)]
 pub struct PrintRestores(kproxy_iptables::Recording);
@@ -105,17 +73,5 @@ impl kproxy_iptables::Executor for PrintRestores {
         table: kproxy_iptables::rules::Table,
     ) -> Result<(), kproxy_iptables::ExecError> {
         self.0.drop_empty_table(family, table)
-    }
-}
-
-impl<H: kproxy_ipvs::Host + Send> Dataplane for kproxy_ipvs::IpvsDataplane<H> {
-    fn full_sync(&mut self, plan: &Plan) -> anyhow::Result<()> {
-        kproxy_ipvs::IpvsDataplane::full_sync(self, plan)?;
-        Ok(())
-    }
-
-    fn partial_sync(&mut self, plan: &Plan, delta: &PlanDelta) -> anyhow::Result<()> {
-        self.sync(plan, delta)?;
-        Ok(())
     }
 }

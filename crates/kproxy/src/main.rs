@@ -366,7 +366,7 @@ fn tune_conntrack(config: &ProxyConfig) {
     let _ = tuning.apply(Path::new("/"));
 }
 
-fn spawn_proxier<D: proxier::Dataplane + 'static>(
+fn spawn_proxier<D: kproxy_plan::Dataplane + 'static>(
     planner: Planner,
     dataplane: D,
     observer: DaemonObserver,

@@ -11,18 +11,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use kproxy_plan::{Plan, PlanDelta, Planner};
+use kproxy_plan::{Dataplane, Plan, PlanDelta, Planner};
 use kproxy_state::{Change, ClusterState, Kind};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
-
-/// What a dataplane backend offers the sync loop.
-pub trait Dataplane: Send {
-    /// Makes the kernel match `plan` exactly, whatever it held before.
-    fn full_sync(&mut self, plan: &Plan) -> anyhow::Result<()>;
-    /// Applies `delta` (computed against the previously synced plan); `plan` is the result.
-    fn partial_sync(&mut self, plan: &Plan, delta: &PlanDelta) -> anyhow::Result<()>;
-}
 
 /// Something to do after each successful sync (health, conntrack, health-check servers).
 pub trait SyncObserver: Send {
@@ -196,7 +188,7 @@ impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
                 true
             }
             Err(e) => {
-                warn!(error = format!("{e:#}"), full, "sync failed; the next sync is a full resync");
+                warn!(error = %e, full, "sync failed; the next sync is a full resync");
                 self.needs_full_sync = true;
                 self.pending = true;
                 self.observer.failed(full);

@@ -461,3 +461,20 @@ fn diff_services(state: &FamilyState, changes: Vec<(ServicePortName, Option<Serv
     commit.services = changes;
     (b, commit)
 }
+
+impl<E: Executor + Send> kproxy_plan::Dataplane for NftablesDataplane<E> {
+    fn full_sync(&mut self, plan: &Plan) -> Result<(), kproxy_plan::DataplaneError> {
+        NftablesDataplane::full_sync(self, plan)?;
+        Ok(())
+    }
+
+    fn partial_sync(&mut self, plan: &Plan, delta: &PlanDelta) -> Result<(), kproxy_plan::DataplaneError> {
+        NftablesDataplane::partial_sync(self, plan, delta)?;
+        Ok(())
+    }
+
+    fn cleanup(&mut self) -> Result<(), kproxy_plan::DataplaneError> {
+        NftablesDataplane::cleanup(self)?;
+        Ok(())
+    }
+}

@@ -17,5 +17,6 @@ mod tests_macro;
 
 pub use cases::all_cases;
 pub use cluster::{Env, NODE_A, NODE_B, endpoint, node_a_with_ips, node_objects, service, slice};
-pub use runner::{Case, Check, Client, Dataplane, Dest, Expect, PodSpec, Setup, Source, Step, run_case};
+pub use kproxy_plan::Dataplane;
+pub use runner::{Case, Check, Client, Dest, Expect, PodSpec, Setup, Source, Step, run_case};
 pub use tests_macro::run_named;

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use kproxy_plan::{DetectLocal, NodeContext, Plan, PlanDelta, Planner, ProxyPolicy};
+use kproxy_plan::{Dataplane, DetectLocal, NodeContext, Plan, PlanDelta, Planner, ProxyPolicy};
 use kproxy_state::{Change, ClusterState, Object};
 use kproxy_testbed::kernel::KernelFeature;
 use kproxy_testbed::topology::{
@@ -15,15 +15,15 @@ use kproxy_testbed::{PodNetworking, ProbeOptions, Proto, Testbed, Where, chi_squ
 
 use crate::cluster::{Env, NODE_A, node_objects};
 
-/// A dataplane under test. It is created, synced and cleaned up on threads that have entered
-/// the node's network namespace, so commands it spawns (`nft`, `iptables-restore`) and netlink
-/// sockets it opens act on the node.
-pub trait Dataplane: Send {
-    /// Brings the kernel in line with `plan`; `delta` is what changed since the last call
-    /// (everything, the first time).
-    fn sync(&mut self, plan: &Plan, delta: &PlanDelta) -> Result<(), String>;
-    /// Removes everything the dataplane put in the kernel.
-    fn cleanup(&mut self) -> Result<(), String>;
+/// The dataplane under test is created, synced (with `partial_sync`: the first call carries
+/// everything) and cleaned up on threads that have entered the node's network namespace, so
+/// commands it spawns (`nft`, `iptables-restore`) and netlink sockets it opens act on the node.
+fn sync<D: Dataplane>(tb: &Testbed, dp: &mut D, plan: &Plan, delta: &PlanDelta) -> Result<(), String> {
+    tb.node().run_in(|| dp.partial_sync(plan, delta).map_err(|e| e.to_string())).map_err(|e| e.to_string())?
+}
+
+fn cleanup<D: Dataplane>(tb: &Testbed, dp: &mut D) -> Result<(), String> {
+    tb.node().run_in(|| dp.cleanup().map_err(|e| e.to_string())).map_err(|e| e.to_string())?
 }
 
 /// A pod the case needs, and what it serves.
@@ -394,7 +394,7 @@ pub fn run_case<D: Dataplane, F: FnOnce() -> D + Send>(case: &Case, make: F) -> 
     let mut plan = planner.build(&state);
     let delta = PlanDelta::between(&Plan::default(), &plan);
     let mut dp = tb.node().run_in(make).map_err(|e| e.to_string())?;
-    tb.node().run_in(|| dp.sync(&plan, &delta)).map_err(|e| e.to_string())??;
+    sync(&tb, &mut dp, &plan, &delta)?;
 
     let result = (|| -> Result<(), String> {
         for (i, step) in case.steps.iter().enumerate() {
@@ -407,7 +407,7 @@ pub fn run_case<D: Dataplane, F: FnOnce() -> D + Send>(case: &Case, make: F) -> 
                     }
                     let dirty = state.take_dirty();
                     let delta = planner.update(&mut plan, &state, &dirty);
-                    tb.node().run_in(|| dp.sync(&plan, &delta)).map_err(|e| e.to_string())??;
+                    sync(&tb, &mut dp, &plan, &delta)?;
                 }
                 Step::Delete(objs) => {
                     for (kind, ns, name) in objs {
@@ -415,7 +415,7 @@ pub fn run_case<D: Dataplane, F: FnOnce() -> D + Send>(case: &Case, make: F) -> 
                     }
                     let dirty = state.take_dirty();
                     let delta = planner.update(&mut plan, &state, &dirty);
-                    tb.node().run_in(|| dp.sync(&plan, &delta)).map_err(|e| e.to_string())??;
+                    sync(&tb, &mut dp, &plan, &delta)?;
                 }
                 Step::Sleep(d) => std::thread::sleep(*d),
                 Step::StopServing(name) => env.pod(name).stop_serving(),
@@ -448,7 +448,7 @@ pub fn run_case<D: Dataplane, F: FnOnce() -> D + Send>(case: &Case, make: F) -> 
                     }
                 }
                 Step::CleanupLeavesNothing => {
-                    tb.node().run_in(|| dp.cleanup()).map_err(|e| e.to_string())??;
+                    cleanup(&tb, &mut dp)?;
                     let after = ruleset(&tb)?;
                     if after != before {
                         return Err(format!("ruleset after cleanup differs:\nbefore:\n{before}\nafter:\n{after}"));
@@ -458,7 +458,7 @@ pub fn run_case<D: Dataplane, F: FnOnce() -> D + Send>(case: &Case, make: F) -> 
         }
         Ok(())
     })();
-    let _ = tb.node().run_in(|| dp.cleanup());
+    let _ = cleanup(&tb, &mut dp);
     match result {
         Ok(()) => Ok(Some(log)),
         Err(e) => Err(format!("{log}FAILED: {e}")),

@@ -15,7 +15,7 @@ pub fn run_named<D: crate::Dataplane, F: FnOnce() -> D + Send>(name: &str, make:
 /// Expands to one `#[test] fn <case>()` per packet case, each calling `$run(name)` (a function or
 /// closure taking the case name), plus a guard test that fails when a case is missing here.
 ///
-/// ```ignore
+/// ```text
 /// fn run(name: &str) { kproxy_packet_suite::run_named(name, || MyDataplane::new()) }
 /// kproxy_packet_suite::packet_tests!(run);
 /// ```

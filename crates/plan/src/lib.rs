@@ -9,12 +9,14 @@
 //! services the state marked dirty and returns the [`PlanDelta`] a backend applies in O(change).
 
 mod categorize;
+mod dataplane;
 mod delta;
 mod model;
 mod planner;
 mod policy;
 
 pub use categorize::{Categorized, categorize_endpoints};
+pub use dataplane::{Dataplane, DataplaneError};
 pub use delta::{PlanDelta, ServicePortChange};
 pub use model::{
     Endpoint, ExternalPolicy, ExternalTraffic, FamilyPlan, InternalTraffic, MasqueradeWhen, NoEndpointsVerdict,

@@ -23,19 +23,22 @@ struct Recorder {
 }
 
 impl Dataplane for Recorder {
-    fn full_sync(&mut self, plan: &Plan) -> anyhow::Result<()> {
+    fn full_sync(&mut self, plan: &Plan) -> Result<(), kproxy_plan::DataplaneError> {
         self.record(Call::Full(ports(plan)))
     }
-    fn partial_sync(&mut self, plan: &Plan, _delta: &PlanDelta) -> anyhow::Result<()> {
+    fn partial_sync(&mut self, plan: &Plan, _delta: &PlanDelta) -> Result<(), kproxy_plan::DataplaneError> {
         self.record(Call::Partial(ports(plan)))
+    }
+    fn cleanup(&mut self) -> Result<(), kproxy_plan::DataplaneError> {
+        Ok(())
     }
 }
 
 impl Recorder {
-    fn record(&self, call: Call) -> anyhow::Result<()> {
+    fn record(&self, call: Call) -> Result<(), kproxy_plan::DataplaneError> {
         self.calls.lock().unwrap().push(call);
         if std::mem::take(&mut *self.fail_next.lock().unwrap()) {
-            anyhow::bail!("injected failure");
+            return Err("injected failure".into());
         }
         Ok(())
     }

@@ -1,0 +1,20 @@
+//! What every dataplane offers the sync loop and the packet suite: bring the kernel in line with
+//! a plan. The plan decides; a dataplane only renders.
+
+use crate::delta::PlanDelta;
+use crate::model::Plan;
+
+/// A dataplane's error, whatever its backend.
+pub type DataplaneError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// A dataplane backend (nftables, iptables, IPVS).
+pub trait Dataplane: Send {
+    /// Makes the kernel match `plan` exactly, whatever it held before (start, after a failure,
+    /// every `syncPeriod`).
+    fn full_sync(&mut self, plan: &Plan) -> Result<(), DataplaneError>;
+    /// Applies `delta`, computed against the plan of the previous sync; `plan` is the result. A
+    /// backend may do a full sync instead when it must (first sync, after a failure).
+    fn partial_sync(&mut self, plan: &Plan, delta: &PlanDelta) -> Result<(), DataplaneError>;
+    /// Removes everything this dataplane put in the kernel.
+    fn cleanup(&mut self) -> Result<(), DataplaneError>;
+}
