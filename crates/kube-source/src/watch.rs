@@ -1,11 +1,12 @@
 //! Watching the four kinds and turning watcher events into [`Change`]s.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
 use futures::stream::{BoxStream, SelectAll};
-use kproxy_state::{Change, Kind, Object};
+use kproxy_state::{Change, Kind, Object, ObjectKey};
 use kube::runtime::WatchStreamExt as _;
 use kube::runtime::utils::Backoff;
 use kube::runtime::watcher::{self, Event};
@@ -96,10 +97,10 @@ fn watch_kind(
 /// keeps retrying in case the API appears. Errors are never fatal: the watchers retry with
 /// `opts.backoff`, and each error is logged and counted in `stats`.
 ///
-/// A malformed object is skipped, logged and counted. On a single watch event that leaves the
-/// consumer's last good version in place; in a (re)list the object is missing from the
-/// [`Change::Replaced`], so the consumer drops it (the source keeps no copy of objects to fall
-/// back on).
+/// A malformed object is skipped, logged and counted, and the consumer's last good version of it
+/// stays in place: a relist after the first listing is sent as the difference to what the
+/// consumer has (`Applied` for every listed object, `Deleted` for the keys that are gone), and a
+/// key whose object could not be read is neither.
 pub async fn run(client: Client, opts: KubeSourceOptions, tx: mpsc::Sender<Change>, stats: Arc<SourceStats>) {
     let selected = watcher::Config::default().labels(&opts.label_selector);
     let mut streams: SelectAll<BoxStream<'static, KindEvent>> = SelectAll::new();
@@ -129,6 +130,10 @@ struct Emitter {
     stats: Arc<SourceStats>,
     /// Objects of a relist in progress, per kind (indexed like `Kind::ALL`).
     listing: [Option<Vec<Object>>; 4],
+    /// Keys of the relist in progress whose objects could not be read.
+    unreadable: [Vec<ObjectKey>; 4],
+    /// Keys the consumer has, per kind (what a relist is compared with).
+    known: [BTreeSet<ObjectKey>; 4],
     /// Kinds listed at least once.
     listed: [bool; 4],
     /// Service and EndpointSlice changes held until both kinds are listed; `None` once released.
@@ -147,6 +152,8 @@ impl Emitter {
             tx,
             stats,
             listing: Default::default(),
+            unreadable: Default::default(),
+            known: Default::default(),
             listed: [false; 4],
             held: Some(Vec::new()),
             no_service_cidr_api: false,
@@ -158,19 +165,26 @@ impl Emitter {
         match event {
             Ok(Event::Init) => {
                 self.listing[slot(kind)] = Some(Vec::new());
+                self.unreadable[slot(kind)].clear();
                 true
             }
             Ok(Event::InitApply(raw)) => {
-                if let Some(object) = self.convert(kind, raw) {
-                    self.listing[slot(kind)].get_or_insert_with(Vec::new).push(object);
+                let key = raw.key();
+                match self.convert(kind, raw) {
+                    Some(object) => self.listing[slot(kind)].get_or_insert_with(Vec::new).push(object),
+                    None => self.unreadable[slot(kind)].push(key),
                 }
                 true
             }
             Ok(Event::InitDone) => {
                 let objects = self.listing[slot(kind)].take().unwrap_or_default();
-                tracing::debug!(%kind, objects = objects.len(), "listed");
+                let unreadable = std::mem::take(&mut self.unreadable[slot(kind)]);
+                tracing::debug!(%kind, objects = objects.len(), unreadable = unreadable.len(), "listed");
                 self.stats.count_list(kind);
-                self.emit(Change::Replaced(kind, objects)).await
+                if !self.listed[slot(kind)] {
+                    return self.emit(Change::Replaced(kind, objects)).await;
+                }
+                self.emit_relist(kind, objects, &unreadable).await
             }
             Ok(Event::Apply(raw)) => match self.convert(kind, raw) {
                 Some(object) => {
@@ -229,12 +243,40 @@ impl Emitter {
         }
     }
 
+    /// A relist, as the difference to what the consumer has: unreadable objects keep their last
+    /// good version.
+    async fn emit_relist(&mut self, kind: Kind, objects: Vec<Object>, unreadable: &[ObjectKey]) -> bool {
+        let listed: BTreeSet<ObjectKey> = objects.iter().map(Object::key).chain(unreadable.iter().cloned()).collect();
+        let gone: Vec<ObjectKey> = self.known[slot(kind)].difference(&listed).cloned().collect();
+        for object in objects {
+            if !self.emit(Change::Applied(object)).await {
+                return false;
+            }
+        }
+        for key in gone {
+            if !self.emit(Change::Deleted(kind, key)).await {
+                return false;
+            }
+        }
+        true
+    }
+
     /// Sends a change, or holds it while the first sync is incomplete; false once the receiver is gone.
     async fn emit(&mut self, change: Change) -> bool {
         let kind = match &change {
             Change::Applied(object) => object.kind(),
             Change::Deleted(kind, _) | Change::Replaced(kind, _) => *kind,
         };
+        let known = &mut self.known[slot(kind)];
+        match &change {
+            Change::Applied(object) => {
+                known.insert(object.key());
+            }
+            Change::Deleted(_, key) => {
+                known.remove(key);
+            }
+            Change::Replaced(_, objects) => *known = objects.iter().map(Object::key).collect(),
+        }
         if let Change::Replaced(..) = change {
             self.listed[slot(kind)] = true;
         }

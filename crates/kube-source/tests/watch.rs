@@ -174,9 +174,14 @@ async fn gone_forces_a_relist_that_removes_objects_deleted_meanwhile() {
         h.until(|s| s.service(&key("prod", "b")).is_none() && s.slices_of(&key("prod", "b")).count() == 0).await;
     let mut changes: Vec<_> = changes.iter().map(names).collect();
     changes.extend(h.until_quiet(Duration::from_millis(500)).await.iter().map(names));
-    assert!(changes.contains(&ev(Kind::Service, "replaced", &["prod/a"])), "{changes:?}");
-    assert!(changes.contains(&ev(Kind::EndpointSlice, "replaced", &["prod/a-1"])), "{changes:?}");
-    assert!(changes.iter().all(|(_, what, _)| *what == "replaced"), "only relists: {changes:?}");
+    // A relist reaches the consumer as the difference to what it had.
+    assert!(changes.contains(&ev(Kind::Service, "deleted", &["prod/b"])), "{changes:?}");
+    assert!(changes.contains(&ev(Kind::EndpointSlice, "deleted", &["prod/b-1"])), "{changes:?}");
+    assert!(changes.contains(&ev(Kind::Service, "applied", &["prod/a"])), "{changes:?}");
+    assert!(
+        changes.iter().all(|(_, what, _)| *what != "replaced"),
+        "no full replacement after the first list: {changes:?}"
+    );
     assert_eq!(h.services(), ["prod/a"]);
     assert_eq!(h.server.list_count(Kind::Service), 2);
     assert_eq!(h.stats.lists(Kind::Service), 2);
@@ -187,11 +192,9 @@ async fn gone_forces_a_relist_that_removes_objects_deleted_meanwhile() {
     assert_eq!(names(&h.next().await), ev(Kind::Service, "applied", &["prod/e"]));
     h.server.compact();
     h.server.expire_watches();
-    let relisted = h.until_quiet(Duration::from_millis(800)).await;
-    assert!(
-        relisted.iter().map(names).any(|c| c == ev(Kind::Service, "replaced", &["prod/a", "prod/e"])),
-        "{relisted:?}"
-    );
+    let relisted: Vec<_> = h.until_quiet(Duration::from_millis(800)).await.iter().map(names).collect();
+    assert!(relisted.contains(&ev(Kind::Service, "applied", &["prod/a"])), "{relisted:?}");
+    assert!(relisted.contains(&ev(Kind::Service, "applied", &["prod/e"])), "{relisted:?}");
     assert_eq!(h.server.list_count(Kind::Service), 3);
     assert_eq!(h.services(), ["prod/a", "prod/e"]);
 }
@@ -267,7 +270,34 @@ async fn missing_service_cidr_api_counts_as_synced_and_empty() {
     // The API appears later: the watcher, still retrying, picks it up.
     h.server.set_served(Kind::ServiceCidr, true);
     let changes = h.until(|s| s.service_cidrs().count() == 1).await;
-    assert_eq!(names(changes.last().unwrap()), ev(Kind::ServiceCidr, "replaced", &["kubernetes"]));
+    assert_eq!(names(changes.last().unwrap()), ev(Kind::ServiceCidr, "applied", &["kubernetes"]));
+}
+
+#[tokio::test]
+async fn a_malformed_object_in_a_relist_keeps_its_last_good_version() {
+    let mut h = Harness::new().await;
+    seed(&h.server);
+    h.start_source();
+    h.synced().await;
+    h.watches_open(4).await;
+
+    // While the server is down prod/a turns unreadable and prod/b goes; the history is compacted,
+    // so the source must relist.
+    h.server.stop().await;
+    let mut bad = service("prod", "a", "198.18.0.99");
+    bad["spec"]["ports"] = json!("eighty");
+    h.server.apply(Kind::Service, bad);
+    h.server.delete(Kind::Service, "prod", "b");
+    h.server.compact();
+    h.server.restart().await.unwrap();
+
+    h.until(|s| s.service(&key("prod", "b")).is_none()).await;
+    h.until_quiet(Duration::from_millis(500)).await;
+    assert_eq!(h.services(), ["prod/a"], "prod/a stays, prod/b is gone");
+    let a = h.state.service(&key("prod", "a")).unwrap();
+    assert_eq!(a.cluster_ips, ["198.18.0.1".parse::<std::net::IpAddr>().unwrap()], "the last good version");
+    assert!(h.stats.malformed_objects(Kind::Service) >= 1);
+    assert_eq!(h.server.list_count(Kind::Service), 2, "it was a relist");
 }
 
 #[tokio::test]

@@ -130,7 +130,8 @@ pub enum Change {
     /// The object was deleted.
     Deleted(Kind, ObjectKey),
     /// A complete listing of one kind: objects of that kind not in the list are gone. A source
-    /// sends one after its initial list and after every relist (e.g. `410 Gone`); the first one of
-    /// each kind also marks that kind as synced.
+    /// sends one after its initial list, which also marks that kind as synced; later relists
+    /// (e.g. after `410 Gone`) come as the difference (`Applied` / `Deleted`), so an object that
+    /// could not be read keeps its last good version.
     Replaced(Kind, Vec<Object>),
 }
