@@ -102,7 +102,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             info!(path = %path.display(), "wrote the effective configuration");
             Ok(())
         }
-        Action::Cleanup => cleanup(),
+        Action::Cleanup => cleanup(&config),
         Action::InitOnly => {
             tune_conntrack(&config);
             Ok(())
@@ -134,25 +134,33 @@ fn init_logging(config: &ProxyConfig) {
 
 /// `--cleanup`: removes what any kproxy mode installed (its nftables tables, its iptables chains
 /// and jumps) and nothing else, like kube-proxy's `--cleanup` for every mode.
-fn cleanup() -> anyhow::Result<()> {
-    kproxy_nftables::cleanup(&mut NftCommand::new()).context("removing kproxy's nftables tables")?;
-    info!("removed kproxy's nftables tables");
-    // IPVS services, kube-ipvs0 and the auxiliary table (a kernel without IPVS has none of them).
-    match kproxy_ipvs::cleanup(&mut kproxy_ipvs::KernelHost::new(), &kproxy_ipvs::Config::default()) {
-        Ok(()) => info!("removed kproxy's IPVS services, kube-ipvs0 and its table"),
-        Err(e) => warn!(error = %e, "could not clean IPVS state"),
-    }
-    match kproxy_accel::cleanup(&mut kproxy_accel::NftBinary::default()) {
-        Ok(()) => info!("removed the services acceleration table"),
-        Err(e) => warn!(error = %e, "could not remove the services acceleration table"),
-    }
+fn cleanup(config: &ProxyConfig) -> anyhow::Result<()> {
+    let mut failed = Vec::new();
+    let mut step = |what: &str, result: Result<(), String>| match result {
+        Ok(()) => info!("removed {what}"),
+        Err(e) => {
+            warn!(error = %e, "could not remove {what}");
+            failed.push(what.to_owned());
+        }
+    };
+    step("kproxy's nftables tables", kproxy_nftables::cleanup(&mut NftCommand::new()).map_err(|e| e.to_string()));
+    // IPVS services (never those in ipvs.excludeCIDRs), kube-ipvs0 and the auxiliary table; a
+    // kernel without IPVS has none of them.
+    let ipvs = ipvs_config(config)?;
+    step(
+        "kproxy's IPVS services, kube-ipvs0 and its table",
+        kproxy_ipvs::cleanup(&mut kproxy_ipvs::KernelHost::new(), &ipvs).map_err(|e| e.to_string()),
+    );
+    step(
+        "the services acceleration table",
+        kproxy_accel::cleanup(&mut kproxy_accel::NftBinary::default()).map_err(|e| e.to_string()),
+    );
     let backend = kproxy_iptables::backend::detect();
-    match kproxy_iptables::cleanup(&mut kproxy_iptables::IptablesRestore::new(backend)) {
-        Ok(()) => info!(?backend, "removed kproxy's iptables chains"),
-        // A host without the iptables tools has no kproxy chains either.
-        Err(e) => warn!(?backend, error = %e, "could not clean iptables chains"),
-    }
-    Ok(())
+    step(
+        "kproxy's iptables chains",
+        kproxy_iptables::cleanup(&mut kproxy_iptables::IptablesRestore::new(backend)).map_err(|e| e.to_string()),
+    );
+    if failed.is_empty() { Ok(()) } else { anyhow::bail!("cleanup incomplete: {}", failed.join(", ")) }
 }
 
 /// Loads a manifest directory into a state, reporting (and skipping) what is malformed.
@@ -188,6 +196,7 @@ fn run_proxy(config: ProxyConfig) -> anyhow::Result<()> {
     runtime.block_on(async move {
         let name = node::node_name(&config);
         info!(node = %name, mode = config.mode.as_str(), "starting kproxy");
+        apply_process_settings(&config);
         let planner = Planner::new(policy::proxy_policy(&config), node::context(&config, name.clone()));
         log_masquerade_policy(&config);
         let pacing = Pacing {
@@ -233,14 +242,26 @@ fn run_proxy(config: ProxyConfig) -> anyhow::Result<()> {
                 let dp = NftablesDataplane::new(dataplane::PreferNetlink::default(), nft_config(&config));
                 spawn_proxier(planner, dp, observer, pacing, rx)
             }
-            (ProxyMode::Nftables, true) => spawn_proxier(planner, NftablesDataplane::new(dataplane::PrintTransactions, nft_config(&config)), observer, pacing, rx),
+            (ProxyMode::Nftables, true) => spawn_proxier(
+                planner,
+                NftablesDataplane::new(dataplane::PrintTransactions, nft_config(&config)),
+                observer,
+                pacing,
+                rx,
+            ),
             (ProxyMode::Iptables, false) => {
                 let backend = kproxy_iptables::backend::detect();
                 info!(?backend, "iptables backend");
                 let exec = kproxy_iptables::IptablesRestore::new(backend);
                 spawn_proxier(planner, IptablesDataplane::new(exec, iptables_config(&config)), observer, pacing, rx)
             }
-            (ProxyMode::Iptables, true) => spawn_proxier(planner, IptablesDataplane::new(dataplane::PrintRestores::default(), iptables_config(&config)), observer, pacing, rx),
+            (ProxyMode::Iptables, true) => spawn_proxier(
+                planner,
+                IptablesDataplane::new(dataplane::PrintRestores::default(), iptables_config(&config)),
+                observer,
+                pacing,
+                rx,
+            ),
             (ProxyMode::Ipvs, false) => {
                 let dp = kproxy_ipvs::IpvsDataplane::new(kproxy_ipvs::KernelHost::new(), ipvs_config(&config)?);
                 spawn_proxier(planner, dp, observer, pacing, rx)
@@ -251,12 +272,20 @@ fn run_proxy(config: ProxyConfig) -> anyhow::Result<()> {
                 spawn_proxier(planner, dp, observer, pacing, rx)
             }
         };
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => info!("interrupted; leaving the rules in place (use --cleanup to remove them)"),
-            _ = proxier_task => warn!("the sync loop stopped"),
+        let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        let result = tokio::select! {
+            _ = tokio::signal::ctrl_c() => Ok(()),
+            _ = terminate.recv() => Ok(()),
+            ended = proxier_task => Err(match ended {
+                Ok(()) => anyhow::anyhow!("the sync loop stopped: its source of cluster state ended"),
+                Err(e) => anyhow::anyhow!("the sync loop failed: {e}"),
+            }),
+        };
+        if result.is_ok() {
+            info!("stopping; the rules stay in place (kproxy --cleanup removes them)");
         }
         source.abort();
-        Ok(())
+        result
     })
 }
 
@@ -308,7 +337,11 @@ async fn start_servers(
     if let Some(addr) = config.metrics_bind_address {
         let info = MetricsServerInfo {
             proxy_mode: config.mode.as_str().to_owned(),
-            config: serde_json::to_value(config.to_kube_proxy_configuration_yaml().ok()).unwrap_or_default(),
+            config: config
+                .to_kube_proxy_configuration_yaml()
+                .ok()
+                .and_then(|yaml| serde_saphyr::from_str::<serde_json::Value>(&yaml).ok())
+                .unwrap_or_default(),
         };
         match kproxy_servers::serve_metrics(addr, metrics.clone(), info).await {
             Ok(server) => servers.push(server),
@@ -373,8 +406,11 @@ fn spawn_proxier<D: kproxy_plan::Dataplane + 'static>(
     pacing: Pacing,
     events: mpsc::Receiver<Change>,
 ) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        Proxier::new(planner, dataplane, observer, pacing).run(events).await;
+    // Syncs block (netlink, `iptables-restore`, conntrack): run the loop on its own thread so the
+    // API watch, /healthz and the health-check ports never wait for one.
+    let runtime = tokio::runtime::Handle::current();
+    tokio::task::spawn_blocking(move || {
+        runtime.block_on(Proxier::new(planner, dataplane, observer, pacing).run(events));
     })
 }
 
@@ -401,5 +437,23 @@ fn iptables_config(config: &ProxyConfig) -> kproxy_iptables::Config {
         localhost_nodeports: config.localhost_node_ports,
         drop_invalid: !config.conntrack.tcp_be_liberal,
         ..Default::default()
+    }
+}
+
+/// Process-level settings: `oomScoreAdj`, and a warning for each setting kproxy accepts for
+/// compatibility but does not act on.
+fn apply_process_settings(config: &ProxyConfig) {
+    if let Err(e) = std::fs::write("/proc/self/oom_score_adj", config.oom_score_adj.to_string()) {
+        warn!(error = %e, value = config.oom_score_adj, "could not set oom_score_adj");
+    }
+    let ignored = [
+        (config.enable_profiling, "enableProfiling (--profiling): kproxy serves no /debug/pprof"),
+        (config.show_hidden_metrics_for_version.is_some(), "showHiddenMetricsForVersion: kproxy has no hidden metrics"),
+        (config.client_connection.master.is_some(), "--master: use --kubeconfig or the in-cluster config"),
+    ];
+    for (set, what) in ignored {
+        if set {
+            warn!("ignored: {what}");
+        }
     }
 }

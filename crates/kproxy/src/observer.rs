@@ -160,8 +160,8 @@ impl SyncObserver for DaemonObserver {
         }
         if let Some(reconciler) = self.conntrack.as_mut() {
             for (family, fam) in &plan.families {
-                // A dump and a few deletes over netlink: short, but blocking.
-                match tokio::task::block_in_place(|| reconciler.reconcile(fam)) {
+                // A dump and a few deletes over netlink (the sync loop has its own thread).
+                match reconciler.reconcile(fam) {
                     Ok(stats) => {
                         self.metrics.observe_conntrack_reconcile(*family, stats.duration, stats.deleted as u64)
                     }

@@ -105,6 +105,8 @@ pub struct Proxier<D, O> {
     last_full_sync: Option<Instant>,
     tokens: SyncTokens,
     pending: bool,
+    /// After a failed sync: when to retry if no new event comes first (upstream: syncPeriod).
+    retry_at: Option<Instant>,
 }
 
 impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
@@ -121,6 +123,7 @@ impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
             last_full_sync: None,
             tokens: SyncTokens::full(&pacing),
             pending: false,
+            retry_at: None,
         }
     }
 
@@ -174,6 +177,7 @@ impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
         match result {
             Ok(()) => {
                 let took = start.elapsed();
+                self.retry_at = None;
                 if full {
                     self.needs_full_sync = false;
                     self.last_full_sync = Some(start);
@@ -190,7 +194,9 @@ impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
             Err(e) => {
                 warn!(error = %e, full, "sync failed; the next sync is a full resync");
                 self.needs_full_sync = true;
-                self.pending = true;
+                // Retry after syncPeriod, as upstream, not in a tight loop; a new event still
+                // brings the (full) sync forward.
+                self.retry_at = Some(start + self.pacing.sync_period);
                 self.observer.failed(full);
                 false
             }
@@ -201,7 +207,12 @@ impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
     fn next_sync_at(&self, now: Instant) -> Instant {
         let earliest = self.tokens.available_at(&self.pacing, now);
         let full_due = self.last_full_sync.map_or(now, |t| t + self.pacing.sync_period);
-        if self.pending || self.needs_full_sync { earliest.max(now) } else { full_due.max(earliest) }
+        match (self.pending, self.retry_at) {
+            (true, _) => earliest,
+            (false, Some(retry)) => retry.max(earliest),
+            (false, None) if self.needs_full_sync => earliest,
+            (false, None) => full_due.max(earliest),
+        }
     }
 
     /// Runs until the event channel closes.

@@ -237,8 +237,14 @@ fn client_ip(tb: &Testbed, client: &Client, v6: bool) -> IpAddr {
     }
 }
 
+/// How long a probe waits before counting a drop: short on the host, with slack in the guest
+/// kernel, where everything runs about 8 times slower under emulation.
+fn probe_timeout() -> Duration {
+    if kproxy_testbed::kernel::in_guest() { Duration::from_millis(2000) } else { Duration::from_millis(700) }
+}
+
 fn check(tb: &Testbed, c: &Check, log: &mut String) -> Result<(), String> {
-    let options = ProbeOptions::with_timeout(Duration::from_millis(700));
+    let options = ProbeOptions::with_timeout(probe_timeout());
     let pod;
     let from = match client_netns(tb, &c.client) {
         Ok(p) => {
@@ -445,7 +451,7 @@ pub fn run_case<D: Dataplane, F: FnOnce() -> D + Send>(case: &Case, make: F) -> 
                             }
                             Err(ns) => ns,
                         };
-                        let options = ProbeOptions::with_timeout(Duration::from_millis(700));
+                        let options = ProbeOptions::with_timeout(probe_timeout());
                         let t = probe_many(from, c.proto, c.dest.addr(), 1, &options).map_err(|e| e.to_string())?;
                         chosen.extend(t.backends.into_keys());
                     }

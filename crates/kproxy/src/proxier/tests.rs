@@ -162,3 +162,20 @@ async fn syncs_are_paced_by_a_token_bucket_with_a_burst_of_two() {
     let later = Instant::now();
     assert_eq!(p.next_sync_at(later), later, "tokens refill over time");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_sync_is_retried_after_the_sync_period_unless_an_event_comes_first() {
+    let rec = Recorder::default();
+    let mut p = proxier(&rec);
+    p.pacing.sync_period = Duration::from_secs(30);
+    p.apply(Change::Replaced(Kind::Service, vec![]));
+    p.apply(Change::Replaced(Kind::EndpointSlice, vec![]));
+    *rec.fail_next.lock().unwrap() = true;
+    let t0 = Instant::now();
+    assert!(!p.sync());
+    assert_eq!(p.next_sync_at(t0), t0 + Duration::from_secs(30), "no tight retry loop");
+    p.apply(Change::Applied(service("a", "198.18.128.1")));
+    assert_eq!(p.next_sync_at(t0), t0, "a new event brings the retry forward");
+    assert!(p.sync());
+    assert_eq!(rec.calls(), [Call::Full(0), Call::Full(1)], "the retry is a full sync");
+}
