@@ -56,27 +56,13 @@ pub const NODEPORT_MARKS: &str = "nodeport-marks";
 pub const SHORTCIRCUIT_DESTS: &str = "shortcircuit-dests";
 /// `proto . port : mark`: Local-policy NodePorts, short-circuited.
 pub const SHORTCIRCUIT_NODEPORTS: &str = "shortcircuit-nodeports";
-/// `addr . proto . port : verdict` without endpoints.
-pub const NO_ENDPOINT_SERVICES: &str = "no-endpoint-services";
-/// `proto . port : verdict` NodePorts without endpoints.
-pub const NO_ENDPOINT_NODEPORTS: &str = "no-endpoint-nodeports";
 /// LoadBalancer destinations with loadBalancerSourceRanges.
 pub const FIREWALL_DESTS: &str = "firewall-dests";
 /// `addr . proto . port . source-range` allowed through the firewall.
 pub const FIREWALL_ALLOW: &str = "firewall-allow";
-/// Rejects (TCP reset / ICMP port unreachable).
-pub const REJECT_CHAIN: &str = "reject-chain";
-
-/// The fixed part of one family's table.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Skeleton {
-    /// Chains with their rules, base chains first.
-    pub chains: Vec<(Chain, Vec<String>)>,
-    /// Sets and maps.
-    pub sets: Vec<SetDef>,
-    /// Node-wide elements.
-    pub elements: Vec<Element>,
-}
+// The no-endpoint maps, the reject chain and the skeleton's shape are the nftables dataplane's:
+// the auxiliary table is rendered with the same building blocks.
+pub use kproxy_nftables::ruleset::skeleton::{NO_ENDPOINT_NODEPORTS, NO_ENDPOINT_SERVICES, REJECT_CHAIN, Skeleton};
 
 fn set(name: &str, key: String, data: Option<&str>, flags: Vec<&'static str>) -> SetDef {
     SetDef {
