@@ -214,20 +214,12 @@ fn probe_row(
 }
 
 fn print_table(rows: &[Row]) {
-    let header = ["SERVICE PORT", "FROM", "DESTINATION", "ANSWERED BY", "SOURCE THE POD SAW"];
-    let cells: Vec<[String; 5]> = rows
-        .iter()
-        .map(|r| [r.service.clone(), r.from.to_string(), r.dest.to_string(), r.answered.clone(), r.seen.clone()])
-        .collect();
-    let widths: Vec<usize> =
-        (0..5).map(|i| cells.iter().map(|c| c[i].len()).chain([header[i].len()]).max().unwrap_or(0)).collect();
-    let line = |c: [&str; 5]| {
-        c.iter().zip(&widths).map(|(s, w)| format!("{s:<w$}")).collect::<Vec<_>>().join("  ").trim_end().to_string()
-    };
-    println!("\n{}", line(header));
-    for c in &cells {
-        println!("{}", line([&c[0], &c[1], &c[2], &c[3], &c[4]]));
-    }
+    let header = ["SERVICE PORT", "FROM", "DESTINATION", "ANSWERED BY", "SOURCE THE POD SAW"].map(String::from);
+    let cells = std::iter::once(header).chain(
+        rows.iter()
+            .map(|r| [r.service.clone(), r.from.to_string(), r.dest.to_string(), r.answered.clone(), r.seen.clone()]),
+    );
+    print!("\n{}", crate::columns::render(&cells.collect::<Vec<_>>()));
 }
 
 /// The kproxy process running inside the node namespace.

@@ -3,6 +3,7 @@
 //! `kproxy [kube-proxy flags]` runs the proxy; `kproxy plan --manifests DIR` prints the plan;
 //! `kproxy demo` runs the live demo in a sandbox of network namespaces.
 
+mod columns;
 mod dataplane;
 mod demo;
 mod node;

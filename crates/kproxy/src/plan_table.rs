@@ -43,11 +43,7 @@ pub fn render(plan: &Plan) -> String {
             "NOTES".into(),
         ]];
         rows.extend(fam.services.values().map(|p| row(p)));
-        let widths: Vec<usize> = (0..6).map(|i| rows.iter().map(|r| r[i].len()).max().unwrap_or(0)).collect();
-        for r in rows {
-            let line: Vec<String> = r.iter().zip(&widths).map(|(cell, w)| format!("{cell:<w$}")).collect();
-            let _ = writeln!(out, "{}", line.join("  ").trim_end());
-        }
+        out.push_str(&crate::columns::render(&rows));
         out.push('\n');
     }
     out
