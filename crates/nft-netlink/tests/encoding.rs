@@ -58,6 +58,7 @@ fn op(line: &str) -> Op {
                 name: w[4].to_owned(),
                 key_type: String::new(),
                 data_type: None,
+                by_typeof: false,
                 flags: vec![],
                 timeout: None,
                 size: None,

@@ -71,10 +71,14 @@ pub struct Chain {
 pub struct SetDef {
     /// Name.
     pub name: String,
-    /// Key type (`ipv4_addr . inet_proto . inet_service`).
+    /// Key type (`ipv4_addr . inet_proto . inet_service`), or with [`SetDef::by_typeof`] the
+    /// expressions whose types it has (`ip daddr . numgen random mod 2`).
     pub key_type: String,
-    /// Data type for maps (`verdict`), `None` for sets.
+    /// Data type for maps (`verdict`), `None` for sets; expressions with [`SetDef::by_typeof`].
     pub data_type: Option<String>,
+    /// The types are given as `typeof` expressions: needed for keys with an `integer` field (a
+    /// `numgen` result), which has no type name of a fixed size.
+    pub by_typeof: bool,
     /// Flags (`interval`, `dynamic`, `timeout`).
     pub flags: Vec<&'static str>,
     /// Default element timeout in seconds.
@@ -281,7 +285,8 @@ fn render_op(out: &mut String, op: &Op) -> fmt::Result {
         Op::DeleteChain(t, name) => write!(out, "delete chain {t} {name}"),
         Op::AddRule { table, chain, rule } => write!(out, "add rule {table} {chain} {rule}"),
         Op::AddSet(t, s) => {
-            write!(out, "add {} {t} {} {{ type {}", s.keyword(), s.name, s.key_type)?;
+            let declared = if s.by_typeof { "typeof" } else { "type" };
+            write!(out, "add {} {t} {} {{ {declared} {}", s.keyword(), s.name, s.key_type)?;
             if let Some(d) = &s.data_type {
                 write!(out, " : {d}")?;
             }
@@ -345,6 +350,7 @@ mod tests {
                 name: "service-ips".into(),
                 key_type: "ipv4_addr . inet_proto . inet_service".into(),
                 data_type: Some("verdict".into()),
+                by_typeof: false,
                 flags: vec![],
                 timeout: None,
                 size: None,

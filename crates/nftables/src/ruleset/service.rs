@@ -172,6 +172,7 @@ fn dispatch(
                         name: name.clone(),
                         key_type: ctx.addr_type().to_owned(),
                         data_type: None,
+                        by_typeof: false,
                         flags: vec!["dynamic", "timeout"],
                         timeout: Some(timeout),
                         size: None,

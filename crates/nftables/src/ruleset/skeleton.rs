@@ -52,6 +52,7 @@ fn set(name: &str, key: String, data: Option<&str>, flags: Vec<&'static str>, co
         name: name.to_owned(),
         key_type: key,
         data_type: data.map(str::to_owned),
+        by_typeof: false,
         flags,
         timeout: None,
         size: None,
