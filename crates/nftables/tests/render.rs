@@ -95,21 +95,41 @@ fn one_endpoint_change_costs_the_same_at_100_and_5000_services() {
     let (large, large_tx) = one_endpoint_change_ops(5000);
     assert_eq!(small, large, "small:\n{small_tx}\nlarge:\n{large_tx}");
     assert_eq!(small_tx, large_tx);
-    // Flush the service chain and refill it, swap the hairpin element.
-    let chain = "service-X546UWPH-default/web/tcp/p";
+    // Only map and set elements: the slot's endpoint and the hairpin pair. No rule, and no
+    // verdict element, so the kernel does not re-validate the table.
     assert_eq!(
         small_tx.lines().collect::<Vec<_>>(),
         [
-            format!("flush chain ip kproxy {chain}"),
-            "delete element ip kproxy hairpin-endpoints { 198.18.17.3 . 198.18.17.3 }".to_owned(),
-            format!(
-                "add rule ip kproxy {chain} ip daddr 198.18.128.10 ip saddr != @pod-cidrs jump mark-for-masquerade"
-            ),
-            format!("add rule ip kproxy {chain} numgen random mod 2 == 0 meta l4proto tcp dnat to 198.18.17.2:8080"),
-            format!("add rule ip kproxy {chain} meta l4proto tcp dnat to 198.18.17.4:8080"),
-            "add element ip kproxy hairpin-endpoints { 198.18.17.4 . 198.18.17.4 }".to_owned(),
+            "delete element ip kproxy cluster-endpoints { 198.18.128.10 . tcp . 80 . 0x1 }",
+            "delete element ip kproxy hairpin-endpoints { 198.18.17.3 . 198.18.17.3 }",
+            "add element ip kproxy cluster-endpoints { 198.18.128.10 . tcp . 80 . 0x1 : 198.18.17.4 . 8080 }",
+            "add element ip kproxy hairpin-endpoints { 198.18.17.4 . 198.18.17.4 }",
         ]
     );
+}
+
+#[test]
+fn scaling_a_service_changes_only_elements_and_moves_it_between_caps() {
+    let before = many_services(3, &["198.18.17.2", "198.18.17.3"]);
+    let after = many_services(3, &["198.18.17.2", "198.18.17.3", "198.18.17.4"]);
+    let mut dp = dataplane();
+    dp.full_sync(&before).unwrap();
+    dp.partial_sync(&after, &PlanDelta::between(&before, &after)).unwrap();
+    let tx = dp.executor().last().unwrap().render();
+    assert_eq!(
+        tx.lines().collect::<Vec<_>>(),
+        [
+            "delete element ip kproxy cluster-cap-2 { 198.18.128.10 . tcp . 80 }",
+            "add element ip kproxy cluster-cap-4 { 198.18.128.10 . tcp . 80 }",
+            "add element ip kproxy cluster-endpoints { 198.18.128.10 . tcp . 80 . 0x2 : 198.18.17.4 . 8080 }",
+            "add element ip kproxy hairpin-endpoints { 198.18.17.4 . 198.18.17.4 }",
+        ]
+    );
+    // And back down.
+    dp.partial_sync(&before, &PlanDelta::between(&after, &before)).unwrap();
+    let tx = dp.executor().last().unwrap().render();
+    assert!(tx.lines().all(|l| l.contains(" element ")), "{tx}");
+    assert!(tx.contains("add element ip kproxy cluster-cap-2 { 198.18.128.10 . tcp . 80 }"), "{tx}");
 }
 
 #[test]

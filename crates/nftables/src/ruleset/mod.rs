@@ -2,11 +2,13 @@
 //!
 //! The shape keeps the kernel's cost linear: a handful of big verdict maps dispatch on
 //! destination (service IPs, node ports, firewall, no-endpoint verdicts), there is a chain per
-//! service port and traffic class, endpoints are picked by a cascade of `numgen random mod (N-i)`
-//! rules, and hairpin traffic is recognised by one shared set of `endpoint . endpoint` pairs in
+//! service port and traffic class, endpoints are picked from shared data maps keyed by
+//! destination and slot (see [`pick`]: an endpoint change is map elements only, never a rule),
+//! and hairpin traffic is recognised by one shared set of `endpoint . endpoint` pairs in
 //! postrouting — so there is no set or map per service or per endpoint (the kernel makes many
 //! sets quadratic). The only exception is ClientIP affinity, see [`service`].
 
+pub mod pick;
 pub mod service;
 pub mod skeleton;
 

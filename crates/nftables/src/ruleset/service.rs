@@ -3,10 +3,12 @@
 //!
 //! Chains: `service-*` picks among the cluster-policy endpoints, `local-*` among the local ones,
 //! `external-*` applies externalTrafficPolicy to NodePort/ExternalIP/LoadBalancer traffic,
-//! `firewall-*` applies loadBalancerSourceRanges. There is no chain per endpoint: each endpoint
-//! is one `dnat` rule of the cascade.
+//! `firewall-*` applies loadBalancerSourceRanges. There is no chain per endpoint: the endpoints
+//! are elements of the shared maps of [`super::pick`], which the chains end in.
 //!
-//! ClientIP affinity uses upstream's per-endpoint `affinity-*` sets (type address, dynamic, with
+//! ClientIP affinity needs to know which endpoint was picked, so those services keep a cascade
+//! of `dnat` rules, one per endpoint (and an endpoint change there is a rule change, which costs
+//! the kernel a validation of the table). They use upstream's per-endpoint `affinity-*` sets (type address, dynamic, with
 //! the service's timeout), but only for services that ask for affinity. A single shared map
 //! keyed by client, service and endpoint would avoid them, but `nft` 1.0.6 can express neither a
 //! lookup whose key concatenates packet fields with constants, nor (for IPv6) a dynamic map
@@ -19,6 +21,7 @@ use std::net::IpAddr;
 
 use kproxy_plan::{Endpoint, ExternalPolicy, MasqueradeWhen, NoEndpointsVerdict, NodePlan, ServicePortPlan};
 
+use super::pick::{self, Class};
 use super::skeleton::{
     CLUSTER_IPS, FIREWALL_IPS, HAIRPIN, MARK_FOR_MASQUERADE, NO_ENDPOINT_NODEPORTS, NO_ENDPOINT_SERVICES, REJECT_CHAIN,
     SERVICE_IPS, SERVICE_NODEPORTS,
@@ -66,12 +69,12 @@ pub fn render(ctx: &Ctx, node: &NodePlan, p: &ServicePortPlan) -> ServiceObjects
     };
     if p.uses_cluster_endpoints() {
         let mut rules: Vec<String> = masq.iter().filter(|_| !p.internal.local).cloned().collect();
-        rules.extend(dispatch(ctx, p, &p.cluster_endpoints, &mut out.sets));
+        rules.extend(dispatch(ctx, p, Class::Cluster, &mut out.sets));
         out.chains.insert(svc_chain.clone(), rules);
     }
     if p.uses_local_endpoints() {
         let mut rules: Vec<String> = masq.iter().filter(|_| p.internal.local).cloned().collect();
-        rules.extend(dispatch(ctx, p, &p.local_endpoints, &mut out.sets));
+        rules.extend(dispatch(ctx, p, Class::Local, &mut out.sets));
         out.chains.insert(local_chain.clone(), rules);
     }
 
@@ -142,6 +145,9 @@ pub fn render(ctx: &Ctx, node: &NodePlan, p: &ServicePortPlan) -> ServiceObjects
         }
     }
 
+    if p.affinity_timeout.is_none() {
+        out.elements.extend(pick::elements(p));
+    }
     for ep in p.reachable_endpoints() {
         out.elements.push(elem(HAIRPIN, format!("{} . {}", ep.ip, ep.ip), None));
     }
@@ -150,13 +156,16 @@ pub fn render(ctx: &Ctx, node: &NodePlan, p: &ServicePortPlan) -> ServiceObjects
     out
 }
 
-/// The endpoint-picking rules: affinity hits first, then a uniform random cascade.
-fn dispatch(
-    ctx: &Ctx,
-    p: &ServicePortPlan,
-    endpoints: &[Endpoint],
-    sets: &mut BTreeMap<String, SetDef>,
-) -> Vec<String> {
+/// The endpoint-picking rules: the shared pick chain of the class, or with ClientIP affinity the
+/// affinity hits first, then a uniform random cascade.
+fn dispatch(ctx: &Ctx, p: &ServicePortPlan, class: Class, sets: &mut BTreeMap<String, SetDef>) -> Vec<String> {
+    if p.affinity_timeout.is_none() {
+        return vec![format!("goto {}", class.chain())];
+    }
+    let endpoints: &[Endpoint] = match class {
+        Class::Cluster => &p.cluster_endpoints,
+        Class::Local => &p.local_endpoints,
+    };
     let ip = ctx.ip();
     let proto = p.protocol.as_str();
     let dnat = |ep: &Endpoint| format!("meta l4proto {proto} dnat to {}", addr_port(ep.ip, ep.port));

@@ -144,9 +144,13 @@ pub fn render(ctx: &Ctx, node: &NodePlan) -> Skeleton {
         (base(REJECT_CHAIN, None), vec!["meta l4proto tcp reject with tcp reset".to_owned(), "reject".to_owned()]),
     ];
 
+    let (pick_chains, pick_sets) = super::pick::skeleton(ctx);
+    let mut chains = chains;
+    chains.extend(pick_chains);
+
     let dest_key = format!("{a} . inet_proto . inet_service");
     let port_key = "inet_proto . inet_service".to_owned();
-    let sets = vec![
+    let mut sets = vec![
         set(CLUSTER_IPS, a.to_owned(), None, vec![], "Active ClusterIPs"),
         set(NODEPORT_IPS, a.to_owned(), None, vec![], "IPs that accept NodePort traffic"),
         set(POD_CIDRS, a.to_owned(), None, vec!["interval"], "Local pod CIDRs (detect-local)"),
@@ -181,6 +185,7 @@ pub fn render(ctx: &Ctx, node: &NodePlan) -> Skeleton {
             "destinations that are subject to LoadBalancerSourceRanges",
         ),
     ];
+    sets.extend(pick_sets);
 
     let mut elements = Vec::new();
     if let NodePortAddresses::Only(ips) = &node.nodeport_addresses {

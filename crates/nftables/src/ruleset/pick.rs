@@ -1,0 +1,206 @@
+//! Endpoint selection through shared data maps, so that an endpoint change is only map elements.
+//!
+//! Why: in any commit that adds a rule, or a map element whose data is a `jump`/`goto`, the
+//! kernel re-validates the whole table, walking every chain reachable from the base chains. With
+//! a `dnat` rule per endpoint, one endpoint change at 100k services cost half a second of that
+//! walk. Set elements, and map elements whose data is not a verdict, skip the validation; here
+//! an endpoint change touches nothing else, so its cost does not grow with the cluster.
+//!
+//! Every destination an endpoint class serves has its endpoints in slots `0..N` of the class's
+//! endpoints map, keyed by the destination and the slot: `daddr . proto . port . slot` for a
+//! ClusterIP, ExternalIP or LoadBalancer IP, `proto . port . slot` for a NodePort (whose
+//! address is any of the node's). The destination is also in the class's cap set for `P`, `N`
+//! rounded up to a power of two. A service chain ends in `goto pick-<class>`, which finds the
+//! cap; `pick-<class>-<P>` draws a slot uniformly in `0..P` and draws again when it hits an empty
+//! slot (`N < P`, at most half the slots), so the pick is uniform over the `N` endpoints. After
+//! [`DRAWS`] misses (probability below 2^-16) it takes slot 0.
+//!
+//! The detour through caps exists because nft takes the `numgen` modulus only as a constant,
+//! and a chain per exact `N` reached through a verdict map would put a `goto` element (which
+//! triggers the validation) into every count change. ClientIP-affinity services keep their
+//! per-endpoint rules (see [`super::service`]).
+
+use std::net::IpAddr;
+
+use kproxy_plan::{Endpoint, ExternalPolicy, NoEndpointsVerdict, ServicePortPlan};
+
+use super::Ctx;
+use crate::transaction::{Chain, Element, SetDef};
+
+/// Draws of a slot before falling back to slot 0.
+pub const DRAWS: usize = 16;
+
+/// The largest cap, as a power of two: a service port uses at most this many endpoints.
+pub const MAX_CAP_LOG2: u32 = 16;
+
+/// The endpoint classes of a service port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Class {
+    /// Cluster traffic policy endpoints (`service-*` chains).
+    Cluster,
+    /// Local traffic policy endpoints (`local-*` chains).
+    Local,
+}
+
+impl Class {
+    const ALL: [Class; 2] = [Class::Cluster, Class::Local];
+
+    fn name(self) -> &'static str {
+        match self {
+            Class::Cluster => "cluster",
+            Class::Local => "local",
+        }
+    }
+
+    /// The chain a service chain of this class ends in.
+    pub fn chain(self) -> String {
+        format!("pick-{}", self.name())
+    }
+}
+
+/// How a destination is keyed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Keyspace {
+    /// `daddr . proto . port`.
+    Address,
+    /// `proto . port` (NodePorts).
+    NodePort,
+}
+
+impl Keyspace {
+    const ALL: [Keyspace; 2] = [Keyspace::Address, Keyspace::NodePort];
+
+    fn infix(self) -> &'static str {
+        match self {
+            Keyspace::Address => "",
+            Keyspace::NodePort => "-nodeport",
+        }
+    }
+
+    fn selector(self, ctx: &Ctx) -> String {
+        match self {
+            Keyspace::Address => format!("{} daddr . meta l4proto . th dport", ctx.ip()),
+            Keyspace::NodePort => "meta l4proto . th dport".to_owned(),
+        }
+    }
+
+    fn key_type(self, ctx: &Ctx) -> String {
+        match self {
+            Keyspace::Address => format!("{} . inet_proto . inet_service", ctx.addr_type()),
+            Keyspace::NodePort => "inet_proto . inet_service".to_owned(),
+        }
+    }
+}
+
+fn endpoints_map(class: Class, ks: Keyspace) -> String {
+    format!("{}{}-endpoints", class.name(), ks.infix())
+}
+
+fn cap_set(class: Class, ks: Keyspace, cap: u32) -> String {
+    format!("{}{}-cap-{cap}", class.name(), ks.infix())
+}
+
+fn cap_chain(class: Class, ks: Keyspace, cap: u32) -> String {
+    format!("pick-{}{}-{cap}", class.name(), ks.infix())
+}
+
+fn caps() -> impl Iterator<Item = u32> {
+    (0..=MAX_CAP_LOG2).map(|k| 1 << k)
+}
+
+/// The shared chains (with their rules) and maps of endpoint selection.
+pub fn skeleton(ctx: &Ctx) -> (Vec<(Chain, Vec<String>)>, Vec<SetDef>) {
+    let ip = ctx.ip();
+    let mut chains = Vec::new();
+    let mut sets = Vec::new();
+    for class in Class::ALL {
+        let mut entry = Vec::new();
+        for ks in Keyspace::ALL {
+            let sel = ks.selector(ctx);
+            let map = endpoints_map(class, ks);
+            sets.push(SetDef {
+                name: map.clone(),
+                key_type: format!("{sel} . numgen random mod 2"),
+                // The data is `address . port` for every protocol; nft 1.0.6 cannot reload a
+                // ruleset whose data typeof reads `th dport`, so it names `tcp dport` (same type).
+                data_type: Some(format!("{ip} daddr . tcp dport")),
+                by_typeof: true,
+                flags: vec![],
+                timeout: None,
+                size: None,
+                comment: Some(format!("{} endpoints by destination and slot", class.name())),
+            });
+            for cap in caps() {
+                let set = cap_set(class, ks, cap);
+                entry.push(format!("{sel} @{set} goto {}", cap_chain(class, ks, cap)));
+                let draw = |modulus: u32| format!("dnat {ip} to {sel} . numgen random mod {modulus} map @{map}");
+                let mut rules = Vec::new();
+                if cap > 1 {
+                    rules.extend(std::iter::repeat_n(draw(cap), DRAWS));
+                }
+                rules.push(draw(1));
+                chains.push((Chain { name: cap_chain(class, ks, cap), hook: None }, rules));
+                sets.push(SetDef {
+                    name: set,
+                    key_type: ks.key_type(ctx),
+                    data_type: None,
+                    by_typeof: false,
+                    flags: vec![],
+                    timeout: None,
+                    size: None,
+                    comment: None,
+                });
+            }
+        }
+        chains.push((Chain { name: class.chain(), hook: None }, entry));
+    }
+    (chains, sets)
+}
+
+/// The classes a service port's destinations are picked from, with the endpoints of each.
+fn destinations(p: &ServicePortPlan) -> Vec<(Class, Keyspace, String)> {
+    let proto = p.protocol.as_str();
+    let addr = |a: &IpAddr| format!("{a} . {proto} . {}", p.port);
+    let internal = if p.internal.local { Class::Local } else { Class::Cluster };
+    let mut out = vec![(internal, Keyspace::Address, addr(&p.cluster_ip))];
+    if let Some(ext) = p.external.as_ref().filter(|e| e.no_endpoints != Some(NoEndpointsVerdict::Reject)) {
+        // Local policy still sends the node's and (detectably) local pods' traffic to the
+        // cluster endpoints.
+        let classes: &[Class] = match ext.policy {
+            ExternalPolicy::Cluster => &[Class::Cluster],
+            ExternalPolicy::Local { .. } => &[Class::Local, Class::Cluster],
+        };
+        for &class in classes {
+            out.extend(p.external_vips().map(|vip| (class, Keyspace::Address, addr(vip))));
+            if let Some(np) = p.node_port {
+                out.push((class, Keyspace::NodePort, format!("{proto} . {np}")));
+            }
+        }
+    }
+    out
+}
+
+/// The cap-set and endpoints-map elements of one service port.
+pub fn elements(p: &ServicePortPlan) -> Vec<Element> {
+    let mut out = Vec::new();
+    for (class, ks, key) in destinations(p) {
+        let endpoints: &[Endpoint] = match class {
+            Class::Cluster => &p.cluster_endpoints,
+            Class::Local => &p.local_endpoints,
+        };
+        let endpoints = &endpoints[..endpoints.len().min(1 << MAX_CAP_LOG2)];
+        if endpoints.is_empty() {
+            continue;
+        }
+        let cap = (endpoints.len() as u32).next_power_of_two();
+        out.push(Element { set: cap_set(class, ks, cap), key: key.clone(), value: None });
+        let map = endpoints_map(class, ks);
+        out.extend(endpoints.iter().enumerate().map(|(slot, ep)| Element {
+            set: map.clone(),
+            // The slot is the one field written in hex: a host-order integer, unlike ports.
+            key: format!("{key} . {slot:#x}"),
+            value: Some(format!("{} . {}", ep.ip, ep.port)),
+        }));
+    }
+    out
+}
