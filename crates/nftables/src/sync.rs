@@ -1,8 +1,8 @@
 //! The nftables dataplane: keeps kproxy's tables exactly in line with the plan.
 //!
-//! The applied state (every service port's rendered chains, sets and elements, and who owns
-//! each shared element) lives in memory, so a partial sync diffs the plan delta against it and
-//! emits only what changed — O(change), no listing of the kernel. Every sync is one atomic
+//! The applied state (every service port's applied plan, whose objects are rendered again on
+//! demand, and who owns each shared element) lives in memory, so a partial sync diffs the plan
+//! delta against it and emits only what changed — O(change), no listing of the kernel. Every sync is one atomic
 //! transaction. The first sync, and the first after a failure, deletes and recreates the tables
 //! inside that same transaction, so there is never a moment without rules. Later full syncs
 //! reconcile: they rewrite every chain and static map in place but keep the affinity sets.
@@ -10,8 +10,9 @@
 //! delete a chain in the transaction that drops the last reference to it.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
-use kproxy_plan::{FamilyPlan, NodePlan, Plan, PlanDelta, ServicePortName};
+use kproxy_plan::{FamilyPlan, NodePlan, Plan, PlanDelta, ServicePortName, ServicePortPlan};
 use kproxy_state::IpFamily;
 
 use crate::exec::{ExecError, Executor};
@@ -65,39 +66,70 @@ pub struct SyncReport {
 
 type ElementKey = (String, String);
 
+/// The service ports that want one shared element, with the value each wants, ordered by name:
+/// the first wins. Almost always one owner, so a vector (a map per element cost a kilobyte).
+type Owners = Vec<(Arc<str>, Option<String>)>;
+
 /// What is in one family's table, as far as kproxy knows.
 #[derive(Debug, Clone)]
 struct FamilyState {
     ctx: Ctx,
     node: NodePlan,
-    services: BTreeMap<ServicePortName, ServiceObjects>,
-    /// Every shared element, with the value each owning service port wants (first owner wins).
-    owners: BTreeMap<ElementKey, BTreeMap<ServicePortName, Option<String>>>,
+    /// The applied plan of every service port (shared with the planner's plan). Its objects
+    /// are rendered again when needed instead of being kept as text.
+    services: BTreeMap<ServicePortName, Arc<ServicePortPlan>>,
+    /// Every shared element, with its owners.
+    owners: BTreeMap<ElementKey, Owners>,
     /// Chains flushed by the last sync, to delete in the next one.
     stale_chains: BTreeSet<String>,
 }
 
-fn effective(owners: Option<&BTreeMap<ServicePortName, Option<String>>>) -> Option<Option<String>> {
-    owners.and_then(|o| o.values().next().cloned())
+fn effective(owners: Option<&Owners>) -> Option<Option<String>> {
+    owners.and_then(|o| o.first()).map(|(_, value)| value.clone())
+}
+
+fn owner_id(name: &ServicePortName) -> Arc<str> {
+    name.to_string().into()
+}
+
+fn add_owner(owners: &mut Owners, owner: &Arc<str>, value: Option<String>) {
+    match owners.binary_search_by(|(o, _)| o.as_ref().cmp(owner)) {
+        Ok(i) => owners[i].1 = value,
+        Err(i) => owners.insert(i, (owner.clone(), value)),
+    }
+}
+
+fn remove_owner(owners: &mut Owners, owner: &Arc<str>) {
+    if let Ok(i) = owners.binary_search_by(|(o, _)| o.as_ref().cmp(owner)) {
+        owners.remove(i);
+    }
 }
 
 impl FamilyState {
-    fn desired(ctx: Ctx, fam: &FamilyPlan) -> Self {
+    /// The state after a full sync of `fam`, and the rendered objects of every service port.
+    fn desired(ctx: Ctx, fam: &FamilyPlan) -> (Self, BTreeMap<ServicePortName, ServiceObjects>) {
         let mut state = FamilyState {
             ctx,
             node: fam.node.clone(),
-            services: BTreeMap::new(),
+            services: fam.services.clone(),
             owners: BTreeMap::new(),
             stale_chains: BTreeSet::new(),
         };
+        let mut objects = BTreeMap::new();
         for (name, plan) in &fam.services {
-            let objects = service::render(&state.ctx, &fam.node, plan);
-            for e in &objects.elements {
-                state.owners.entry((e.set.clone(), e.key.clone())).or_default().insert(name.clone(), e.value.clone());
+            let rendered = service::render(&state.ctx, &fam.node, plan);
+            let owner = owner_id(name);
+            for e in &rendered.elements {
+                add_owner(state.owners.entry((e.set.clone(), e.key.clone())).or_default(), &owner, e.value.clone());
             }
-            state.services.insert(name.clone(), objects);
+            objects.insert(name.clone(), rendered);
         }
-        state
+        (state, objects)
+    }
+
+    /// The objects of the applied service port `name` (empty when there is none).
+    fn objects(&self, name: &ServicePortName) -> ServiceObjects {
+        self.services.get(name).map(|p| service::render(&self.ctx, &self.node, p)).unwrap_or_default()
     }
 
     fn elements(&self) -> impl Iterator<Item = Element> + '_ {
@@ -230,10 +262,10 @@ impl<E: Executor> NftablesDataplane<E> {
         let mut tx = Transaction::new();
         let mut commits = Vec::new();
         for (family, state) in &self.families {
-            let mut changes: Vec<(ServicePortName, Option<ServiceObjects>)> = Vec::new();
+            let mut changes: Vec<(ServicePortName, Option<Arc<ServicePortPlan>>)> = Vec::new();
             if let Some(fd) = delta.families.get(family) {
                 for p in fd.added.iter().chain(fd.changed.iter().map(|c| &c.new)) {
-                    changes.push((p.name.clone(), Some(service::render(&state.ctx, &state.node, p))));
+                    changes.push((p.name.clone(), Some(p.clone())));
                 }
                 changes.extend(fd.removed.iter().map(|p| (p.name.clone(), None)));
             }
@@ -278,9 +310,9 @@ impl<E: Executor> NftablesDataplane<E> {
         let mut families = BTreeMap::new();
         for (&family, fam) in &plan.families {
             let ctx = Ctx::new(family, &self.config.table, self.config.masquerade_mark);
-            let mut desired = FamilyState::desired(ctx, fam);
+            let (mut desired, objects) = FamilyState::desired(ctx, fam);
             let old = if recreate { None } else { self.families.get(&family) };
-            let batch = full_batch(&mut desired, old);
+            let batch = full_batch(&mut desired, objects, old);
             batch.into_transaction(&desired.ctx.table, &mut tx);
             families.insert(family, desired);
         }
@@ -298,7 +330,11 @@ impl<E: Executor> NftablesDataplane<E> {
 
 /// Everything for one family: recreate when `old` is `None`, else reconcile against it.
 /// Records in `desired` the chains that become stale.
-fn full_batch(desired: &mut FamilyState, old: Option<&FamilyState>) -> Batch {
+fn full_batch(
+    desired: &mut FamilyState,
+    objects: BTreeMap<ServicePortName, ServiceObjects>,
+    old: Option<&FamilyState>,
+) -> Batch {
     let ctx = desired.ctx.clone();
     let skel = skeleton::render(&ctx, &desired.node);
     let mut b = Batch::default();
@@ -308,15 +344,18 @@ fn full_batch(desired: &mut FamilyState, old: Option<&FamilyState>) -> Batch {
         b.pre.push(Op::DeleteTable(ctx.table.clone()));
         b.pre.push(Op::AddTable { table: ctx.table.clone(), comment });
     }
-    let desired_chains: BTreeSet<&String> = desired.services.values().flat_map(|s| s.chains.keys()).collect();
-    let desired_sets: BTreeMap<&String, &SetDef> = desired.services.values().flat_map(|s| s.sets.iter()).collect();
+    let desired_chains: BTreeSet<String> = objects.values().flat_map(|s| s.chains.keys().cloned()).collect();
+    let desired_sets: BTreeMap<String, SetDef> =
+        objects.values().flat_map(|s| s.sets.iter().map(|(n, d)| (n.clone(), d.clone()))).collect();
+    let old_objects: Vec<ServiceObjects> =
+        old.iter().flat_map(|o| o.services.keys().map(|name| o.objects(name))).collect();
     let mut new_stale = BTreeSet::new();
     if let Some(old) = old {
-        b.delete_chains.extend(old.stale_chains.iter().filter(|c| !desired_chains.contains(c)).cloned());
+        b.delete_chains.extend(old.stale_chains.iter().filter(|c| !desired_chains.contains(*c)).cloned());
         for (name, _) in &skel.chains {
             b.flush_chains.push(name.name.clone());
         }
-        for s in old.services.values() {
+        for s in &old_objects {
             for c in s.chains.keys() {
                 b.flush_chains.push(c.clone());
                 if !desired_chains.contains(c) {
@@ -324,12 +363,12 @@ fn full_batch(desired: &mut FamilyState, old: Option<&FamilyState>) -> Batch {
                 }
             }
             for (name, def) in &s.sets {
-                if desired_sets.get(name).is_none_or(|d| *d != def) {
+                if desired_sets.get(name).is_none_or(|d| d != def) {
                     b.delete_sets.push((name.clone(), false));
                 }
             }
         }
-        b.flush_chains.extend(old.stale_chains.iter().filter(|c| desired_chains.contains(c)).cloned());
+        b.flush_chains.extend(old.stale_chains.iter().filter(|c| desired_chains.contains(*c)).cloned());
         b.flush_chains.sort();
         b.flush_chains.dedup();
         b.flush_sets.extend(skel.sets.iter().map(|s| (s.name.clone(), s.is_map())));
@@ -340,18 +379,17 @@ fn full_batch(desired: &mut FamilyState, old: Option<&FamilyState>) -> Batch {
     }
     b.add_sets.extend(skel.sets);
     b.add_elements.extend(skel.elements);
-    for s in desired.services.values() {
-        for (name, rules) in &s.chains {
-            b.add_chains.push(plain(name));
-            b.rules.push((name.clone(), rules.clone()));
+    for s in objects.into_values() {
+        for (name, rules) in s.chains {
+            b.add_chains.push(plain(&name));
+            b.rules.push((name, rules));
         }
     }
-    let old_sets: BTreeMap<&String, &SetDef> =
-        old.iter().flat_map(|o| o.services.values().flat_map(|s| s.sets.iter())).collect();
+    let old_sets: BTreeMap<&String, &SetDef> = old_objects.iter().flat_map(|s| s.sets.iter()).collect();
     for (name, def) in desired_sets {
         // An unchanged set is left alone: it holds live affinity entries.
-        if old_sets.get(name) != Some(&def) {
-            b.add_sets.push(def.clone());
+        if old_sets.get(&name) != Some(&&def) {
+            b.add_sets.push(def);
         }
     }
     b.add_elements.extend(desired.elements());
@@ -362,8 +400,8 @@ fn full_batch(desired: &mut FamilyState, old: Option<&FamilyState>) -> Batch {
 /// State changes to make once a partial sync's transaction is applied.
 #[derive(Debug, Default)]
 struct Commit {
-    services: Vec<(ServicePortName, Option<ServiceObjects>)>,
-    owners: BTreeMap<ElementKey, BTreeMap<ServicePortName, Option<String>>>,
+    services: Vec<(ServicePortName, Option<Arc<ServicePortPlan>>)>,
+    owners: BTreeMap<ElementKey, Owners>,
     stale_chains: BTreeSet<String>,
 }
 
@@ -388,16 +426,18 @@ impl Commit {
 
 /// The minimal batch that takes the named service ports from their applied objects to `changes`
 /// (`None`: removed), plus deleting the chains the previous sync left stale.
-fn diff_services(state: &FamilyState, changes: Vec<(ServicePortName, Option<ServiceObjects>)>) -> (Batch, Commit) {
+fn diff_services(
+    state: &FamilyState,
+    changes: Vec<(ServicePortName, Option<Arc<ServicePortPlan>>)>,
+) -> (Batch, Commit) {
     let mut b = Batch::default();
     let mut commit = Commit::default();
     let mut revived = BTreeSet::new();
     let mut before: BTreeMap<ElementKey, Option<Option<String>>> = BTreeMap::new();
-    let empty = ServiceObjects::default();
-
     for (name, new) in &changes {
-        let old = state.services.get(name).unwrap_or(&empty);
-        let new_ref = new.as_ref().unwrap_or(&empty);
+        let old = &state.objects(name);
+        let new_ref = &new.as_ref().map(|p| service::render(&state.ctx, &state.node, p)).unwrap_or_default();
+        let owner = owner_id(name);
         for (chain, rules) in &new_ref.chains {
             match old.chains.get(chain) {
                 Some(r) if r == rules => continue,
@@ -438,9 +478,9 @@ fn diff_services(state: &FamilyState, changes: Vec<(ServicePortName, Option<Serv
             let owners =
                 commit.owners.entry(key.clone()).or_insert_with(|| state.owners.get(&key).cloned().unwrap_or_default());
             if add {
-                owners.insert(name.clone(), e.value.clone());
+                add_owner(owners, &owner, e.value.clone());
             } else {
-                owners.remove(name);
+                remove_owner(owners, &owner);
             }
         }
     }
