@@ -130,8 +130,9 @@ pub fn plan(n: usize, per_service: usize) -> (Plan, Mix) {
     (Plan { families: [(IpFamily::V4, fam)].into_iter().collect() }, mix)
 }
 
-/// Replaces one endpoint of service port `i` (change number `k`): the new plan and the delta
-/// the planner would hand the dataplane (computed here, outside any timing).
+/// Changes one endpoint of service port `i` (change number `k`): the new plan and the delta the
+/// planner would hand the dataplane (computed here, outside any timing). Changes cycle through
+/// the kinds a rollout or a scale produces: replace an endpoint, add one, remove one.
 pub fn change_one_endpoint(plan: &mut Plan, i: usize, per_service: usize, k: usize) -> PlanDelta {
     let before = plan.clone();
     let Some(fam) = plan.families.get_mut(&IpFamily::V4) else { return PlanDelta::default() };
@@ -139,10 +140,15 @@ pub fn change_one_endpoint(plan: &mut Plan, i: usize, per_service: usize, k: usi
     let Some(old) = fam.services.get(&name).cloned() else { return PlanDelta::default() };
     let mut new = (*old).clone();
     let j = k % per_service.max(1);
-    // A remote endpoint is replaced, so the local-policy endpoints stay as they are.
-    let at = new.cluster_endpoints.iter().position(|e| !e.is_local).unwrap_or(j);
-    if let Some(slot) = new.cluster_endpoints.get_mut(at) {
-        *slot = Endpoint { is_local: false, ..endpoint(i, j, per_service, k + 1) };
+    let fresh = Endpoint { is_local: false, ..endpoint(i, j, per_service, k + 1) };
+    // Only remote endpoints change, so the local-policy endpoints stay as they are.
+    let remote = new.cluster_endpoints.iter().position(|e| !e.is_local);
+    match (k % 3, remote) {
+        (0, Some(at)) => new.cluster_endpoints[at] = fresh,
+        (2, Some(at)) if new.cluster_endpoints.len() > 1 => {
+            new.cluster_endpoints.remove(at);
+        }
+        _ => new.cluster_endpoints.push(fresh),
     }
     new.cluster_endpoints.sort();
     fam.services.insert(name, Arc::new(new));

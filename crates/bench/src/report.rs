@@ -70,6 +70,7 @@ fn write_report(s: &mut String, command: &str, args: &Args, results: &[SizeResul
     writeln!(
         s,
         "{} endpoints per service; mix: 10% NodePort, 2% LoadBalancer (half eTP Local), 1% ClientIP affinity. \
+         Changes cycle through replacing, adding and removing one endpoint of one service. \
          Upstream shape loaded up to {} services, timeout {} s.",
         args.endpoints, args.upstream_max, args.upstream_timeout
     )?;
