@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use kproxy_nftables::transaction::{Chain, Element, Op, SetDef, TableFamily, TableRef, Transaction};
 
 use crate::expr::Expr;
-use crate::parse::{self, KeyType, ParseError};
+use crate::parse::{self, KeyType, MapData, ParseError, Typeof};
 use crate::sys::*;
 use crate::wire::MsgBuf;
 
@@ -66,32 +66,44 @@ fn priority(p: &str) -> Option<i32> {
     })
 }
 
-/// `nft`'s set user data: key (and data) byte order, a concatenation marker, the comment.
-fn set_userdata(key: &KeyType, def: &SetDef) -> Vec<u8> {
+/// What a map's elements map to.
+enum SetData {
+    Verdict,
+    /// Data declared by `typeof` expressions (`ip daddr . th dport`).
+    Typeof(Typeof),
+}
+
+/// `nft`'s set user data: key (and data) byte order, the `typeof` expressions of concatenations
+/// (none for keys declared by type names), the comment.
+fn set_userdata(key: &KeyType, key_typeof: Option<&Typeof>, data: Option<&SetData>, def: &SetDef) -> Vec<u8> {
     let mut u = Vec::new();
     let mut tlv = |kind: u8, value: &[u8]| {
         u.push(kind);
         u.push(value.len() as u8);
         u.extend_from_slice(value);
     };
-    // BYTEORDER_BIG_ENDIAN for addresses, BYTEORDER_INVALID for concatenations.
+    // BYTEORDER_BIG_ENDIAN for addresses, BYTEORDER_INVALID for concatenations (and for the
+    // data of kproxy's maps: verdicts or concatenations).
     let key_order: u32 = if key.is_concat() { 0 } else { 2 };
-    tlv(0, &key_order.to_ne_bytes());
-    if def.is_map() {
-        tlv(1, &0u32.to_ne_bytes());
+    tlv(NFTNL_UDATA_SET_KEYBYTEORDER, &key_order.to_ne_bytes());
+    if data.is_some() {
+        tlv(NFTNL_UDATA_SET_DATABYTEORDER, &0u32.to_ne_bytes());
     }
     if key.is_concat() {
-        // NFTNL_UDATA_SET_KEY_TYPEOF { TYPEOF_EXPR = EXPR_CONCAT, TYPEOF_DATA = {} }.
-        tlv(3, &[0, 4, 13, 0, 0, 0, 1, 0]);
+        let exprs = key_typeof.map(|t| t.0.as_slice()).unwrap_or_default();
+        tlv(NFTNL_UDATA_SET_KEY_TYPEOF, &parse::concat_udata(exprs));
     }
-    if def.is_map() {
-        tlv(6, &0u32.to_ne_bytes());
+    if let Some(SetData::Typeof(t)) = data {
+        tlv(NFTNL_UDATA_SET_DATA_TYPEOF, &t.udata());
+    }
+    if data.is_some() {
+        tlv(NFTNL_UDATA_SET_DATA_INTERVAL, &0u32.to_ne_bytes());
     }
     if let Some(c) = &def.comment {
         let mut s = c.replace('"', "").into_bytes();
         s.truncate(254);
         s.push(0);
-        tlv(7, &s);
+        tlv(NFTNL_UDATA_SET_COMMENT, &s);
     }
     u
 }
@@ -103,6 +115,9 @@ struct Encoder {
     set_ids: HashMap<(TableRef, String), u32>,
     next_set_id: u32,
     index: u32,
+    /// Data maps declared by `typeof` in this batch, with the protocol match their data implies
+    /// for the rules that read them.
+    map_deps: HashMap<(TableRef, String), Option<u8>>,
     /// Interval elements each set gets in this batch.
     intervals: HashMap<(TableRef, String), Vec<String>>,
 }
@@ -137,6 +152,7 @@ impl Encoder {
                 self.begin(NFT_MSG_DELTABLE, 0, nfproto(t.family));
                 self.buf.put_str(NFTA_TABLE_NAME, &t.name);
                 self.set_ids.retain(|(table, _), _| table != t);
+                self.map_deps.retain(|(table, _), _| table != t);
             }
             Op::FlushTable(t) => {
                 self.begin(NFT_MSG_DELRULE, 0, nfproto(t.family));
@@ -154,7 +170,8 @@ impl Encoder {
                 self.buf.put_str(NFTA_CHAIN_NAME, name);
             }
             Op::AddRule { table, chain, rule } => {
-                let mut exprs = parse::rule(table.family, rule)?;
+                let maps = |m: &str| self.map_deps.get(&(table.clone(), m.to_owned())).copied();
+                let mut exprs = parse::rule_with_maps(table.family, rule, &maps)?;
                 for e in &mut exprs {
                     if let Expr::Lookup { set, set_id, .. } | Expr::DynsetUpdate { set, set_id, .. } = e {
                         *set_id = self.set_id(table, set);
@@ -180,6 +197,7 @@ impl Encoder {
                 self.buf.put_str(NFTA_SET_TABLE, &table.name);
                 self.buf.put_str(NFTA_SET_NAME, name);
                 self.set_ids.remove(&(table.clone(), name.clone()));
+                self.map_deps.remove(&(table.clone(), name.clone()));
             }
             Op::AddElement(t, e) => self.element(t, e, true)?,
             Op::DeleteElement(t, e) => self.element(t, e, false)?,
@@ -215,20 +233,33 @@ impl Encoder {
     }
 
     fn add_set(&mut self, t: &TableRef, def: &SetDef) -> Result<(), ParseError> {
-        let key = KeyType::parse(&def.key_type)?;
+        let err = |what: &str| ParseError { what: what.to_owned(), text: def.name.clone() };
+        let (key, key_typeof) = if def.by_typeof {
+            let t = Typeof::parse(t.family, &def.key_type)?;
+            (t.key_type(), Some(t))
+        } else {
+            (KeyType::parse(&def.key_type)?, None)
+        };
+        let data = match (def.data_type.as_deref(), def.by_typeof) {
+            (None, _) => None,
+            (Some("verdict"), false) => Some(SetData::Verdict),
+            (Some(d), true) => Some(SetData::Typeof(Typeof::parse(t.family, d)?)),
+            (Some(other), false) => return Err(err(other)),
+        };
         let mut flags = 0;
         for f in &def.flags {
             flags |= match *f {
                 "interval" => NFT_SET_INTERVAL,
                 "dynamic" => NFT_SET_EVAL,
                 "timeout" => NFT_SET_TIMEOUT,
-                other => return Err(ParseError { what: other.to_owned(), text: def.name.clone() }),
+                other => return Err(err(other)),
             };
         }
-        match def.data_type.as_deref() {
-            None => {}
-            Some("verdict") => flags |= NFT_SET_MAP,
-            Some(other) => return Err(ParseError { what: other.to_owned(), text: def.name.clone() }),
+        if data.is_some() {
+            flags |= NFT_SET_MAP;
+        }
+        if let Some(SetData::Typeof(d)) = &data {
+            self.map_deps.insert((t.clone(), def.name.clone()), d.l4_dependency());
         }
         self.next_set_id += 1;
         let id = self.next_set_id;
@@ -239,9 +270,17 @@ impl Encoder {
         self.buf.put_be32(NFTA_SET_FLAGS, flags);
         self.buf.put_be32(NFTA_SET_KEY_TYPE, key.id());
         self.buf.put_be32(NFTA_SET_KEY_LEN, key.byte_len());
-        if def.is_map() {
-            self.buf.put_be32(NFTA_SET_DATA_TYPE, NFT_DATA_VERDICT);
-            self.buf.put_be32(NFTA_SET_DATA_LEN, 0);
+        match &data {
+            None => {}
+            Some(SetData::Verdict) => {
+                self.buf.put_be32(NFTA_SET_DATA_TYPE, NFT_DATA_VERDICT);
+                self.buf.put_be32(NFTA_SET_DATA_LEN, 0);
+            }
+            Some(SetData::Typeof(t)) => {
+                let d = t.key_type();
+                self.buf.put_be32(NFTA_SET_DATA_TYPE, d.id());
+                self.buf.put_be32(NFTA_SET_DATA_LEN, d.byte_len());
+            }
         }
         if let Some(size) = def.size {
             let n = self.buf.begin_nest(NFTA_SET_DESC);
@@ -252,7 +291,7 @@ impl Encoder {
         if let Some(timeout) = def.timeout {
             self.buf.put_be64(NFTA_SET_TIMEOUT, u64::from(timeout) * 1000);
         }
-        self.buf.put(NFTA_SET_USERDATA, &set_userdata(&key, def));
+        self.buf.put(NFTA_SET_USERDATA, &set_userdata(&key, key_typeof.as_ref(), data.as_ref(), def));
         let initial = self.intervals.get(&(t.clone(), def.name.clone())).cloned().unwrap_or_default();
         if flags & NFT_SET_INTERVAL != 0 && !initial.is_empty() {
             // Like nft for a new interval set filled in the same batch: the set's initial
@@ -260,7 +299,7 @@ impl Encoder {
             // is explicitly outside the set) and the batch's intervals.
             self.buf.end();
             self.begin(NFT_MSG_NEWSETELEM, NLM_F_CREATE, nfproto(t.family));
-            self.elem_header(t, &def.name);
+            self.elem_header(t, &def.name, true);
             let list = self.buf.begin_nest(NFTA_SET_ELEM_LIST_ELEMENTS);
             self.elem(1, &vec![0; key.byte_len() as usize], None, true);
             let mut n = 1;
@@ -278,16 +317,18 @@ impl Encoder {
         Ok(())
     }
 
-    fn elem_header(&mut self, t: &TableRef, set: &str) {
+    /// The element list's table and set; additions to a set created in the same batch also
+    /// carry its id, deletions only the name (as nft).
+    fn elem_header(&mut self, t: &TableRef, set: &str, add: bool) {
         self.buf.put_str(NFTA_SET_ELEM_LIST_TABLE, &t.name);
         self.buf.put_str(NFTA_SET_ELEM_LIST_SET, set);
-        if let Some(id) = self.set_id(t, set) {
+        if let Some(id) = self.set_id(t, set).filter(|_| add) {
             self.buf.put_be32(NFTA_SET_ELEM_LIST_SET_ID, id);
         }
     }
 
     /// One element of a list; libnftnl numbers them from 1 (the kernel ignores the number).
-    fn elem(&mut self, n: u16, key: &[u8], data: Option<&crate::expr::Verdict>, end: bool) {
+    fn elem(&mut self, n: u16, key: &[u8], data: Option<&MapData>, end: bool) {
         let e = self.buf.begin_nest(n);
         if end {
             self.buf.put_be32(NFTA_SET_ELEM_FLAGS, NFT_SET_ELEM_INTERVAL_END);
@@ -295,9 +336,12 @@ impl Encoder {
         let k = self.buf.begin_nest(NFTA_SET_ELEM_KEY);
         self.buf.put(NFTA_DATA_VALUE, key);
         self.buf.end_nest(k);
-        if let Some(v) = data {
+        if let Some(data) = data {
             let d = self.buf.begin_nest(NFTA_SET_ELEM_DATA);
-            v.encode(&mut self.buf);
+            match data {
+                MapData::Verdict(v) => v.encode(&mut self.buf),
+                MapData::Value(bytes) => self.buf.put(NFTA_DATA_VALUE, bytes),
+            }
             self.buf.end_nest(d);
         }
         self.buf.end_nest(e);
@@ -306,7 +350,7 @@ impl Encoder {
     fn element(&mut self, t: &TableRef, e: &Element, add: bool) -> Result<(), ParseError> {
         let key = parse::element_key(&e.key)?;
         let data = match (&e.value, add) {
-            (Some(v), true) => Some(parse::verdict(v)?),
+            (Some(v), true) => Some(parse::map_data(v)?),
             _ => None,
         };
         if add {
@@ -314,7 +358,7 @@ impl Encoder {
         } else {
             self.begin(NFT_MSG_DELSETELEM, 0, nfproto(t.family));
         }
-        self.elem_header(t, &e.set);
+        self.elem_header(t, &e.set, add);
         let list = self.buf.begin_nest(NFTA_SET_ELEM_LIST_ELEMENTS);
         self.elem(1, &key.start, data.as_ref(), false);
         if let Some(Some(end)) = &key.interval_end {
@@ -345,6 +389,7 @@ impl Batch {
             next_set_id: 0,
             index: 0,
             intervals: HashMap::new(),
+            map_deps: HashMap::new(),
         };
         for op in tx.ops() {
             if let Op::AddElement(t, e) = op

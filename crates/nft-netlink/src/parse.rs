@@ -35,6 +35,8 @@ pub enum DataType {
     Proto,
     /// `inet_service`
     Service,
+    /// `integer` of 32 bits: only as the type of a `numgen` in a `typeof` declaration.
+    Integer,
 }
 
 impl DataType {
@@ -45,6 +47,7 @@ impl DataType {
             DataType::Ipv6 => 8,
             DataType::Proto => 12,
             DataType::Service => 13,
+            DataType::Integer => 4,
         }
     }
 
@@ -55,6 +58,7 @@ impl DataType {
             DataType::Ipv6 => 16,
             DataType::Proto => 1,
             DataType::Service => 2,
+            DataType::Integer => 4,
         }
     }
 }
@@ -102,6 +106,145 @@ impl KeyType {
     }
 }
 
+/// An expression a set type is declared by (`typeof`), with what nft records about it in the
+/// set's user data (its `expr_types` id and its own attributes), so that `nft list` prints the
+/// declaration back and netlink- and text-created sets are indistinguishable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TypeofExpr {
+    /// `ip daddr`, `ip6 saddr`, `th dport`: nft's protocol description and header field ids.
+    Payload {
+        /// `enum proto_desc_id`.
+        desc: u32,
+        /// Index of the field in the description's templates.
+        field: u32,
+        /// The field's datatype.
+        dtype: DataType,
+    },
+    /// `meta l4proto`.
+    Meta {
+        /// `NFT_META_*`.
+        key: u32,
+    },
+    /// `numgen random mod N`.
+    Numgen {
+        /// Modulus.
+        modulus: u32,
+    },
+}
+
+/// nft's `enum proto_desc_id` values for the headers kproxy matches.
+const PROTO_DESC_UDP: u32 = 6;
+const PROTO_DESC_TCP: u32 = 8;
+const PROTO_DESC_TH: u32 = 11;
+const PROTO_DESC_IP: u32 = 12;
+const PROTO_DESC_IP6: u32 = 13;
+
+impl TypeofExpr {
+    /// The datatype of the value the expression produces.
+    pub fn datatype(self) -> DataType {
+        match self {
+            TypeofExpr::Payload { dtype, .. } => dtype,
+            TypeofExpr::Meta { .. } => DataType::Proto,
+            TypeofExpr::Numgen { .. } => DataType::Integer,
+        }
+    }
+
+    /// nft's `enum expr_types` id (`EXPR_PAYLOAD`, `EXPR_META`, `EXPR_NUMGEN`).
+    fn etype(self) -> u32 {
+        match self {
+            TypeofExpr::Payload { .. } => 7,
+            TypeofExpr::Meta { .. } => 9,
+            TypeofExpr::Numgen { .. } => 23,
+        }
+    }
+
+    /// The expression's own user data attributes (`*_expr_build_udata` in nft).
+    fn udata(self) -> Vec<(u8, u32)> {
+        match self {
+            TypeofExpr::Payload { desc, field, .. } => vec![(0, desc), (1, field)],
+            TypeofExpr::Meta { key } => vec![(0, key)],
+            TypeofExpr::Numgen { modulus } => vec![(0, NFT_NG_RANDOM), (1, modulus), (2, 0)],
+        }
+    }
+}
+
+/// A `typeof` declaration of a set key or map data: a concatenation of expressions (a single
+/// expression is outside the supported subset; nft records it differently).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Typeof(pub Vec<TypeofExpr>);
+
+impl Typeof {
+    /// Parses `ip daddr . meta l4proto . th dport . numgen random mod 2` for a table of `family`.
+    pub fn parse(family: TableFamily, text: &str) -> Result<Self, ParseError> {
+        let mut p =
+            Parser { toks: text.split_whitespace().collect(), pos: 0, text, family, out: Vec::new(), maps: &|_| None };
+        let mut exprs = Vec::new();
+        for item in p.concat()? {
+            exprs.push(match item {
+                Item::Numgen(modulus) => TypeofExpr::Numgen { modulus },
+                Item::ProtoDport { desc } => TypeofExpr::Payload { desc, field: 2, dtype: DataType::Service },
+                Item::Sel(sel) => p.typeof_expr(sel)?,
+            });
+        }
+        if let Some(t) = p.peek() {
+            return Err(p.err(t));
+        }
+        let t = Typeof(exprs);
+        if t.0.len() < 2 || concat_udata(&t.0).len() > usize::from(u8::MAX) {
+            return Err(p.err("typeof"));
+        }
+        Ok(t)
+    }
+
+    /// The key (or data) type the expressions' values make up.
+    pub fn key_type(&self) -> KeyType {
+        KeyType(self.0.iter().map(|e| e.datatype()).collect())
+    }
+
+    /// The protocol match nft 1.0.6 puts before a `dnat ... map` statement reading a map whose
+    /// data is declared by this: `tcp dport` / `udp dport` depend on the protocol (so such a
+    /// statement only ever translates that protocol), `th dport` does not.
+    pub fn l4_dependency(&self) -> Option<u8> {
+        self.0.iter().find_map(|e| match *e {
+            TypeofExpr::Payload { desc: PROTO_DESC_TCP, .. } => Some(6),
+            TypeofExpr::Payload { desc: PROTO_DESC_UDP, .. } => Some(17),
+            _ => None,
+        })
+    }
+
+    /// The value of nft's `NFTNL_UDATA_SET_KEY_TYPEOF` / `DATA_TYPEOF` attribute.
+    pub fn udata(&self) -> Vec<u8> {
+        concat_udata(&self.0)
+    }
+}
+
+/// nft's user data for a concatenation: `TYPEOF_EXPR = EXPR_CONCAT` and, in `TYPEOF_DATA`, one
+/// nest per field (`SUB_TYPE` = its `expr_types` id, `SUB_DATA` = its own attributes). A
+/// concatenation declared by type names has no fields here.
+pub fn concat_udata(exprs: &[TypeofExpr]) -> Vec<u8> {
+    fn put(out: &mut Vec<u8>, kind: u8, value: &[u8]) {
+        out.push(kind);
+        out.push(value.len() as u8);
+        out.extend_from_slice(value);
+    }
+    let mut fields = Vec::new();
+    for (i, e) in exprs.iter().enumerate() {
+        let mut own = Vec::new();
+        for (kind, v) in e.udata() {
+            put(&mut own, kind, &v.to_ne_bytes());
+        }
+        let mut field = Vec::new();
+        put(&mut field, 0, &e.etype().to_ne_bytes());
+        put(&mut field, 1, &own);
+        put(&mut fields, i as u8, &field);
+    }
+    let mut out = Vec::new();
+    // EXPR_CONCAT
+    put(&mut out, 0, &13u32.to_ne_bytes());
+    put(&mut out, 1, &fields);
+    out
+}
+
 /// An element key: its bytes, and the exclusive end of the range for prefix keys.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ElementKey {
@@ -135,6 +278,10 @@ pub fn element_key(text: &str) -> Result<ElementKey, ParseError> {
             addr_bytes(ip)
         } else if let Some(p) = proto_number(f) {
             vec![p]
+        } else if let Some(hex) = f.strip_prefix("0x") {
+            // The only hex field kproxy writes is a numgen slot: the 32-bit host-endian value
+            // numgen leaves in its register.
+            u32::from_str_radix(hex, 16).map_err(|_| err(f))?.to_ne_bytes().to_vec()
         } else if let Ok(port) = f.parse::<u16>() {
             port.to_be_bytes().to_vec()
         } else {
@@ -146,6 +293,26 @@ pub fn element_key(text: &str) -> Result<ElementKey, ParseError> {
         }
     }
     Ok(ElementKey { start: key, interval_end: None })
+}
+
+/// The data of a map element.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MapData {
+    /// A verdict (`goto service-...`).
+    Verdict(Verdict),
+    /// A value (`198.18.16.10 . 8080`), concatenation fields padded to 4 bytes like keys.
+    Value(Vec<u8>),
+}
+
+/// Parses map data: a verdict, or a value for maps declared by `typeof` (`addr . port`).
+pub fn map_data(text: &str) -> Result<MapData, ParseError> {
+    match text.split_whitespace().next() {
+        Some("accept" | "drop" | "return" | "jump" | "goto") => verdict(text).map(MapData::Verdict),
+        _ => match element_key(text)? {
+            ElementKey { start, interval_end: None } => Ok(MapData::Value(start)),
+            _ => Err(ParseError { what: "/".to_owned(), text: text.to_owned() }),
+        },
+    }
 }
 
 /// Parses map data: a verdict.
@@ -242,11 +409,26 @@ impl Sel {
     }
 }
 
+/// One field of a concatenation: a selector or a `numgen` (which has no place in a match), or
+/// in a `typeof` declaration `tcp dport` / `udp dport` (`th dport` by another protocol
+/// description; in a rule it would need a protocol match, outside the subset).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Item {
+    Sel(Sel),
+    Numgen(u32),
+    ProtoDport { desc: u32 },
+}
+
 /// nft numbers registers in 32-bit units; a field starting on a 128-bit boundary is named by
 /// its 128-bit register (`NFT_REG_1`...), the others by `NFT_REG32_xx`.
 fn register(unit: u32) -> u32 {
     if unit.is_multiple_of(4) { NFT_REG_1 + unit / 4 } else { NFT_REG32_00 + unit }
 }
+
+/// What a rule's encoding needs to know of a data map it reads (`dnat ... map @m`): `None` when
+/// the map is unknown, else the protocol match its data type implies
+/// ([`Typeof::l4_dependency`]).
+pub type MapDependency<'m> = &'m dyn Fn(&str) -> Option<Option<u8>>;
 
 struct Parser<'a> {
     toks: Vec<&'a str>,
@@ -254,11 +436,22 @@ struct Parser<'a> {
     text: &'a str,
     family: TableFamily,
     out: Vec<Expr>,
+    maps: MapDependency<'a>,
 }
 
-/// Parses one rule body into expressions.
+/// Parses one rule body into expressions; a rule that reads a data map is refused, since its
+/// encoding depends on the map's declaration (see [`rule_with_maps`]).
 pub fn rule(family: TableFamily, text: &str) -> Result<Vec<Expr>, ParseError> {
-    let mut p = Parser { toks: text.split_whitespace().collect(), pos: 0, text, family, out: Vec::new() };
+    rule_with_maps(family, text, &|_| None)
+}
+
+/// Parses one rule body into expressions, `maps` telling what the data maps it reads imply.
+pub fn rule_with_maps<'a>(
+    family: TableFamily,
+    text: &'a str,
+    maps: MapDependency<'a>,
+) -> Result<Vec<Expr>, ParseError> {
+    let mut p = Parser { toks: text.split_whitespace().collect(), pos: 0, text, family, out: Vec::new(), maps };
     while p.pos < p.toks.len() {
         p.statement()?;
     }
@@ -403,6 +596,11 @@ impl<'a> Parser<'a> {
     }
 
     fn nat(&mut self, kind: NatKind) -> Result<(), ParseError> {
+        let family_word = if self.family == TableFamily::Ip { "ip" } else { "ip6" };
+        if self.peek() == Some(family_word) {
+            self.pos += 1;
+            return self.nat_map(kind);
+        }
         self.expect("to")?;
         let target = self.next()?;
         let (addr, port) = match target.strip_prefix('[') {
@@ -432,6 +630,99 @@ impl<'a> Parser<'a> {
         let family = if self.family == TableFamily::Ip { NFPROTO_IPV4 } else { NFPROTO_IPV6 };
         self.out.push(Expr::Nat { kind, family, addr_reg: NFT_REG_1, proto_reg, flags });
         Ok(())
+    }
+
+    /// `dnat ip to KEY . numgen random mod N map @m`: the concatenated key looked up in a map
+    /// whose data is `addr . port`, so the address lands in register 1 and the port in the
+    /// 32-bit register after it. nft sends no nat flags for this form (the kernel derives them).
+    fn nat_map(&mut self, kind: NatKind) -> Result<(), ParseError> {
+        self.expect("to")?;
+        let items = self.concat()?;
+        self.expect("map")?;
+        let set = self.set_ref()?;
+        let dependency =
+            (self.maps)(&set).ok_or_else(|| self.err(&format!("@{set}: map not declared in the batch")))?;
+        if let Some(proto) = dependency {
+            // nft puts the match before the statement; after other statements is unverified.
+            if !self.out.is_empty() {
+                return Err(self.err("dnat map with a protocol dependency after other statements"));
+            }
+            self.out.push(Expr::Meta { key: NFT_META_L4PROTO, dreg: NFT_REG_1 });
+            self.out.push(Expr::Cmp { sreg: NFT_REG_1, op: NFT_CMP_EQ, data: vec![proto] });
+        }
+        self.load_concat(&items)?;
+        self.out.push(Expr::Lookup { sreg: NFT_REG_1, set, set_id: None, dreg: Some(NFT_REG_1), invert: false });
+        let (family, addr_units) = if self.family == TableFamily::Ip { (NFPROTO_IPV4, 1) } else { (NFPROTO_IPV6, 4) };
+        self.out.push(Expr::Nat { kind, family, addr_reg: NFT_REG_1, proto_reg: Some(register(addr_units)), flags: 0 });
+        Ok(())
+    }
+
+    /// `item [. item]*` where an item is a selector or `numgen random mod N`.
+    fn concat(&mut self) -> Result<Vec<Item>, ParseError> {
+        let mut items = Vec::new();
+        loop {
+            if self.optional("numgen") {
+                self.expect("random")?;
+                self.expect("mod")?;
+                items.push(Item::Numgen(self.number()?));
+            } else if let Some(desc) = self.peek().and_then(|t| match t {
+                "tcp" => Some(PROTO_DESC_TCP),
+                "udp" => Some(PROTO_DESC_UDP),
+                _ => None,
+            }) {
+                self.pos += 1;
+                self.expect("dport")?;
+                items.push(Item::ProtoDport { desc });
+            } else {
+                items.push(Item::Sel(self.selector()?));
+            }
+            if !self.optional(".") {
+                return Ok(items);
+            }
+        }
+    }
+
+    /// Loads a concatenation into consecutive registers from register 1 on, as nft does.
+    fn load_concat(&mut self, items: &[Item]) -> Result<(), ParseError> {
+        let mut unit = 0;
+        for item in items {
+            match *item {
+                Item::Sel(s) => {
+                    self.out.push(s.load(register(unit), s.len()));
+                    unit += s.len().div_ceil(4);
+                }
+                Item::Numgen(modulus) => {
+                    self.out.push(Expr::Numgen { dreg: register(unit), modulus });
+                    unit += 1;
+                }
+                Item::ProtoDport { .. } => return Err(self.err("dport")),
+            }
+        }
+        Ok(())
+    }
+
+    /// What a selector is as a `typeof` expression.
+    fn typeof_expr(&self, sel: Sel) -> Result<TypeofExpr, ParseError> {
+        let v4 = self.family == TableFamily::Ip;
+        Ok(match sel {
+            Sel::Addr { offset, .. } => {
+                // Template indexes of saddr / daddr in nft's ip and ip6 header descriptions.
+                let field = match (v4, offset) {
+                    (true, 12) => 11,
+                    (true, 16) => 12,
+                    (false, 8) => 8,
+                    (false, 24) => 9,
+                    _ => return Err(self.err("address")),
+                };
+                let (desc, dtype) = if v4 { (PROTO_DESC_IP, DataType::Ipv4) } else { (PROTO_DESC_IP6, DataType::Ipv6) };
+                TypeofExpr::Payload { desc, field, dtype }
+            }
+            Sel::L4Proto => TypeofExpr::Meta { key: NFT_META_L4PROTO },
+            Sel::Dport => TypeofExpr::Payload { desc: PROTO_DESC_TH, field: 2, dtype: DataType::Service },
+            Sel::IifName => return Err(self.err("iifname")),
+            Sel::Fib { .. } => return Err(self.err("fib")),
+            Sel::Mark => return Err(self.err("mark")),
+        })
     }
 
     fn update(&mut self) -> Result<(), ParseError> {
@@ -530,11 +821,8 @@ impl<'a> Parser<'a> {
                 return Err(self.err("!= vmap"));
             }
             let set = self.set_ref()?;
-            let mut unit = 0;
-            for s in &sels {
-                self.out.push(s.load(register(unit), s.len()));
-                unit += s.len().div_ceil(4);
-            }
+            let items: Vec<Item> = sels.iter().map(|s| Item::Sel(*s)).collect();
+            self.load_concat(&items)?;
             self.out.push(Expr::Lookup { sreg: NFT_REG_1, set, set_id: None, dreg, invert: negate });
             return Ok(());
         }
@@ -642,7 +930,68 @@ mod tests {
     }
 
     #[test]
+    fn typeof_concats_have_the_types_of_their_expressions() {
+        let k = Typeof::parse(TableFamily::Ip, "ip daddr . meta l4proto . th dport . numgen random mod 2").unwrap();
+        assert_eq!((k.key_type().id(), k.key_type().byte_len()), (0x1c_c344, 16));
+        let k = Typeof::parse(TableFamily::Ip, "meta l4proto . th dport . numgen random mod 2").unwrap();
+        assert_eq!((k.key_type().id(), k.key_type().byte_len()), (0xc344, 12));
+        let d = Typeof::parse(TableFamily::Ip6, "ip6 daddr . tcp dport").unwrap();
+        assert_eq!((d.key_type().id(), d.key_type().byte_len()), ((8 << 6) | 13, 20));
+        assert_eq!(d.key_type(), Typeof::parse(TableFamily::Ip6, "ip6 daddr . th dport").unwrap().key_type());
+        assert_ne!(d.udata(), Typeof::parse(TableFamily::Ip6, "ip6 daddr . th dport").unwrap().udata());
+        // Outside the subset: a single expression, other expressions, the other family.
+        assert!(Typeof::parse(TableFamily::Ip, "ip daddr").is_err());
+        assert!(Typeof::parse(TableFamily::Ip, "iifname . ip daddr").is_err());
+        assert!(Typeof::parse(TableFamily::Ip, "ip6 daddr . th dport").is_err());
+        assert!(Typeof::parse(TableFamily::Ip, "ip daddr . th dport extra").is_err());
+    }
+
+    #[test]
+    fn map_data_is_a_verdict_or_a_padded_value() {
+        assert_eq!(map_data("goto c").unwrap(), MapData::Verdict(Verdict::Goto("c".into())));
+        assert_eq!(map_data("198.18.16.10 . 8080").unwrap(), MapData::Value(vec![198, 18, 16, 10, 0x1f, 0x90, 0, 0]));
+        assert!(map_data("198.18.16.0/24").is_err());
+        let k = element_key("tcp . 30080 . 0x1").unwrap();
+        let mut want = vec![6, 0, 0, 0, 0x75, 0x80, 0, 0];
+        want.extend_from_slice(&1u32.to_ne_bytes());
+        assert_eq!(k.start, want);
+        assert!(element_key("tcp . 30080 . 0x100000000").is_err());
+    }
+
+    #[test]
+    fn dnat_through_a_map_loads_the_concatenation_and_the_data_registers() {
+        let th: MapDependency = &|m| (m == "m").then_some(None);
+        let text = "dnat ip6 to ip6 daddr . meta l4proto . th dport . numgen random mod 4 map @m";
+        let e = rule_with_maps(TableFamily::Ip6, text, th).unwrap();
+        let dregs: Vec<u32> = e
+            .iter()
+            .filter_map(|e| match e {
+                Expr::Payload { dreg, .. } | Expr::Meta { dreg, .. } | Expr::Numgen { dreg, .. } => Some(*dreg),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(dregs, vec![1, 2, 13, 14]);
+        assert!(matches!(e.last(), Some(Expr::Nat { addr_reg: 1, proto_reg: Some(2), flags: 0, .. })));
+        let text = "dnat ip to meta l4proto . th dport . numgen random mod 4 map @m";
+        let e = rule_with_maps(TableFamily::Ip, text, th).unwrap();
+        assert!(matches!(e.last(), Some(Expr::Nat { addr_reg: 1, proto_reg: Some(9), flags: 0, .. })));
+        // Data declared as `tcp dport`: nft matches the protocol first.
+        let e = rule_with_maps(TableFamily::Ip, text, &|_| Some(Some(6))).unwrap();
+        assert_eq!(e[1], Expr::Cmp { sreg: NFT_REG_1, op: NFT_CMP_EQ, data: vec![6] });
+        // An unknown map is refused, not guessed.
+        assert!(rule(TableFamily::Ip, text).is_err());
+        assert!(
+            rule_with_maps(TableFamily::Ip, "ip daddr 10.0.0.1 dnat ip to th dport map @m", &|_| Some(Some(6)))
+                .is_err()
+        );
+    }
+
+    #[test]
     fn unsupported_rules_are_errors_not_guesses() {
+        assert!(rule(TableFamily::Ip, "dnat ip6 to ip6 daddr . th dport map @m").is_err());
+        assert!(rule(TableFamily::Ip, "dnat ip to ip daddr . tcp dport map @m").is_err());
+        assert!(rule(TableFamily::Ip, "dnat ip to ip daddr . th dport map @m fully-random").is_err());
+        assert!(rule(TableFamily::Ip, "dnat ip to ip daddr . th dport vmap @m").is_err());
         assert!(rule(TableFamily::Ip, "tcp flags syn drop").is_err());
         assert!(rule(TableFamily::Ip, "ip6 daddr ::1 drop").is_err());
         assert!(rule(TableFamily::Ip, "ip daddr . ip saddr 1.2.3.4 drop").is_err());

@@ -67,6 +67,14 @@ pub const NFTA_SET_TIMEOUT: u16 = 11;
 pub const NFTA_SET_USERDATA: u16 = 13;
 pub const NFTA_SET_DESC_SIZE: u16 = 1;
 
+// libnftnl's `enum nftnl_udata_set_types` (set user data, read back by `nft list`).
+pub const NFTNL_UDATA_SET_KEYBYTEORDER: u8 = 0;
+pub const NFTNL_UDATA_SET_DATABYTEORDER: u8 = 1;
+pub const NFTNL_UDATA_SET_KEY_TYPEOF: u8 = 3;
+pub const NFTNL_UDATA_SET_DATA_TYPEOF: u8 = 4;
+pub const NFTNL_UDATA_SET_DATA_INTERVAL: u8 = 6;
+pub const NFTNL_UDATA_SET_COMMENT: u8 = 7;
+
 pub const NFT_SET_INTERVAL: u32 = 0x4;
 pub const NFT_SET_MAP: u32 = 0x8;
 pub const NFT_SET_TIMEOUT: u32 = 0x10;

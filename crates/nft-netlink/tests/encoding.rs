@@ -66,8 +66,9 @@ fn op(line: &str) -> Op {
             };
             for item in block(line) {
                 let (k, v) = item.split_once(' ').unwrap();
+                def.by_typeof |= k == "typeof";
                 match k {
-                    "type" => match v.split_once(" : ") {
+                    "type" | "typeof" => match v.split_once(" : ") {
                         Some((key, data)) => {
                             def.key_type = key.to_owned();
                             def.data_type = Some(data.to_owned());
@@ -82,13 +83,14 @@ fn op(line: &str) -> Op {
             }
             Op::AddSet(t, def)
         }
-        ("add", "element") => {
+        (verb @ ("add" | "delete"), "element") => {
             let inner = line[line.find('{').unwrap() + 1..line.rfind('}').unwrap()].trim();
             let (key, value) = match inner.split_once(" : ") {
                 Some((k, v)) => (k.to_owned(), Some(v.to_owned())),
                 None => (inner.to_owned(), None),
             };
-            Op::AddElement(t, Element { set: w[4].to_owned(), key, value })
+            let e = Element { set: w[4].to_owned(), key, value };
+            if verb == "add" { Op::AddElement(t, e) } else { Op::DeleteElement(t, e) }
         }
         other => panic!("command {other:?}"),
     }

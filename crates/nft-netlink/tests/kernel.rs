@@ -9,7 +9,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
 use kproxy_nft_netlink::{NetlinkExecutor, TableListing, list_table};
-use kproxy_nftables::transaction::{Op, TableFamily, TableRef, Transaction};
+use kproxy_nftables::transaction::{Chain, Element, Op, SetDef, TableFamily, TableRef, Transaction};
 use kproxy_nftables::{Config, ExecError, Executor, NftCommand, NftablesDataplane};
 use kproxy_plan::*;
 use kproxy_state::{IpFamily, Protocol};
@@ -117,9 +117,10 @@ fn plan(shapes: &[Shape]) -> Plan {
     Plan { families: [(IpFamily::V4, fam)].into_iter().collect() }
 }
 
-/// `nft -j list table ip kproxy` without handles, element lists sorted.
+/// `nft -j list ruleset` (the namespace's own: the dataplane's table and the pick tables)
+/// without handles, element lists sorted.
 fn listing(ns: &Netns) -> Value {
-    let out = ns.exec_ok("nft", &["-j", "list", "table", "ip", "kproxy"]).unwrap();
+    let out = ns.exec_ok("nft", &["-j", "list", "ruleset"]).unwrap();
     let mut v: Value = serde_json::from_str(&out).unwrap();
     normalize(&mut v);
     v
@@ -140,15 +141,25 @@ fn normalize(v: &mut Value) {
     }
 }
 
-/// Applies `plan` (then `next` incrementally, when given) over netlink in one namespace and
-/// through `nft -f` text in another; returns both listings.
-fn both_ways(plan: &Plan, next: Option<&Plan>) -> (Value, Value) {
-    fn run<E: Executor + Send>(ns: &Netns, exec: E, plan: &Plan, next: Option<&Plan>) -> Value {
+/// Applies `plan` (then `next` incrementally, when given) and then the `extra` transactions
+/// over netlink in one namespace and through `nft -f` text in another; returns both listings.
+fn both_ways(plan: &Plan, next: Option<&Plan>, extra: &[Transaction]) -> (Value, Value) {
+    fn run<E: Executor + Send>(
+        ns: &Netns,
+        exec: fn() -> E,
+        plan: &Plan,
+        next: Option<&Plan>,
+        extra: &[Transaction],
+    ) -> Value {
         ns.run_in(|| {
-            let mut dp = NftablesDataplane::new(exec, Config::default());
+            let mut dp = NftablesDataplane::new(exec(), Config::default());
             dp.full_sync(plan).unwrap();
             if let Some(next) = next {
                 dp.partial_sync(next, &PlanDelta::between(plan, next)).unwrap();
+            }
+            let mut e = exec();
+            for tx in extra {
+                e.apply(tx).unwrap();
             }
         })
         .unwrap();
@@ -156,7 +167,177 @@ fn both_ways(plan: &Plan, next: Option<&Plan>) -> (Value, Value) {
     }
     let a = Netns::new("nlexec").unwrap();
     let b = Netns::new("nltext").unwrap();
-    (run(&a, NetlinkExecutor::new(), plan, next), run(&b, NftCommand::new(), plan, next))
+    (run(&a, NetlinkExecutor::new, plan, next, extra), run(&b, NftCommand::new, plan, next, extra))
+}
+
+/// A service of the endpoint-pick dataplane: endpoints picked by `numgen` from shared maps.
+#[derive(Debug, Clone)]
+struct Pick {
+    v6: bool,
+    udp: bool,
+    node_port: bool,
+    endpoints: usize,
+}
+
+fn pick() -> impl Strategy<Value = Pick> {
+    (any::<bool>(), any::<bool>(), any::<bool>(), 1usize..5).prop_map(|(v6, udp, node_port, endpoints)| Pick {
+        v6,
+        udp,
+        node_port,
+        endpoints,
+    })
+}
+
+/// The slot count a service with `n` endpoints uses (its cap set and pick chain).
+fn cap(n: usize) -> usize {
+    n.next_power_of_two()
+}
+
+const CAPS: [usize; 3] = [1, 2, 4];
+
+fn pick_table(v6: bool) -> TableRef {
+    TableRef { family: if v6 { TableFamily::Ip6 } else { TableFamily::Ip }, name: "pick".into() }
+}
+
+/// The pick skeleton of one family: the four shared endpoint maps (declared by `typeof`), one
+/// cap set and pick chain per slot count, dispatched by cap-set `goto` rules.
+fn pick_skeleton(tx: &mut Transaction, v6: bool) {
+    let t = pick_table(v6);
+    let ip = if v6 { "ip6" } else { "ip" };
+    tx.push(Op::AddTable { table: t.clone(), comment: None });
+    let chain = |name: String| Op::AddChain(t.clone(), Chain { name, hook: None });
+    tx.push(chain("pick".into()));
+    // The data's port as the renderer names it (`tcp dport`) and as `th dport`: same type.
+    let map = |name: &str, key: String, port: &str, comment: Option<&str>| {
+        Op::AddSet(
+            t.clone(),
+            SetDef {
+                name: name.into(),
+                key_type: key,
+                data_type: Some(format!("{ip} daddr . {port} dport")),
+                by_typeof: true,
+                flags: vec![],
+                timeout: None,
+                size: None,
+                comment: comment.map(str::to_owned),
+            },
+        )
+    };
+    let service_key = format!("{ip} daddr . meta l4proto . th dport . numgen random mod 2");
+    let nodeport_key = "meta l4proto . th dport . numgen random mod 2".to_owned();
+    tx.push(map("cluster-endpoints", service_key.clone(), "tcp", Some("Endpoints by numgen slot")));
+    tx.push(map("local-endpoints", service_key, "th", None));
+    tx.push(map("cluster-nodeport-endpoints", nodeport_key.clone(), "tcp", Some("NodePort endpoints")));
+    tx.push(map("local-nodeport-endpoints", nodeport_key, "th", None));
+    let addr = if v6 { "ipv6_addr" } else { "ipv4_addr" };
+    for c in CAPS {
+        let set = |name: String, key: String| {
+            Op::AddSet(
+                t.clone(),
+                SetDef {
+                    name,
+                    key_type: key,
+                    data_type: None,
+                    by_typeof: false,
+                    flags: vec![],
+                    timeout: None,
+                    size: None,
+                    comment: None,
+                },
+            )
+        };
+        tx.push(set(format!("cluster-cap-{c}"), format!("{addr} . inet_proto . inet_service")));
+        tx.push(set(format!("cluster-nodeport-cap-{c}"), "inet_proto . inet_service".into()));
+        tx.push(chain(format!("pick-cluster-{c}")));
+        tx.push(chain(format!("pick-cluster-nodeport-{c}")));
+        tx.add_rules(
+            &t,
+            "pick",
+            [
+                format!("{ip} daddr . meta l4proto . th dport @cluster-cap-{c} goto pick-cluster-{c}"),
+                format!("meta l4proto . th dport @cluster-nodeport-cap-{c} goto pick-cluster-nodeport-{c}"),
+            ],
+        );
+        tx.add_rules(
+            &t,
+            &format!("pick-cluster-{c}"),
+            [format!(
+                "dnat {ip} to {ip} daddr . meta l4proto . th dport . numgen random mod {c} map @cluster-endpoints"
+            )],
+        );
+        tx.add_rules(
+            &t,
+            &format!("pick-cluster-nodeport-{c}"),
+            [format!("dnat {ip} to meta l4proto . th dport . numgen random mod {c} map @cluster-nodeport-endpoints")],
+        );
+    }
+    tx.add_rules(
+        &t,
+        "pick",
+        [
+            format!("dnat {ip} to {ip} daddr . meta l4proto . th dport . numgen random mod 65536 map @local-endpoints"),
+            format!("dnat {ip} to meta l4proto . th dport . numgen random mod 3 map @local-nodeport-endpoints"),
+            "goto pick-cluster-1".to_owned(),
+        ],
+    );
+}
+
+/// The elements of service `i` (cap-set entries and one map element per slot), as added with
+/// `generation`'s endpoint addresses, or as deleted (keys only).
+fn pick_elements(tx: &mut Transaction, i: usize, p: &Pick, generation: u8, add: bool) {
+    let t = pick_table(p.v6);
+    let proto = if p.udp { "udp" } else { "tcp" };
+    let service_ip = if p.v6 { format!("fd00:96::{:x}", i + 10) } else { format!("198.18.128.{}", i + 10) };
+    let endpoint = |e: usize| {
+        if p.v6 {
+            format!("fd00:16::{:x}:{:x}", generation, e + 2)
+        } else {
+            format!("198.18.{}.{}", 16 + generation, e + 2)
+        }
+    };
+    let port = 80 + i;
+    let node_port = 30000 + i;
+    let c = cap(p.endpoints);
+    let mut push = |set: String, key: String, value: Option<String>| {
+        let e = Element { set, key, value: value.filter(|_| add) };
+        tx.push(if add { Op::AddElement(t.clone(), e) } else { Op::DeleteElement(t.clone(), e) });
+    };
+    push(format!("cluster-cap-{c}"), format!("{service_ip} . {proto} . {port}"), None);
+    if p.node_port {
+        push(format!("cluster-nodeport-cap-{c}"), format!("{proto} . {node_port}"), None);
+    }
+    for slot in 0..c {
+        let data = Some(format!("{} . 8080", endpoint(slot % p.endpoints)));
+        push("cluster-endpoints".into(), format!("{service_ip} . {proto} . {port} . {slot:#x}"), data.clone());
+        push("local-endpoints".into(), format!("{service_ip} . {proto} . {port} . {slot:#x}"), data.clone());
+        if p.node_port {
+            push("cluster-nodeport-endpoints".into(), format!("{proto} . {node_port} . {slot:#x}"), data);
+        }
+    }
+}
+
+/// Two transactions over the pick dataplane: the skeletons of both families with `first`'s
+/// elements; then, in a later batch (sets no longer new), every service of `first` whose shape
+/// `second` changes has its elements deleted and re-added with new endpoints.
+fn pick_transactions(first: &[Pick], second: &[Pick]) -> Vec<Transaction> {
+    let mut tx1 = Transaction::new();
+    pick_skeleton(&mut tx1, false);
+    pick_skeleton(&mut tx1, true);
+    for (i, p) in first.iter().enumerate() {
+        pick_elements(&mut tx1, i, p, 0, true);
+    }
+    let mut tx2 = Transaction::new();
+    for (i, p) in first.iter().enumerate() {
+        match second.get(i) {
+            Some(q) if q.v6 == p.v6 => {
+                pick_elements(&mut tx2, i, p, 0, false);
+                pick_elements(&mut tx2, i, q, 1, true);
+            }
+            Some(_) => {}
+            None => pick_elements(&mut tx2, i, p, 0, false),
+        }
+    }
+    vec![tx1, tx2]
 }
 
 #[test]
@@ -179,8 +360,18 @@ fn the_example_shapes_list_the_same_either_way() {
         Shape { etp_local: false, affinity: false, udp: true, ..all.clone() },
         Shape { endpoints: 0, local: 0, ..all },
     ];
-    let (netlink, text) = both_ways(&plan(&shapes), None);
-    assert!(netlink.to_string().contains("dnat"), "{netlink}");
+    let picks = [
+        Pick { v6: false, udp: false, node_port: true, endpoints: 3 },
+        Pick { v6: true, udp: true, node_port: true, endpoints: 2 },
+        Pick { v6: false, udp: true, node_port: false, endpoints: 1 },
+    ];
+    let changed = [Pick { endpoints: 4, ..picks[0].clone() }, Pick { endpoints: 1, ..picks[1].clone() }];
+    let (netlink, text) = both_ways(&plan(&shapes), None, &pick_transactions(&picks, &changed));
+    let listed = netlink.to_string();
+    assert!(listed.contains("dnat") && listed.contains("numgen"), "{netlink}");
+    // The maps are declared by typeof, and hold `addr . port` data after the second batch.
+    assert!(listed.contains(r#""typeof""#) || listed.contains(r#""concat""#), "{netlink}");
+    assert!(listed.contains("fd00:16::1:2") && listed.contains("198.18.17.5"), "{netlink}");
     assert_eq!(differences(&netlink, &text), Vec::<String>::new());
 }
 
@@ -204,12 +395,14 @@ proptest! {
     fn random_plans_and_changes_list_the_same_either_way(
         first in prop::collection::vec(shape(), 1..6),
         second in prop::collection::vec(shape(), 1..6),
+        picks in prop::collection::vec(pick(), 0..6),
+        changed_picks in prop::collection::vec(pick(), 0..6),
     ) {
         if !require_root() {
             return Ok(());
         }
         let (p1, p2) = (plan(&first), plan(&second));
-        let (netlink, text) = both_ways(&p1, Some(&p2));
+        let (netlink, text) = both_ways(&p1, Some(&p2), &pick_transactions(&picks, &changed_picks));
         prop_assert!(differences(&netlink, &text).is_empty(), "{:#?}", differences(&netlink, &text));
     }
 }
