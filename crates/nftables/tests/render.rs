@@ -100,9 +100,9 @@ fn one_endpoint_change_costs_the_same_at_100_and_5000_services() {
     assert_eq!(
         small_tx.lines().collect::<Vec<_>>(),
         [
-            "delete element ip kproxy cluster-endpoints { 198.18.128.10 . tcp . 80 . 0x1 }",
+            "delete element ip kproxy cluster-tcp-endpoints { 198.18.128.10 . tcp . 80 . 0x1 }",
             "delete element ip kproxy hairpin-endpoints { 198.18.17.3 . 198.18.17.3 }",
-            "add element ip kproxy cluster-endpoints { 198.18.128.10 . tcp . 80 . 0x1 : 198.18.17.4 . 8080 }",
+            "add element ip kproxy cluster-tcp-endpoints { 198.18.128.10 . tcp . 80 . 0x1 : 198.18.17.4 . 8080 }",
             "add element ip kproxy hairpin-endpoints { 198.18.17.4 . 198.18.17.4 }",
         ]
     );
@@ -121,7 +121,7 @@ fn scaling_a_service_changes_only_elements_and_moves_it_between_caps() {
         [
             "delete element ip kproxy cluster-cap-2 { 198.18.128.10 . tcp . 80 }",
             "add element ip kproxy cluster-cap-4 { 198.18.128.10 . tcp . 80 }",
-            "add element ip kproxy cluster-endpoints { 198.18.128.10 . tcp . 80 . 0x2 : 198.18.17.4 . 8080 }",
+            "add element ip kproxy cluster-tcp-endpoints { 198.18.128.10 . tcp . 80 . 0x2 : 198.18.17.4 . 8080 }",
             "add element ip kproxy hairpin-endpoints { 198.18.17.4 . 198.18.17.4 }",
         ]
     );

@@ -15,6 +15,9 @@
 //! slot (`N < P`, at most half the slots), so the pick is uniform over the `N` endpoints. After
 //! [`DRAWS`] misses (probability below 2^-16) it takes slot 0.
 //!
+//! Each protocol has its own endpoints maps, declared with its own port field, and the `dnat`
+//! rules match the protocol before reading them.
+//!
 //! The detour through caps exists because nft takes the `numgen` modulus only as a constant,
 //! and a chain per exact `N` reached through a verdict map would put a `goto` element (which
 //! triggers the validation) into every count change. ClientIP-affinity services keep their
@@ -23,6 +26,7 @@
 use std::net::IpAddr;
 
 use kproxy_plan::{Endpoint, ExternalPolicy, NoEndpointsVerdict, ServicePortPlan};
+use kproxy_state::Protocol;
 
 use super::Ctx;
 use crate::transaction::{Chain, Element, SetDef};
@@ -92,8 +96,11 @@ impl Keyspace {
     }
 }
 
-fn endpoints_map(class: Class, ks: Keyspace) -> String {
-    format!("{}{}-endpoints", class.name(), ks.infix())
+/// The protocols a service port can have: each has its own endpoints maps.
+const PROTOCOLS: [Protocol; 3] = [Protocol::Tcp, Protocol::Udp, Protocol::Sctp];
+
+fn endpoints_map(class: Class, ks: Keyspace, proto: Protocol) -> String {
+    format!("{}{}-{}-endpoints", class.name(), ks.infix(), proto.as_str())
 }
 
 fn cap_set(class: Class, ks: Keyspace, cap: u32) -> String {
@@ -117,28 +124,39 @@ pub fn skeleton(ctx: &Ctx) -> (Vec<(Chain, Vec<String>)>, Vec<SetDef>) {
         let mut entry = Vec::new();
         for ks in Keyspace::ALL {
             let sel = ks.selector(ctx);
-            let map = endpoints_map(class, ks);
-            sets.push(SetDef {
-                name: map.clone(),
-                key_type: format!("{sel} . numgen random mod 2"),
-                // The data is `address . port` for every protocol; nft 1.0.6 cannot reload a
-                // ruleset whose data typeof reads `th dport`, so it names `tcp dport` (same type).
-                data_type: Some(format!("{ip} daddr . tcp dport")),
-                by_typeof: true,
-                flags: vec![],
-                timeout: None,
-                size: None,
-                comment: Some(format!("{} endpoints by destination and slot", class.name())),
-            });
+            for proto in PROTOCOLS {
+                let p = proto.as_str();
+                sets.push(SetDef {
+                    name: endpoints_map(class, ks, proto),
+                    key_type: format!("{sel} . numgen random mod 2"),
+                    // The data is `address . port`, named by the protocol's own port field:
+                    // with `th dport` nft 1.0.6 could not reload the ruleset.
+                    data_type: Some(format!("{ip} daddr . {p} dport")),
+                    by_typeof: true,
+                    flags: vec![],
+                    timeout: None,
+                    size: None,
+                    comment: Some(format!("{} {p} endpoints by destination and slot", class.name())),
+                });
+            }
             for cap in caps() {
                 let set = cap_set(class, ks, cap);
                 entry.push(format!("{sel} @{set} goto {}", cap_chain(class, ks, cap)));
-                let draw = |modulus: u32| format!("dnat {ip} to {sel} . numgen random mod {modulus} map @{map}");
+                // A map whose data names `tcp dport` only translates TCP: the match says so.
+                let draw = |proto: Protocol, modulus: u32| {
+                    let map = endpoints_map(class, ks, proto);
+                    format!(
+                        "meta l4proto {} dnat {ip} to {sel} . numgen random mod {modulus} map @{map}",
+                        proto.as_str()
+                    )
+                };
                 let mut rules = Vec::new();
-                if cap > 1 {
-                    rules.extend(std::iter::repeat_n(draw(cap), DRAWS));
+                for proto in PROTOCOLS {
+                    if cap > 1 {
+                        rules.extend(std::iter::repeat_n(draw(proto, cap), DRAWS));
+                    }
+                    rules.push(draw(proto, 1));
                 }
-                rules.push(draw(1));
                 chains.push((Chain { name: cap_chain(class, ks, cap), hook: None }, rules));
                 sets.push(SetDef {
                     name: set,
@@ -194,7 +212,7 @@ pub fn elements(p: &ServicePortPlan) -> Vec<Element> {
         }
         let cap = (endpoints.len() as u32).next_power_of_two();
         out.push(Element { set: cap_set(class, ks, cap), key: key.clone(), value: None });
-        let map = endpoints_map(class, ks);
+        let map = endpoints_map(class, ks, p.protocol);
         out.extend(endpoints.iter().enumerate().map(|(slot, ep)| Element {
             set: map.clone(),
             // The slot is the one field written in hex: a host-order integer, unlike ports.
