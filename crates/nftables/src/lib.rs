@@ -8,7 +8,6 @@
 //! - [`exec`]: how a transaction reaches the kernel (`nft -f -` today).
 //! - [`cleanup()`]: `kproxy --cleanup`.
 
-pub mod chunk;
 pub mod cleanup;
 pub mod exec;
 pub mod naming;

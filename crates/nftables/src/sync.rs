@@ -1,23 +1,27 @@
 //! The nftables dataplane: keeps kproxy's tables exactly in line with the plan.
 //!
-//! The applied state (every service port's applied plan, whose objects are rendered again on
-//! demand, and who owns each shared element) lives in memory, so a partial sync diffs the plan
-//! delta against it and emits only what changed — O(change), no listing of the kernel. Every sync is one atomic
-//! transaction. The first sync, and the first after a failure, deletes and recreates the tables
-//! inside that same transaction, so there is never a moment without rules. Later full syncs
-//! reconcile: they rewrite every chain and static map in place but keep the affinity sets.
+//! The applied state lives in memory and is small: every service port's applied plan (shared
+//! with the planner; its objects are rendered again when needed, never kept as text), who claims
+//! each destination, and how many service ports want each shared element. A partial sync diffs
+//! the plan delta against it and emits only what changed, as one atomic transaction — O(change),
+//! no listing of the kernel.
+//!
+//! The first sync, and the first after a failure, recreates the tables as a stream of bounded
+//! transactions rendered service by service (so the whole cold start is never in memory), with
+//! the hooked base chains last: no packet sees a half-built table. Later full syncs reconcile in
+//! one transaction: they rewrite every chain and static map in place but keep the affinity sets.
 //! Chains that go away are flushed in one sync and deleted in the next: older kernels refuse to
 //! delete a chain in the transaction that drops the last reference to it.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use kproxy_plan::{FamilyPlan, NodePlan, Plan, PlanDelta, ServicePortName, ServicePortPlan};
+use kproxy_plan::{NodePlan, Plan, PlanDelta, ServicePortName, ServicePortPlan};
 use kproxy_state::IpFamily;
 
 use crate::exec::{ExecError, Executor};
-use crate::ruleset::service::{self, ServiceObjects};
-use crate::ruleset::{Ctx, DEFAULT_MASQUERADE_MARK, TABLE_NAME, skeleton};
+use crate::ruleset::service::{self, ServiceObjects, Shared};
+use crate::ruleset::{Ctx, DEFAULT_MASQUERADE_MARK, Destination, TABLE_NAME, skeleton};
 use crate::transaction::{Chain, Element, Op, OpCounts, SetDef, TableRef, Transaction};
 
 /// Dataplane settings.
@@ -27,8 +31,8 @@ pub struct Config {
     pub table: String,
     /// The masquerade mark (`1 << masqueradeBit`).
     pub masquerade_mark: u32,
-    /// A cold start (first sync, or the first after a failure) larger than this many operations
-    /// is applied as several transactions of at most this size (see [`crate::chunk`]).
+    /// A cold start (first sync, or the first after a failure) is applied as transactions of at
+    /// most this many operations.
     pub cold_start_chunk_ops: usize,
 }
 
@@ -64,78 +68,91 @@ pub struct SyncReport {
     pub counts: OpCounts,
 }
 
-type ElementKey = (String, String);
-
-/// The service ports that want one shared element, with the value each wants, ordered by name:
-/// the first wins. Almost always one owner, so a vector (a map per element cost a kilobyte).
-type Owners = Vec<(Arc<str>, Option<String>)>;
+/// Who claims a destination, sorted by name: the first one's elements are in the table.
+type Claimants = Vec<ServicePortName>;
 
 /// What is in one family's table, as far as kproxy knows.
 #[derive(Debug, Clone)]
 struct FamilyState {
     ctx: Ctx,
     node: NodePlan,
-    /// The applied plan of every service port (shared with the planner's plan). Its objects
-    /// are rendered again when needed instead of being kept as text.
+    /// The applied plan of every service port (shared with the planner's plan).
     services: BTreeMap<ServicePortName, Arc<ServicePortPlan>>,
-    /// Every shared element, with its owners.
-    owners: BTreeMap<ElementKey, Owners>,
+    /// Every claimed destination.
+    claims: HashMap<Destination, Claimants>,
+    /// How many service ports want each shared element.
+    shared: HashMap<Shared, u32>,
     /// Chains flushed by the last sync, to delete in the next one.
     stale_chains: BTreeSet<String>,
 }
 
-fn effective(owners: Option<&Owners>) -> Option<Option<String>> {
-    owners.and_then(|o| o.first()).map(|(_, value)| value.clone())
-}
-
-fn owner_id(name: &ServicePortName) -> Arc<str> {
-    name.to_string().into()
-}
-
-fn add_owner(owners: &mut Owners, owner: &Arc<str>, value: Option<String>) {
-    match owners.binary_search_by(|(o, _)| o.as_ref().cmp(owner)) {
-        Ok(i) => owners[i].1 = value,
-        Err(i) => owners.insert(i, (owner.clone(), value)),
+fn claim(claimants: &mut Claimants, name: &ServicePortName) -> bool {
+    match claimants.binary_search(name) {
+        Ok(_) => false,
+        Err(i) => {
+            claimants.insert(i, name.clone());
+            true
+        }
     }
 }
 
-fn remove_owner(owners: &mut Owners, owner: &Arc<str>) {
-    if let Ok(i) = owners.binary_search_by(|(o, _)| o.as_ref().cmp(owner)) {
-        owners.remove(i);
+fn unclaim(claimants: &mut Claimants, name: &ServicePortName) {
+    if let Ok(i) = claimants.binary_search(name) {
+        claimants.remove(i);
     }
 }
 
 impl FamilyState {
-    /// The state after a full sync of `fam`, and the rendered objects of every service port.
-    fn desired(ctx: Ctx, fam: &FamilyPlan) -> (Self, BTreeMap<ServicePortName, ServiceObjects>) {
-        let mut state = FamilyState {
+    fn empty(ctx: Ctx, node: NodePlan) -> Self {
+        FamilyState {
             ctx,
-            node: fam.node.clone(),
-            services: fam.services.clone(),
-            owners: BTreeMap::new(),
+            node,
+            services: BTreeMap::new(),
+            claims: HashMap::new(),
+            shared: HashMap::new(),
             stale_chains: BTreeSet::new(),
-        };
-        let mut objects = BTreeMap::new();
-        for (name, plan) in &fam.services {
-            let rendered = service::render(&state.ctx, &fam.node, plan);
-            let owner = owner_id(name);
-            for e in &rendered.elements {
-                add_owner(state.owners.entry((e.set.clone(), e.key.clone())).or_default(), &owner, e.value.clone());
-            }
-            objects.insert(name.clone(), rendered);
         }
-        (state, objects)
     }
 
-    /// The objects of the applied service port `name` (empty when there is none).
+    /// Renders the applied service port `name` (empty when there is none).
     fn objects(&self, name: &ServicePortName) -> ServiceObjects {
-        self.services.get(name).map(|p| service::render(&self.ctx, &self.node, p)).unwrap_or_default()
+        self.services.get(name).map(|p| self.render(p)).unwrap_or_default()
     }
 
-    fn elements(&self) -> impl Iterator<Item = Element> + '_ {
-        self.owners.iter().filter_map(|((set, key), owners)| {
-            effective(Some(owners)).map(|value| Element { set: set.clone(), key: key.clone(), value })
-        })
+    fn render(&self, p: &ServicePortPlan) -> ServiceObjects {
+        service::render(&self.ctx, &self.node, p)
+    }
+
+    /// Records a service port, rendered as `objects`, that is added in name order (a full sync)
+    /// and moves what it puts in the table into `b`: its chains, sets, the elements of the
+    /// destinations it is first to claim, and the shared elements nobody wanted before.
+    fn add_in_order(
+        &mut self,
+        name: &ServicePortName,
+        plan: &Arc<ServicePortPlan>,
+        objects: ServiceObjects,
+        b: &mut Batch,
+    ) {
+        self.services.insert(name.clone(), plan.clone());
+        for (chain, rules) in objects.chains {
+            b.add_chains.push(plain(&chain));
+            b.rules.push((chain, rules));
+        }
+        b.add_sets.extend(objects.sets.into_values());
+        for (dest, elements) in objects.destinations {
+            let claimants = self.claims.entry(dest).or_default();
+            claim(claimants, name);
+            if claimants.len() == 1 {
+                b.add_elements.extend(elements);
+            }
+        }
+        for s in objects.shared {
+            let count = self.shared.entry(s).or_default();
+            *count += 1;
+            if *count == 1 {
+                b.add_elements.push(s.element());
+            }
+        }
     }
 }
 
@@ -155,29 +172,89 @@ struct Batch {
 }
 
 impl Batch {
-    fn into_transaction(self, table: &TableRef, tx: &mut Transaction) {
+    fn into_ops(self, table: &TableRef, out: &mut impl FnMut(Op)) {
         let t = || table.clone();
-        self.pre.into_iter().for_each(|op| tx.push(op));
-        self.delete_chains.into_iter().for_each(|c| tx.push(Op::DeleteChain(t(), c)));
-        self.add_chains.into_iter().for_each(|c| tx.push(Op::AddChain(t(), c)));
-        self.flush_chains.into_iter().for_each(|c| tx.push(Op::FlushChain(t(), c)));
-        self.delete_elements.into_iter().for_each(|e| tx.push(Op::DeleteElement(t(), e)));
+        self.pre.into_iter().for_each(&mut *out);
+        self.delete_chains.into_iter().for_each(|c| out(Op::DeleteChain(t(), c)));
+        self.add_chains.into_iter().for_each(|c| out(Op::AddChain(t(), c)));
+        self.flush_chains.into_iter().for_each(|c| out(Op::FlushChain(t(), c)));
+        self.delete_elements.into_iter().for_each(|e| out(Op::DeleteElement(t(), e)));
         for (name, is_map) in self.flush_sets {
-            tx.push(Op::FlushSet { table: t(), name, is_map });
+            out(Op::FlushSet { table: t(), name, is_map });
         }
         for (name, is_map) in self.delete_sets {
-            tx.push(Op::DeleteSet { table: t(), name, is_map });
+            out(Op::DeleteSet { table: t(), name, is_map });
         }
-        self.add_sets.into_iter().for_each(|s| tx.push(Op::AddSet(t(), s)));
+        self.add_sets.into_iter().for_each(|s| out(Op::AddSet(t(), s)));
         for (chain, rules) in self.rules {
-            tx.add_rules(table, &chain, rules);
+            for rule in rules {
+                out(Op::AddRule { table: t(), chain: chain.clone(), rule });
+            }
         }
-        self.add_elements.into_iter().for_each(|e| tx.push(Op::AddElement(t(), e)));
+        self.add_elements.into_iter().for_each(|e| out(Op::AddElement(t(), e)));
+    }
+
+    fn into_transaction(self, table: &TableRef, tx: &mut Transaction) {
+        self.into_ops(table, &mut |op| tx.push(op));
     }
 }
 
 fn plain(name: &str) -> Chain {
     Chain { name: name.to_owned(), hook: None }
+}
+
+/// Collects operations into transactions of at most `max` operations, handing each full one to
+/// `apply`: a cold start never exists in memory as a whole.
+struct Stream<F> {
+    tx: Transaction,
+    max: usize,
+    apply: F,
+    parts: usize,
+    report: SyncReport,
+    failed: Option<ExecError>,
+}
+
+impl<F: FnMut(Transaction, usize) -> Result<(), ExecError>> Stream<F> {
+    fn new(max: usize, apply: F) -> Self {
+        let report = SyncReport { full: true, ops: 0, counts: OpCounts::default() };
+        Stream { tx: Transaction::new(), max: max.max(1), apply, parts: 0, report, failed: None }
+    }
+
+    fn push(&mut self, op: Op) {
+        if self.failed.is_some() {
+            return;
+        }
+        self.tx.push(op);
+        if self.tx.len() >= self.max {
+            self.flush();
+        }
+    }
+
+    fn flush(&mut self) {
+        if self.tx.is_empty() || self.failed.is_some() {
+            return;
+        }
+        let tx = std::mem::take(&mut self.tx);
+        let counts = tx.counts();
+        self.report.ops += tx.len();
+        self.report.counts.tables += counts.tables;
+        self.report.counts.chains += counts.chains;
+        self.report.counts.rules += counts.rules;
+        self.report.counts.sets += counts.sets;
+        self.report.counts.elements += counts.elements;
+        self.parts += 1;
+        if let Err(e) = (self.apply)(tx, self.parts) {
+            self.failed = Some(e);
+        }
+    }
+
+    fn finish(mut self) -> Result<SyncReport, ExecError> {
+        self.flush();
+        match self.failed {
+            Some(e) => Err(e),
+            None => Ok(self.report),
+        }
+    }
 }
 
 /// The nftables dataplane.
@@ -206,49 +283,56 @@ impl<E: Executor> NftablesDataplane<E> {
         &mut self.exec
     }
 
-    /// The transaction a first full sync of `plan` applies: what `--dry-run` prints.
+    /// Everything a first full sync of `plan` applies, as one transaction: what `--dry-run`
+    /// prints.
     pub fn render_initial(&self, plan: &Plan) -> Transaction {
-        self.full_transaction(plan, true).0
+        let mut whole = Transaction::new();
+        let mut stream = Stream::new(usize::MAX, |tx: Transaction, _| {
+            tx.into_ops().into_iter().for_each(|op| whole.push(op));
+            Ok(())
+        });
+        cold_start(&self.config, plan, &mut |op| stream.push(op));
+        let _ = stream.finish();
+        whole
     }
 
     /// Rewrites everything from `plan`: recreates the tables on the first sync and after a
     /// failure, reconciles in place otherwise (every `syncPeriod`).
     pub fn full_sync(&mut self, plan: &Plan) -> Result<SyncReport, SyncError> {
-        let recreate = !self.in_sync;
-        let (tx, families) = self.full_transaction(plan, recreate);
-        let report = if recreate && tx.len() > self.config.cold_start_chunk_ops {
-            self.apply_cold_start(tx)?
-        } else {
-            self.apply(tx, true)?
-        };
+        if !self.in_sync {
+            return self.cold_start(plan);
+        }
+        let mut tx = Transaction::new();
+        let families = reconcile(&self.config, plan, &self.families, &mut |op| tx.push(op));
+        let report = self.apply(tx, true)?;
         self.families = families;
         Ok(report)
     }
 
-    /// Applies a large cold start as bounded transactions, in an order where nothing dangles.
-    fn apply_cold_start(&mut self, tx: Transaction) -> Result<SyncReport, SyncError> {
-        let report = SyncReport { full: true, ops: tx.len(), counts: tx.counts() };
-        let parts = crate::chunk::split_cold_start(tx, self.config.cold_start_chunk_ops);
-        let total = parts.len();
-        let mut done = 0;
-        // Each part is dropped once applied.
-        for (i, part) in parts.into_iter().enumerate() {
-            if let Err(e) = self.exec.apply(&part) {
-                tracing::warn!(error = %e, part = i + 1, of = total, "nftables cold start failed; the next sync is a full resync");
-                self.in_sync = false;
-                return Err(e.into());
+    /// Recreates the tables as a stream of bounded transactions.
+    fn cold_start(&mut self, plan: &Plan) -> Result<SyncReport, SyncError> {
+        let exec = &mut self.exec;
+        let mut stream = Stream::new(self.config.cold_start_chunk_ops, |tx: Transaction, part| {
+            let ops = tx.len();
+            exec.apply(&tx)?;
+            tracing::debug!(part, ops, "nftables cold start progress");
+            Ok(())
+        });
+        let families = cold_start(&self.config, plan, &mut |op| stream.push(op));
+        let parts = stream.parts;
+        match stream.finish() {
+            Ok(report) => {
+                tracing::info!(transactions = parts, ops = report.ops, "nftables cold start applied");
+                self.families = families;
+                self.in_sync = true;
+                Ok(report)
             }
-            done += part.len();
-            tracing::info!(
-                part = i + 1,
-                of = total,
-                ops = done,
-                total_ops = report.ops,
-                "nftables cold start progress"
-            );
+            Err(e) => {
+                tracing::warn!(error = %e, "nftables cold start failed; the next sync is a full resync");
+                self.in_sync = false;
+                Err(e.into())
+            }
         }
-        self.in_sync = true;
-        Ok(report)
     }
 
     /// Applies only what `delta` changed; `plan` is the new plan (used when something node-wide
@@ -304,127 +388,179 @@ impl<E: Executor> NftablesDataplane<E> {
             }
         }
     }
+}
 
-    fn full_transaction(&self, plan: &Plan, recreate: bool) -> (Transaction, BTreeMap<IpFamily, FamilyState>) {
-        let mut tx = Transaction::new();
-        let mut families = BTreeMap::new();
-        for (&family, fam) in &plan.families {
-            let ctx = Ctx::new(family, &self.config.table, self.config.masquerade_mark);
-            let (mut desired, objects) = FamilyState::desired(ctx, fam);
-            let old = if recreate { None } else { self.families.get(&family) };
-            let batch = full_batch(&mut desired, objects, old);
-            batch.into_transaction(&desired.ctx.table, &mut tx);
-            families.insert(family, desired);
-        }
-        // Families no longer planned lose their table.
-        for family in IpFamily::BOTH.iter().filter(|f| !plan.families.contains_key(f)) {
-            let ctx = Ctx::new(*family, &self.config.table, self.config.masquerade_mark);
-            if recreate || self.families.contains_key(family) {
-                tx.push(Op::AddTable { table: ctx.table.clone(), comment: None });
-                tx.push(Op::DeleteTable(ctx.table));
-            }
-        }
-        (tx, families)
+fn ctx(config: &Config, family: IpFamily) -> Ctx {
+    Ctx::new(family, &config.table, config.masquerade_mark)
+}
+
+/// A family's skeleton split into what goes first (sets, regular chains and their rules, node
+/// elements) and what goes last (the hooked base chains and their rules).
+fn skeleton_batches(ctx: &Ctx, node: &NodePlan) -> (Batch, Batch) {
+    let skel = skeleton::render(ctx, node);
+    let mut first = Batch::default();
+    let mut last = Batch::default();
+    for (chain, rules) in skel.chains {
+        let b = if chain.hook.is_some() { &mut last } else { &mut first };
+        b.rules.push((chain.name.clone(), rules));
+        b.add_chains.push(chain);
+    }
+    first.add_sets = skel.sets;
+    first.add_elements = skel.elements;
+    (first, last)
+}
+
+fn drop_unplanned_families(config: &Config, plan: &Plan, out: &mut impl FnMut(Op), was: impl Fn(IpFamily) -> bool) {
+    for family in IpFamily::BOTH.into_iter().filter(|f| !plan.families.contains_key(f) && was(*f)) {
+        let table = ctx(config, family).table;
+        out(Op::AddTable { table: table.clone(), comment: None });
+        out(Op::DeleteTable(table));
     }
 }
 
-/// Everything for one family: recreate when `old` is `None`, else reconcile against it.
-/// Records in `desired` the chains that become stale.
-fn full_batch(
-    desired: &mut FamilyState,
-    objects: BTreeMap<ServicePortName, ServiceObjects>,
-    old: Option<&FamilyState>,
-) -> Batch {
-    let ctx = desired.ctx.clone();
-    let skel = skeleton::render(&ctx, &desired.node);
-    let mut b = Batch::default();
-    let comment = Some("rules for kproxy".to_owned());
-    b.pre.push(Op::AddTable { table: ctx.table.clone(), comment: comment.clone() });
-    if old.is_none() {
-        b.pre.push(Op::DeleteTable(ctx.table.clone()));
-        b.pre.push(Op::AddTable { table: ctx.table.clone(), comment });
+const TABLE_COMMENT: &str = "rules for kproxy";
+
+/// Emits the operations that recreate the tables for `plan`, service by service, with the base
+/// chains last; returns the resulting state.
+fn cold_start(config: &Config, plan: &Plan, out: &mut impl FnMut(Op)) -> BTreeMap<IpFamily, FamilyState> {
+    let mut states = BTreeMap::new();
+    let mut hooks = Vec::new();
+    drop_unplanned_families(config, plan, out, |_| true);
+    for (&family, fam) in &plan.families {
+        let ctx = ctx(config, family);
+        let table = ctx.table.clone();
+        let comment = Some(TABLE_COMMENT.to_owned());
+        out(Op::AddTable { table: table.clone(), comment: comment.clone() });
+        out(Op::DeleteTable(table.clone()));
+        out(Op::AddTable { table: table.clone(), comment });
+        let (first, last) = skeleton_batches(&ctx, &fam.node);
+        first.into_ops(&table, out);
+        hooks.push((table, last));
+        states.insert(family, FamilyState::empty(ctx, fam.node.clone()));
     }
-    let desired_chains: BTreeSet<String> = objects.values().flat_map(|s| s.chains.keys().cloned()).collect();
-    let desired_sets: BTreeMap<String, SetDef> =
-        objects.values().flat_map(|s| s.sets.iter().map(|(n, d)| (n.clone(), d.clone()))).collect();
-    let old_objects: Vec<ServiceObjects> =
-        old.iter().flat_map(|o| o.services.keys().map(|name| o.objects(name))).collect();
-    let mut new_stale = BTreeSet::new();
-    if let Some(old) = old {
-        b.delete_chains.extend(old.stale_chains.iter().filter(|c| !desired_chains.contains(*c)).cloned());
-        for (name, _) in &skel.chains {
-            b.flush_chains.push(name.name.clone());
+    for (family, fam) in &plan.families {
+        let Some(state) = states.get_mut(family) else { continue };
+        let table = state.ctx.table.clone();
+        for (name, p) in &fam.services {
+            let mut b = Batch::default();
+            let objects = state.render(p);
+            state.add_in_order(name, p, objects, &mut b);
+            b.into_ops(&table, out);
         }
-        for s in &old_objects {
-            for c in s.chains.keys() {
-                b.flush_chains.push(c.clone());
-                if !desired_chains.contains(c) {
-                    new_stale.insert(c.clone());
-                }
+    }
+    for (table, last) in hooks {
+        last.into_ops(&table, out);
+    }
+    states
+}
+
+/// Emits one transaction's operations that take the tables from `old` to `plan` in place: every
+/// chain and static set is rewritten, affinity sets that did not change are kept (they hold live
+/// entries). Returns the resulting state.
+fn reconcile(
+    config: &Config,
+    plan: &Plan,
+    old: &BTreeMap<IpFamily, FamilyState>,
+    out: &mut impl FnMut(Op),
+) -> BTreeMap<IpFamily, FamilyState> {
+    let mut states = BTreeMap::new();
+    drop_unplanned_families(config, plan, out, |f| old.contains_key(&f));
+    for (&family, fam) in &plan.families {
+        let ctx = ctx(config, family);
+        let table = ctx.table.clone();
+        let mut state = FamilyState::empty(ctx.clone(), fam.node.clone());
+        let objects: Vec<(&ServicePortName, &Arc<ServicePortPlan>, ServiceObjects)> =
+            fam.services.iter().map(|(name, p)| (name, p, state.render(p))).collect();
+        let desired_chains: BTreeSet<&String> = objects.iter().flat_map(|(_, _, o)| o.chains.keys()).collect();
+        let old_state = old.get(&family);
+        let mut old_sets: BTreeMap<String, SetDef> = BTreeMap::new();
+        let mut old_chains: BTreeSet<String> = BTreeSet::new();
+        if let Some(o) = old_state {
+            for p in o.services.values() {
+                let r = o.render(p);
+                old_sets.extend(r.sets);
+                old_chains.extend(r.chains.into_keys());
             }
-            for (name, def) in &s.sets {
-                if desired_sets.get(name).is_none_or(|d| d != def) {
-                    b.delete_sets.push((name.clone(), false));
+        }
+
+        let mut pre = Batch::default();
+        pre.pre.push(Op::AddTable { table: table.clone(), comment: Some(TABLE_COMMENT.to_owned()) });
+        let skel = skeleton::render(&ctx, &fam.node);
+        pre.flush_chains.extend(skel.chains.iter().map(|(c, _)| c.name.clone()));
+        pre.flush_sets.extend(skel.sets.iter().map(|s| (s.name.clone(), s.is_map())));
+        let mut new_stale = BTreeSet::new();
+        if let Some(o) = old_state {
+            pre.delete_chains.extend(o.stale_chains.iter().filter(|c| !desired_chains.contains(c)).cloned());
+            pre.flush_chains.extend(o.stale_chains.iter().filter(|c| desired_chains.contains(c)).cloned());
+            for chain in old_chains {
+                if !desired_chains.contains(&chain) {
+                    new_stale.insert(chain.clone());
                 }
+                pre.flush_chains.push(chain);
             }
         }
-        b.flush_chains.extend(old.stale_chains.iter().filter(|c| desired_chains.contains(*c)).cloned());
-        b.flush_chains.sort();
-        b.flush_chains.dedup();
-        b.flush_sets.extend(skel.sets.iter().map(|s| (s.name.clone(), s.is_map())));
-    }
-    for (chain, rules) in &skel.chains {
-        b.add_chains.push(chain.clone());
-        b.rules.push((chain.name.clone(), rules.clone()));
-    }
-    b.add_sets.extend(skel.sets);
-    b.add_elements.extend(skel.elements);
-    for s in objects.into_values() {
-        for (name, rules) in s.chains {
-            b.add_chains.push(plain(&name));
-            b.rules.push((name, rules));
+        let desired_sets: BTreeMap<&String, &SetDef> = objects.iter().flat_map(|(_, _, o)| o.sets.iter()).collect();
+        for (name, def) in &old_sets {
+            if desired_sets.get(name).is_none_or(|d| *d != def) {
+                pre.delete_sets.push((name.clone(), false));
+            }
         }
-    }
-    let old_sets: BTreeMap<&String, &SetDef> = old_objects.iter().flat_map(|s| s.sets.iter()).collect();
-    for (name, def) in desired_sets {
-        // An unchanged set is left alone: it holds live affinity entries.
-        if old_sets.get(&name) != Some(&&def) {
-            b.add_sets.push(def);
+        pre.flush_chains.sort();
+        pre.flush_chains.dedup();
+        pre.into_ops(&table, out);
+
+        let (first, last) = skeleton_batches(&ctx, &fam.node);
+        first.into_ops(&table, out);
+        for (name, p, mut o) in objects {
+            // An unchanged affinity set is left alone: it holds live entries.
+            o.sets.retain(|n, def| old_sets.get(n) != Some(def));
+            let mut b = Batch::default();
+            state.add_in_order(name, p, o, &mut b);
+            b.into_ops(&table, out);
         }
+        last.into_ops(&table, out);
+        state.stale_chains = new_stale;
+        states.insert(family, state);
     }
-    b.add_elements.extend(desired.elements());
-    desired.stale_chains = new_stale;
-    b
+    states
 }
 
 /// State changes to make once a partial sync's transaction is applied.
 #[derive(Debug, Default)]
 struct Commit {
     services: Vec<(ServicePortName, Option<Arc<ServicePortPlan>>)>,
-    owners: BTreeMap<ElementKey, Owners>,
+    claims: BTreeMap<Destination, Claimants>,
+    shared: BTreeMap<Shared, u32>,
     stale_chains: BTreeSet<String>,
 }
 
 impl Commit {
     fn apply_to(self, state: &mut FamilyState) {
-        for (name, objects) in self.services {
-            match objects {
-                Some(o) => state.services.insert(name, o),
+        for (name, plan) in self.services {
+            match plan {
+                Some(p) => state.services.insert(name, p),
                 None => state.services.remove(&name),
             };
         }
-        for (key, owners) in self.owners {
-            if owners.is_empty() {
-                state.owners.remove(&key);
+        for (dest, claimants) in self.claims {
+            if claimants.is_empty() {
+                state.claims.remove(&dest);
             } else {
-                state.owners.insert(key, owners);
+                state.claims.insert(dest, claimants);
+            }
+        }
+        for (s, count) in self.shared {
+            if count == 0 {
+                state.shared.remove(&s);
+            } else {
+                state.shared.insert(s, count);
             }
         }
         state.stale_chains = self.stale_chains;
     }
 }
 
-/// The minimal batch that takes the named service ports from their applied objects to `changes`
+/// The minimal batch that takes the named service ports from their applied plans to `changes`
 /// (`None`: removed), plus deleting the chains the previous sync left stale.
 fn diff_services(
     state: &FamilyState,
@@ -433,12 +569,17 @@ fn diff_services(
     let mut b = Batch::default();
     let mut commit = Commit::default();
     let mut revived = BTreeSet::new();
-    let mut before: BTreeMap<ElementKey, Option<Option<String>>> = BTreeMap::new();
+    // Both renderings of every changed service port: the elements of a destination are those
+    // of its first claimant, before and after.
+    let mut rendered: BTreeMap<ServicePortName, (ServiceObjects, ServiceObjects)> = BTreeMap::new();
     for (name, new) in &changes {
-        let old = &state.objects(name);
-        let new_ref = &new.as_ref().map(|p| service::render(&state.ctx, &state.node, p)).unwrap_or_default();
-        let owner = owner_id(name);
-        for (chain, rules) in &new_ref.chains {
+        let old = state.objects(name);
+        let new = new.as_ref().map(|p| state.render(p)).unwrap_or_default();
+        rendered.insert(name.clone(), (old, new));
+    }
+
+    for (name, (old, new)) in &rendered {
+        for (chain, rules) in &new.chains {
             match old.chains.get(chain) {
                 Some(r) if r == rules => continue,
                 Some(_) => b.flush_chains.push(chain.clone()),
@@ -449,11 +590,11 @@ fn diff_services(
             }
             b.rules.push((chain.clone(), rules.clone()));
         }
-        for chain in old.chains.keys().filter(|c| !new_ref.chains.contains_key(*c)) {
+        for chain in old.chains.keys().filter(|c| !new.chains.contains_key(*c)) {
             b.flush_chains.push(chain.clone());
             commit.stale_chains.insert(chain.clone());
         }
-        for (set, def) in &new_ref.sets {
+        for (set, def) in &new.sets {
             match old.sets.get(set) {
                 Some(d) if d == def => {}
                 Some(_) => {
@@ -463,38 +604,49 @@ fn diff_services(
                 None => b.add_sets.push(def.clone()),
             }
         }
-        for set in old.sets.keys().filter(|s| !new_ref.sets.contains_key(*s)) {
+        for set in old.sets.keys().filter(|s| !new.sets.contains_key(*s)) {
             b.delete_sets.push((set.clone(), false));
         }
-        let old_elems: BTreeSet<&Element> = old.elements.iter().collect();
-        let new_elems: BTreeSet<&Element> = new_ref.elements.iter().collect();
-        for (e, add) in old_elems
-            .difference(&new_elems)
-            .map(|e| (e, false))
-            .chain(new_elems.difference(&old_elems).map(|e| (e, true)))
-        {
-            let key = (e.set.clone(), e.key.clone());
-            before.entry(key.clone()).or_insert_with(|| effective(state.owners.get(&key)));
-            let owners =
-                commit.owners.entry(key.clone()).or_insert_with(|| state.owners.get(&key).cloned().unwrap_or_default());
-            if add {
-                add_owner(owners, &owner, e.value.clone());
+        for dest in old.destinations.keys().chain(new.destinations.keys()) {
+            let claimants =
+                commit.claims.entry(*dest).or_insert_with(|| state.claims.get(dest).cloned().unwrap_or_default());
+            if new.destinations.contains_key(dest) {
+                claim(claimants, name);
             } else {
-                remove_owner(owners, &owner);
+                unclaim(claimants, name);
+            }
+        }
+        for s in old.shared.symmetric_difference(&new.shared) {
+            let count = commit.shared.entry(*s).or_insert_with(|| state.shared.get(s).copied().unwrap_or(0));
+            if new.shared.contains(s) {
+                *count += 1;
+            } else {
+                *count = count.saturating_sub(1);
             }
         }
     }
-    for (key, was) in before {
-        let now = effective(commit.owners.get(&key));
-        if was == now {
-            continue;
-        }
-        let (set, k) = key;
-        if let Some(value) = was {
-            b.delete_elements.push(Element { set: set.clone(), key: k.clone(), value });
-        }
-        if let Some(value) = now {
-            b.add_elements.push(Element { set, key: k, value });
+
+    // The elements a destination has in the table, given its first claimant.
+    let elements_of = |dest: &Destination, claimant: Option<&ServicePortName>, after: bool| -> Vec<Element> {
+        let Some(name) = claimant else { return Vec::new() };
+        let objects = match rendered.get(name) {
+            Some((old, new)) => std::borrow::Cow::Borrowed(if after { new } else { old }),
+            None => std::borrow::Cow::Owned(state.objects(name)),
+        };
+        objects.destinations.get(dest).cloned().unwrap_or_default()
+    };
+    for (dest, claimants) in &commit.claims {
+        let before = elements_of(dest, state.claims.get(dest).and_then(|c| c.first()), false);
+        let after = elements_of(dest, claimants.first(), true);
+        b.delete_elements.extend(before.iter().filter(|e| !after.contains(e)).cloned());
+        b.add_elements.extend(after.iter().filter(|e| !before.contains(e)).cloned());
+    }
+    for (s, count) in &commit.shared {
+        let was = state.shared.get(s).copied().unwrap_or(0);
+        if was > 0 && *count == 0 {
+            b.delete_elements.push(s.element());
+        } else if was == 0 && *count > 0 {
+            b.add_elements.push(s.element());
         }
     }
     b.delete_chains.extend(state.stale_chains.iter().filter(|c| !revived.contains(*c)).cloned());

@@ -1,14 +1,31 @@
 #![allow(clippy::unwrap_used)]
-//! A large cold start is applied as bounded transactions whose concatenation is exactly the
-//! single-transaction cold start, reordered so base chains come last.
+//! A cold start is streamed as bounded transactions whose concatenation is exactly the
+//! single-transaction cold start, in an order where nothing is referenced before it exists and
+//! the hooked base chains come last.
 
 mod common;
+
+use std::collections::BTreeSet;
 
 use kproxy_nftables::transaction::Op;
 use kproxy_nftables::{Config, NftablesDataplane, Recording};
 
+/// The chains and sets an operation refers to (`goto`/`jump` targets, `@set` lookups).
+fn references(op: &Op) -> Vec<String> {
+    let text = match op {
+        Op::AddRule { rule, .. } => rule.clone(),
+        Op::AddElement(_, e) => e.value.clone().unwrap_or_default(),
+        _ => return Vec::new(),
+    };
+    let words: Vec<&str> = text.split_whitespace().collect();
+    let mut out: Vec<String> =
+        words.windows(2).filter(|w| w[0] == "goto" || w[0] == "jump").map(|w| w[1].to_owned()).collect();
+    out.extend(words.iter().filter_map(|w| w.strip_prefix('@')).map(str::to_owned));
+    out
+}
+
 #[test]
-fn a_cold_start_over_the_bound_is_split_and_loses_nothing() {
+fn a_cold_start_is_streamed_in_bounded_parts_that_never_dangle() {
     let plan = common::example_plan();
     let whole = NftablesDataplane::new(Recording::default(), Config::default()).render_initial(&plan);
     let config = Config { cold_start_chunk_ops: 10, ..Config::default() };
@@ -18,23 +35,61 @@ fn a_cold_start_over_the_bound_is_split_and_loses_nothing() {
     let parts = dp.executor().applied.clone();
     assert!(parts.len() > 2, "{} parts", parts.len());
     assert!(parts.iter().all(|p| !p.is_empty() && p.len() <= 10));
-    let mut got: Vec<String> =
-        parts.iter().flat_map(|p| p.render().lines().map(str::to_owned).collect::<Vec<_>>()).collect();
-    let mut want: Vec<String> = whole.render().lines().map(str::to_owned).collect();
+    let ops: Vec<&Op> = parts.iter().flat_map(|p| p.ops()).collect();
+    assert_eq!(ops, whole.ops().iter().collect::<Vec<_>>(), "the parts are the whole cold start, in order");
+
+    // Nothing is referenced before it exists (per table).
+    let mut defined: BTreeSet<(String, String)> = BTreeSet::new();
+    for op in &ops {
+        match op {
+            Op::AddTable { .. } | Op::DeleteTable(_) => {
+                let t = match op {
+                    Op::AddTable { table, .. } | Op::DeleteTable(table) => table.to_string(),
+                    _ => unreachable!(),
+                };
+                if matches!(op, Op::DeleteTable(_)) {
+                    defined.retain(|(tt, _)| *tt != t);
+                }
+            }
+            Op::AddChain(t, c) => {
+                defined.insert((t.to_string(), c.name.clone()));
+            }
+            Op::AddSet(t, s) => {
+                defined.insert((t.to_string(), s.name.clone()));
+            }
+            Op::AddRule { table, chain, .. } => {
+                assert!(defined.contains(&(table.to_string(), chain.clone())), "rule before its chain: {op:?}");
+            }
+            Op::AddElement(t, e) => {
+                assert!(defined.contains(&(t.to_string(), e.set.clone())), "element before its set: {op:?}");
+            }
+            _ => {}
+        }
+        let table = match op {
+            Op::AddRule { table, .. } | Op::AddElement(table, _) => table.to_string(),
+            _ => continue,
+        };
+        for r in references(op) {
+            assert!(defined.contains(&(table.clone(), r.clone())), "{op:?} refers to {r} before it exists");
+        }
+    }
+
     // Base chains are hooked last: no packet sees a half-built table.
-    let hooked = |p: &kproxy_nftables::Transaction| {
-        p.ops().iter().any(|op| matches!(op, Op::AddChain(_, c) if c.hook.is_some()))
-    };
-    let first_hooked = parts.iter().position(hooked).unwrap();
-    let last_element = parts.iter().rposition(|p| p.ops().iter().any(|op| matches!(op, Op::AddElement(..)))).unwrap();
-    let last_chain = parts
+    let base: BTreeSet<String> = ops
         .iter()
-        .rposition(|p| p.ops().iter().any(|op| matches!(op, Op::AddChain(_, c) if c.hook.is_none())))
-        .unwrap();
-    assert!(last_chain < last_element && last_element < first_hooked, "{last_chain} {last_element} {first_hooked}");
-    got.sort();
-    want.sort();
-    assert_eq!(got, want);
+        .filter_map(|op| match op {
+            Op::AddChain(t, c) if c.hook.is_some() => Some(format!("{t} {}", c.name)),
+            _ => None,
+        })
+        .collect();
+    let is_base_op = |op: &Op| match op {
+        Op::AddChain(_, c) => c.hook.is_some(),
+        Op::AddRule { table, chain, .. } => base.contains(&format!("{table} {chain}")),
+        _ => false,
+    };
+    let first_base = ops.iter().position(|op| is_base_op(op)).unwrap();
+    assert!(ops[first_base..].iter().all(|op| is_base_op(op)), "only base chains after the first one");
+
     // A later full sync (reconcile) stays one atomic transaction.
     dp.full_sync(&plan).unwrap();
     assert_eq!(dp.executor().applied.len(), parts.len() + 1);

@@ -154,3 +154,65 @@ fn removed_service_chains_are_flushed_now_and_deleted_next_sync() {
     dp.partial_sync(&after, &PlanDelta::default()).unwrap();
     assert!(dp.executor().last().unwrap().is_empty());
 }
+
+/// Two services claiming one external IP and port (a conflict in the cluster), each with one
+/// endpoint shared with the other.
+fn rivals(with_a: bool) -> Plan {
+    let mut objects = vec![common::node()];
+    let mut add = |name: &str, cluster_ip: &str, ep: &str| {
+        objects.push(common::service(
+            "default",
+            name,
+            json!({"clusterIP": cluster_ip, "externalIPs": ["203.0.113.50"], "ports": [{"name": "p", "port": 80}]}),
+            json!({}),
+        ));
+        objects.push(common::slice(
+            "default",
+            name,
+            "1",
+            "IPv4",
+            json!([{"name": "p", "port": 8080}]),
+            json!([common::ep(ep, "node-b")]),
+        ));
+    };
+    if with_a {
+        add("a", "198.18.128.60", "198.18.17.60");
+    }
+    add("b", "198.18.128.61", "198.18.17.60");
+    common::planner().build(&common::state(objects))
+}
+
+#[test]
+fn a_contested_destination_belongs_to_the_first_claimant_and_passes_on_when_it_goes() {
+    let (both, only_b) = (rivals(true), rivals(false));
+    let mut dp = dataplane();
+    dp.full_sync(&both).unwrap();
+    let first = dp.executor().last().unwrap().render();
+    let ext = |line: &str| line.contains("203.0.113.50 . tcp . 80");
+    let claimed: Vec<&str> = first.lines().filter(|l| l.contains("service-ips") && ext(l)).collect();
+    assert_eq!(claimed.len(), 1, "{claimed:?}");
+    assert!(claimed[0].contains("default/a/"), "{claimed:?}");
+    assert_eq!(first.matches("hairpin-endpoints { 198.18.17.60 . 198.18.17.60 }").count(), 1);
+
+    dp.partial_sync(&only_b, &PlanDelta::between(&both, &only_b)).unwrap();
+    let tx = dp.executor().last().unwrap().render();
+    let lines: Vec<&str> = tx.lines().filter(|l| ext(l)).collect();
+    assert!(lines.iter().any(|l| l.starts_with("delete element ip kproxy service-ips")), "{tx}");
+    assert!(
+        lines.iter().any(|l| l.starts_with("add element ip kproxy service-ips") && l.contains("default/b/")),
+        "{tx}"
+    );
+    // b picks the same endpoint for it: that slot is already right.
+    assert!(!lines.iter().any(|l| l.contains("cluster-tcp-endpoints")), "{tx}");
+    // The endpoint is still wanted by b: its hairpin pair stays; a's ClusterIP goes.
+    assert!(!tx.contains("hairpin-endpoints"), "{tx}");
+    assert!(tx.contains("delete element ip kproxy cluster-ips { 198.18.128.60 }"), "{tx}");
+
+    // And back: a wins again.
+    dp.partial_sync(&both, &PlanDelta::between(&only_b, &both)).unwrap();
+    let tx = dp.executor().last().unwrap().render();
+    assert!(
+        tx.lines().any(|l| l.starts_with("add element ip kproxy service-ips") && ext(l) && l.contains("default/a/")),
+        "{tx}"
+    );
+}

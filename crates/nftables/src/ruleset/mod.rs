@@ -15,7 +15,7 @@ pub mod skeleton;
 use std::net::IpAddr;
 
 use kproxy_plan::LocalTraffic;
-use kproxy_state::IpFamily;
+use kproxy_state::{IpFamily, Protocol};
 
 use crate::transaction::{TableFamily, TableRef};
 
@@ -70,6 +70,27 @@ impl Ctx {
     /// `mark set mark or M`.
     pub fn mark_rule(&self) -> String {
         format!("mark set mark or {:#x}", self.mark)
+    }
+}
+
+/// A destination a service port claims. Its elements in the dispatch, verdict and endpoint maps
+/// are keyed by it, and when two service ports claim one (a conflict in the cluster), only the
+/// first by name has them in the table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Destination {
+    /// A ClusterIP, ExternalIP or LoadBalancer IP, with protocol and port.
+    Address(IpAddr, Protocol, u16),
+    /// A NodePort, on any node port address.
+    NodePort(Protocol, u16),
+}
+
+impl Destination {
+    /// The element key: `addr . proto . port` or `proto . port`.
+    pub fn key(&self) -> String {
+        match self {
+            Destination::Address(a, p, port) => format!("{a} . {} . {port}", p.as_str()),
+            Destination::NodePort(p, port) => format!("{} . {port}", p.as_str()),
+        }
     }
 }
 

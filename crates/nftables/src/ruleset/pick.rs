@@ -28,7 +28,7 @@ use std::net::IpAddr;
 use kproxy_plan::{Endpoint, ExternalPolicy, NoEndpointsVerdict, ServicePortPlan};
 use kproxy_state::Protocol;
 
-use super::Ctx;
+use super::{Ctx, Destination};
 use crate::transaction::{Chain, Element, SetDef};
 
 /// Draws of a slot before falling back to slot 0.
@@ -175,12 +175,11 @@ pub fn skeleton(ctx: &Ctx) -> (Vec<(Chain, Vec<String>)>, Vec<SetDef>) {
     (chains, sets)
 }
 
-/// The classes a service port's destinations are picked from, with the endpoints of each.
-fn destinations(p: &ServicePortPlan) -> Vec<(Class, Keyspace, String)> {
-    let proto = p.protocol.as_str();
-    let addr = |a: &IpAddr| format!("{a} . {proto} . {}", p.port);
+/// The destinations of a service port, each with the class its endpoints are picked from.
+fn destinations(p: &ServicePortPlan) -> Vec<(Class, Destination)> {
+    let addr = |a: &IpAddr| Destination::Address(*a, p.protocol, p.port);
     let internal = if p.internal.local { Class::Local } else { Class::Cluster };
-    let mut out = vec![(internal, Keyspace::Address, addr(&p.cluster_ip))];
+    let mut out = vec![(internal, addr(&p.cluster_ip))];
     if let Some(ext) = p.external.as_ref().filter(|e| e.no_endpoints != Some(NoEndpointsVerdict::Reject)) {
         // Local policy still sends the node's and (detectably) local pods' traffic to the
         // cluster endpoints.
@@ -189,19 +188,19 @@ fn destinations(p: &ServicePortPlan) -> Vec<(Class, Keyspace, String)> {
             ExternalPolicy::Local { .. } => &[Class::Local, Class::Cluster],
         };
         for &class in classes {
-            out.extend(p.external_vips().map(|vip| (class, Keyspace::Address, addr(vip))));
+            out.extend(p.external_vips().map(|vip| (class, addr(vip))));
             if let Some(np) = p.node_port {
-                out.push((class, Keyspace::NodePort, format!("{proto} . {np}")));
+                out.push((class, Destination::NodePort(p.protocol, np)));
             }
         }
     }
     out
 }
 
-/// The cap-set and endpoints-map elements of one service port.
-pub fn elements(p: &ServicePortPlan) -> Vec<Element> {
+/// The cap-set and endpoints-map elements of one service port, by destination.
+pub fn elements(p: &ServicePortPlan) -> Vec<(Destination, Element)> {
     let mut out = Vec::new();
-    for (class, ks, key) in destinations(p) {
+    for (class, dest) in destinations(p) {
         let endpoints: &[Endpoint] = match class {
             Class::Cluster => &p.cluster_endpoints,
             Class::Local => &p.local_endpoints,
@@ -210,14 +209,22 @@ pub fn elements(p: &ServicePortPlan) -> Vec<Element> {
         if endpoints.is_empty() {
             continue;
         }
+        let ks = match dest {
+            Destination::Address(..) => Keyspace::Address,
+            Destination::NodePort(..) => Keyspace::NodePort,
+        };
+        let key = dest.key();
         let cap = (endpoints.len() as u32).next_power_of_two();
-        out.push(Element { set: cap_set(class, ks, cap), key: key.clone(), value: None });
+        out.push((dest, Element { set: cap_set(class, ks, cap), key: key.clone(), value: None }));
         let map = endpoints_map(class, ks, p.protocol);
-        out.extend(endpoints.iter().enumerate().map(|(slot, ep)| Element {
-            set: map.clone(),
-            // The slot is the one field written in hex: a host-order integer, unlike ports.
-            key: format!("{key} . {slot:#x}"),
-            value: Some(format!("{} . {}", ep.ip, ep.port)),
+        out.extend(endpoints.iter().enumerate().map(|(slot, ep)| {
+            let element = Element {
+                set: map.clone(),
+                // The slot is the one field written in hex: a host-order integer, unlike ports.
+                key: format!("{key} . {slot:#x}"),
+                value: Some(format!("{} . {}", ep.ip, ep.port)),
+            };
+            (dest, element)
         }));
     }
     out

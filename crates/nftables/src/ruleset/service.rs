@@ -16,7 +16,7 @@
 //! purged of one removed endpoint without dumping it, so sticky clients would keep going to a
 //! dead endpoint until the timeout. A netlink-native executor can build the shared-set form.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use kproxy_plan::{Endpoint, ExternalPolicy, MasqueradeWhen, NoEndpointsVerdict, NodePlan, ServicePortPlan};
@@ -26,7 +26,7 @@ use super::skeleton::{
     CLUSTER_IPS, FIREWALL_IPS, HAIRPIN, MARK_FOR_MASQUERADE, NO_ENDPOINT_NODEPORTS, NO_ENDPOINT_SERVICES, REJECT_CHAIN,
     SERVICE_IPS, SERVICE_NODEPORTS,
 };
-use super::{Ctx, addr_port, local_match};
+use super::{Ctx, Destination, addr_port, local_match};
 use crate::naming;
 use crate::transaction::{Element, SetDef};
 
@@ -37,8 +37,36 @@ pub struct ServiceObjects {
     pub chains: BTreeMap<String, Vec<String>>,
     /// Per-endpoint affinity sets, by name.
     pub sets: BTreeMap<String, SetDef>,
-    /// Elements of the shared sets and maps.
-    pub elements: Vec<Element>,
+    /// Elements of the shared maps and sets, by the destination they are keyed by.
+    pub destinations: BTreeMap<Destination, Vec<Element>>,
+    /// Elements other service ports may want too.
+    pub shared: BTreeSet<Shared>,
+}
+
+/// An element several service ports may want: in the table while any of them does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Shared {
+    /// A ClusterIP (all ports of a service share it).
+    ClusterIp(IpAddr),
+    /// The hairpin pair of an endpoint address (services may select the same pods).
+    Hairpin(IpAddr),
+}
+
+impl Shared {
+    /// The element.
+    pub fn element(self) -> Element {
+        match self {
+            Shared::ClusterIp(ip) => Element { set: CLUSTER_IPS.to_owned(), key: ip.to_string(), value: None },
+            Shared::Hairpin(ip) => Element { set: HAIRPIN.to_owned(), key: format!("{ip} . {ip}"), value: None },
+        }
+    }
+}
+
+impl ServiceObjects {
+    fn claim(&mut self, dest: Destination, set: &str, value: Option<String>) {
+        let element = Element { set: set.to_owned(), key: dest.key(), value };
+        self.destinations.entry(dest).or_default().push(element);
+    }
 }
 
 fn verdict(v: NoEndpointsVerdict) -> String {
@@ -51,13 +79,11 @@ fn verdict(v: NoEndpointsVerdict) -> String {
 /// Renders one service port.
 pub fn render(ctx: &Ctx, node: &NodePlan, p: &ServicePortPlan) -> ServiceObjects {
     let ip = ctx.ip();
-    let proto = p.protocol.as_str();
     let svc_chain = naming::chain("service", &p.name);
     let local_chain = naming::chain("local", &p.name);
     let ext_chain = naming::chain("external", &p.name);
     let fw_chain = naming::chain("firewall", &p.name);
     let mut out = ServiceObjects::default();
-    let elem = |set: &str, key: String, value: Option<String>| Element { set: set.to_owned(), key, value };
 
     // ClusterIP masquerading, on the chain ClusterIP traffic enters (guarded by the destination
     // because external traffic also reaches these chains).
@@ -79,13 +105,13 @@ pub fn render(ctx: &Ctx, node: &NodePlan, p: &ServicePortPlan) -> ServiceObjects
     }
 
     // ClusterIP.
-    let dest = |addr: &IpAddr, port: u16| format!("{addr} . {proto} . {port}");
-    out.elements.push(elem(CLUSTER_IPS, p.cluster_ip.to_string(), None));
+    let dest = |addr: &IpAddr| Destination::Address(*addr, p.protocol, p.port);
+    out.shared.insert(Shared::ClusterIp(p.cluster_ip));
     match p.internal.no_endpoints {
-        Some(v) => out.elements.push(elem(NO_ENDPOINT_SERVICES, dest(&p.cluster_ip, p.port), Some(verdict(v)))),
+        Some(v) => out.claim(dest(&p.cluster_ip), NO_ENDPOINT_SERVICES, Some(verdict(v))),
         None => {
             let target = if p.internal.local { &local_chain } else { &svc_chain };
-            out.elements.push(elem(SERVICE_IPS, dest(&p.cluster_ip, p.port), Some(format!("goto {target}"))));
+            out.claim(dest(&p.cluster_ip), SERVICE_IPS, Some(format!("goto {target}")));
         }
     }
 
@@ -93,10 +119,10 @@ pub fn render(ctx: &Ctx, node: &NodePlan, p: &ServicePortPlan) -> ServiceObjects
     if let Some(ext) = &p.external {
         if let Some(v) = ext.no_endpoints {
             for vip in p.external_vips() {
-                out.elements.push(elem(NO_ENDPOINT_SERVICES, dest(vip, p.port), Some(verdict(v))));
+                out.claim(dest(vip), NO_ENDPOINT_SERVICES, Some(verdict(v)));
             }
             if let Some(np) = p.node_port {
-                out.elements.push(elem(NO_ENDPOINT_NODEPORTS, format!("{proto} . {np}"), Some(verdict(v))));
+                out.claim(Destination::NodePort(p.protocol, np), NO_ENDPOINT_NODEPORTS, Some(verdict(v)));
             }
         }
         // With Drop (Local policy, no local endpoint) pods and the node itself are still
@@ -121,14 +147,10 @@ pub fn render(ctx: &Ctx, node: &NodePlan, p: &ServicePortPlan) -> ServiceObjects
             }
             out.chains.insert(ext_chain.clone(), rules);
             for vip in p.external_vips() {
-                out.elements.push(elem(SERVICE_IPS, dest(vip, p.port), Some(format!("goto {ext_chain}"))));
+                out.claim(dest(vip), SERVICE_IPS, Some(format!("goto {ext_chain}")));
             }
             if let Some(np) = p.node_port {
-                out.elements.push(elem(
-                    SERVICE_NODEPORTS,
-                    format!("{proto} . {np}"),
-                    Some(format!("goto {ext_chain}")),
-                ));
+                out.claim(Destination::NodePort(p.protocol, np), SERVICE_NODEPORTS, Some(format!("goto {ext_chain}")));
             }
         }
         if !p.source_ranges.is_empty() && !p.load_balancer_ips.is_empty() {
@@ -140,19 +162,21 @@ pub fn render(ctx: &Ctx, node: &NodePlan, p: &ServicePortPlan) -> ServiceObjects
             rules.push("drop".to_owned());
             out.chains.insert(fw_chain.clone(), rules);
             for lb in &p.load_balancer_ips {
-                out.elements.push(elem(FIREWALL_IPS, dest(lb, p.port), Some(format!("goto {fw_chain}"))));
+                out.claim(dest(lb), FIREWALL_IPS, Some(format!("goto {fw_chain}")));
             }
         }
     }
 
     if p.affinity_timeout.is_none() {
-        out.elements.extend(pick::elements(p));
+        for (d, element) in pick::elements(p) {
+            out.destinations.entry(d).or_default().push(element);
+        }
     }
-    for ep in p.reachable_endpoints() {
-        out.elements.push(elem(HAIRPIN, format!("{} . {}", ep.ip, ep.ip), None));
+    out.shared.extend(p.reachable_endpoints().into_iter().map(|ep| Shared::Hairpin(ep.ip)));
+    for elements in out.destinations.values_mut() {
+        elements.sort();
+        elements.dedup();
     }
-    out.elements.sort();
-    out.elements.dedup();
     out
 }
 
