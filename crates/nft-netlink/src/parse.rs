@@ -135,6 +135,7 @@ pub enum TypeofExpr {
 /// nft's `enum proto_desc_id` values for the headers kproxy matches.
 const PROTO_DESC_UDP: u32 = 6;
 const PROTO_DESC_TCP: u32 = 8;
+const PROTO_DESC_SCTP: u32 = 10;
 const PROTO_DESC_TH: u32 = 11;
 const PROTO_DESC_IP: u32 = 12;
 const PROTO_DESC_IP6: u32 = 13;
@@ -176,8 +177,15 @@ pub struct Typeof(pub Vec<TypeofExpr>);
 impl Typeof {
     /// Parses `ip daddr . meta l4proto . th dport . numgen random mod 2` for a table of `family`.
     pub fn parse(family: TableFamily, text: &str) -> Result<Self, ParseError> {
-        let mut p =
-            Parser { toks: text.split_whitespace().collect(), pos: 0, text, family, out: Vec::new(), maps: &|_| None };
+        let mut p = Parser {
+            toks: text.split_whitespace().collect(),
+            pos: 0,
+            text,
+            family,
+            out: Vec::new(),
+            maps: &|_| None,
+            l4protos: vec![],
+        };
         let mut exprs = Vec::new();
         for item in p.concat()? {
             exprs.push(match item {
@@ -202,12 +210,14 @@ impl Typeof {
     }
 
     /// The protocol match nft 1.0.6 puts before a `dnat ... map` statement reading a map whose
-    /// data is declared by this: `tcp dport` / `udp dport` depend on the protocol (so such a
-    /// statement only ever translates that protocol), `th dport` does not.
+    /// data is declared by this (unless the rule already matches it): `tcp dport` /
+    /// `udp dport` / `sctp dport` depend on the protocol (so such a statement only ever
+    /// translates that protocol), `th dport` does not.
     pub fn l4_dependency(&self) -> Option<u8> {
         self.0.iter().find_map(|e| match *e {
             TypeofExpr::Payload { desc: PROTO_DESC_TCP, .. } => Some(6),
             TypeofExpr::Payload { desc: PROTO_DESC_UDP, .. } => Some(17),
+            TypeofExpr::Payload { desc: PROTO_DESC_SCTP, .. } => Some(132),
             _ => None,
         })
     }
@@ -410,7 +420,7 @@ impl Sel {
 }
 
 /// One field of a concatenation: a selector or a `numgen` (which has no place in a match), or
-/// in a `typeof` declaration `tcp dport` / `udp dport` (`th dport` by another protocol
+/// in a `typeof` declaration `tcp|udp|sctp dport` (`th dport` by another protocol
 /// description; in a rule it would need a protocol match, outside the subset).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Item {
@@ -437,10 +447,14 @@ struct Parser<'a> {
     family: TableFamily,
     out: Vec<Expr>,
     maps: MapDependency<'a>,
+    /// The protocols of the rule's `meta l4proto P` matches so far: they satisfy (or, if they
+    /// differ, contradict) the protocol dependency of a later `dnat ... map`.
+    l4protos: Vec<u8>,
 }
 
-/// Parses one rule body into expressions; a rule that reads a data map is refused, since its
-/// encoding depends on the map's declaration (see [`rule_with_maps`]).
+/// Parses one rule body into expressions; a rule that reads a data map without matching the
+/// protocol first is refused, since its encoding depends on the map's declaration (see
+/// [`rule_with_maps`]).
 pub fn rule(family: TableFamily, text: &str) -> Result<Vec<Expr>, ParseError> {
     rule_with_maps(family, text, &|_| None)
 }
@@ -451,7 +465,15 @@ pub fn rule_with_maps<'a>(
     text: &'a str,
     maps: MapDependency<'a>,
 ) -> Result<Vec<Expr>, ParseError> {
-    let mut p = Parser { toks: text.split_whitespace().collect(), pos: 0, text, family, out: Vec::new(), maps };
+    let mut p = Parser {
+        toks: text.split_whitespace().collect(),
+        pos: 0,
+        text,
+        family,
+        out: Vec::new(),
+        maps,
+        l4protos: vec![],
+    };
     while p.pos < p.toks.len() {
         p.statement()?;
     }
@@ -640,15 +662,26 @@ impl<'a> Parser<'a> {
         let items = self.concat()?;
         self.expect("map")?;
         let set = self.set_ref()?;
-        let dependency =
-            (self.maps)(&set).ok_or_else(|| self.err(&format!("@{set}: map not declared in the batch")))?;
-        if let Some(proto) = dependency {
-            // nft puts the match before the statement; after other statements is unverified.
-            if !self.out.is_empty() {
-                return Err(self.err("dnat map with a protocol dependency after other statements"));
+        // An earlier `meta l4proto P` match of the rule is the dependency the map's data
+        // implies: nft 1.0.6 adds nothing then (and refuses a different P). So with an explicit
+        // match the encoding is the same whatever the map's declaration, and such a rule needs
+        // no declaration in the batch (a contradicting one in the kernel then goes unnoticed
+        // here; the renderer always matches the map's protocol). Without one, nft adds the
+        // match itself, but only regularly as the rule's first statement: after a prefix match
+        // such as `ip daddr 198.18.128.0/17` it adds none at all, so that is refused.
+        match ((self.maps)(&set), self.l4protos.as_slice()) {
+            (Some(Some(proto)), explicit) if explicit.iter().any(|&p| p != proto) => {
+                return Err(self.err(&format!("meta l4proto contradicts the data of @{set}")));
             }
-            self.out.push(Expr::Meta { key: NFT_META_L4PROTO, dreg: NFT_REG_1 });
-            self.out.push(Expr::Cmp { sreg: NFT_REG_1, op: NFT_CMP_EQ, data: vec![proto] });
+            (Some(Some(_)), []) if !self.out.is_empty() => {
+                return Err(self.err("dnat map with an implicit protocol dependency after other statements"));
+            }
+            (Some(Some(proto)), []) => {
+                self.out.push(Expr::Meta { key: NFT_META_L4PROTO, dreg: NFT_REG_1 });
+                self.out.push(Expr::Cmp { sreg: NFT_REG_1, op: NFT_CMP_EQ, data: vec![proto] });
+            }
+            (None, []) => return Err(self.err(&format!("@{set}: map not declared in the batch"))),
+            _ => {}
         }
         self.load_concat(&items)?;
         self.out.push(Expr::Lookup { sreg: NFT_REG_1, set, set_id: None, dreg: Some(NFT_REG_1), invert: false });
@@ -668,6 +701,7 @@ impl<'a> Parser<'a> {
             } else if let Some(desc) = self.peek().and_then(|t| match t {
                 "tcp" => Some(PROTO_DESC_TCP),
                 "udp" => Some(PROTO_DESC_UDP),
+                "sctp" => Some(PROTO_DESC_SCTP),
                 _ => None,
             }) {
                 self.pos += 1;
@@ -862,6 +896,9 @@ impl<'a> Parser<'a> {
             }
             Sel::L4Proto => {
                 let p = proto_number(value).ok_or_else(|| self.err(value))?;
+                if !negate {
+                    self.l4protos.push(p);
+                }
                 self.out.push(sel.load(NFT_REG_1, 1));
                 self.out.push(Expr::Cmp { sreg: NFT_REG_1, op, data: vec![p] });
             }
@@ -939,6 +976,9 @@ mod tests {
         assert_eq!((d.key_type().id(), d.key_type().byte_len()), ((8 << 6) | 13, 20));
         assert_eq!(d.key_type(), Typeof::parse(TableFamily::Ip6, "ip6 daddr . th dport").unwrap().key_type());
         assert_ne!(d.udata(), Typeof::parse(TableFamily::Ip6, "ip6 daddr . th dport").unwrap().udata());
+        let sctp = Typeof::parse(TableFamily::Ip, "ip daddr . sctp dport").unwrap();
+        assert_eq!((sctp.key_type().id(), sctp.l4_dependency()), ((7 << 6) | 13, Some(132)));
+        assert_eq!(Typeof::parse(TableFamily::Ip, "ip daddr . th dport").unwrap().l4_dependency(), None);
         // Outside the subset: a single expression, other expressions, the other family.
         assert!(Typeof::parse(TableFamily::Ip, "ip daddr").is_err());
         assert!(Typeof::parse(TableFamily::Ip, "iifname . ip daddr").is_err());
@@ -980,10 +1020,30 @@ mod tests {
         assert_eq!(e[1], Expr::Cmp { sreg: NFT_REG_1, op: NFT_CMP_EQ, data: vec![6] });
         // An unknown map is refused, not guessed.
         assert!(rule(TableFamily::Ip, text).is_err());
-        assert!(
-            rule_with_maps(TableFamily::Ip, "ip daddr 10.0.0.1 dnat ip to th dport map @m", &|_| Some(Some(6)))
-                .is_err()
-        );
+        // After other statements nft is irregular (none after a prefix match): refused.
+        assert!(rule_with_maps(TableFamily::Ip, &format!("ip daddr 10.0.0.0/9 {text}"), &|_| Some(Some(6))).is_err());
+        assert!(rule_with_maps(TableFamily::Ip, &format!("ip daddr 10.0.0.0/9 {text}"), &|_| Some(None)).is_ok());
+    }
+
+    #[test]
+    fn an_explicit_protocol_match_is_the_dependency() {
+        let text = "meta l4proto udp dnat ip to meta l4proto . th dport . numgen random mod 4 map @m";
+        let udp = rule_with_maps(TableFamily::Ip, text, &|_| Some(Some(17))).unwrap();
+        let l4proto_loads = udp.iter().filter(|e| matches!(e, Expr::Meta { key: NFT_META_L4PROTO, .. })).count();
+        assert_eq!(l4proto_loads, 2, "{udp:?}");
+        // The same whatever the map's data, so a map declared elsewhere (unknown) is fine.
+        assert_eq!(rule_with_maps(TableFamily::Ip, text, &|_| Some(None)).unwrap(), udp);
+        assert_eq!(rule(TableFamily::Ip, text).unwrap(), udp);
+        // Later matches count too; a protocol other than the data's is refused, as by nft.
+        let later = "ip daddr 10.0.0.1 meta l4proto udp dnat ip to th dport . numgen random mod 4 map @m";
+        assert_eq!(rule(TableFamily::Ip, later).unwrap()[3], Expr::Cmp { sreg: 1, op: NFT_CMP_EQ, data: vec![17] });
+        assert!(rule_with_maps(TableFamily::Ip, text, &|_| Some(Some(6))).is_err());
+        let both = format!("meta l4proto tcp {text}");
+        assert!(rule_with_maps(TableFamily::Ip, &both, &|_| Some(Some(17))).is_err());
+        // `!=` is no dependency (nft adds its own match after it; refused as above).
+        let neq = "meta l4proto != udp dnat ip to meta l4proto . th dport . numgen random mod 4 map @m";
+        assert!(rule_with_maps(TableFamily::Ip, neq, &|_| Some(Some(6))).is_err());
+        assert!(rule(TableFamily::Ip, neq).is_err());
     }
 
     #[test]

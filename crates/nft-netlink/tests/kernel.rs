@@ -174,19 +174,18 @@ fn both_ways(plan: &Plan, next: Option<&Plan>, extra: &[Transaction]) -> (Value,
 #[derive(Debug, Clone)]
 struct Pick {
     v6: bool,
-    udp: bool,
+    proto: &'static str,
     node_port: bool,
     endpoints: usize,
 }
 
 fn pick() -> impl Strategy<Value = Pick> {
-    (any::<bool>(), any::<bool>(), any::<bool>(), 1usize..5).prop_map(|(v6, udp, node_port, endpoints)| Pick {
-        v6,
-        udp,
-        node_port,
-        endpoints,
-    })
+    (any::<bool>(), prop::sample::select(PROTOS.to_vec()), any::<bool>(), 1usize..5)
+        .prop_map(|(v6, proto, node_port, endpoints)| Pick { v6, proto, node_port, endpoints })
 }
+
+/// The protocols with endpoint maps of their own.
+const PROTOS: [&str; 3] = ["tcp", "udp", "sctp"];
 
 /// The slot count a service with `n` endpoints uses (its cap set and pick chain).
 fn cap(n: usize) -> usize {
@@ -199,8 +198,11 @@ fn pick_table(v6: bool) -> TableRef {
     TableRef { family: if v6 { TableFamily::Ip6 } else { TableFamily::Ip }, name: "pick".into() }
 }
 
-/// The pick skeleton of one family: the four shared endpoint maps (declared by `typeof`), one
-/// cap set and pick chain per slot count, dispatched by cap-set `goto` rules.
+/// The pick skeleton of one family: shared endpoint maps (declared by `typeof`), one cap set
+/// and pick chain per slot count, dispatched by cap-set `goto` rules. The renderer's form is
+/// one map per class, keyspace and protocol, whose data names the protocol's port, read by
+/// rules that match the protocol explicitly; the four older maps shared by all protocols
+/// (data `tcp dport`, nft's implicit protocol match, or `th dport`) are kept alongside.
 fn pick_skeleton(tx: &mut Transaction, v6: bool) {
     let t = pick_table(v6);
     let ip = if v6 { "ip6" } else { "ip" };
@@ -228,7 +230,15 @@ fn pick_skeleton(tx: &mut Transaction, v6: bool) {
     tx.push(map("cluster-endpoints", service_key.clone(), "tcp", Some("Endpoints by numgen slot")));
     tx.push(map("local-endpoints", service_key, "th", None));
     tx.push(map("cluster-nodeport-endpoints", nodeport_key.clone(), "tcp", Some("NodePort endpoints")));
-    tx.push(map("local-nodeport-endpoints", nodeport_key, "th", None));
+    tx.push(map("local-nodeport-endpoints", nodeport_key.clone(), "th", None));
+    for proto in PROTOS {
+        for class in ["cluster", "local"] {
+            let comment = format!("{class} {proto} endpoints by destination and slot");
+            let service_key = format!("{ip} daddr . meta l4proto . th dport . numgen random mod 2");
+            tx.push(map(&format!("{class}-{proto}-endpoints"), service_key, proto, Some(&comment)));
+            tx.push(map(&format!("{class}-nodeport-{proto}-endpoints"), nodeport_key.clone(), proto, None));
+        }
+    }
     let addr = if v6 { "ipv6_addr" } else { "ipv4_addr" };
     for c in CAPS {
         let set = |name: String, key: String| {
@@ -270,6 +280,27 @@ fn pick_skeleton(tx: &mut Transaction, v6: bool) {
             &format!("pick-cluster-nodeport-{c}"),
             [format!("dnat {ip} to meta l4proto . th dport . numgen random mod {c} map @cluster-nodeport-endpoints")],
         );
+        for proto in PROTOS {
+            let dnat = |key: &str, map: &str| {
+                format!("meta l4proto {proto} dnat {ip} to {key} . numgen random mod {c} map @{map}")
+            };
+            let service = format!("{ip} daddr . meta l4proto . th dport");
+            let nodeport = "meta l4proto . th dport";
+            tx.add_rules(&t, &format!("pick-cluster-{c}"), [dnat(&service, &format!("cluster-{proto}-endpoints"))]);
+            tx.add_rules(
+                &t,
+                &format!("pick-cluster-nodeport-{c}"),
+                [dnat(nodeport, &format!("cluster-nodeport-{proto}-endpoints"))],
+            );
+            tx.add_rules(
+                &t,
+                "pick",
+                [
+                    dnat(&service, &format!("local-{proto}-endpoints")),
+                    dnat(nodeport, &format!("local-nodeport-{proto}-endpoints")),
+                ],
+            );
+        }
     }
     tx.add_rules(
         &t,
@@ -286,7 +317,7 @@ fn pick_skeleton(tx: &mut Transaction, v6: bool) {
 /// `generation`'s endpoint addresses, or as deleted (keys only).
 fn pick_elements(tx: &mut Transaction, i: usize, p: &Pick, generation: u8, add: bool) {
     let t = pick_table(p.v6);
-    let proto = if p.udp { "udp" } else { "tcp" };
+    let proto = p.proto;
     let service_ip = if p.v6 { format!("fd00:96::{:x}", i + 10) } else { format!("198.18.128.{}", i + 10) };
     let endpoint = |e: usize| {
         if p.v6 {
@@ -308,17 +339,26 @@ fn pick_elements(tx: &mut Transaction, i: usize, p: &Pick, generation: u8, add: 
     }
     for slot in 0..c {
         let data = Some(format!("{} . 8080", endpoint(slot % p.endpoints)));
-        push("cluster-endpoints".into(), format!("{service_ip} . {proto} . {port} . {slot:#x}"), data.clone());
-        push("local-endpoints".into(), format!("{service_ip} . {proto} . {port} . {slot:#x}"), data.clone());
+        let key = format!("{service_ip} . {proto} . {port} . {slot:#x}");
+        push("cluster-endpoints".into(), key.clone(), data.clone());
+        push("local-endpoints".into(), key.clone(), data.clone());
+        push(format!("cluster-{proto}-endpoints"), key.clone(), data.clone());
+        if slot == 0 {
+            push(format!("local-{proto}-endpoints"), key, data.clone());
+        }
         if p.node_port {
-            push("cluster-nodeport-endpoints".into(), format!("{proto} . {node_port} . {slot:#x}"), data);
+            let key = format!("{proto} . {node_port} . {slot:#x}");
+            push("cluster-nodeport-endpoints".into(), key.clone(), data.clone());
+            push(format!("cluster-nodeport-{proto}-endpoints"), key.clone(), data.clone());
+            push(format!("local-nodeport-{proto}-endpoints"), key, data);
         }
     }
 }
 
 /// Two transactions over the pick dataplane: the skeletons of both families with `first`'s
-/// elements; then, in a later batch (sets no longer new), every service of `first` whose shape
-/// `second` changes has its elements deleted and re-added with new endpoints.
+/// elements; then, in a later batch (sets no longer new), a chain whose rules read maps of the
+/// first batch, and every service of `first` whose shape `second` changes has its elements
+/// deleted and re-added with new endpoints.
 fn pick_transactions(first: &[Pick], second: &[Pick]) -> Vec<Transaction> {
     let mut tx1 = Transaction::new();
     pick_skeleton(&mut tx1, false);
@@ -327,6 +367,22 @@ fn pick_transactions(first: &[Pick], second: &[Pick]) -> Vec<Transaction> {
         pick_elements(&mut tx1, i, p, 0, true);
     }
     let mut tx2 = Transaction::new();
+    for v6 in [false, true] {
+        let t = pick_table(v6);
+        let ip = if v6 { "ip6" } else { "ip" };
+        tx2.push(Op::AddChain(t.clone(), Chain { name: "pick-later".into(), hook: None }));
+        tx2.add_rules(
+            &t,
+            "pick-later",
+            [
+                format!(
+                    "meta l4proto sctp dnat {ip} to {ip} daddr . meta l4proto . th dport . numgen random mod 8 map \
+                     @cluster-sctp-endpoints"
+                ),
+                format!("meta l4proto udp dnat {ip} to meta l4proto . th dport . numgen random mod 2 map @local-nodeport-udp-endpoints"),
+            ],
+        );
+    }
     for (i, p) in first.iter().enumerate() {
         match second.get(i) {
             Some(q) if q.v6 == p.v6 => {
@@ -361,9 +417,11 @@ fn the_example_shapes_list_the_same_either_way() {
         Shape { endpoints: 0, local: 0, ..all },
     ];
     let picks = [
-        Pick { v6: false, udp: false, node_port: true, endpoints: 3 },
-        Pick { v6: true, udp: true, node_port: true, endpoints: 2 },
-        Pick { v6: false, udp: true, node_port: false, endpoints: 1 },
+        Pick { v6: false, proto: "tcp", node_port: true, endpoints: 3 },
+        Pick { v6: true, proto: "udp", node_port: true, endpoints: 2 },
+        Pick { v6: false, proto: "udp", node_port: false, endpoints: 1 },
+        Pick { v6: false, proto: "sctp", node_port: true, endpoints: 2 },
+        Pick { v6: true, proto: "sctp", node_port: false, endpoints: 4 },
     ];
     let changed = [Pick { endpoints: 4, ..picks[0].clone() }, Pick { endpoints: 1, ..picks[1].clone() }];
     let (netlink, text) = both_ways(&plan(&shapes), None, &pick_transactions(&picks, &changed));
@@ -372,6 +430,9 @@ fn the_example_shapes_list_the_same_either_way() {
     // The maps are declared by typeof, and hold `addr . port` data after the second batch.
     assert!(listed.contains(r#""typeof""#) || listed.contains(r#""concat""#), "{netlink}");
     assert!(listed.contains("fd00:16::1:2") && listed.contains("198.18.17.5"), "{netlink}");
+    // Per-protocol maps hold their protocol's endpoints, SCTP ones included.
+    assert!(listed.contains("cluster-sctp-endpoints") && listed.contains("local-nodeport-udp-endpoints"), "{netlink}");
+    assert!(listed.contains(r#""sctp""#) && listed.contains("pick-later"), "{netlink}");
     assert_eq!(differences(&netlink, &text), Vec::<String>::new());
 }
 
