@@ -24,7 +24,8 @@ fn full_reconcile_partial_and_cleanup_apply_to_the_kernel() {
 
     ns.run_in(|| dp.full_sync(&plan)).unwrap().unwrap();
     let first = list();
-    assert!(first.contains("chain service-SUSTUHLJ-default/web/tcp/http"), "{first}");
+    assert!(first.contains("198.18.128.10 . tcp . 80 : goto service-cluster-masquerade-remote"), "{first}");
+    assert!(first.contains("chain service-BPKTVXJ3-default/lb/tcp/https"), "{first}");
     ns.run_in(|| dp.full_sync(&plan)).unwrap().unwrap();
     assert_eq!(list(), first, "a reconciling full sync of the same plan changes nothing");
 

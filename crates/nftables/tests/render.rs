@@ -47,16 +47,20 @@ fn a_failed_sync_forces_a_recreating_full_sync() {
 }
 
 fn many_services(n: usize, web_endpoints: &[&str]) -> Plan {
+    services(n, web_endpoints, false)
+}
+
+/// `n` services (with ClientIP affinity: chains of their own) and `web`.
+fn services(n: usize, web_endpoints: &[&str], affinity: bool) -> Plan {
     let mut objects = vec![common::node()];
     for i in 0..n {
         let name = format!("s{i}");
         let ip = format!("198.19.{}.{}", i / 250, i % 250 + 1);
-        objects.push(common::service(
-            "bulk",
-            &name,
-            json!({"clusterIP": ip, "ports": [{"name": "p", "port": 80}]}),
-            json!({}),
-        ));
+        let mut spec = json!({"clusterIP": ip, "ports": [{"name": "p", "port": 80}]});
+        if affinity {
+            spec["sessionAffinity"] = json!("ClientIP");
+        }
+        objects.push(common::service("bulk", &name, spec, json!({})));
         let ep1 = format!("198.18.{}.{}", 20 + i / 250, i % 250 + 1);
         objects.push(common::slice(
             "bulk",
@@ -134,8 +138,8 @@ fn scaling_a_service_changes_only_elements_and_moves_it_between_caps() {
 
 #[test]
 fn removed_service_chains_are_flushed_now_and_deleted_next_sync() {
-    let before = many_services(2, &["198.18.17.2"]);
-    let after = many_services(1, &["198.18.17.2"]);
+    let before = services(2, &["198.18.17.2"], true);
+    let after = services(1, &["198.18.17.2"], true);
     let mut dp = dataplane();
     dp.full_sync(&before).unwrap();
     dp.partial_sync(&after, &PlanDelta::between(&before, &after)).unwrap();
@@ -146,6 +150,7 @@ fn removed_service_chains_are_flushed_now_and_deleted_next_sync() {
         "{tx}"
     );
     assert!(tx.contains("delete element ip kproxy service-ips { 198.19.0.2 . tcp . 80 }"), "{tx}");
+    assert!(tx.contains("delete set ip kproxy affinity-"), "its affinity sets go at once: {tx}");
     assert!(!tx.contains("delete chain"), "{tx}");
     dp.partial_sync(&after, &PlanDelta::default()).unwrap();
     let tx = dp.executor().last().unwrap().render();
@@ -159,7 +164,7 @@ fn removed_service_chains_are_flushed_now_and_deleted_next_sync() {
 /// endpoint shared with the other.
 fn rivals(with_a: bool) -> Plan {
     let mut objects = vec![common::node()];
-    let mut add = |name: &str, cluster_ip: &str, ep: &str| {
+    let mut add = |name: &str, cluster_ip: &str, ep: &str, port: u16| {
         objects.push(common::service(
             "default",
             name,
@@ -171,14 +176,14 @@ fn rivals(with_a: bool) -> Plan {
             name,
             "1",
             "IPv4",
-            json!([{"name": "p", "port": 8080}]),
+            json!([{"name": "p", "port": port}]),
             json!([common::ep(ep, "node-b")]),
         ));
     };
     if with_a {
-        add("a", "198.18.128.60", "198.18.17.60");
+        add("a", "198.18.128.60", "198.18.17.60", 8080);
     }
-    add("b", "198.18.128.61", "198.18.17.60");
+    add("b", "198.18.128.61", "198.18.17.60", 9090);
     common::planner().build(&common::state(objects))
 }
 
@@ -188,22 +193,25 @@ fn a_contested_destination_belongs_to_the_first_claimant_and_passes_on_when_it_g
     let mut dp = dataplane();
     dp.full_sync(&both).unwrap();
     let first = dp.executor().last().unwrap().render();
-    let ext = |line: &str| line.contains("203.0.113.50 . tcp . 80");
-    let claimed: Vec<&str> = first.lines().filter(|l| l.contains("service-ips") && ext(l)).collect();
-    assert_eq!(claimed.len(), 1, "{claimed:?}");
-    assert!(claimed[0].contains("default/a/"), "{claimed:?}");
+    let slot = "cluster-tcp-endpoints { 203.0.113.50 . tcp . 80 . 0x0 : 198.18.17.60";
+    let claimed: Vec<&str> = first.lines().filter(|l| l.contains(slot)).collect();
+    assert_eq!(
+        claimed,
+        ["add element ip kproxy cluster-tcp-endpoints { 203.0.113.50 . tcp . 80 . 0x0 : 198.18.17.60 . 8080 }"]
+    );
     assert_eq!(first.matches("hairpin-endpoints { 198.18.17.60 . 198.18.17.60 }").count(), 1);
 
     dp.partial_sync(&only_b, &PlanDelta::between(&both, &only_b)).unwrap();
     let tx = dp.executor().last().unwrap().render();
-    let lines: Vec<&str> = tx.lines().filter(|l| ext(l)).collect();
-    assert!(lines.iter().any(|l| l.starts_with("delete element ip kproxy service-ips")), "{tx}");
+    assert!(tx.contains("delete element ip kproxy cluster-tcp-endpoints { 203.0.113.50 . tcp . 80 . 0x0 }"), "{tx}");
     assert!(
-        lines.iter().any(|l| l.starts_with("add element ip kproxy service-ips") && l.contains("default/b/")),
+        tx.contains(
+            "add element ip kproxy cluster-tcp-endpoints { 203.0.113.50 . tcp . 80 . 0x0 : 198.18.17.60 . 9090 }"
+        ),
         "{tx}"
     );
-    // b picks the same endpoint for it: that slot is already right.
-    assert!(!lines.iter().any(|l| l.contains("cluster-tcp-endpoints")), "{tx}");
+    // Both send the external IP to the same shared chain: that element stays.
+    assert!(!tx.contains("service-ips { 203.0.113.50"), "{tx}");
     // The endpoint is still wanted by b: its hairpin pair stays; a's ClusterIP goes.
     assert!(!tx.contains("hairpin-endpoints"), "{tx}");
     assert!(tx.contains("delete element ip kproxy cluster-ips { 198.18.128.60 }"), "{tx}");
@@ -212,7 +220,9 @@ fn a_contested_destination_belongs_to_the_first_claimant_and_passes_on_when_it_g
     dp.partial_sync(&both, &PlanDelta::between(&only_b, &both)).unwrap();
     let tx = dp.executor().last().unwrap().render();
     assert!(
-        tx.lines().any(|l| l.starts_with("add element ip kproxy service-ips") && ext(l) && l.contains("default/a/")),
+        tx.contains(
+            "add element ip kproxy cluster-tcp-endpoints { 203.0.113.50 . tcp . 80 . 0x0 : 198.18.17.60 . 8080 }"
+        ),
         "{tx}"
     );
 }

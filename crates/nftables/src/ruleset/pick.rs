@@ -49,7 +49,7 @@ pub enum Class {
 impl Class {
     const ALL: [Class; 2] = [Class::Cluster, Class::Local];
 
-    fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Class::Cluster => "cluster",
             Class::Local => "local",

@@ -1,15 +1,17 @@
-//! The objects of one service port: its chains, its map elements, and (only with ClientIP
-//! affinity) its per-endpoint affinity sets.
+//! The objects of one service port: its map elements, and the chains and sets only some
+//! service ports have of their own.
 //!
-//! Chains: `service-*` picks among the cluster-policy endpoints, `local-*` among the local ones,
-//! `external-*` applies externalTrafficPolicy to NodePort/ExternalIP/LoadBalancer traffic,
-//! `firewall-*` applies loadBalancerSourceRanges. There is no chain per endpoint: the endpoints
-//! are elements of the shared maps of [`super::pick`], which the chains end in.
+//! A service port is mostly elements: its destinations in the dispatch maps point at chains
+//! shared by every service port with the same traffic policies ([`shared_chains`]:
+//! `service-<class>[-masquerade…]` for ClusterIP traffic, `external-*` for externalTrafficPolicy),
+//! which end in the endpoint pick of [`super::pick`]. Every nf_tables commit walks every chain of
+//! the table, so chains per service would make every sync cost grow with the cluster.
 //!
-//! ClientIP affinity needs to know which endpoint was picked, so those services keep a cascade
-//! of `dnat` rules, one per endpoint (and an endpoint change there is a rule change, which costs
-//! the kernel a validation of the table). They use upstream's per-endpoint `affinity-*` sets (type address, dynamic, with
-//! the service's timeout), but only for services that ask for affinity. A single shared map
+//! Chains of its own: `firewall-*` for loadBalancerSourceRanges, and with ClientIP affinity
+//! `service-*` / `local-*` / `external-*`. Affinity needs to know which endpoint was picked, so
+//! those services keep a cascade of `dnat` rules, one per endpoint (and an endpoint change there
+//! is a rule change, which costs the kernel a validation of the table). They use upstream's
+//! per-endpoint `affinity-*` sets (type address, dynamic, with the service's timeout). A single shared map
 //! keyed by client, service and endpoint would avoid them, but `nft` 1.0.6 can express neither a
 //! lookup whose key concatenates packet fields with constants, nor (for IPv6) a dynamic map
 //! update with a concatenated key; and a shared map keyed by the service address could not be
@@ -28,7 +30,7 @@ use super::skeleton::{
 };
 use super::{Ctx, Destination, addr_port, local_match};
 use crate::naming;
-use crate::transaction::{Element, SetDef};
+use crate::transaction::{Chain, Element, SetDef};
 
 /// Everything one service port puts in the table.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -76,43 +78,122 @@ fn verdict(v: NoEndpointsVerdict) -> String {
     }
 }
 
+/// The shared chain ClusterIP traffic of the given class and masquerading enters.
+fn shared_service_chain(class: Class, masquerade: MasqueradeWhen) -> String {
+    let suffix = match masquerade {
+        MasqueradeWhen::Always => "-masquerade",
+        MasqueradeWhen::SourceNotLocal => "-masquerade-remote",
+        MasqueradeWhen::Never => "",
+    };
+    format!("service-{}{suffix}", class.name())
+}
+
+/// The shared chain NodePort / ExternalIP / LoadBalancer traffic with `policy` enters.
+fn shared_external_chain(policy: ExternalPolicy) -> &'static str {
+    match policy {
+        ExternalPolicy::Cluster => "external-cluster",
+        ExternalPolicy::Local { short_circuit_pods: true } => "external-local-pods-to-cluster",
+        ExternalPolicy::Local { short_circuit_pods: false } => "external-local",
+    }
+}
+
+/// The masquerade rule for ClusterIP traffic; `guard` restricts it to the service's ClusterIP
+/// (per-service chains are entered by external traffic too).
+fn masquerade_rule(ctx: &Ctx, node: &NodePlan, when: MasqueradeWhen, guard: Option<IpAddr>) -> Option<String> {
+    let ip = ctx.ip();
+    let guard = guard.map(|g| format!("{ip} daddr {g} ")).unwrap_or_default();
+    match when {
+        MasqueradeWhen::Always => Some(format!("{guard}jump {MARK_FOR_MASQUERADE}")),
+        MasqueradeWhen::SourceNotLocal => {
+            local_match(ctx, &node.local_traffic, true).map(|m| format!("{guard}{m} jump {MARK_FOR_MASQUERADE}"))
+        }
+        MasqueradeWhen::Never => None,
+    }
+}
+
+/// The rules that apply externalTrafficPolicy, ending in `cluster` or `local`.
+fn external_rules(ctx: &Ctx, node: &NodePlan, policy: ExternalPolicy, cluster: &str, local: &str) -> Vec<String> {
+    match policy {
+        ExternalPolicy::Cluster => vec![format!("jump {MARK_FOR_MASQUERADE}"), format!("goto {cluster}")],
+        ExternalPolicy::Local { short_circuit_pods } => {
+            let mut rules = Vec::new();
+            if let Some(m) = local_match(ctx, &node.local_traffic, false).filter(|_| short_circuit_pods) {
+                rules.push(format!("{m} goto {cluster}"));
+            }
+            rules.push(format!("fib saddr type local jump {MARK_FOR_MASQUERADE}"));
+            rules.push(format!("fib saddr type local goto {cluster}"));
+            rules.push(format!("goto {local}"));
+            rules
+        }
+    }
+}
+
+/// The chains every service port without ClientIP affinity shares: what its traffic does
+/// depends only on its traffic policies, and its endpoints are map elements (see
+/// [`super::pick`]). Sharing them keeps the table's chain count independent of the number of
+/// services, which matters because every commit walks every chain of the table.
+pub fn shared_chains(ctx: &Ctx, node: &NodePlan) -> Vec<(Chain, Vec<String>)> {
+    let mut chains = Vec::new();
+    for class in [Class::Cluster, Class::Local] {
+        for when in [MasqueradeWhen::Never, MasqueradeWhen::Always, MasqueradeWhen::SourceNotLocal] {
+            let mut rules: Vec<String> = masquerade_rule(ctx, node, when, None).into_iter().collect();
+            rules.push(format!("goto {}", class.chain()));
+            chains.push((Chain { name: shared_service_chain(class, when), hook: None }, rules));
+        }
+    }
+    let policies = [
+        ExternalPolicy::Cluster,
+        ExternalPolicy::Local { short_circuit_pods: true },
+        ExternalPolicy::Local { short_circuit_pods: false },
+    ];
+    for policy in policies {
+        let rules = external_rules(ctx, node, policy, &Class::Cluster.chain(), &Class::Local.chain());
+        chains.push((Chain { name: shared_external_chain(policy).to_owned(), hook: None }, rules));
+    }
+    chains
+}
+
 /// Renders one service port.
 pub fn render(ctx: &Ctx, node: &NodePlan, p: &ServicePortPlan) -> ServiceObjects {
     let ip = ctx.ip();
-    let svc_chain = naming::chain("service", &p.name);
-    let local_chain = naming::chain("local", &p.name);
-    let ext_chain = naming::chain("external", &p.name);
-    let fw_chain = naming::chain("firewall", &p.name);
     let mut out = ServiceObjects::default();
+    let internal_class = if p.internal.local { Class::Local } else { Class::Cluster };
 
-    // ClusterIP masquerading, on the chain ClusterIP traffic enters (guarded by the destination
-    // because external traffic also reaches these chains).
-    let masq = match p.internal.masquerade {
-        MasqueradeWhen::Always => Some(format!("{ip} daddr {} jump {MARK_FOR_MASQUERADE}", p.cluster_ip)),
-        MasqueradeWhen::SourceNotLocal => local_match(ctx, &node.local_traffic, true)
-            .map(|m| format!("{ip} daddr {} {m} jump {MARK_FOR_MASQUERADE}", p.cluster_ip)),
-        MasqueradeWhen::Never => None,
+    // The chains ClusterIP and external traffic enter: shared ones, unless ClientIP affinity
+    // needs per-endpoint rules in chains of the service port's own.
+    // With Reject (no endpoints at all) external traffic enters no chain.
+    let entered = p.external.as_ref().filter(|e| e.no_endpoints != Some(NoEndpointsVerdict::Reject));
+    let (cluster_ip_chain, external_chain) = if p.affinity_timeout.is_none() {
+        let external = entered.map(|e| shared_external_chain(e.policy).to_owned());
+        (shared_service_chain(internal_class, p.internal.masquerade), external)
+    } else {
+        let svc_chain = naming::chain("service", &p.name);
+        let local_chain = naming::chain("local", &p.name);
+        let masq = masquerade_rule(ctx, node, p.internal.masquerade, Some(p.cluster_ip));
+        if p.uses_cluster_endpoints() {
+            let mut rules: Vec<String> = masq.iter().filter(|_| !p.internal.local).cloned().collect();
+            rules.extend(affinity_dispatch(ctx, p, &p.cluster_endpoints, &mut out.sets));
+            out.chains.insert(svc_chain.clone(), rules);
+        }
+        if p.uses_local_endpoints() {
+            let mut rules: Vec<String> = masq.iter().filter(|_| p.internal.local).cloned().collect();
+            rules.extend(affinity_dispatch(ctx, p, &p.local_endpoints, &mut out.sets));
+            out.chains.insert(local_chain.clone(), rules);
+        }
+        let external = entered.map(|e| {
+            let ext_chain = naming::chain("external", &p.name);
+            out.chains.insert(ext_chain.clone(), external_rules(ctx, node, e.policy, &svc_chain, &local_chain));
+            ext_chain
+        });
+        (if p.internal.local { local_chain } else { svc_chain }, external)
     };
-    if p.uses_cluster_endpoints() {
-        let mut rules: Vec<String> = masq.iter().filter(|_| !p.internal.local).cloned().collect();
-        rules.extend(dispatch(ctx, p, Class::Cluster, &mut out.sets));
-        out.chains.insert(svc_chain.clone(), rules);
-    }
-    if p.uses_local_endpoints() {
-        let mut rules: Vec<String> = masq.iter().filter(|_| p.internal.local).cloned().collect();
-        rules.extend(dispatch(ctx, p, Class::Local, &mut out.sets));
-        out.chains.insert(local_chain.clone(), rules);
-    }
 
     // ClusterIP.
     let dest = |addr: &IpAddr| Destination::Address(*addr, p.protocol, p.port);
     out.shared.insert(Shared::ClusterIp(p.cluster_ip));
     match p.internal.no_endpoints {
         Some(v) => out.claim(dest(&p.cluster_ip), NO_ENDPOINT_SERVICES, Some(verdict(v))),
-        None => {
-            let target = if p.internal.local { &local_chain } else { &svc_chain };
-            out.claim(dest(&p.cluster_ip), SERVICE_IPS, Some(format!("goto {target}")));
-        }
+        None => out.claim(dest(&p.cluster_ip), SERVICE_IPS, Some(format!("goto {cluster_ip_chain}"))),
     }
 
     // NodePort, ExternalIPs, LoadBalancer IPs.
@@ -128,32 +209,16 @@ pub fn render(ctx: &Ctx, node: &NodePlan, p: &ServicePortPlan) -> ServiceObjects
         // With Drop (Local policy, no local endpoint) pods and the node itself are still
         // short-circuited to the cluster endpoints; everything else falls through undNATed and
         // hits the drop verdict in the filter chains.
-        if ext.no_endpoints != Some(NoEndpointsVerdict::Reject) {
-            let mut rules = Vec::new();
-            match ext.policy {
-                ExternalPolicy::Cluster => {
-                    rules.push(format!("jump {MARK_FOR_MASQUERADE}"));
-                    rules.push(format!("goto {svc_chain}"));
-                }
-                ExternalPolicy::Local { short_circuit_pods } => {
-                    let short_circuit = local_match(ctx, &node.local_traffic, false).filter(|_| short_circuit_pods);
-                    if let Some(m) = short_circuit {
-                        rules.push(format!("{m} goto {svc_chain}"));
-                    }
-                    rules.push(format!("fib saddr type local jump {MARK_FOR_MASQUERADE}"));
-                    rules.push(format!("fib saddr type local goto {svc_chain}"));
-                    rules.push(format!("goto {local_chain}"));
-                }
-            }
-            out.chains.insert(ext_chain.clone(), rules);
+        if let Some(chain) = &external_chain {
             for vip in p.external_vips() {
-                out.claim(dest(vip), SERVICE_IPS, Some(format!("goto {ext_chain}")));
+                out.claim(dest(vip), SERVICE_IPS, Some(format!("goto {chain}")));
             }
             if let Some(np) = p.node_port {
-                out.claim(Destination::NodePort(p.protocol, np), SERVICE_NODEPORTS, Some(format!("goto {ext_chain}")));
+                out.claim(Destination::NodePort(p.protocol, np), SERVICE_NODEPORTS, Some(format!("goto {chain}")));
             }
         }
         if !p.source_ranges.is_empty() && !p.load_balancer_ips.is_empty() {
+            let fw_chain = naming::chain("firewall", &p.name);
             let mut rules: Vec<String> = p.source_ranges.iter().map(|r| format!("{ip} saddr {r} return")).collect();
             // Traffic from the node to its own LB IP may carry the LB IP as source.
             if node.node_ip.is_some_and(|n| p.source_ranges.iter().any(|r| r.contains(&n))) {
@@ -180,16 +245,13 @@ pub fn render(ctx: &Ctx, node: &NodePlan, p: &ServicePortPlan) -> ServiceObjects
     out
 }
 
-/// The endpoint-picking rules: the shared pick chain of the class, or with ClientIP affinity the
-/// affinity hits first, then a uniform random cascade.
-fn dispatch(ctx: &Ctx, p: &ServicePortPlan, class: Class, sets: &mut BTreeMap<String, SetDef>) -> Vec<String> {
-    if p.affinity_timeout.is_none() {
-        return vec![format!("goto {}", class.chain())];
-    }
-    let endpoints: &[Endpoint] = match class {
-        Class::Cluster => &p.cluster_endpoints,
-        Class::Local => &p.local_endpoints,
-    };
+/// ClientIP affinity: the affinity hits first, then a uniform random cascade over `endpoints`.
+fn affinity_dispatch(
+    ctx: &Ctx,
+    p: &ServicePortPlan,
+    endpoints: &[Endpoint],
+    sets: &mut BTreeMap<String, SetDef>,
+) -> Vec<String> {
     let ip = ctx.ip();
     let proto = p.protocol.as_str();
     let dnat = |ep: &Endpoint| format!("meta l4proto {proto} dnat to {}", addr_port(ep.ip, ep.port));

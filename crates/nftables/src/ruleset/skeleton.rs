@@ -146,6 +146,7 @@ pub fn render(ctx: &Ctx, node: &NodePlan) -> Skeleton {
 
     let (pick_chains, pick_sets) = super::pick::skeleton(ctx);
     let mut chains = chains;
+    chains.extend(super::service::shared_chains(ctx, node));
     chains.extend(pick_chains);
 
     let dest_key = format!("{a} . inet_proto . inet_service");
