@@ -14,6 +14,10 @@ mod upstream;
 
 use std::process::{Command, ExitCode};
 
+/// The daemon's allocator (see `crates/kproxy/src/main.rs`), so the bench measures what runs.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use clap::Parser;
 
 /// Benchmark kproxy's nftables sync at scale (root; uses fresh network namespaces).

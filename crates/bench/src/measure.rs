@@ -39,6 +39,8 @@ pub struct SizeResult {
     pub full_transactions: usize,
     /// One-endpoint change sync latencies, milliseconds, sorted.
     pub change_ms: Vec<f64>,
+    /// Of each change, the time in the netlink executor (encoding, kernel commit), sorted.
+    pub change_apply_ms: Vec<f64>,
     /// Operations of the first change.
     pub change_ops: usize,
     /// Peak RSS of the process after full sync and changes (VmHWM), MiB.
@@ -63,12 +65,17 @@ fn vm_hwm_mib() -> f64 {
 struct Counting {
     inner: NetlinkExecutor,
     transactions: usize,
+    /// Time spent applying, in total.
+    applying: Duration,
 }
 
 impl kproxy_nftables::Executor for Counting {
     fn apply(&mut self, tx: &kproxy_nftables::Transaction) -> Result<(), kproxy_nftables::ExecError> {
         self.transactions += 1;
-        self.inner.apply(tx)
+        let start = Instant::now();
+        let result = self.inner.apply(tx);
+        self.applying += start.elapsed();
+        result
     }
 }
 
@@ -110,7 +117,7 @@ pub fn run(size: usize, args: &Args) -> anyhow::Result<SizeResult> {
     let (mut plan, mix) = cluster::plan(size, per);
     let ns = Netns::new("bench-netlink")?;
     let changes = args.changes;
-    let (full_sync_s, full_ops, full_transactions, change_ms, change_ops, final_plan) =
+    let (full_sync_s, full_ops, full_transactions, change_ms, change_apply_ms, change_ops, final_plan) =
         ns.run_in(move || -> anyhow::Result<_> {
             let mut dp = NftablesDataplane::new(Counting::default(), Config::default());
             let start = Instant::now();
@@ -118,19 +125,23 @@ pub fn run(size: usize, args: &Args) -> anyhow::Result<SizeResult> {
             let full = start.elapsed().as_secs_f64();
             let transactions = dp.executor().transactions;
             let mut lat = Vec::with_capacity(changes);
+            let mut apply = Vec::with_capacity(changes);
             let mut change_ops = 0;
             for k in 0..changes {
                 let i = (k * 7919 + 13) % size.max(1);
                 let delta = cluster::change_one_endpoint(&mut plan, i, per, k);
+                let applying = dp.executor().applying;
                 let t = Instant::now();
                 let r = dp.partial_sync(&plan, &delta).context("partial sync")?;
                 lat.push(t.elapsed().as_secs_f64() * 1000.0);
+                apply.push((dp.executor().applying - applying).as_secs_f64() * 1000.0);
                 if k == 0 {
                     change_ops = r.ops;
                 }
             }
             lat.sort_by(f64::total_cmp);
-            Ok((full, report.ops, transactions, lat, change_ops, plan))
+            apply.sort_by(f64::total_cmp);
+            Ok((full, report.ops, transactions, lat, apply, change_ops, plan))
         })??;
     let peak_rss_mib = vm_hwm_mib();
     drop(ns);
@@ -158,6 +169,7 @@ pub fn run(size: usize, args: &Args) -> anyhow::Result<SizeResult> {
         full_ops,
         full_transactions,
         change_ms,
+        change_apply_ms,
         change_ops,
         peak_rss_mib,
         floor_s,

@@ -77,9 +77,9 @@ fn write_report(s: &mut String, command: &str, args: &Args, results: &[SizeResul
     writeln!(s)?;
     writeln!(
         s,
-        "| services | endpoints | full sync (netlink) | ops / txs | kernel floor (nft -f) | sync / floor | upstream shape (nft -f) | upstream / sync | change p50 | change p99 | change ops | peak RSS |"
+        "| services | endpoints | full sync (netlink) | ops / txs | kernel floor (nft -f) | sync / floor | upstream shape (nft -f) | upstream / sync | change p50 | change p99 | of which netlink p50 | change ops | peak RSS |"
     )?;
-    writeln!(s, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")?;
+    writeln!(s, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")?;
     for r in results {
         let up_ratio = match r.upstream {
             UpstreamLoad::Loaded(u) => format!("{:.0}×", u / r.full_sync_s),
@@ -88,7 +88,7 @@ fn write_report(s: &mut String, command: &str, args: &Args, results: &[SizeResul
         };
         writeln!(
             s,
-            "| {} | {} | {} | {} / {} | {} | {:.2}× | {} | {} | {:.2} ms | {:.2} ms | {} | {:.0} MiB |",
+            "| {} | {} | {} | {} / {} | {} | {:.2}× | {} | {} | {:.2} ms | {:.2} ms | {:.2} ms | {} | {:.0} MiB |",
             r.mix.services,
             r.mix.endpoints,
             secs(r.full_sync_s),
@@ -100,6 +100,7 @@ fn write_report(s: &mut String, command: &str, args: &Args, results: &[SizeResul
             up_ratio,
             pct(&r.change_ms, 0.5),
             pct(&r.change_ms, 0.99),
+            pct(&r.change_apply_ms, 0.5),
             r.change_ops,
             r.peak_rss_mib,
         )?;
