@@ -13,8 +13,9 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
 use kproxy_plan::{
-    Endpoint, ExternalPolicy, ExternalTraffic, FamilyPlan, InternalTraffic, LocalTraffic, MasqueradeWhen, NodePlan,
-    NodePortAddresses, Plan, PlanDelta, ServicePortName, ServicePortPlan, SnatPolicy, SnatSource,
+    Endpoint, ExternalPolicy, ExternalTraffic, FamilyDelta, FamilyPlan, InternalTraffic, LocalTraffic, MasqueradeWhen,
+    NodePlan, NodePortAddresses, Plan, PlanDelta, ServicePortChange, ServicePortName, ServicePortPlan, SnatPolicy,
+    SnatSource,
 };
 use kproxy_state::{IpFamily, Protocol};
 
@@ -131,10 +132,10 @@ pub fn plan(n: usize, per_service: usize) -> (Plan, Mix) {
 }
 
 /// Changes one endpoint of service port `i` (change number `k`): the new plan and the delta the
-/// planner would hand the dataplane (computed here, outside any timing). Changes cycle through
-/// the kinds a rollout or a scale produces: replace an endpoint, add one, remove one.
+/// planner would hand the dataplane for it (one changed service port, built directly as the
+/// planner's O(change) update does, outside any timing). Changes cycle through the kinds a
+/// rollout or a scale produces: replace an endpoint, add one, remove one.
 pub fn change_one_endpoint(plan: &mut Plan, i: usize, per_service: usize, k: usize) -> PlanDelta {
-    let before = plan.clone();
     let Some(fam) = plan.families.get_mut(&IpFamily::V4) else { return PlanDelta::default() };
     let name = service(i, per_service).name;
     let Some(old) = fam.services.get(&name).cloned() else { return PlanDelta::default() };
@@ -151,6 +152,23 @@ pub fn change_one_endpoint(plan: &mut Plan, i: usize, per_service: usize, k: usi
         _ => new.cluster_endpoints.push(fresh),
     }
     new.cluster_endpoints.sort();
-    fam.services.insert(name, Arc::new(new));
-    PlanDelta::between(&before, plan)
+    let new = Arc::new(new);
+    fam.services.insert(name, new.clone());
+    let family = FamilyDelta { changed: vec![ServicePortChange { old, new }], ..FamilyDelta::default() };
+    PlanDelta { families: [(IpFamily::V4, family)].into_iter().collect() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_delta_of_a_change_is_what_diffing_the_plans_gives() {
+        let (mut plan, _) = plan(300, 5);
+        for k in 0..9 {
+            let before = plan.clone();
+            let delta = change_one_endpoint(&mut plan, k * 31 % 300, 5, k);
+            assert_eq!(delta, PlanDelta::between(&before, &plan), "change {k}");
+        }
+    }
 }

@@ -17,7 +17,7 @@ mod policy;
 
 pub use categorize::{Categorized, categorize_endpoints};
 pub use dataplane::{Dataplane, DataplaneError};
-pub use delta::{PlanDelta, ServicePortChange};
+pub use delta::{FamilyDelta, PlanDelta, ServicePortChange};
 pub use model::{
     Endpoint, ExternalPolicy, ExternalTraffic, FamilyPlan, InternalTraffic, MasqueradeWhen, NoEndpointsVerdict,
     NodePlan, Plan, ServicePortName, ServicePortPlan,
