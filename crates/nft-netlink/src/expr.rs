@@ -137,12 +137,14 @@ pub enum Expr {
     },
     /// The rule's verdict.
     Verdict(Verdict),
-    /// `numgen random mod N`.
+    /// `numgen random mod N [offset O]`.
     Numgen {
         /// Register.
         dreg: u32,
         /// Modulus.
         modulus: u32,
+        /// Added to the result (`mod 1 offset O` is the constant O).
+        offset: u32,
     },
     /// `fib saddr|daddr type`.
     FibType {
@@ -283,11 +285,11 @@ impl Expr {
                 v.encode(m);
                 m.end_nest(n);
             }
-            Expr::Numgen { dreg, modulus } => {
+            Expr::Numgen { dreg, modulus, offset } => {
                 m.put_be32(NFTA_NG_DREG, *dreg);
                 m.put_be32(NFTA_NG_MODULUS, *modulus);
                 m.put_be32(NFTA_NG_TYPE, NFT_NG_RANDOM);
-                m.put_be32(NFTA_NG_OFFSET, 0);
+                m.put_be32(NFTA_NG_OFFSET, *offset);
             }
             Expr::FibType { saddr, dreg } => {
                 m.put_be32(NFTA_FIB_FLAGS, if *saddr { NFTA_FIB_F_SADDR } else { NFTA_FIB_F_DADDR });

@@ -189,7 +189,8 @@ impl Typeof {
         let mut exprs = Vec::new();
         for item in p.concat()? {
             exprs.push(match item {
-                Item::Numgen(modulus) => TypeofExpr::Numgen { modulus },
+                Item::Numgen(modulus, 0) => TypeofExpr::Numgen { modulus },
+                Item::Numgen(..) => return Err(p.err("offset")),
                 Item::ProtoDport { desc } => TypeofExpr::Payload { desc, field: 2, dtype: DataType::Service },
                 Item::Sel(sel) => p.typeof_expr(sel)?,
             });
@@ -419,14 +420,18 @@ impl Sel {
     }
 }
 
-/// One field of a concatenation: a selector or a `numgen` (which has no place in a match), or
+/// One field of a concatenation: a selector or a `numgen` (a draw, or with `mod 1 offset O` the
+/// constant O, as in affinity set keys), or
 /// in a `typeof` declaration `tcp|udp|sctp dport` (`th dport` by another protocol
 /// description; in a rule it would need a protocol match, outside the subset).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Item {
     Sel(Sel),
-    Numgen(u32),
-    ProtoDport { desc: u32 },
+    /// `numgen random mod N offset O`.
+    Numgen(u32, u32),
+    ProtoDport {
+        desc: u32,
+    },
 }
 
 /// nft numbers registers in 32-bit units; a field starting on a 128-bit boundary is named by
@@ -542,7 +547,7 @@ impl<'a> Parser<'a> {
                 self.expect("random")?;
                 self.expect("mod")?;
                 let modulus = self.number()?;
-                self.out.push(Expr::Numgen { dreg: NFT_REG_1, modulus });
+                self.out.push(Expr::Numgen { dreg: NFT_REG_1, modulus, offset: 0 });
                 self.optional("==");
                 let v = self.number()?;
                 self.out.push(Expr::Cmp { sreg: NFT_REG_1, op: NFT_CMP_EQ, data: v.to_ne_bytes().to_vec() });
@@ -695,9 +700,7 @@ impl<'a> Parser<'a> {
         let mut items = Vec::new();
         loop {
             if self.optional("numgen") {
-                self.expect("random")?;
-                self.expect("mod")?;
-                items.push(Item::Numgen(self.number()?));
+                items.push(self.numgen()?);
             } else if let Some(desc) = self.peek().and_then(|t| match t {
                 "tcp" => Some(PROTO_DESC_TCP),
                 "udp" => Some(PROTO_DESC_UDP),
@@ -716,6 +719,15 @@ impl<'a> Parser<'a> {
         }
     }
 
+    /// `random mod N [offset O]`, after `numgen`.
+    fn numgen(&mut self) -> Result<Item, ParseError> {
+        self.expect("random")?;
+        self.expect("mod")?;
+        let modulus = self.number()?;
+        let offset = if self.optional("offset") { self.number()? } else { 0 };
+        Ok(Item::Numgen(modulus, offset))
+    }
+
     /// Loads a concatenation into consecutive registers from register 1 on, as nft does.
     fn load_concat(&mut self, items: &[Item]) -> Result<(), ParseError> {
         let mut unit = 0;
@@ -725,8 +737,8 @@ impl<'a> Parser<'a> {
                     self.out.push(s.load(register(unit), s.len()));
                     unit += s.len().div_ceil(4);
                 }
-                Item::Numgen(modulus) => {
-                    self.out.push(Expr::Numgen { dreg: register(unit), modulus });
+                Item::Numgen(modulus, offset) => {
+                    self.out.push(Expr::Numgen { dreg: register(unit), modulus, offset });
                     unit += 1;
                 }
                 Item::ProtoDport { .. } => return Err(self.err("dport")),
@@ -759,12 +771,13 @@ impl<'a> Parser<'a> {
         })
     }
 
+    /// `update @set { item [. item]* }`.
     fn update(&mut self) -> Result<(), ParseError> {
         let set = self.set_ref()?;
         self.expect("{")?;
-        let sel = self.selector()?;
+        let items = self.concat()?;
         self.expect("}")?;
-        self.out.push(sel.load(NFT_REG_1, sel.len()));
+        self.load_concat(&items)?;
         self.out.push(Expr::DynsetUpdate { set, set_id: None, sreg: NFT_REG_1 });
         Ok(())
     }
@@ -835,10 +848,13 @@ impl<'a> Parser<'a> {
 
     /// `sel [. sel]* (vmap @m | [!=] @s | [!=|==] value)`.
     fn relation(&mut self) -> Result<(), ParseError> {
-        let mut sels = vec![self.selector()?];
+        let mut items = vec![Item::Sel(self.selector()?)];
         while self.optional(".") {
-            sels.push(self.selector()?);
+            items.push(if self.optional("numgen") { self.numgen()? } else { Item::Sel(self.selector()?) });
         }
+        // A constant-valued `numgen` (the only way nft takes a constant in a concatenation)
+        // only makes sense as part of a set lookup key.
+        let sels: Vec<Sel> = items.iter().filter_map(|i| if let Item::Sel(s) = i { Some(*s) } else { None }).collect();
         let negate = self.optional("!=");
         if !negate {
             self.optional("==");
@@ -855,12 +871,11 @@ impl<'a> Parser<'a> {
                 return Err(self.err("!= vmap"));
             }
             let set = self.set_ref()?;
-            let items: Vec<Item> = sels.iter().map(|s| Item::Sel(*s)).collect();
             self.load_concat(&items)?;
             self.out.push(Expr::Lookup { sreg: NFT_REG_1, set, set_id: None, dreg, invert: negate });
             return Ok(());
         }
-        let [sel] = sels.as_slice() else { return Err(self.err(".")) };
+        let ([sel], 1) = (sels.as_slice(), items.len()) else { return Err(self.err(".")) };
         let op = if negate { NFT_CMP_NEQ } else { NFT_CMP_EQ };
         let value = self.next()?;
         match *sel {

@@ -21,11 +21,12 @@ pub fn chain(prefix: &str, name: &ServicePortName) -> String {
     format!("{prefix}-{}-{base}", hash8(&base))
 }
 
-/// Name of the per-endpoint affinity set used where the shared affinity map can not be expressed
-/// (IPv6 with `nft` 1.0.6): `affinity-<HASH8>-<base>__<ip>/<port>`, colons spelled as dots.
-pub fn affinity_set(name: &ServicePortName, ip: IpAddr, port: u16) -> String {
-    let base = format!("{}__{}/{port}", base(name), ip.to_string().replace(':', "."));
-    format!("affinity-{}-{base}", hash8(&base))
+/// A stable 32-bit id of an endpoint (the first bytes of sha256 of `ip/port`): the key of its
+/// clients in its service port's affinity set. Two endpoints of one service port sharing an id
+/// (odds about n²/2^33) would share their sticky clients.
+pub fn endpoint_id(ip: IpAddr, port: u16) -> u32 {
+    let digest = Sha256::digest(format!("{ip}/{port}").as_bytes());
+    u32::from_be_bytes([digest[0], digest[1], digest[2], digest[3]])
 }
 
 /// The first 8 characters of the RFC 4648 base32 encoding of sha256(`s`): exactly 40 bits.
@@ -58,7 +59,10 @@ mod tests {
             protocol: Protocol::Tcp,
         };
         assert_eq!(chain("service", &n), "service-ULMVA6XW-ns1/svc1/tcp/p80");
-        let a = affinity_set(&n, "fd00::1".parse().unwrap(), 80);
-        assert!(a.starts_with("affinity-") && a.ends_with("-ns1/svc1/tcp/p80__fd00..1/80"), "{a}");
+        assert_eq!(chain("affinity", &n), "affinity-ULMVA6XW-ns1/svc1/tcp/p80");
+        let (a, b) = ("198.18.16.2".parse().unwrap(), "fd00::1".parse().unwrap());
+        assert_eq!(endpoint_id(a, 80), endpoint_id(a, 80));
+        assert_ne!(endpoint_id(a, 80), endpoint_id(a, 81));
+        assert_ne!(endpoint_id(a, 80), endpoint_id(b, 80));
     }
 }

@@ -10,8 +10,12 @@
 //! Chains of its own: `firewall-*` for loadBalancerSourceRanges, and with ClientIP affinity
 //! `service-*` / `local-*` / `external-*`. Affinity needs to know which endpoint was picked, so
 //! those services keep a cascade of `dnat` rules, one per endpoint (and an endpoint change there
-//! is a rule change, which costs the kernel a validation of the table). They use upstream's
-//! per-endpoint `affinity-*` sets (type address, dynamic, with the service's timeout). A single shared map
+//! is a rule change, which costs the kernel a validation of the table). Each has one dynamic
+//! `affinity-*` set with the service's timeout, keyed by client and a stable endpoint id (a hash
+//! of the endpoint's address and port), where upstream has a set per endpoint: the kernel finds
+//! a set by walking the table's list of sets by name, so a set per endpoint made creating and
+//! referencing them quadratic. A removed endpoint's entries are never looked up again and expire.
+//! A single shared map
 //! keyed by client, service and endpoint would avoid them, but `nft` 1.0.6 can express neither a
 //! lookup whose key concatenates packet fields with constants, nor (for IPv6) a dynamic map
 //! update with a concatenated key; and a shared map keyed by the service address could not be
@@ -254,46 +258,32 @@ fn affinity_dispatch(
 ) -> Vec<String> {
     let ip = ctx.ip();
     let proto = p.protocol.as_str();
+    let Some(timeout) = p.affinity_timeout else { return Vec::new() };
+    let set = naming::chain("affinity", &p.name);
+    sets.insert(
+        set.clone(),
+        SetDef {
+            name: set.clone(),
+            key_type: format!("{ip} saddr . numgen random mod 2"),
+            data_type: None,
+            by_typeof: true,
+            flags: vec!["dynamic", "timeout"],
+            timeout: Some(timeout),
+            size: None,
+            comment: None,
+        },
+    );
+    // `client . endpoint id`: the id is written as a constant-valued numgen, the one way nft
+    // 1.0.6 accepts a constant inside a concatenation.
+    let key =
+        |ep: &Endpoint| format!("{ip} saddr . numgen random mod 1 offset {}", naming::endpoint_id(ep.ip, ep.port));
     let dnat = |ep: &Endpoint| format!("meta l4proto {proto} dnat to {}", addr_port(ep.ip, ep.port));
-    let mut rules = Vec::new();
-    let affinity: Vec<Option<String>> = endpoints
-        .iter()
-        .map(|ep| {
-            p.affinity_timeout.map(|timeout| {
-                let name = naming::affinity_set(&p.name, ep.ip, ep.port);
-                sets.insert(
-                    name.clone(),
-                    SetDef {
-                        name: name.clone(),
-                        key_type: ctx.addr_type().to_owned(),
-                        data_type: None,
-                        by_typeof: false,
-                        flags: vec!["dynamic", "timeout"],
-                        timeout: Some(timeout),
-                        size: None,
-                        comment: None,
-                    },
-                );
-                name
-            })
-        })
-        .collect();
-    for (ep, set) in endpoints.iter().zip(&affinity) {
-        if let Some(set) = set {
-            rules.push(format!("{ip} saddr @{set} update @{set} {{ {ip} saddr }} {}", dnat(ep)));
-        }
-    }
+    let mut rules: Vec<String> =
+        endpoints.iter().map(|ep| format!("{k} @{set} update @{set} {{ {k} }} {}", dnat(ep), k = key(ep))).collect();
     let n = endpoints.len();
-    for (i, (ep, set)) in endpoints.iter().zip(&affinity).enumerate() {
-        let mut rule = String::new();
-        if i + 1 < n {
-            rule.push_str(&format!("numgen random mod {} == 0 ", n - i));
-        }
-        if let Some(set) = set {
-            rule.push_str(&format!("update @{set} {{ {ip} saddr }} "));
-        }
-        rule.push_str(&dnat(ep));
-        rules.push(rule);
+    for (i, ep) in endpoints.iter().enumerate() {
+        let draw = if i + 1 < n { format!("numgen random mod {} == 0 ", n - i) } else { String::new() };
+        rules.push(format!("{draw}update @{set} {{ {} }} {}", key(ep), dnat(ep)));
     }
     rules
 }
