@@ -120,6 +120,8 @@ struct Encoder {
     map_deps: HashMap<(TableRef, String), Option<u8>>,
     /// Interval elements each set gets in this batch.
     intervals: HashMap<(TableRef, String), Vec<String>>,
+    /// Sets of concatenated ranges created in this batch.
+    range_sets: std::collections::HashSet<(TableRef, String)>,
 }
 
 impl Encoder {
@@ -171,7 +173,8 @@ impl Encoder {
             }
             Op::AddRule { table, chain, rule } => {
                 let maps = |m: &str| self.map_deps.get(&(table.clone(), m.to_owned())).copied();
-                let mut exprs = parse::rule_with_maps(table.family, rule, &maps)?;
+                let ranges = |s: &str| self.range_sets.contains(&(table.clone(), s.to_owned()));
+                let mut exprs = parse::rule_with_maps(table.family, rule, &maps, &ranges)?;
                 for e in &mut exprs {
                     if let Expr::Lookup { set, set_id, .. } | Expr::DynsetUpdate { set, set_id, .. } = e {
                         *set_id = self.set_id(table, set);
@@ -258,6 +261,12 @@ impl Encoder {
         if data.is_some() {
             flags |= NFT_SET_MAP;
         }
+        // Ranges in a concatenation: the pipapo backend, elements carry their own end.
+        let concat_ranges = flags & NFT_SET_INTERVAL != 0 && key.is_concat();
+        if concat_ranges {
+            flags |= NFT_SET_CONCAT;
+            self.range_sets.insert((t.clone(), def.name.clone()));
+        }
         if let Some(SetData::Typeof(d)) = &data {
             self.map_deps.insert((t.clone(), def.name.clone()), d.l4_dependency());
         }
@@ -291,9 +300,20 @@ impl Encoder {
         if let Some(timeout) = def.timeout {
             self.buf.put_be64(NFTA_SET_TIMEOUT, u64::from(timeout) * 1000);
         }
+        if concat_ranges {
+            let desc = self.buf.begin_nest(NFTA_SET_DESC);
+            let fields = self.buf.begin_nest(NFTA_SET_DESC_CONCAT);
+            for len in key.field_lens() {
+                let f = self.buf.begin_nest(NFTA_LIST_ELEM);
+                self.buf.put_be32(NFTA_SET_FIELD_LEN, len);
+                self.buf.end_nest(f);
+            }
+            self.buf.end_nest(fields);
+            self.buf.end_nest(desc);
+        }
         self.buf.put(NFTA_SET_USERDATA, &set_userdata(&key, key_typeof.as_ref(), data.as_ref(), def));
         let initial = self.intervals.get(&(t.clone(), def.name.clone())).cloned().unwrap_or_default();
-        if flags & NFT_SET_INTERVAL != 0 && !initial.is_empty() {
+        if flags & NFT_SET_INTERVAL != 0 && !concat_ranges && !initial.is_empty() {
             // Like nft for a new interval set filled in the same batch: the set's initial
             // content is an interval end at the lowest key (the range below the first element
             // is explicitly outside the set) and the batch's intervals.
@@ -329,6 +349,11 @@ impl Encoder {
 
     /// One element of a list; libnftnl numbers them from 1 (the kernel ignores the number).
     fn elem(&mut self, n: u16, key: &[u8], data: Option<&MapData>, end: bool) {
+        self.elem_range(n, key, None, data, end);
+    }
+
+    /// An element; `key_end` closes a concatenated range.
+    fn elem_range(&mut self, n: u16, key: &[u8], key_end: Option<&[u8]>, data: Option<&MapData>, end: bool) {
         let e = self.buf.begin_nest(n);
         if end {
             self.buf.put_be32(NFTA_SET_ELEM_FLAGS, NFT_SET_ELEM_INTERVAL_END);
@@ -336,6 +361,11 @@ impl Encoder {
         let k = self.buf.begin_nest(NFTA_SET_ELEM_KEY);
         self.buf.put(NFTA_DATA_VALUE, key);
         self.buf.end_nest(k);
+        if let Some(key_end) = key_end {
+            let k = self.buf.begin_nest(NFTA_SET_ELEM_KEY_END);
+            self.buf.put(NFTA_DATA_VALUE, key_end);
+            self.buf.end_nest(k);
+        }
         if let Some(data) = data {
             let d = self.buf.begin_nest(NFTA_SET_ELEM_DATA);
             match data {
@@ -360,7 +390,7 @@ impl Encoder {
         }
         self.elem_header(t, &e.set, add);
         let list = self.buf.begin_nest(NFTA_SET_ELEM_LIST_ELEMENTS);
-        self.elem(1, &key.start, data.as_ref(), false);
+        self.elem_range(1, &key.start, key.key_end.as_deref(), data.as_ref(), false);
         if let Some(Some(end)) = &key.interval_end {
             self.elem(2, end, None, true);
         }
@@ -389,11 +419,15 @@ impl Batch {
             next_set_id: 0,
             index: 0,
             intervals: HashMap::new(),
+            range_sets: std::collections::HashSet::new(),
             map_deps: HashMap::new(),
         };
         for op in tx.ops() {
+            // Single-field ranges of a set created in this batch go into its creation (as nft);
+            // concatenated ranges are elements of their own.
             if let Op::AddElement(t, e) = op
                 && e.key.contains('/')
+                && !e.key.contains(" . ")
             {
                 enc.intervals.entry((t.clone(), e.set.clone())).or_default().push(e.key.clone());
             }

@@ -137,6 +137,16 @@ pub enum Expr {
     },
     /// The rule's verdict.
     Verdict(Verdict),
+    /// Host to network byte order, in place: what nft puts after a host-order field (`meta
+    /// l4proto`) of a key looked up in a set of concatenated ranges.
+    ByteorderHton {
+        /// Register.
+        reg: u32,
+        /// Field length in bytes.
+        len: u32,
+        /// Element size.
+        size: u32,
+    },
     /// `numgen random mod N [offset O]`.
     Numgen {
         /// Register.
@@ -200,6 +210,7 @@ impl Expr {
             Expr::Lookup { .. } => "lookup",
             Expr::Immediate { .. } | Expr::Verdict(_) => "immediate",
             Expr::Numgen { .. } => "numgen",
+            Expr::ByteorderHton { .. } => "byteorder",
             Expr::FibType { .. } => "fib",
             Expr::Reject { .. } => "reject",
             Expr::Masq { .. } => "masq",
@@ -284,6 +295,13 @@ impl Expr {
                 let n = m.begin_nest(NFTA_IMMEDIATE_DATA);
                 v.encode(m);
                 m.end_nest(n);
+            }
+            Expr::ByteorderHton { reg, len, size } => {
+                m.put_be32(NFTA_BYTEORDER_SREG, *reg);
+                m.put_be32(NFTA_BYTEORDER_DREG, *reg);
+                m.put_be32(NFTA_BYTEORDER_OP, NFT_BYTEORDER_HTON);
+                m.put_be32(NFTA_BYTEORDER_LEN, *len);
+                m.put_be32(NFTA_BYTEORDER_SIZE, *size);
             }
             Expr::Numgen { dreg, modulus, offset } => {
                 m.put_be32(NFTA_NG_DREG, *dreg);

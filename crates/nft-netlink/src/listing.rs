@@ -54,7 +54,9 @@ impl TableListing {
                 Op::AddRule { table: t, chain, .. } if t == table => *l.chains.entry(chain.clone()).or_insert(0) += 1,
                 Op::AddSet(t, s) if t == table => {
                     let dynamic = s.flags.contains(&"dynamic");
-                    let interval = s.flags.contains(&"interval");
+                    // A single-field interval set starts with the interval end at its lowest key;
+                    // a set of concatenated ranges keeps each range as one element.
+                    let interval = s.flags.contains(&"interval") && !s.key_type.contains(" . ");
                     l.sets.entry(s.name.clone()).or_insert(if dynamic { None } else { Some(usize::from(interval)) });
                 }
                 Op::FlushSet { table: t, name, .. } if t == table => {

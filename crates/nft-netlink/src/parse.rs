@@ -92,6 +92,11 @@ impl KeyType {
         }
     }
 
+    /// The length of each field, unpadded (`NFTA_SET_DESC_CONCAT`).
+    pub fn field_lens(&self) -> Vec<u32> {
+        self.0.iter().map(|t| t.byte_len()).collect()
+    }
+
     /// `NFTA_SET_KEY_LEN`: each field of a concatenation takes whole 32-bit registers.
     pub fn byte_len(&self) -> u32 {
         match self.0.as_slice() {
@@ -185,6 +190,7 @@ impl Typeof {
             out: Vec::new(),
             maps: &|_| None,
             l4protos: vec![],
+            ranges: &|_| false,
         };
         let mut exprs = Vec::new();
         for item in p.concat()? {
@@ -264,6 +270,9 @@ pub struct ElementKey {
     /// For `addr/len` keys of interval sets: the first address after the range, `None` when the
     /// range reaches the end of the address space.
     pub interval_end: Option<Option<Vec<u8>>>,
+    /// For concatenations ending in `addr/len` (sets of concatenated ranges): the key with the
+    /// last field at the range's last address (inclusive, as nft sends it).
+    pub key_end: Option<Vec<u8>>,
 }
 
 /// Parses an element key (`10.0.0.1 . tcp . 80`, `198.18.0.0/16`, `fd00::1 . fd00::1`).
@@ -280,11 +289,29 @@ pub fn element_key(text: &str) -> Result<ElementKey, ParseError> {
             return Err(err(one));
         }
         let start = masked(&start, len);
-        return Ok(ElementKey { interval_end: Some(range_end(&start, len)), start });
+        return Ok(ElementKey { interval_end: Some(range_end(&start, len)), start, key_end: None });
     }
     let concat = fields.len() > 1;
     let mut key = Vec::new();
-    for f in &fields {
+    let mut key_end = None;
+    for (i, f) in fields.iter().enumerate() {
+        if let Some((addr, len)) = f.split_once('/').filter(|_| concat && i + 1 == fields.len()) {
+            let addr: IpAddr = addr.parse().map_err(|_| err(addr))?;
+            let len: u32 = len.parse().map_err(|_| err(len))?;
+            let bytes = addr_bytes(addr);
+            if len > bytes.len() as u32 * 8 {
+                return Err(err(f));
+            }
+            let first = masked(&bytes, len);
+            let last: Vec<u8> = first.iter().zip(prefix_mask(first.len(), len)).map(|(a, m)| a | !m).collect();
+            let mut end = key.clone();
+            end.extend_from_slice(&last);
+            end.resize(end.len().div_ceil(4) * 4, 0);
+            key.extend_from_slice(&first);
+            key.resize(key.len().div_ceil(4) * 4, 0);
+            key_end = Some(end);
+            continue;
+        }
         let bytes = if let Ok(ip) = f.parse::<IpAddr>() {
             addr_bytes(ip)
         } else if let Some(p) = proto_number(f) {
@@ -303,7 +330,7 @@ pub fn element_key(text: &str) -> Result<ElementKey, ParseError> {
             key.resize(key.len().div_ceil(4) * 4, 0);
         }
     }
-    Ok(ElementKey { start: key, interval_end: None })
+    Ok(ElementKey { start: key, interval_end: None, key_end })
 }
 
 /// The data of a map element.
@@ -320,7 +347,7 @@ pub fn map_data(text: &str) -> Result<MapData, ParseError> {
     match text.split_whitespace().next() {
         Some("accept" | "drop" | "return" | "jump" | "goto") => verdict(text).map(MapData::Verdict),
         _ => match element_key(text)? {
-            ElementKey { start, interval_end: None } => Ok(MapData::Value(start)),
+            ElementKey { start, interval_end: None, key_end: None } => Ok(MapData::Value(start)),
             _ => Err(ParseError { what: "/".to_owned(), text: text.to_owned() }),
         },
     }
@@ -455,20 +482,24 @@ struct Parser<'a> {
     /// The protocols of the rule's `meta l4proto P` matches so far: they satisfy (or, if they
     /// differ, contradict) the protocol dependency of a later `dnat ... map`.
     l4protos: Vec<u8>,
+    /// Whether a set holds concatenated ranges (its keys' host-order fields are converted).
+    ranges: &'a dyn Fn(&str) -> bool,
 }
 
 /// Parses one rule body into expressions; a rule that reads a data map without matching the
 /// protocol first is refused, since its encoding depends on the map's declaration (see
 /// [`rule_with_maps`]).
 pub fn rule(family: TableFamily, text: &str) -> Result<Vec<Expr>, ParseError> {
-    rule_with_maps(family, text, &|_| None)
+    rule_with_maps(family, text, &|_| None, &|_| false)
 }
 
-/// Parses one rule body into expressions, `maps` telling what the data maps it reads imply.
+/// Parses one rule body into expressions, `maps` telling what the data maps it reads imply and
+/// `ranges` which sets hold concatenated ranges.
 pub fn rule_with_maps<'a>(
     family: TableFamily,
     text: &'a str,
     maps: MapDependency<'a>,
+    ranges: &'a dyn Fn(&str) -> bool,
 ) -> Result<Vec<Expr>, ParseError> {
     let mut p = Parser {
         toks: text.split_whitespace().collect(),
@@ -478,6 +509,7 @@ pub fn rule_with_maps<'a>(
         out: Vec::new(),
         maps,
         l4protos: vec![],
+        ranges,
     };
     while p.pos < p.toks.len() {
         p.statement()?;
@@ -872,6 +904,25 @@ impl<'a> Parser<'a> {
             }
             let set = self.set_ref()?;
             self.load_concat(&items)?;
+            if (self.ranges)(&set) && items.len() > 1 {
+                // nft converts host-order fields of a key for a set of concatenated ranges.
+                let mut unit = 0;
+                for item in &items {
+                    if let Item::Sel(s) = item {
+                        if *s == Sel::L4Proto {
+                            let at = self.out.iter().rposition(
+                                |e| matches!(e, Expr::Meta { key: NFT_META_L4PROTO, dreg } if *dreg == register(unit)),
+                            );
+                            if let Some(at) = at {
+                                self.out.insert(at + 1, Expr::ByteorderHton { reg: register(unit), len: 1, size: 2 });
+                            }
+                        }
+                        unit += s.len().div_ceil(4);
+                    } else {
+                        unit += 1;
+                    }
+                }
+            }
             self.out.push(Expr::Lookup { sreg: NFT_REG_1, set, set_id: None, dreg, invert: negate });
             return Ok(());
         }
@@ -1017,7 +1068,7 @@ mod tests {
     fn dnat_through_a_map_loads_the_concatenation_and_the_data_registers() {
         let th: MapDependency = &|m| (m == "m").then_some(None);
         let text = "dnat ip6 to ip6 daddr . meta l4proto . th dport . numgen random mod 4 map @m";
-        let e = rule_with_maps(TableFamily::Ip6, text, th).unwrap();
+        let e = rule_with_maps(TableFamily::Ip6, text, th, &|_| false).unwrap();
         let dregs: Vec<u32> = e
             .iter()
             .filter_map(|e| match e {
@@ -1028,36 +1079,42 @@ mod tests {
         assert_eq!(dregs, vec![1, 2, 13, 14]);
         assert!(matches!(e.last(), Some(Expr::Nat { addr_reg: 1, proto_reg: Some(2), flags: 0, .. })));
         let text = "dnat ip to meta l4proto . th dport . numgen random mod 4 map @m";
-        let e = rule_with_maps(TableFamily::Ip, text, th).unwrap();
+        let e = rule_with_maps(TableFamily::Ip, text, th, &|_| false).unwrap();
         assert!(matches!(e.last(), Some(Expr::Nat { addr_reg: 1, proto_reg: Some(9), flags: 0, .. })));
         // Data declared as `tcp dport`: nft matches the protocol first.
-        let e = rule_with_maps(TableFamily::Ip, text, &|_| Some(Some(6))).unwrap();
+        let e = rule_with_maps(TableFamily::Ip, text, &|_| Some(Some(6)), &|_| false).unwrap();
         assert_eq!(e[1], Expr::Cmp { sreg: NFT_REG_1, op: NFT_CMP_EQ, data: vec![6] });
         // An unknown map is refused, not guessed.
         assert!(rule(TableFamily::Ip, text).is_err());
         // After other statements nft is irregular (none after a prefix match): refused.
-        assert!(rule_with_maps(TableFamily::Ip, &format!("ip daddr 10.0.0.0/9 {text}"), &|_| Some(Some(6))).is_err());
-        assert!(rule_with_maps(TableFamily::Ip, &format!("ip daddr 10.0.0.0/9 {text}"), &|_| Some(None)).is_ok());
+        assert!(
+            rule_with_maps(TableFamily::Ip, &format!("ip daddr 10.0.0.0/9 {text}"), &|_| Some(Some(6)), &|_| false)
+                .is_err()
+        );
+        assert!(
+            rule_with_maps(TableFamily::Ip, &format!("ip daddr 10.0.0.0/9 {text}"), &|_| Some(None), &|_| false)
+                .is_ok()
+        );
     }
 
     #[test]
     fn an_explicit_protocol_match_is_the_dependency() {
         let text = "meta l4proto udp dnat ip to meta l4proto . th dport . numgen random mod 4 map @m";
-        let udp = rule_with_maps(TableFamily::Ip, text, &|_| Some(Some(17))).unwrap();
+        let udp = rule_with_maps(TableFamily::Ip, text, &|_| Some(Some(17)), &|_| false).unwrap();
         let l4proto_loads = udp.iter().filter(|e| matches!(e, Expr::Meta { key: NFT_META_L4PROTO, .. })).count();
         assert_eq!(l4proto_loads, 2, "{udp:?}");
         // The same whatever the map's data, so a map declared elsewhere (unknown) is fine.
-        assert_eq!(rule_with_maps(TableFamily::Ip, text, &|_| Some(None)).unwrap(), udp);
+        assert_eq!(rule_with_maps(TableFamily::Ip, text, &|_| Some(None), &|_| false).unwrap(), udp);
         assert_eq!(rule(TableFamily::Ip, text).unwrap(), udp);
         // Later matches count too; a protocol other than the data's is refused, as by nft.
         let later = "ip daddr 10.0.0.1 meta l4proto udp dnat ip to th dport . numgen random mod 4 map @m";
         assert_eq!(rule(TableFamily::Ip, later).unwrap()[3], Expr::Cmp { sreg: 1, op: NFT_CMP_EQ, data: vec![17] });
-        assert!(rule_with_maps(TableFamily::Ip, text, &|_| Some(Some(6))).is_err());
+        assert!(rule_with_maps(TableFamily::Ip, text, &|_| Some(Some(6)), &|_| false).is_err());
         let both = format!("meta l4proto tcp {text}");
-        assert!(rule_with_maps(TableFamily::Ip, &both, &|_| Some(Some(17))).is_err());
+        assert!(rule_with_maps(TableFamily::Ip, &both, &|_| Some(Some(17)), &|_| false).is_err());
         // `!=` is no dependency (nft adds its own match after it; refused as above).
         let neq = "meta l4proto != udp dnat ip to meta l4proto . th dport . numgen random mod 4 map @m";
-        assert!(rule_with_maps(TableFamily::Ip, neq, &|_| Some(Some(6))).is_err());
+        assert!(rule_with_maps(TableFamily::Ip, neq, &|_| Some(Some(6)), &|_| false).is_err());
         assert!(rule(TableFamily::Ip, neq).is_err());
     }
 

@@ -66,6 +66,12 @@ pub const NFTA_SET_ID: u16 = 10;
 pub const NFTA_SET_TIMEOUT: u16 = 11;
 pub const NFTA_SET_USERDATA: u16 = 13;
 pub const NFTA_SET_DESC_SIZE: u16 = 1;
+/// `NFTA_SET_DESC_CONCAT`: the field lengths of a concatenation with ranges.
+pub const NFTA_SET_DESC_CONCAT: u16 = 2;
+/// `NFTA_SET_FIELD_LEN`.
+pub const NFTA_SET_FIELD_LEN: u16 = 1;
+/// `NFTA_SET_ELEM_KEY_END`: the inclusive end of a concatenated range.
+pub const NFTA_SET_ELEM_KEY_END: u16 = 10;
 
 // libnftnl's `enum nftnl_udata_set_types` (set user data, read back by `nft list`).
 pub const NFTNL_UDATA_SET_KEYBYTEORDER: u8 = 0;
@@ -76,6 +82,8 @@ pub const NFTNL_UDATA_SET_DATA_INTERVAL: u8 = 6;
 pub const NFTNL_UDATA_SET_COMMENT: u8 = 7;
 
 pub const NFT_SET_INTERVAL: u32 = 0x4;
+/// `NFT_SET_CONCAT`: ranges in a concatenation (the pipapo backend).
+pub const NFT_SET_CONCAT: u32 = 0x80;
 pub const NFT_SET_MAP: u32 = 0x8;
 pub const NFT_SET_TIMEOUT: u32 = 0x10;
 pub const NFT_SET_EVAL: u32 = 0x20;
@@ -183,3 +191,16 @@ pub const NFTA_DYNSET_SET_ID: u16 = 2;
 pub const NFTA_DYNSET_OP: u16 = 3;
 pub const NFTA_DYNSET_SREG_KEY: u16 = 4;
 pub const NFT_DYNSET_OP_UPDATE: u32 = 1;
+
+/// `NFTA_BYTEORDER_SREG`.
+pub const NFTA_BYTEORDER_SREG: u16 = 1;
+/// `NFTA_BYTEORDER_DREG`.
+pub const NFTA_BYTEORDER_DREG: u16 = 2;
+/// `NFTA_BYTEORDER_OP`.
+pub const NFTA_BYTEORDER_OP: u16 = 3;
+/// `NFTA_BYTEORDER_LEN`.
+pub const NFTA_BYTEORDER_LEN: u16 = 4;
+/// `NFTA_BYTEORDER_SIZE`.
+pub const NFTA_BYTEORDER_SIZE: u16 = 5;
+/// `NFT_BYTEORDER_HTON`.
+pub const NFT_BYTEORDER_HTON: u32 = 1;

@@ -226,3 +226,40 @@ fn a_contested_destination_belongs_to_the_first_claimant_and_passes_on_when_it_g
         "{tx}"
     );
 }
+
+#[test]
+fn source_ranges_go_in_as_disjoint_ranges_of_the_shared_firewall_set() {
+    let objects = vec![
+        common::node(),
+        common::service(
+            "default",
+            "lb",
+            json!({"type": "LoadBalancer", "clusterIP": "198.18.128.70", "ports": [{"name": "p", "port": 80, "nodePort": 30070}],
+                   "loadBalancerSourceRanges": ["198.51.100.0/24", "198.51.100.128/25", "198.18.0.0/16"]}),
+            json!({"loadBalancer": {"ingress": [{"ip": "203.0.113.70"}]}}),
+        ),
+        common::slice(
+            "default",
+            "lb",
+            "1",
+            "IPv4",
+            json!([{"name": "p", "port": 8080}]),
+            json!([common::ep("198.18.17.70", "node-b")]),
+        ),
+    ];
+    let plan = common::planner().build(&common::state(objects));
+    let tx = dataplane().render_initial(&plan).render();
+    let allowed: Vec<&str> = tx.lines().filter(|l| l.starts_with("add element ip kproxy firewall-allow")).collect();
+    // The /25 lies inside the /24 (the kernel would ignore it, and then refuse to delete it); the
+    // node's own address is in a range, so the LB IP is allowed as a source too.
+    assert_eq!(
+        allowed,
+        [
+            "add element ip kproxy firewall-allow { 203.0.113.70 . tcp . 80 . 198.18.0.0/16 }",
+            "add element ip kproxy firewall-allow { 203.0.113.70 . tcp . 80 . 198.51.100.0/24 }",
+            "add element ip kproxy firewall-allow { 203.0.113.70 . tcp . 80 . 203.0.113.70/32 }",
+        ]
+    );
+    assert!(tx.contains("add element ip kproxy firewall-dests { 203.0.113.70 . tcp . 80 }"), "{tx}");
+    assert!(!tx.lines().any(|l| l.starts_with("add chain") && l.contains("default/lb/")), "no chain of its own: {tx}");
+}

@@ -4,33 +4,30 @@
 //! A service port is mostly elements: its destinations in the dispatch maps point at chains
 //! shared by every service port with the same traffic policies ([`shared_chains`]:
 //! `service-<class>[-masquerade…]` for ClusterIP traffic, `external-*` for externalTrafficPolicy),
-//! which end in the endpoint pick of [`super::pick`]. Every nf_tables commit walks every chain of
-//! the table, so chains per service would make every sync cost grow with the cluster.
+//! which end in the endpoint pick of [`super::pick`]; loadBalancerSourceRanges are elements of
+//! the shared `firewall-dests` / `firewall-allow` sets. Every nf_tables commit walks every chain
+//! of the table, so chains per service would make every sync cost grow with the cluster.
 //!
-//! Chains of its own: `firewall-*` for loadBalancerSourceRanges, and with ClientIP affinity
-//! `service-*` / `local-*` / `external-*`. Affinity needs to know which endpoint was picked, so
-//! those services keep a cascade of `dnat` rules, one per endpoint (and an endpoint change there
-//! is a rule change, which costs the kernel a validation of the table). Each has one dynamic
-//! `affinity-*` set with the service's timeout, keyed by client and a stable endpoint id (a hash
-//! of the endpoint's address and port), where upstream has a set per endpoint: the kernel finds
-//! a set by walking the table's list of sets by name, so a set per endpoint made creating and
-//! referencing them quadratic. A removed endpoint's entries are never looked up again and expire.
-//! A single shared map
-//! keyed by client, service and endpoint would avoid them, but `nft` 1.0.6 can express neither a
-//! lookup whose key concatenates packet fields with constants, nor (for IPv6) a dynamic map
-//! update with a concatenated key; and a shared map keyed by the service address could not be
-//! purged of one removed endpoint without dumping it, so sticky clients would keep going to a
-//! dead endpoint until the timeout. A netlink-native executor can build the shared-set form.
+//! Only ClientIP affinity has chains of its own (`service-*` / `local-*` / `external-*`):
+//! affinity must know which endpoint was picked, so those services keep a cascade of `dnat`
+//! rules, one per endpoint, and an endpoint change there is a rule change (which costs the kernel
+//! a validation of the table). Each has one dynamic `affinity-*` set with the service's timeout,
+//! keyed by client and a stable endpoint id (a hash of the endpoint's address and port), where
+//! upstream has a set per endpoint: the kernel finds a set by walking the table's list of sets
+//! by name, so a set per endpoint made creating and referencing them quadratic. A removed
+//! endpoint's entries are never looked up again and expire. Shared affinity chains would need a
+//! map lookup as the data of a dynamic-set update, which nft 1.0.6 cannot express.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
+use ipnet::IpNet;
 use kproxy_plan::{Endpoint, ExternalPolicy, MasqueradeWhen, NoEndpointsVerdict, NodePlan, ServicePortPlan};
 
 use super::pick::{self, Class};
 use super::skeleton::{
-    CLUSTER_IPS, FIREWALL_IPS, HAIRPIN, MARK_FOR_MASQUERADE, NO_ENDPOINT_NODEPORTS, NO_ENDPOINT_SERVICES, REJECT_CHAIN,
-    SERVICE_IPS, SERVICE_NODEPORTS,
+    CLUSTER_IPS, FIREWALL_ALLOW, FIREWALL_DESTS, HAIRPIN, MARK_FOR_MASQUERADE, NO_ENDPOINT_NODEPORTS,
+    NO_ENDPOINT_SERVICES, REJECT_CHAIN, SERVICE_IPS, SERVICE_NODEPORTS,
 };
 use super::{Ctx, Destination, addr_port, local_match};
 use crate::naming;
@@ -159,7 +156,6 @@ pub fn shared_chains(ctx: &Ctx, node: &NodePlan) -> Vec<(Chain, Vec<String>)> {
 
 /// Renders one service port.
 pub fn render(ctx: &Ctx, node: &NodePlan, p: &ServicePortPlan) -> ServiceObjects {
-    let ip = ctx.ip();
     let mut out = ServiceObjects::default();
     let internal_class = if p.internal.local { Class::Local } else { Class::Cluster };
 
@@ -222,16 +218,24 @@ pub fn render(ctx: &Ctx, node: &NodePlan, p: &ServicePortPlan) -> ServiceObjects
             }
         }
         if !p.source_ranges.is_empty() && !p.load_balancer_ips.is_empty() {
-            let fw_chain = naming::chain("firewall", &p.name);
-            let mut rules: Vec<String> = p.source_ranges.iter().map(|r| format!("{ip} saddr {r} return")).collect();
+            let mut allowed: Vec<IpNet> = p.source_ranges.clone();
             // Traffic from the node to its own LB IP may carry the LB IP as source.
             if node.node_ip.is_some_and(|n| p.source_ranges.iter().any(|r| r.contains(&n))) {
-                rules.extend(p.load_balancer_ips.iter().map(|lb| format!("{ip} saddr {lb} return")));
+                allowed.extend(p.load_balancer_ips.iter().map(|lb| IpNet::from(*lb)));
             }
-            rules.push("drop".to_owned());
-            out.chains.insert(fw_chain.clone(), rules);
+            // The kernel ignores a range inside another one (and could not delete it later):
+            // only disjoint ranges go in.
+            let allowed: Vec<String> = IpNet::aggregate(&allowed).iter().map(ToString::to_string).collect();
             for lb in &p.load_balancer_ips {
-                out.claim(dest(lb), FIREWALL_IPS, Some(format!("goto {fw_chain}")));
+                let d = dest(lb);
+                out.claim(d, FIREWALL_DESTS, None);
+                let key = d.key();
+                let ranges = allowed.iter().map(|r| Element {
+                    set: FIREWALL_ALLOW.to_owned(),
+                    key: format!("{key} . {r}"),
+                    value: None,
+                });
+                out.destinations.entry(d).or_default().extend(ranges);
             }
         }
     }

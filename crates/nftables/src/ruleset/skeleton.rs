@@ -22,8 +22,10 @@ pub const SERVICE_NODEPORTS: &str = "service-nodeports";
 pub const NO_ENDPOINT_SERVICES: &str = "no-endpoint-services";
 /// `proto . port : verdict` for node ports without endpoints.
 pub const NO_ENDPOINT_NODEPORTS: &str = "no-endpoint-nodeports";
-/// `addr . proto . port : verdict` for destinations subject to loadBalancerSourceRanges.
-pub const FIREWALL_IPS: &str = "firewall-ips";
+/// `addr . proto . port` of destinations subject to loadBalancerSourceRanges.
+pub const FIREWALL_DESTS: &str = "firewall-dests";
+/// `addr . proto . port . source range` (concatenated ranges): the sources each of them allows.
+pub const FIREWALL_ALLOW: &str = "firewall-allow";
 
 /// Regular chain the service maps hang off.
 pub const SERVICES: &str = "services";
@@ -124,7 +126,10 @@ pub fn render(ctx: &Ctx, node: &NodePlan) -> Skeleton {
             vec![format!("{new} jump service-endpoints-check"), format!("{new} jump cluster-ips-check")],
         ),
         (base("nat-postrouting", hook("nat", "postrouting", "100")), vec!["jump masquerading".to_owned()]),
-        (base("firewall-check", None), vec![format!("{dest} vmap @{FIREWALL_IPS}")]),
+        (
+            base("firewall-check", None),
+            vec![format!("{dest} @{FIREWALL_DESTS} {dest} . {ip} saddr != @{FIREWALL_ALLOW} drop")],
+        ),
         (
             base(SERVICES, None),
             vec![
@@ -179,11 +184,18 @@ pub fn render(ctx: &Ctx, node: &NodePlan) -> Skeleton {
             "vmap to drop or reject packets to service nodeports with no endpoints",
         ),
         set(
-            FIREWALL_IPS,
-            dest_key,
-            Some("verdict"),
+            FIREWALL_DESTS,
+            dest_key.clone(),
+            None,
             vec![],
             "destinations that are subject to LoadBalancerSourceRanges",
+        ),
+        set(
+            FIREWALL_ALLOW,
+            format!("{dest_key} . {a}"),
+            None,
+            vec!["interval"],
+            "the source ranges each of them allows",
         ),
     ];
     sets.extend(pick_sets);
