@@ -279,16 +279,20 @@ pub struct ElementKey {
 pub fn element_key(text: &str) -> Result<ElementKey, ParseError> {
     let err = |w: &str| ParseError { what: w.to_owned(), text: text.to_owned() };
     let fields: Vec<&str> = text.split(" . ").map(str::trim).collect();
+    // `addr/len`: the range's first address and the prefix length.
+    let prefix = |f: &str, addr: &str, len: &str| -> Result<(Vec<u8>, u32), ParseError> {
+        let addr: IpAddr = addr.parse().map_err(|_| err(addr))?;
+        let len: u32 = len.parse().map_err(|_| err(len))?;
+        let bytes = addr_bytes(addr);
+        if len > bytes.len() as u32 * 8 {
+            return Err(err(f));
+        }
+        Ok((masked(&bytes, len), len))
+    };
     if let [one] = fields.as_slice()
         && let Some((addr, len)) = one.split_once('/')
     {
-        let addr: IpAddr = addr.parse().map_err(|_| err(addr))?;
-        let len: u32 = len.parse().map_err(|_| err(len))?;
-        let start = addr_bytes(addr);
-        if len > start.len() as u32 * 8 {
-            return Err(err(one));
-        }
-        let start = masked(&start, len);
+        let (start, len) = prefix(one, addr, len)?;
         return Ok(ElementKey { interval_end: Some(range_end(&start, len)), start, key_end: None });
     }
     let concat = fields.len() > 1;
@@ -296,13 +300,7 @@ pub fn element_key(text: &str) -> Result<ElementKey, ParseError> {
     let mut key_end = None;
     for (i, f) in fields.iter().enumerate() {
         if let Some((addr, len)) = f.split_once('/').filter(|_| concat && i + 1 == fields.len()) {
-            let addr: IpAddr = addr.parse().map_err(|_| err(addr))?;
-            let len: u32 = len.parse().map_err(|_| err(len))?;
-            let bytes = addr_bytes(addr);
-            if len > bytes.len() as u32 * 8 {
-                return Err(err(f));
-            }
-            let first = masked(&bytes, len);
+            let (first, len) = prefix(f, addr, len)?;
             let last: Vec<u8> = first.iter().zip(prefix_mask(first.len(), len)).map(|(a, m)| a | !m).collect();
             let mut end = key.clone();
             end.extend_from_slice(&last);
