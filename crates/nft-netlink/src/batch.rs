@@ -5,7 +5,7 @@
 //! the operation the kernel complained about. Sets created in the batch get an id that later
 //! references in the same batch carry, as `nft` does.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use kproxy_nftables::transaction::{Chain, Element, Op, SetDef, TableFamily, TableRef, Transaction};
 
@@ -121,7 +121,7 @@ struct Encoder {
     /// Interval elements each set gets in this batch.
     intervals: HashMap<(TableRef, String), Vec<String>>,
     /// Sets of concatenated ranges created in this batch.
-    range_sets: std::collections::HashSet<(TableRef, String)>,
+    range_sets: HashSet<(TableRef, String)>,
 }
 
 impl Encoder {
@@ -419,7 +419,7 @@ impl Batch {
             next_set_id: 0,
             index: 0,
             intervals: HashMap::new(),
-            range_sets: std::collections::HashSet::new(),
+            range_sets: HashSet::new(),
             map_deps: HashMap::new(),
         };
         for op in tx.ops() {

@@ -182,16 +182,7 @@ pub struct Typeof(pub Vec<TypeofExpr>);
 impl Typeof {
     /// Parses `ip daddr . meta l4proto . th dport . numgen random mod 2` for a table of `family`.
     pub fn parse(family: TableFamily, text: &str) -> Result<Self, ParseError> {
-        let mut p = Parser {
-            toks: text.split_whitespace().collect(),
-            pos: 0,
-            text,
-            family,
-            out: Vec::new(),
-            maps: &|_| None,
-            l4protos: vec![],
-            ranges: &|_| false,
-        };
+        let mut p = Parser::new(family, text, &|_| None, &|_| false);
         let mut exprs = Vec::new();
         for item in p.concat()? {
             exprs.push(match item {
@@ -499,16 +490,7 @@ pub fn rule_with_maps<'a>(
     maps: MapDependency<'a>,
     ranges: &'a dyn Fn(&str) -> bool,
 ) -> Result<Vec<Expr>, ParseError> {
-    let mut p = Parser {
-        toks: text.split_whitespace().collect(),
-        pos: 0,
-        text,
-        family,
-        out: Vec::new(),
-        maps,
-        l4protos: vec![],
-        ranges,
-    };
+    let mut p = Parser::new(family, text, maps, ranges);
     while p.pos < p.toks.len() {
         p.statement()?;
     }
@@ -516,6 +498,19 @@ pub fn rule_with_maps<'a>(
 }
 
 impl<'a> Parser<'a> {
+    fn new(family: TableFamily, text: &'a str, maps: MapDependency<'a>, ranges: &'a dyn Fn(&str) -> bool) -> Self {
+        Parser {
+            toks: text.split_whitespace().collect(),
+            pos: 0,
+            text,
+            family,
+            out: Vec::new(),
+            maps,
+            l4protos: vec![],
+            ranges,
+        }
+    }
+
     fn err(&self, what: &str) -> ParseError {
         ParseError { what: what.to_owned(), text: self.text.to_owned() }
     }
@@ -760,11 +755,20 @@ impl<'a> Parser<'a> {
 
     /// Loads a concatenation into consecutive registers from register 1 on, as nft does.
     fn load_concat(&mut self, items: &[Item]) -> Result<(), ParseError> {
+        self.load_key(items, false)
+    }
+
+    /// Loads a lookup key; for a set of concatenated ranges (`ranges`) nft converts the
+    /// host-order fields (`meta l4proto`) to network order after loading them.
+    fn load_key(&mut self, items: &[Item], ranges: bool) -> Result<(), ParseError> {
         let mut unit = 0;
         for item in items {
             match *item {
                 Item::Sel(s) => {
                     self.out.push(s.load(register(unit), s.len()));
+                    if ranges && s == Sel::L4Proto {
+                        self.out.push(Expr::ByteorderHton { reg: register(unit), len: 1, size: 2 });
+                    }
                     unit += s.len().div_ceil(4);
                 }
                 Item::Numgen(modulus, offset) => {
@@ -901,26 +905,8 @@ impl<'a> Parser<'a> {
                 return Err(self.err("!= vmap"));
             }
             let set = self.set_ref()?;
-            self.load_concat(&items)?;
-            if (self.ranges)(&set) && items.len() > 1 {
-                // nft converts host-order fields of a key for a set of concatenated ranges.
-                let mut unit = 0;
-                for item in &items {
-                    if let Item::Sel(s) = item {
-                        if *s == Sel::L4Proto {
-                            let at = self.out.iter().rposition(
-                                |e| matches!(e, Expr::Meta { key: NFT_META_L4PROTO, dreg } if *dreg == register(unit)),
-                            );
-                            if let Some(at) = at {
-                                self.out.insert(at + 1, Expr::ByteorderHton { reg: register(unit), len: 1, size: 2 });
-                            }
-                        }
-                        unit += s.len().div_ceil(4);
-                    } else {
-                        unit += 1;
-                    }
-                }
-            }
+            let ranges = items.len() > 1 && (self.ranges)(&set);
+            self.load_key(&items, ranges)?;
             self.out.push(Expr::Lookup { sreg: NFT_REG_1, set, set_id: None, dreg, invert: negate });
             return Ok(());
         }
