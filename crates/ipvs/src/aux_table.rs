@@ -65,16 +65,7 @@ pub const FIREWALL_ALLOW: &str = "firewall-allow";
 pub use kproxy_nftables::ruleset::skeleton::{NO_ENDPOINT_NODEPORTS, NO_ENDPOINT_SERVICES, REJECT_CHAIN, Skeleton};
 
 fn set(name: &str, key: String, data: Option<&str>, flags: Vec<&'static str>) -> SetDef {
-    SetDef {
-        name: name.to_owned(),
-        key_type: key,
-        data_type: data.map(str::to_owned),
-        by_typeof: false,
-        flags,
-        timeout: None,
-        size: None,
-        comment: None,
-    }
+    SetDef { data_type: data.map(str::to_owned), flags, ..SetDef::new(name, key) }
 }
 
 /// What the node's exempt (KEP-6246) traffic with a VIP as source gets instead of "not

@@ -56,16 +56,7 @@ fn op(line: &str) -> Op {
             Op::AddRule { table: t, chain: w[4].to_owned(), rule: line[prefix.len()..].to_owned() }
         }
         ("add", "set" | "map") => {
-            let mut def = SetDef {
-                name: w[4].to_owned(),
-                key_type: String::new(),
-                data_type: None,
-                by_typeof: false,
-                flags: vec![],
-                timeout: None,
-                size: None,
-                comment: None,
-            };
+            let mut def = SetDef::new(w[4], "");
             for item in block(line) {
                 let (k, v) = item.split_once(' ').unwrap();
                 def.by_typeof |= k == "typeof";

@@ -214,14 +214,10 @@ fn pick_skeleton(tx: &mut Transaction, v6: bool) {
         Op::AddSet(
             t.clone(),
             SetDef {
-                name: name.into(),
-                key_type: key,
                 data_type: Some(format!("{ip} daddr . {port} dport")),
                 by_typeof: true,
-                flags: vec![],
-                timeout: None,
-                size: None,
                 comment: comment.map(str::to_owned),
+                ..SetDef::new(name, key)
             },
         )
     };
@@ -241,21 +237,7 @@ fn pick_skeleton(tx: &mut Transaction, v6: bool) {
     }
     let addr = if v6 { "ipv6_addr" } else { "ipv4_addr" };
     for c in CAPS {
-        let set = |name: String, key: String| {
-            Op::AddSet(
-                t.clone(),
-                SetDef {
-                    name,
-                    key_type: key,
-                    data_type: None,
-                    by_typeof: false,
-                    flags: vec![],
-                    timeout: None,
-                    size: None,
-                    comment: None,
-                },
-            )
-        };
+        let set = |name: String, key: String| Op::AddSet(t.clone(), SetDef::new(name, key));
         tx.push(set(format!("cluster-cap-{c}"), format!("{addr} . inet_proto . inet_service")));
         tx.push(set(format!("cluster-nodeport-cap-{c}"), "inet_proto . inet_service".into()));
         tx.push(chain(format!("pick-cluster-{c}")));

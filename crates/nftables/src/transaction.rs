@@ -90,6 +90,21 @@ pub struct SetDef {
 }
 
 impl SetDef {
+    /// A plain set of `key_type` (no data, flags, timeout, size or comment); the other fields
+    /// are set with struct update syntax.
+    pub fn new(name: impl Into<String>, key_type: impl Into<String>) -> Self {
+        SetDef {
+            name: name.into(),
+            key_type: key_type.into(),
+            data_type: None,
+            by_typeof: false,
+            flags: vec![],
+            timeout: None,
+            size: None,
+            comment: None,
+        }
+    }
+
     /// Whether this is a map.
     pub fn is_map(&self) -> bool {
         self.data_type.is_some()

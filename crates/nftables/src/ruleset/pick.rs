@@ -127,16 +127,12 @@ pub fn skeleton(ctx: &Ctx) -> (Vec<(Chain, Vec<String>)>, Vec<SetDef>) {
             for proto in PROTOCOLS {
                 let p = proto.as_str();
                 sets.push(SetDef {
-                    name: endpoints_map(class, ks, proto),
-                    key_type: format!("{sel} . numgen random mod 2"),
                     // The data is `address . port`, named by the protocol's own port field:
                     // with `th dport` nft 1.0.6 could not reload the ruleset.
                     data_type: Some(format!("{ip} daddr . {p} dport")),
                     by_typeof: true,
-                    flags: vec![],
-                    timeout: None,
-                    size: None,
                     comment: Some(format!("{} {p} endpoints by destination and slot", class.name())),
+                    ..SetDef::new(endpoints_map(class, ks, proto), format!("{sel} . numgen random mod 2"))
                 });
             }
             for cap in caps() {
@@ -158,16 +154,7 @@ pub fn skeleton(ctx: &Ctx) -> (Vec<(Chain, Vec<String>)>, Vec<SetDef>) {
                     rules.push(draw(proto, 1));
                 }
                 chains.push((Chain { name: cap_chain(class, ks, cap), hook: None }, rules));
-                sets.push(SetDef {
-                    name: set,
-                    key_type: ks.key_type(ctx),
-                    data_type: None,
-                    by_typeof: false,
-                    flags: vec![],
-                    timeout: None,
-                    size: None,
-                    comment: None,
-                });
+                sets.push(SetDef::new(set, ks.key_type(ctx)));
             }
         }
         chains.push((Chain { name: class.chain(), hook: None }, entry));

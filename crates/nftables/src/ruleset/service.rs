@@ -267,14 +267,10 @@ fn affinity_dispatch(
     sets.insert(
         set.clone(),
         SetDef {
-            name: set.clone(),
-            key_type: format!("{ip} saddr . numgen random mod 2"),
-            data_type: None,
             by_typeof: true,
             flags: vec!["dynamic", "timeout"],
             timeout: Some(timeout),
-            size: None,
-            comment: None,
+            ..SetDef::new(&set, format!("{ip} saddr . numgen random mod 2"))
         },
     );
     // `client . endpoint id`: the id is written as a constant-valued numgen, the one way nft

@@ -50,16 +50,7 @@ fn hook(kind: &'static str, hook: &'static str, priority: &'static str) -> Optio
 }
 
 fn set(name: &str, key: String, data: Option<&str>, flags: Vec<&'static str>, comment: &str) -> SetDef {
-    SetDef {
-        name: name.to_owned(),
-        key_type: key,
-        data_type: data.map(str::to_owned),
-        by_typeof: false,
-        flags,
-        timeout: None,
-        size: None,
-        comment: Some(comment.to_owned()),
-    }
+    SetDef { data_type: data.map(str::to_owned), flags, comment: Some(comment.to_owned()), ..SetDef::new(name, key) }
 }
 
 /// KEP-6246: marked packets from the node or its local pods to a no-masquerade destination
