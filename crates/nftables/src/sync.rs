@@ -237,11 +237,7 @@ impl<F: FnMut(Transaction, usize) -> Result<(), ExecError>> Stream<F> {
         let tx = std::mem::take(&mut self.tx);
         let counts = tx.counts();
         self.report.ops += tx.len();
-        self.report.counts.tables += counts.tables;
-        self.report.counts.chains += counts.chains;
-        self.report.counts.rules += counts.rules;
-        self.report.counts.sets += counts.sets;
-        self.report.counts.elements += counts.elements;
+        self.report.counts += counts;
         self.parts += 1;
         if let Err(e) = (self.apply)(tx, self.parts) {
             self.failed = Some(e);
@@ -287,12 +283,7 @@ impl<E: Executor> NftablesDataplane<E> {
     /// prints.
     pub fn render_initial(&self, plan: &Plan) -> Transaction {
         let mut whole = Transaction::new();
-        let mut stream = Stream::new(usize::MAX, |tx: Transaction, _| {
-            tx.into_ops().into_iter().for_each(|op| whole.push(op));
-            Ok(())
-        });
-        cold_start(&self.config, plan, &mut |op| stream.push(op));
-        let _ = stream.finish();
+        cold_start(&self.config, plan, &mut |op| whole.push(op));
         whole
     }
 

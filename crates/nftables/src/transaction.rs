@@ -196,6 +196,16 @@ pub struct OpCounts {
     pub elements: usize,
 }
 
+impl std::ops::AddAssign for OpCounts {
+    fn add_assign(&mut self, o: OpCounts) {
+        self.tables += o.tables;
+        self.chains += o.chains;
+        self.rules += o.rules;
+        self.sets += o.sets;
+        self.elements += o.elements;
+    }
+}
+
 /// An ordered batch of operations applied atomically.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Transaction {
