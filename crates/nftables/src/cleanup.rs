@@ -1,7 +1,6 @@
 //! `kproxy --cleanup`: remove kproxy's tables and nothing else.
 
-use crate::exec::{ExecError, Executor};
-use crate::transaction::{Op, TableFamily, TableRef, Transaction};
+use kproxy_nft_model::{ExecError, Executor, Op, TableFamily, TableRef, Transaction};
 
 /// The transaction that removes table `name` in both families, whether or not they exist
 /// (`add` then `delete` makes the delete idempotent on every nft version).

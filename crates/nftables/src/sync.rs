@@ -19,10 +19,10 @@ use std::sync::Arc;
 use kproxy_plan::{NodePlan, Plan, PlanDelta, ServicePortName, ServicePortPlan};
 use kproxy_state::IpFamily;
 
-use crate::exec::{ExecError, Executor};
+use kproxy_nft_model::{Chain, Element, ExecError, Executor, Op, OpCounts, Rule, SetDef, TableRef, Transaction};
+
 use crate::ruleset::service::{self, ServiceObjects, Shared};
 use crate::ruleset::{Ctx, DEFAULT_MASQUERADE_MARK, Destination, TABLE_NAME, skeleton};
-use crate::transaction::{Chain, Element, Op, OpCounts, SetDef, TableRef, Transaction};
 
 /// Dataplane settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -167,7 +167,7 @@ struct Batch {
     flush_sets: Vec<(String, bool)>,
     delete_sets: Vec<(String, bool)>,
     add_sets: Vec<SetDef>,
-    rules: Vec<(String, Vec<String>)>,
+    rules: Vec<(String, Vec<Rule>)>,
     add_elements: Vec<Element>,
 }
 

@@ -7,21 +7,16 @@ mod common;
 
 use std::collections::BTreeSet;
 
-use kproxy_nftables::transaction::Op;
+use kproxy_nft_model::{Element, MapData, Op};
 use kproxy_nftables::{Config, NftablesDataplane, Recording};
 
 /// The chains and sets an operation refers to (`goto`/`jump` targets, `@set` lookups).
 fn references(op: &Op) -> Vec<String> {
-    let text = match op {
-        Op::AddRule { rule, .. } => rule.clone(),
-        Op::AddElement(_, e) => e.value.clone().unwrap_or_default(),
-        _ => return Vec::new(),
-    };
-    let words: Vec<&str> = text.split_whitespace().collect();
-    let mut out: Vec<String> =
-        words.windows(2).filter(|w| w[0] == "goto" || w[0] == "jump").map(|w| w[1].to_owned()).collect();
-    out.extend(words.iter().filter_map(|w| w.strip_prefix('@')).map(str::to_owned));
-    out
+    match op {
+        Op::AddRule { rule, .. } => rule.references().map(str::to_owned).collect(),
+        Op::AddElement(_, Element { value: Some(MapData::Verdict(v)), .. }) => v.chain().into_iter().map(str::to_owned).collect(),
+        _ => Vec::new(),
+    }
 }
 
 #[test]

@@ -7,7 +7,7 @@ mod common;
 
 use std::collections::BTreeMap;
 
-use kproxy_nftables::transaction::Op;
+use kproxy_nft_model::{Key, MapData, Op, Rule};
 use kproxy_nftables::{Config, NftablesDataplane, Recording, Transaction};
 use kproxy_plan::{Plan, PlanDelta};
 use proptest::prelude::*;
@@ -15,8 +15,8 @@ use serde_json::json;
 
 #[derive(Debug, Default, PartialEq, Eq)]
 struct Table {
-    chains: BTreeMap<String, Vec<String>>,
-    sets: BTreeMap<String, BTreeMap<String, Option<String>>>,
+    chains: BTreeMap<String, Vec<Rule>>,
+    sets: BTreeMap<String, BTreeMap<Key, Option<MapData>>>,
 }
 
 #[derive(Debug, Default, PartialEq, Eq)]

@@ -12,12 +12,12 @@ pub mod pick;
 pub mod service;
 pub mod skeleton;
 
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr};
 
+use ipnet::{IpNet, Ipv4Net};
+use kproxy_nft_model::{CmpOp, DataType, Field, Key, Stmt, TableRef, Value};
 use kproxy_plan::LocalTraffic;
 use kproxy_state::{IpFamily, Protocol};
-
-use crate::transaction::{TableFamily, TableRef};
 
 /// Default table name, in both families.
 pub const TABLE_NAME: &str = "kproxy";
@@ -39,37 +39,40 @@ pub struct Ctx {
 impl Ctx {
     /// The context for `family`, table `name`.
     pub fn new(family: IpFamily, name: &str, mark: u32) -> Self {
-        let tf = match family {
-            IpFamily::V4 => TableFamily::Ip,
-            IpFamily::V6 => TableFamily::Ip6,
-        };
-        Self { family, table: TableRef { family: tf, name: name.to_owned() }, mark }
+        Self { family, table: TableRef { family: family.into(), name: name.to_owned() }, mark }
     }
 
-    /// The payload keyword: `ip` or `ip6`.
-    pub fn ip(&self) -> &'static str {
-        self.table.family.as_str()
+    /// `ip saddr` / `ip6 saddr`.
+    pub fn saddr(&self) -> Field {
+        Field::Saddr(self.family)
+    }
+
+    /// `ip daddr` / `ip6 daddr`.
+    pub fn daddr(&self) -> Field {
+        Field::Daddr(self.family)
+    }
+
+    /// `daddr . meta l4proto . th dport`: what a service destination is keyed by.
+    pub fn destination(&self) -> Vec<Field> {
+        vec![self.daddr(), Field::L4Proto, Field::ThDport]
     }
 
     /// The address datatype.
-    pub fn addr_type(&self) -> &'static str {
-        match self.family {
-            IpFamily::V4 => "ipv4_addr",
-            IpFamily::V6 => "ipv6_addr",
-        }
+    pub fn addr_type(&self) -> DataType {
+        DataType::addr(self.family)
     }
 
     /// The loopback network NodePorts never listen on unless asked.
-    pub fn loopback(&self) -> &'static str {
+    pub fn loopback(&self) -> Value {
         match self.family {
-            IpFamily::V4 => "127.0.0.0/8",
-            IpFamily::V6 => "::1",
+            IpFamily::V4 => Value::Prefix(IpNet::V4(Ipv4Net::new_assert(Ipv4Addr::new(127, 0, 0, 0), 8))),
+            IpFamily::V6 => Value::Addr(IpAddr::V6(std::net::Ipv6Addr::LOCALHOST)),
         }
     }
 
     /// `mark set mark or M`.
-    pub fn mark_rule(&self) -> String {
-        format!("mark set mark or {:#x}", self.mark)
+    pub fn mark_rule(&self) -> Stmt {
+        Stmt::MarkOr(self.mark)
     }
 }
 
@@ -86,29 +89,30 @@ pub enum Destination {
 
 impl Destination {
     /// The element key: `addr . proto . port` or `proto . port`.
-    pub fn key(&self) -> String {
-        match self {
-            Destination::Address(a, p, port) => format!("{a} . {} . {port}", p.as_str()),
-            Destination::NodePort(p, port) => format!("{} . {port}", p.as_str()),
+    pub fn key(&self) -> Key {
+        Key(self.values())
+    }
+
+    /// The key's values, to extend.
+    pub fn values(&self) -> Vec<Value> {
+        match *self {
+            Destination::Address(a, p, port) => vec![Value::Addr(a), Value::Proto(p), Value::Port(port)],
+            Destination::NodePort(p, port) => vec![Value::Proto(p), Value::Port(port)],
         }
     }
 }
 
-/// `dnat to` target: IPv6 addresses need brackets before a port.
-pub fn addr_port(ip: IpAddr, port: u16) -> String {
-    match ip {
-        IpAddr::V4(v4) => format!("{v4}:{port}"),
-        IpAddr::V6(v6) => format!("[{v6}]:{port}"),
-    }
-}
-
 /// The match for "comes from a local pod" (`negate`: does not), when detectable.
-pub fn local_match(ctx: &Ctx, local: &LocalTraffic, negate: bool) -> Option<String> {
-    let op = if negate { "!= " } else { "" };
+pub fn local_match(ctx: &Ctx, local: &LocalTraffic, negate: bool) -> Option<Stmt> {
+    let op = if negate { CmpOp::Neq } else { CmpOp::Eq };
     match local {
         LocalTraffic::Undetectable => None,
-        LocalTraffic::SourceCidrs(_) => Some(format!("{} saddr {op}@{}", ctx.ip(), skeleton::POD_CIDRS)),
-        LocalTraffic::Interface(name) => Some(format!("iifname {op}\"{}\"", name.replace('"', ""))),
-        LocalTraffic::InterfacePrefix(prefix) => Some(format!("iifname {op}\"{}*\"", prefix.replace('"', ""))),
+        LocalTraffic::SourceCidrs(_) => {
+            Some(Stmt::Lookup { key: vec![ctx.saddr()], negate, set: skeleton::POD_CIDRS.to_owned() })
+        }
+        LocalTraffic::Interface(name) => Some(Stmt::IifName { op, name: name.replace(['"', '*'], "") }),
+        LocalTraffic::InterfacePrefix(prefix) => {
+            Some(Stmt::IifName { op, name: format!("{}*", prefix.replace(['"', '*'], "")) })
+        }
     }
 }

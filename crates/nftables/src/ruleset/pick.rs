@@ -28,8 +28,9 @@ use std::net::IpAddr;
 use kproxy_plan::{Endpoint, ExternalPolicy, NoEndpointsVerdict, ServicePortPlan};
 use kproxy_state::Protocol;
 
+use kproxy_nft_model::{Chain, DataType, Element, Field, Key, MapData, NatKind, Rule, SetDef, SetType, Stmt, Value};
+
 use super::{Ctx, Destination};
-use crate::transaction::{Chain, Element, SetDef};
 
 /// Draws of a slot before falling back to slot 0.
 pub const DRAWS: usize = 16;
@@ -81,17 +82,17 @@ impl Keyspace {
         }
     }
 
-    fn selector(self, ctx: &Ctx) -> String {
+    fn selector(self, ctx: &Ctx) -> Vec<Field> {
         match self {
-            Keyspace::Address => format!("{} daddr . meta l4proto . th dport", ctx.ip()),
-            Keyspace::NodePort => "meta l4proto . th dport".to_owned(),
+            Keyspace::Address => ctx.destination(),
+            Keyspace::NodePort => vec![Field::L4Proto, Field::ThDport],
         }
     }
 
-    fn key_type(self, ctx: &Ctx) -> String {
+    fn key_type(self, ctx: &Ctx) -> Vec<DataType> {
         match self {
-            Keyspace::Address => format!("{} . inet_proto . inet_service", ctx.addr_type()),
-            Keyspace::NodePort => "inet_proto . inet_service".to_owned(),
+            Keyspace::Address => vec![ctx.addr_type(), DataType::InetProto, DataType::InetService],
+            Keyspace::NodePort => vec![DataType::InetProto, DataType::InetService],
         }
     }
 }
@@ -116,8 +117,7 @@ fn caps() -> impl Iterator<Item = u32> {
 }
 
 /// The shared chains (with their rules) and maps of endpoint selection.
-pub fn skeleton(ctx: &Ctx) -> (Vec<(Chain, Vec<String>)>, Vec<SetDef>) {
-    let ip = ctx.ip();
+pub fn skeleton(ctx: &Ctx) -> (Vec<(Chain, Vec<Rule>)>, Vec<SetDef>) {
     let mut chains = Vec::new();
     let mut sets = Vec::new();
     for class in Class::ALL {
@@ -125,26 +125,26 @@ pub fn skeleton(ctx: &Ctx) -> (Vec<(Chain, Vec<String>)>, Vec<SetDef>) {
         for ks in Keyspace::ALL {
             let sel = ks.selector(ctx);
             for proto in PROTOCOLS {
-                let p = proto.as_str();
+                let mut key = sel.clone();
+                key.push(Field::Numgen { modulus: 2, offset: 0 });
+                // The data is `address . port`, named by the protocol's own port field:
+                // with `th dport` nft 1.0.6 could not reload the ruleset.
+                let data = Some(vec![ctx.daddr(), Field::Dport(proto)]);
                 sets.push(SetDef {
-                    // The data is `address . port`, named by the protocol's own port field:
-                    // with `th dport` nft 1.0.6 could not reload the ruleset.
-                    data_type: Some(format!("{ip} daddr . {p} dport")),
-                    by_typeof: true,
-                    comment: Some(format!("{} {p} endpoints by destination and slot", class.name())),
-                    ..SetDef::new(endpoints_map(class, ks, proto), format!("{sel} . numgen random mod 2"))
+                    comment: Some(format!("{} {} endpoints by destination and slot", class.name(), proto.as_str())),
+                    ..SetDef::new(endpoints_map(class, ks, proto), SetType::Typeof { key, data })
                 });
             }
             for cap in caps() {
                 let set = cap_set(class, ks, cap);
-                entry.push(format!("{sel} @{set} goto {}", cap_chain(class, ks, cap)));
+                entry.push(Rule::new([Stmt::member(sel.clone(), set.as_str()), Stmt::goto(cap_chain(class, ks, cap))]));
                 // A map whose data names `tcp dport` only translates TCP: the match says so.
                 let draw = |proto: Protocol, modulus: u32| {
+                    let mut key = sel.clone();
+                    key.push(Field::Numgen { modulus, offset: 0 });
                     let map = endpoints_map(class, ks, proto);
-                    format!(
-                        "meta l4proto {} dnat {ip} to {sel} . numgen random mod {modulus} map @{map}",
-                        proto.as_str()
-                    )
+                    let nat = Stmt::NatMap { kind: NatKind::Dnat, family: ctx.family, key, map };
+                    Rule::new([Stmt::l4proto(proto), nat])
                 };
                 let mut rules = Vec::new();
                 for proto in PROTOCOLS {
@@ -153,11 +153,11 @@ pub fn skeleton(ctx: &Ctx) -> (Vec<(Chain, Vec<String>)>, Vec<SetDef>) {
                     }
                     rules.push(draw(proto, 1));
                 }
-                chains.push((Chain { name: cap_chain(class, ks, cap), hook: None }, rules));
-                sets.push(SetDef::new(set, ks.key_type(ctx)));
+                chains.push((Chain::regular(cap_chain(class, ks, cap)), rules));
+                sets.push(SetDef::of(set, ks.key_type(ctx)));
             }
         }
-        chains.push((Chain { name: class.chain(), hook: None }, entry));
+        chains.push((Chain::regular(class.chain()), entry));
     }
     (chains, sets)
 }
@@ -200,18 +200,15 @@ pub fn elements(p: &ServicePortPlan) -> Vec<(Destination, Element)> {
             Destination::Address(..) => Keyspace::Address,
             Destination::NodePort(..) => Keyspace::NodePort,
         };
-        let key = dest.key();
         let cap = (endpoints.len() as u32).next_power_of_two();
-        out.push((dest, Element { set: cap_set(class, ks, cap), key: key.clone(), value: None }));
+        out.push((dest, Element::new(cap_set(class, ks, cap), dest.key())));
         let map = endpoints_map(class, ks, p.protocol);
         out.extend(endpoints.iter().enumerate().map(|(slot, ep)| {
-            let element = Element {
-                set: map.clone(),
-                // The slot is the one field written in hex: a host-order integer, unlike ports.
-                key: format!("{key} . {slot:#x}"),
-                value: Some(format!("{} . {}", ep.ip, ep.port)),
-            };
-            (dest, element)
+            let mut key = dest.values();
+            // The slot is a host-order integer, as numgen leaves it (unlike ports).
+            key.push(Value::Int(slot as u32));
+            let value = MapData::Value(Key(vec![Value::Addr(ep.ip), Value::Port(ep.port)]));
+            (dest, Element::mapped(map.as_str(), Key(key), value))
         }));
     }
     out

@@ -22,6 +22,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use ipnet::IpNet;
+use kproxy_nft_model::{Chain, Element, Field, Key, MapData, NatKind, Rule, SetDef, SetFlag, SetType, Stmt, Value, Verdict};
 use kproxy_plan::{Endpoint, ExternalPolicy, MasqueradeWhen, NoEndpointsVerdict, NodePlan, ServicePortPlan};
 
 use super::pick::{self, Class};
@@ -29,15 +30,14 @@ use super::skeleton::{
     CLUSTER_IPS, FIREWALL_ALLOW, FIREWALL_DESTS, HAIRPIN, MARK_FOR_MASQUERADE, NO_ENDPOINT_NODEPORTS,
     NO_ENDPOINT_SERVICES, REJECT_CHAIN, SERVICE_IPS, SERVICE_NODEPORTS,
 };
-use super::{Ctx, Destination, addr_port, local_match};
+use super::{Ctx, Destination, local_match};
 use crate::naming;
-use crate::transaction::{Chain, Element, SetDef};
 
 /// Everything one service port puts in the table.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ServiceObjects {
     /// Chains and their rules, by name.
-    pub chains: BTreeMap<String, Vec<String>>,
+    pub chains: BTreeMap<String, Vec<Rule>>,
     /// Per-endpoint affinity sets, by name.
     pub sets: BTreeMap<String, SetDef>,
     /// Elements of the shared maps and sets, by the destination they are keyed by.
@@ -59,23 +59,23 @@ impl Shared {
     /// The element.
     pub fn element(self) -> Element {
         match self {
-            Shared::ClusterIp(ip) => Element { set: CLUSTER_IPS.to_owned(), key: ip.to_string(), value: None },
-            Shared::Hairpin(ip) => Element { set: HAIRPIN.to_owned(), key: format!("{ip} . {ip}"), value: None },
+            Shared::ClusterIp(ip) => Element::new(CLUSTER_IPS, Value::Addr(ip)),
+            Shared::Hairpin(ip) => Element::new(HAIRPIN, Key(vec![Value::Addr(ip), Value::Addr(ip)])),
         }
     }
 }
 
 impl ServiceObjects {
-    fn claim(&mut self, dest: Destination, set: &str, value: Option<String>) {
-        let element = Element { set: set.to_owned(), key: dest.key(), value };
+    fn claim(&mut self, dest: Destination, set: &str, value: Option<Verdict>) {
+        let element = Element { set: set.to_owned(), key: dest.key(), value: value.map(MapData::Verdict) };
         self.destinations.entry(dest).or_default().push(element);
     }
 }
 
-fn verdict(v: NoEndpointsVerdict) -> String {
+fn verdict(v: NoEndpointsVerdict) -> Verdict {
     match v {
-        NoEndpointsVerdict::Reject => format!("goto {REJECT_CHAIN}"),
-        NoEndpointsVerdict::Drop => "drop".to_owned(),
+        NoEndpointsVerdict::Reject => Verdict::goto(REJECT_CHAIN),
+        NoEndpointsVerdict::Drop => Verdict::Drop,
     }
 }
 
@@ -100,30 +100,29 @@ fn shared_external_chain(policy: ExternalPolicy) -> &'static str {
 
 /// The masquerade rule for ClusterIP traffic; `guard` restricts it to the service's ClusterIP
 /// (per-service chains are entered by external traffic too).
-fn masquerade_rule(ctx: &Ctx, node: &NodePlan, when: MasqueradeWhen, guard: Option<IpAddr>) -> Option<String> {
-    let ip = ctx.ip();
-    let guard = guard.map(|g| format!("{ip} daddr {g} ")).unwrap_or_default();
+fn masquerade_rule(ctx: &Ctx, node: &NodePlan, when: MasqueradeWhen, guard: Option<IpAddr>) -> Option<Rule> {
+    let mut rule = Rule::new(guard.map(|g| Stmt::eq(ctx.daddr(), Value::Addr(g))));
     match when {
-        MasqueradeWhen::Always => Some(format!("{guard}jump {MARK_FOR_MASQUERADE}")),
-        MasqueradeWhen::SourceNotLocal => {
-            local_match(ctx, &node.local_traffic, true).map(|m| format!("{guard}{m} jump {MARK_FOR_MASQUERADE}"))
-        }
-        MasqueradeWhen::Never => None,
+        MasqueradeWhen::Always => {}
+        MasqueradeWhen::SourceNotLocal => rule.0.push(local_match(ctx, &node.local_traffic, true)?),
+        MasqueradeWhen::Never => return None,
     }
+    Some(rule.then(Stmt::jump(MARK_FOR_MASQUERADE)))
 }
 
 /// The rules that apply externalTrafficPolicy, ending in `cluster` or `local`.
-fn external_rules(ctx: &Ctx, node: &NodePlan, policy: ExternalPolicy, cluster: &str, local: &str) -> Vec<String> {
+fn external_rules(ctx: &Ctx, node: &NodePlan, policy: ExternalPolicy, cluster: &str, local: &str) -> Vec<Rule> {
     match policy {
-        ExternalPolicy::Cluster => vec![format!("jump {MARK_FOR_MASQUERADE}"), format!("goto {cluster}")],
+        ExternalPolicy::Cluster => vec![Stmt::jump(MARK_FOR_MASQUERADE).into(), Stmt::goto(cluster).into()],
         ExternalPolicy::Local { short_circuit_pods } => {
             let mut rules = Vec::new();
             if let Some(m) = local_match(ctx, &node.local_traffic, false).filter(|_| short_circuit_pods) {
-                rules.push(format!("{m} goto {cluster}"));
+                rules.push(Rule::new([m, Stmt::goto(cluster)]));
             }
-            rules.push(format!("fib saddr type local jump {MARK_FOR_MASQUERADE}"));
-            rules.push(format!("fib saddr type local goto {cluster}"));
-            rules.push(format!("goto {local}"));
+            let from_node = || Stmt::FibLocal { saddr: true };
+            rules.push(Rule::new([from_node(), Stmt::jump(MARK_FOR_MASQUERADE)]));
+            rules.push(Rule::new([from_node(), Stmt::goto(cluster)]));
+            rules.push(Stmt::goto(local).into());
             rules
         }
     }
@@ -133,13 +132,13 @@ fn external_rules(ctx: &Ctx, node: &NodePlan, policy: ExternalPolicy, cluster: &
 /// depends only on its traffic policies, and its endpoints are map elements (see
 /// [`super::pick`]). Sharing them keeps the table's chain count independent of the number of
 /// services, which matters because every commit walks every chain of the table.
-pub fn shared_chains(ctx: &Ctx, node: &NodePlan) -> Vec<(Chain, Vec<String>)> {
+pub fn shared_chains(ctx: &Ctx, node: &NodePlan) -> Vec<(Chain, Vec<Rule>)> {
     let mut chains = Vec::new();
     for class in [Class::Cluster, Class::Local] {
         for when in [MasqueradeWhen::Never, MasqueradeWhen::Always, MasqueradeWhen::SourceNotLocal] {
-            let mut rules: Vec<String> = masquerade_rule(ctx, node, when, None).into_iter().collect();
-            rules.push(format!("goto {}", class.chain()));
-            chains.push((Chain { name: shared_service_chain(class, when), hook: None }, rules));
+            let mut rules: Vec<Rule> = masquerade_rule(ctx, node, when, None).into_iter().collect();
+            rules.push(Stmt::goto(class.chain()).into());
+            chains.push((Chain::regular(shared_service_chain(class, when)), rules));
         }
     }
     let policies = [
@@ -149,7 +148,7 @@ pub fn shared_chains(ctx: &Ctx, node: &NodePlan) -> Vec<(Chain, Vec<String>)> {
     ];
     for policy in policies {
         let rules = external_rules(ctx, node, policy, &Class::Cluster.chain(), &Class::Local.chain());
-        chains.push((Chain { name: shared_external_chain(policy).to_owned(), hook: None }, rules));
+        chains.push((Chain::regular(shared_external_chain(policy)), rules));
     }
     chains
 }
@@ -171,12 +170,12 @@ pub fn render(ctx: &Ctx, node: &NodePlan, p: &ServicePortPlan) -> ServiceObjects
         let local_chain = naming::chain("local", &p.name);
         let masq = masquerade_rule(ctx, node, p.internal.masquerade, Some(p.cluster_ip));
         if p.uses_cluster_endpoints() {
-            let mut rules: Vec<String> = masq.iter().filter(|_| !p.internal.local).cloned().collect();
+            let mut rules: Vec<Rule> = masq.iter().filter(|_| !p.internal.local).cloned().collect();
             rules.extend(affinity_dispatch(ctx, p, &p.cluster_endpoints, &mut out.sets));
             out.chains.insert(svc_chain.clone(), rules);
         }
         if p.uses_local_endpoints() {
-            let mut rules: Vec<String> = masq.iter().filter(|_| p.internal.local).cloned().collect();
+            let mut rules: Vec<Rule> = masq.iter().filter(|_| p.internal.local).cloned().collect();
             rules.extend(affinity_dispatch(ctx, p, &p.local_endpoints, &mut out.sets));
             out.chains.insert(local_chain.clone(), rules);
         }
@@ -193,7 +192,7 @@ pub fn render(ctx: &Ctx, node: &NodePlan, p: &ServicePortPlan) -> ServiceObjects
     out.shared.insert(Shared::ClusterIp(p.cluster_ip));
     match p.internal.no_endpoints {
         Some(v) => out.claim(dest(&p.cluster_ip), NO_ENDPOINT_SERVICES, Some(verdict(v))),
-        None => out.claim(dest(&p.cluster_ip), SERVICE_IPS, Some(format!("goto {cluster_ip_chain}"))),
+        None => out.claim(dest(&p.cluster_ip), SERVICE_IPS, Some(Verdict::goto(cluster_ip_chain))),
     }
 
     // NodePort, ExternalIPs, LoadBalancer IPs.
@@ -211,10 +210,10 @@ pub fn render(ctx: &Ctx, node: &NodePlan, p: &ServicePortPlan) -> ServiceObjects
         // hits the drop verdict in the filter chains.
         if let Some(chain) = &external_chain {
             for vip in p.external_vips() {
-                out.claim(dest(vip), SERVICE_IPS, Some(format!("goto {chain}")));
+                out.claim(dest(vip), SERVICE_IPS, Some(Verdict::goto(chain.as_str())));
             }
             if let Some(np) = p.node_port {
-                out.claim(Destination::NodePort(p.protocol, np), SERVICE_NODEPORTS, Some(format!("goto {chain}")));
+                out.claim(Destination::NodePort(p.protocol, np), SERVICE_NODEPORTS, Some(Verdict::goto(chain.as_str())));
             }
         }
         if !p.source_ranges.is_empty() && !p.load_balancer_ips.is_empty() {
@@ -225,15 +224,14 @@ pub fn render(ctx: &Ctx, node: &NodePlan, p: &ServicePortPlan) -> ServiceObjects
             }
             // The kernel ignores a range inside another one (and could not delete it later):
             // only disjoint ranges go in.
-            let allowed: Vec<String> = IpNet::aggregate(&allowed).iter().map(ToString::to_string).collect();
+            let allowed = IpNet::aggregate(&allowed);
             for lb in &p.load_balancer_ips {
                 let d = dest(lb);
                 out.claim(d, FIREWALL_DESTS, None);
-                let key = d.key();
-                let ranges = allowed.iter().map(|r| Element {
-                    set: FIREWALL_ALLOW.to_owned(),
-                    key: format!("{key} . {r}"),
-                    value: None,
+                let ranges = allowed.iter().map(|r| {
+                    let mut key = d.values();
+                    key.push(Value::Prefix(*r));
+                    Element::new(FIREWALL_ALLOW, Key(key))
                 });
                 out.destinations.entry(d).or_default().extend(ranges);
             }
@@ -259,31 +257,41 @@ fn affinity_dispatch(
     p: &ServicePortPlan,
     endpoints: &[Endpoint],
     sets: &mut BTreeMap<String, SetDef>,
-) -> Vec<String> {
-    let ip = ctx.ip();
-    let proto = p.protocol.as_str();
+) -> Vec<Rule> {
     let Some(timeout) = p.affinity_timeout else { return Vec::new() };
     let set = naming::chain("affinity", &p.name);
+    let ty = SetType::Typeof { key: vec![ctx.saddr(), Field::Numgen { modulus: 2, offset: 0 }], data: None };
     sets.insert(
         set.clone(),
-        SetDef {
-            by_typeof: true,
-            flags: vec!["dynamic", "timeout"],
-            timeout: Some(timeout),
-            ..SetDef::new(&set, format!("{ip} saddr . numgen random mod 2"))
-        },
+        SetDef { flags: vec![SetFlag::Dynamic, SetFlag::Timeout], timeout: Some(timeout), ..SetDef::new(&set, ty) },
     );
     // `client . endpoint id`: the id is written as a constant-valued numgen, the one way nft
     // 1.0.6 accepts a constant inside a concatenation.
-    let key =
-        |ep: &Endpoint| format!("{ip} saddr . numgen random mod 1 offset {}", naming::endpoint_id(ep.ip, ep.port));
-    let dnat = |ep: &Endpoint| format!("meta l4proto {proto} dnat to {}", addr_port(ep.ip, ep.port));
-    let mut rules: Vec<String> =
-        endpoints.iter().map(|ep| format!("{k} @{set} update @{set} {{ {k} }} {}", dnat(ep), k = key(ep))).collect();
+    let key = |ep: &Endpoint| vec![ctx.saddr(), Field::Numgen { modulus: 1, offset: naming::endpoint_id(ep.ip, ep.port) }];
+    let update = |ep: &Endpoint| Stmt::Update { set: set.clone(), key: key(ep) };
+    let dnat = |ep: &Endpoint| {
+        [
+            Stmt::l4proto(p.protocol),
+            Stmt::Nat { kind: NatKind::Dnat, addr: ep.ip, port: Some(ep.port), fully_random: false },
+        ]
+    };
+    let mut rules: Vec<Rule> = endpoints
+        .iter()
+        .map(|ep| {
+            let mut r = Rule::new([Stmt::member(key(ep), set.as_str()), update(ep)]);
+            r.0.extend(dnat(ep));
+            r
+        })
+        .collect();
     let n = endpoints.len();
     for (i, ep) in endpoints.iter().enumerate() {
-        let draw = if i + 1 < n { format!("numgen random mod {} == 0 ", n - i) } else { String::new() };
-        rules.push(format!("{draw}update @{set} {{ {} }} {}", key(ep), dnat(ep)));
+        let mut r = Rule::default();
+        if i + 1 < n {
+            r.0.push(Stmt::NumgenEq { modulus: (n - i) as u32, value: 0 });
+        }
+        r.0.push(update(ep));
+        r.0.extend(dnat(ep));
+        rules.push(r);
     }
     rules
 }

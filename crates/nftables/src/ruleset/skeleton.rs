@@ -1,10 +1,12 @@
 //! The fixed part of each table: base chains at upstream's hook priorities, the dispatch maps,
 //! and the node-wide rules (node ports, masquerading, no-endpoint checks).
 
+use kproxy_nft_model::{
+    Chain, ChainType, DataType, Element, Field, HookPoint, Reject, Rule, SetDef, SetFlag, Stmt, Value, Verdict,
+};
 use kproxy_plan::{LocalTraffic, NoMasqueradeSource, NodePlan, NodePortAddresses, SnatSource};
 
 use super::{Ctx, local_match};
-use crate::transaction::{Chain, Element, Hook, SetDef};
 
 /// Set of ClusterIPs (for rejecting traffic to ports no service has).
 pub const CLUSTER_IPS: &str = "cluster-ips";
@@ -38,106 +40,138 @@ pub const REJECT_CHAIN: &str = "reject-chain";
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Skeleton {
     /// Chains with their rules, base chains first.
-    pub chains: Vec<(Chain, Vec<String>)>,
+    pub chains: Vec<(Chain, Vec<Rule>)>,
     /// Sets and maps.
     pub sets: Vec<SetDef>,
     /// Node-wide elements (node port addresses, pod CIDRs).
     pub elements: Vec<Element>,
 }
 
-fn hook(kind: &'static str, hook: &'static str, priority: &'static str) -> Option<Hook> {
-    Some(Hook { kind, hook, priority })
+fn set(name: &str, key: Vec<DataType>, verdict_map: bool, flags: Vec<SetFlag>, comment: &str) -> SetDef {
+    let def = if verdict_map { SetDef::verdict_map(name, key) } else { SetDef::of(name, key) };
+    SetDef { flags, comment: Some(comment.to_owned()), ..def }
 }
 
-fn set(name: &str, key: String, data: Option<&str>, flags: Vec<&'static str>, comment: &str) -> SetDef {
-    SetDef { data_type: data.map(str::to_owned), flags, comment: Some(comment.to_owned()), ..SetDef::new(name, key) }
+/// `rule` as one rule.
+fn rule<const N: usize>(stmts: [Stmt; N]) -> Rule {
+    Rule::new(stmts)
+}
+
+/// `fib saddr type local SADDR != loopback`: the node itself is the source.
+pub fn from_node(ctx: &Ctx) -> [Stmt; 2] {
+    [Stmt::FibLocal { saddr: true }, Stmt::neq(ctx.saddr(), ctx.loopback())]
 }
 
 /// KEP-6246: marked packets from the node or its local pods to a no-masquerade destination
 /// (matched after DNAT, so on the chosen endpoint) leave `masquerading` untranslated. Hairpin was
 /// sent to `masquerade-now` before these rules, and traffic from elsewhere does not match them.
-fn no_masquerade_rules(ctx: &Ctx, node: &NodePlan) -> Vec<String> {
-    let ip = ctx.ip();
+fn no_masquerade_rules(ctx: &Ctx, node: &NodePlan) -> Vec<Rule> {
     let mut rules = Vec::new();
     for source in node.no_masquerade_sources() {
-        let from = match source {
-            NoMasqueradeSource::Node => Some(format!("fib saddr type local {ip} saddr != {}", ctx.loopback())),
-            NoMasqueradeSource::LocalPods => local_match(ctx, &node.local_traffic, false),
+        let from: Vec<Stmt> = match source {
+            NoMasqueradeSource::Node => from_node(ctx).into(),
+            NoMasqueradeSource::LocalPods => local_match(ctx, &node.local_traffic, false).into_iter().collect(),
         };
-        let Some(from) = from else { continue };
-        rules.extend(node.snat.no_masquerade_cidrs.iter().map(|c| format!("{from} {ip} daddr {c} return")));
+        if from.is_empty() {
+            continue;
+        }
+        rules.extend(node.snat.no_masquerade_cidrs.iter().map(|c| {
+            let mut r = Rule::new(from.iter().cloned());
+            r.0.push(Stmt::eq(ctx.daddr(), Value::Prefix(*c)));
+            r.then(Stmt::Verdict(Verdict::Return))
+        }));
     }
     rules
 }
 
+/// The match for addresses that accept NodePort traffic.
+fn nodeport_match(ctx: &Ctx, node: &NodePlan) -> Vec<Stmt> {
+    match &node.nodeport_addresses {
+        NodePortAddresses::AllLocal => vec![Stmt::FibLocal { saddr: false }, Stmt::neq(ctx.daddr(), ctx.loopback())],
+        NodePortAddresses::Only(_) => vec![Stmt::member(vec![ctx.daddr()], NODEPORT_IPS)],
+    }
+}
+
 /// Renders the skeleton for `node`.
 pub fn render(ctx: &Ctx, node: &NodePlan) -> Skeleton {
-    let ip = ctx.ip();
     let a = ctx.addr_type();
     let m = ctx.mark;
-    let dest = format!("{ip} daddr . meta l4proto . th dport");
-    let nodeport_match = match &node.nodeport_addresses {
-        NodePortAddresses::AllLocal => format!("fib daddr type local {ip} daddr != {}", ctx.loopback()),
-        NodePortAddresses::Only(_) => format!("{ip} daddr @{NODEPORT_IPS}"),
+    let dest = ctx.destination();
+    let port = vec![Field::L4Proto, Field::ThDport];
+    let nodeport_vmap = |map: &str| {
+        let mut r = Rule::new(nodeport_match(ctx, node));
+        r.0.push(Stmt::vmap(port.clone(), map));
+        r
     };
-    let base = |name: &str, h: Option<Hook>| Chain { name: name.to_owned(), hook: h };
-    let new = "ct state new";
+    let new = || Stmt::CtState(kproxy_nft_model::CtState::New);
     let mut masquerading = vec![
-        format!("ct status dnat {ip} saddr . {ip} daddr @{HAIRPIN} goto masquerade-now"),
-        format!("mark and {m:#x} == 0 return"),
-        format!("mark set mark and {:#x}", !m),
+        rule([
+            Stmt::CtStatus(kproxy_nft_model::CtStatus::Dnat),
+            Stmt::member(vec![ctx.saddr(), ctx.daddr()], HAIRPIN),
+            Stmt::goto("masquerade-now"),
+        ]),
+        rule([Stmt::MarkAndEq { mask: m, value: 0 }, Stmt::Verdict(Verdict::Return)]),
+        rule([Stmt::MarkAnd(!m)]),
     ];
     masquerading.extend(no_masquerade_rules(ctx, node));
-    masquerading.push("goto masquerade-now".to_owned());
+    masquerading.push(rule([Stmt::goto("masquerade-now")]));
     let snat = match node.snat.source {
-        SnatSource::Masquerade => "masquerade fully-random".to_owned(),
-        SnatSource::NodeIp(addr) => format!("snat to {addr} fully-random"),
+        SnatSource::Masquerade => Stmt::Masquerade { fully_random: true },
+        SnatSource::NodeIp(addr) => Stmt::Nat { kind: kproxy_nft_model::NatKind::Snat, addr, port: None, fully_random: true },
     };
-    let mut cluster_ips_check = vec![format!("{ip} daddr @{CLUSTER_IPS} reject")];
-    cluster_ips_check.extend(node.service_cidrs.iter().map(|c| format!("{ip} daddr {c} drop")));
+    let mut cluster_ips_check = vec![rule([
+        Stmt::member(vec![ctx.daddr()], CLUSTER_IPS),
+        Stmt::Reject(Reject::PortUnreachable),
+    ])];
+    cluster_ips_check.extend(
+        node.service_cidrs.iter().map(|c| rule([Stmt::eq(ctx.daddr(), Value::Prefix(*c)), Stmt::Verdict(Verdict::Drop)])),
+    );
+    let mut firewall = dest.clone();
+    firewall.push(ctx.saddr());
 
+    use ChainType::{Filter, Nat};
+    use HookPoint::{Forward, Input, Output, Postrouting, Prerouting};
+    let regular = Chain::regular;
     let chains = vec![
+        (Chain::base("filter-prerouting-pre-dnat", Filter, Prerouting, -110), vec![rule([new(), Stmt::jump("firewall-check")])]),
+        (Chain::base("filter-output-pre-dnat", Filter, Output, -110), vec![rule([new(), Stmt::jump("firewall-check")])]),
+        (Chain::base("nat-prerouting", Nat, Prerouting, -100), vec![rule([Stmt::jump(SERVICES)])]),
+        (Chain::base("nat-output", Nat, Output, -100), vec![rule([Stmt::jump(SERVICES)])]),
         (
-            base("filter-prerouting-pre-dnat", hook("filter", "prerouting", "-110")),
-            vec![format!("{new} jump firewall-check")],
-        ),
-        (base("filter-output-pre-dnat", hook("filter", "output", "-110")), vec![format!("{new} jump firewall-check")]),
-        (base("nat-prerouting", hook("nat", "prerouting", "-100")), vec![format!("jump {SERVICES}")]),
-        (base("nat-output", hook("nat", "output", "-100")), vec![format!("jump {SERVICES}")]),
-        (
-            base("filter-forward", hook("filter", "forward", "0")),
-            vec![format!("{new} jump service-endpoints-check"), format!("{new} jump cluster-ips-check")],
+            Chain::base("filter-forward", Filter, Forward, 0),
+            vec![rule([new(), Stmt::jump("service-endpoints-check")]), rule([new(), Stmt::jump("cluster-ips-check")])],
         ),
         (
-            base("filter-input", hook("filter", "input", "0")),
-            vec![format!("{new} jump nodeport-endpoints-check"), format!("{new} jump service-endpoints-check")],
+            Chain::base("filter-input", Filter, Input, 0),
+            vec![rule([new(), Stmt::jump("nodeport-endpoints-check")]), rule([new(), Stmt::jump("service-endpoints-check")])],
         ),
         (
-            base("filter-output", hook("filter", "output", "0")),
-            vec![format!("{new} jump service-endpoints-check"), format!("{new} jump cluster-ips-check")],
+            Chain::base("filter-output", Filter, Output, 0),
+            vec![rule([new(), Stmt::jump("service-endpoints-check")]), rule([new(), Stmt::jump("cluster-ips-check")])],
         ),
-        (base("nat-postrouting", hook("nat", "postrouting", "100")), vec!["jump masquerading".to_owned()]),
+        (Chain::base("nat-postrouting", Nat, Postrouting, 100), vec![rule([Stmt::jump("masquerading")])]),
         (
-            base("firewall-check", None),
-            vec![format!("{dest} @{FIREWALL_DESTS} {dest} . {ip} saddr != @{FIREWALL_ALLOW} drop")],
+            regular("firewall-check"),
+            vec![rule([
+                Stmt::member(dest.clone(), FIREWALL_DESTS),
+                Stmt::not_member(firewall, FIREWALL_ALLOW),
+                Stmt::Verdict(Verdict::Drop),
+            ])],
         ),
+        (regular(SERVICES), vec![rule([Stmt::vmap(dest.clone(), SERVICE_IPS)]), nodeport_vmap(SERVICE_NODEPORTS)]),
+        (regular("service-endpoints-check"), vec![rule([Stmt::vmap(dest.clone(), NO_ENDPOINT_SERVICES)])]),
+        (regular("nodeport-endpoints-check"), vec![nodeport_vmap(NO_ENDPOINT_NODEPORTS)]),
+        (regular("cluster-ips-check"), cluster_ips_check),
+        (regular(MARK_FOR_MASQUERADE), vec![rule([ctx.mark_rule()])]),
+        (regular("masquerading"), masquerading),
+        (regular("masquerade-now"), vec![rule([Stmt::MarkAnd(!m)]), rule([snat])]),
         (
-            base(SERVICES, None),
+            regular(REJECT_CHAIN),
             vec![
-                format!("{dest} vmap @{SERVICE_IPS}"),
-                format!("{nodeport_match} meta l4proto . th dport vmap @{SERVICE_NODEPORTS}"),
+                rule([Stmt::l4proto(kproxy_state::Protocol::Tcp), Stmt::Reject(Reject::TcpReset)]),
+                rule([Stmt::Reject(Reject::PortUnreachable)]),
             ],
         ),
-        (base("service-endpoints-check", None), vec![format!("{dest} vmap @{NO_ENDPOINT_SERVICES}")]),
-        (
-            base("nodeport-endpoints-check", None),
-            vec![format!("{nodeport_match} meta l4proto . th dport vmap @{NO_ENDPOINT_NODEPORTS}")],
-        ),
-        (base("cluster-ips-check", None), cluster_ips_check),
-        (base(MARK_FOR_MASQUERADE, None), vec![ctx.mark_rule()]),
-        (base("masquerading", None), masquerading),
-        (base("masquerade-now", None), vec![format!("mark set mark and {:#x}", !m), snat]),
-        (base(REJECT_CHAIN, None), vec!["meta l4proto tcp reject with tcp reset".to_owned(), "reject".to_owned()]),
     ];
 
     let (pick_chains, pick_sets) = super::pick::skeleton(ctx);
@@ -145,58 +179,43 @@ pub fn render(ctx: &Ctx, node: &NodePlan) -> Skeleton {
     chains.extend(super::service::shared_chains(ctx, node));
     chains.extend(pick_chains);
 
-    let dest_key = format!("{a} . inet_proto . inet_service");
-    let port_key = "inet_proto . inet_service".to_owned();
+    use DataType::{InetProto, InetService};
+    let dest_key = vec![a, InetProto, InetService];
+    let port_key = vec![InetProto, InetService];
+    let mut allow_key = dest_key.clone();
+    allow_key.push(a);
     let mut sets = vec![
-        set(CLUSTER_IPS, a.to_owned(), None, vec![], "Active ClusterIPs"),
-        set(NODEPORT_IPS, a.to_owned(), None, vec![], "IPs that accept NodePort traffic"),
-        set(POD_CIDRS, a.to_owned(), None, vec!["interval"], "Local pod CIDRs (detect-local)"),
-        set(HAIRPIN, format!("{a} . {a}"), None, vec![], "Endpoint pairs whose traffic is hairpin"),
-        set(
-            SERVICE_IPS,
-            dest_key.clone(),
-            Some("verdict"),
-            vec![],
-            "ClusterIP, ExternalIP and LoadBalancer IP traffic",
-        ),
-        set(SERVICE_NODEPORTS, port_key.clone(), Some("verdict"), vec![], "NodePort traffic"),
+        set(CLUSTER_IPS, vec![a], false, vec![], "Active ClusterIPs"),
+        set(NODEPORT_IPS, vec![a], false, vec![], "IPs that accept NodePort traffic"),
+        set(POD_CIDRS, vec![a], false, vec![SetFlag::Interval], "Local pod CIDRs (detect-local)"),
+        set(HAIRPIN, vec![a, a], false, vec![], "Endpoint pairs whose traffic is hairpin"),
+        set(SERVICE_IPS, dest_key.clone(), true, vec![], "ClusterIP, ExternalIP and LoadBalancer IP traffic"),
+        set(SERVICE_NODEPORTS, port_key.clone(), true, vec![], "NodePort traffic"),
         set(
             NO_ENDPOINT_SERVICES,
             dest_key.clone(),
-            Some("verdict"),
+            true,
             vec![],
             "vmap to drop or reject packets to services with no endpoints",
         ),
         set(
             NO_ENDPOINT_NODEPORTS,
             port_key,
-            Some("verdict"),
+            true,
             vec![],
             "vmap to drop or reject packets to service nodeports with no endpoints",
         ),
-        set(
-            FIREWALL_DESTS,
-            dest_key.clone(),
-            None,
-            vec![],
-            "destinations that are subject to LoadBalancerSourceRanges",
-        ),
-        set(
-            FIREWALL_ALLOW,
-            format!("{dest_key} . {a}"),
-            None,
-            vec!["interval"],
-            "the source ranges each of them allows",
-        ),
+        set(FIREWALL_DESTS, dest_key, false, vec![], "destinations that are subject to LoadBalancerSourceRanges"),
+        set(FIREWALL_ALLOW, allow_key, false, vec![SetFlag::Interval], "the source ranges each of them allows"),
     ];
     sets.extend(pick_sets);
 
     let mut elements = Vec::new();
     if let NodePortAddresses::Only(ips) = &node.nodeport_addresses {
-        elements.extend(ips.iter().map(|ip| Element { set: NODEPORT_IPS.into(), key: ip.to_string(), value: None }));
+        elements.extend(ips.iter().map(|ip| Element::new(NODEPORT_IPS, Value::Addr(*ip))));
     }
     if let LocalTraffic::SourceCidrs(nets) = &node.local_traffic {
-        elements.extend(nets.iter().map(|n| Element { set: POD_CIDRS.into(), key: n.to_string(), value: None }));
+        elements.extend(nets.iter().map(|n| Element::new(POD_CIDRS, Value::Prefix(*n))));
     }
     Skeleton { chains, sets, elements }
 }
@@ -224,7 +243,8 @@ mod tests {
 
     fn masquerading(ctx: &Ctx, node: &NodePlan) -> Vec<String> {
         let skel = render(ctx, node);
-        skel.chains.into_iter().find(|(c, _)| c.name == "masquerading").map(|(_, r)| r).unwrap()
+        let rules = skel.chains.into_iter().find(|(c, _)| c.name == "masquerading").map(|(_, r)| r).unwrap();
+        rules.iter().map(ToString::to_string).collect()
     }
 
     #[test]

@@ -1,130 +1,10 @@
-//! A typed nf_tables transaction: the batch one sync applies atomically.
-//!
-//! Operations are typed so that the executor (today `nft -f`, later raw netlink) and the tests
-//! see the same thing; rule bodies are nft expression text, which is what both the `nft` parser
-//! and the golden snapshots want. [`Transaction::render`] produces `nft -f` input.
+//! The operations one sync applies atomically, and their rendering as `nft -f` input.
 
 use std::fmt::{self, Write as _};
 
-/// An nf_tables address family kproxy uses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum TableFamily {
-    /// `ip`
-    Ip,
-    /// `ip6`
-    Ip6,
-}
-
-impl TableFamily {
-    /// The family keyword.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TableFamily::Ip => "ip",
-            TableFamily::Ip6 => "ip6",
-        }
-    }
-}
-
-impl fmt::Display for TableFamily {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// A table, addressed by family and name.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct TableRef {
-    /// Family.
-    pub family: TableFamily,
-    /// Name.
-    pub name: String,
-}
-
-impl fmt::Display for TableRef {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} {}", self.family, self.name)
-    }
-}
-
-/// Where a base chain hooks in.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Hook {
-    /// `filter` or `nat`.
-    pub kind: &'static str,
-    /// `prerouting`, `input`, `forward`, `output`, `postrouting`.
-    pub hook: &'static str,
-    /// Priority as nft spells it (`dstnat`, `-110`, ...).
-    pub priority: &'static str,
-}
-
-/// A chain definition.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Chain {
-    /// Name.
-    pub name: String,
-    /// Set for base chains.
-    pub hook: Option<Hook>,
-}
-
-/// A set or map definition.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct SetDef {
-    /// Name.
-    pub name: String,
-    /// Key type (`ipv4_addr . inet_proto . inet_service`), or with [`SetDef::by_typeof`] the
-    /// expressions whose types it has (`ip daddr . numgen random mod 2`).
-    pub key_type: String,
-    /// Data type for maps (`verdict`), `None` for sets; expressions with [`SetDef::by_typeof`].
-    pub data_type: Option<String>,
-    /// The types are given as `typeof` expressions: needed for keys with an `integer` field (a
-    /// `numgen` result), which has no type name of a fixed size.
-    pub by_typeof: bool,
-    /// Flags (`interval`, `dynamic`, `timeout`).
-    pub flags: Vec<&'static str>,
-    /// Default element timeout in seconds.
-    pub timeout: Option<u32>,
-    /// Maximum number of elements (dynamic sets).
-    pub size: Option<u32>,
-    /// Comment.
-    pub comment: Option<String>,
-}
-
-impl SetDef {
-    /// A plain set of `key_type` (no data, flags, timeout, size or comment); the other fields
-    /// are set with struct update syntax.
-    pub fn new(name: impl Into<String>, key_type: impl Into<String>) -> Self {
-        SetDef {
-            name: name.into(),
-            key_type: key_type.into(),
-            data_type: None,
-            by_typeof: false,
-            flags: vec![],
-            timeout: None,
-            size: None,
-            comment: None,
-        }
-    }
-
-    /// Whether this is a map.
-    pub fn is_map(&self) -> bool {
-        self.data_type.is_some()
-    }
-
-    fn keyword(&self) -> &'static str {
-        if self.is_map() { "map" } else { "set" }
-    }
-}
-
-/// One element of a set (`value: None`) or map.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Element {
-    /// Set or map name.
-    pub set: String,
-    /// Key, in nft syntax (`10.96.0.1 . tcp . 80`).
-    pub key: String,
-    /// Data for maps (`goto service-...`).
-    pub value: Option<String>,
-}
+use crate::expr::Rule;
+use crate::set::{Element, SetDef};
+use crate::table::{Chain, TableRef};
 
 /// One operation of a transaction.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -152,8 +32,8 @@ pub enum Op {
         table: TableRef,
         /// Chain.
         chain: String,
-        /// Rule body in nft syntax.
-        rule: String,
+        /// The rule.
+        rule: Rule,
     },
     /// Create a set or map if missing.
     AddSet(TableRef, SetDef),
@@ -224,7 +104,7 @@ impl Transaction {
     }
 
     /// Appends `add rule` for each rule.
-    pub fn add_rules<I: IntoIterator<Item = String>>(&mut self, table: &TableRef, chain: &str, rules: I) {
+    pub fn add_rules<I: IntoIterator<Item = Rule>>(&mut self, table: &TableRef, chain: &str, rules: I) {
         for rule in rules {
             self.push(Op::AddRule { table: table.clone(), chain: chain.to_owned(), rule });
         }
@@ -302,41 +182,18 @@ fn render_op(out: &mut String, op: &Op) -> fmt::Result {
         Op::AddChain(t, chain) => {
             write!(out, "add chain {t} {}", chain.name)?;
             if let Some(h) = &chain.hook {
-                write!(out, " {{ type {} hook {} priority {}; policy accept; }}", h.kind, h.hook, h.priority)?;
+                let (kind, hook) = (h.kind.as_str(), h.hook.as_str());
+                write!(out, " {{ type {kind} hook {hook} priority {}; policy accept; }}", h.priority)?;
             }
             Ok(())
         }
         Op::FlushChain(t, name) => write!(out, "flush chain {t} {name}"),
         Op::DeleteChain(t, name) => write!(out, "delete chain {t} {name}"),
         Op::AddRule { table, chain, rule } => write!(out, "add rule {table} {chain} {rule}"),
-        Op::AddSet(t, s) => {
-            let declared = if s.by_typeof { "typeof" } else { "type" };
-            write!(out, "add {} {t} {} {{ {declared} {}", s.keyword(), s.name, s.key_type)?;
-            if let Some(d) = &s.data_type {
-                write!(out, " : {d}")?;
-            }
-            out.push(';');
-            if !s.flags.is_empty() {
-                write!(out, " flags {};", s.flags.join(","))?;
-            }
-            if let Some(t) = s.timeout {
-                write!(out, " timeout {t}s;")?;
-            }
-            if let Some(size) = s.size {
-                write!(out, " size {size};")?;
-            }
-            if let Some(c) = &s.comment {
-                write!(out, " comment {};", quote(c))?;
-            }
-            out.push_str(" }");
-            Ok(())
-        }
+        Op::AddSet(t, s) => write!(out, "add {} {t} {} {s}", s.keyword(), s.name),
         Op::FlushSet { table, name, is_map } => write!(out, "flush {} {table} {name}", set_keyword(*is_map)),
         Op::DeleteSet { table, name, is_map } => write!(out, "delete {} {table} {name}", set_keyword(*is_map)),
-        Op::AddElement(t, e) => match &e.value {
-            Some(v) => write!(out, "add element {t} {} {{ {} : {v} }}", e.set, e.key),
-            None => write!(out, "add element {t} {} {{ {} }}", e.set, e.key),
-        },
+        Op::AddElement(t, e) => write!(out, "add element {t} {} {e}", e.set),
         Op::DeleteElement(t, e) => write!(out, "delete element {t} {} {{ {} }}", e.set, e.key),
     }
 }
@@ -346,14 +203,20 @@ fn set_keyword(is_map: bool) -> &'static str {
 }
 
 /// Quotes a string for nft (comments); quotes inside are dropped since nft has no escape for them.
-pub(crate) fn quote(s: &str) -> String {
+pub fn quote(s: &str) -> String {
     format!("\"{}\"", s.replace('"', ""))
 }
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
+    use kproxy_state::IpFamily;
+
     use super::*;
+    use crate::expr::{Field, Stmt, Value};
+    use crate::set::{DataType, Key, MapData};
+    use crate::table::{ChainType, HookPoint, TableFamily};
+    use crate::Verdict;
 
     fn t() -> TableRef {
         TableRef { family: TableFamily::Ip, name: "kproxy".into() }
@@ -361,28 +224,25 @@ mod tests {
 
     #[test]
     fn renders_every_op_as_nft_commands() {
+        let dest = vec![Field::Daddr(IpFamily::V4), Field::L4Proto, Field::ThDport];
         let mut tx = Transaction::new();
         tx.push(Op::AddTable { table: t(), comment: Some("rules for kproxy".into()) });
-        tx.push(Op::AddChain(
-            t(),
-            Chain { name: "nat-output".into(), hook: Some(Hook { kind: "nat", hook: "output", priority: "dstnat" }) },
-        ));
-        tx.push(Op::AddChain(t(), Chain { name: "services".into(), hook: None }));
-        tx.add_rules(&t(), "services", ["ip daddr . meta l4proto . th dport vmap @service-ips".to_owned()]);
+        tx.push(Op::AddChain(t(), Chain::base("nat-output", ChainType::Nat, HookPoint::Output, -100)));
+        tx.push(Op::AddChain(t(), Chain::regular("services")));
+        tx.add_rules(&t(), "services", [Rule::from(Stmt::vmap(dest, "service-ips"))]);
         tx.push(Op::AddSet(
             t(),
             SetDef {
-                name: "service-ips".into(),
-                key_type: "ipv4_addr . inet_proto . inet_service".into(),
-                data_type: Some("verdict".into()),
-                by_typeof: false,
-                flags: vec![],
-                timeout: None,
-                size: None,
                 comment: Some("ClusterIP traffic".into()),
+                ..SetDef::verdict_map("service-ips", vec![DataType::Ipv4Addr, DataType::InetProto, DataType::InetService])
             },
         ));
-        let e = Element { set: "service-ips".into(), key: "10.0.0.1 . tcp . 80".into(), value: Some("drop".into()) };
+        let key = Key::new([
+            Value::Addr("10.0.0.1".parse().unwrap()),
+            Value::Proto(kproxy_state::Protocol::Tcp),
+            Value::Port(80),
+        ]);
+        let e = Element::mapped("service-ips", key, MapData::Verdict(Verdict::Drop));
         tx.push(Op::AddElement(t(), e.clone()));
         tx.push(Op::DeleteElement(t(), e));
         tx.push(Op::FlushChain(t(), "services".into()));
@@ -392,7 +252,7 @@ mod tests {
         assert_eq!(
             tx.render(),
             "add table ip kproxy { comment \"rules for kproxy\"; }\n\
-             add chain ip kproxy nat-output { type nat hook output priority dstnat; policy accept; }\n\
+             add chain ip kproxy nat-output { type nat hook output priority -100; policy accept; }\n\
              add chain ip kproxy services\n\
              add rule ip kproxy services ip daddr . meta l4proto . th dport vmap @service-ips\n\
              add map ip kproxy service-ips { type ipv4_addr . inet_proto . inet_service : verdict; comment \"ClusterIP traffic\"; }\n\

@@ -1,5 +1,6 @@
-//! Executors apply a transaction to the kernel: [`NftCommand`] runs `nft -f -` (fallback,
-//! `--dry-run` checks, debugging); the netlink-native executor lives in `kproxy-nft-netlink`.
+//! Executors apply a transaction to the kernel: the netlink-native one lives in
+//! `kproxy-nft-netlink` (what the daemon uses); [`NftCommand`] runs `nft -f -` for tests and
+//! debugging only; [`Recording`] keeps transactions for tests.
 
 use std::io::Write;
 use std::process::{Command, Stdio};
@@ -108,7 +109,7 @@ impl Executor for NftCommand {
         }
         let out = child.wait_with_output().map_err(spawn_err)?;
         if out.status.success() {
-            tracing::debug!(ops = tx.len(), "applied nftables transaction");
+
             Ok(())
         } else {
             Err(ExecError::Rejected {
