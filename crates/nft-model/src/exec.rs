@@ -109,7 +109,6 @@ impl Executor for NftCommand {
         }
         let out = child.wait_with_output().map_err(spawn_err)?;
         if out.status.success() {
-
             Ok(())
         } else {
             Err(ExecError::Rejected {

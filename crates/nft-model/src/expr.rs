@@ -32,14 +32,11 @@ pub enum Field {
     /// `tcp dport`, `udp dport`, `sctp dport`: only in `typeof` declarations (in a rule it
     /// implies a protocol match).
     Dport(Protocol),
-    /// `numgen random mod M [offset O]`: a draw in `O..O+M`; with `mod 1 offset O` the constant
-    /// O, the one way nft takes a constant inside a concatenation.
-    Numgen {
-        /// Modulus.
-        modulus: u32,
-        /// Offset.
-        offset: u32,
-    },
+    /// `numgen random mod M`: a draw in `0..M`.
+    Numgen(u32),
+    /// `numgen random mod 1 offset C`: the constant C, the one way nft 1.0.6 takes a constant
+    /// inside a concatenation.
+    Constant(u32),
 }
 
 impl fmt::Display for Field {
@@ -50,8 +47,8 @@ impl fmt::Display for Field {
             Field::L4Proto => f.write_str("meta l4proto"),
             Field::ThDport => f.write_str("th dport"),
             Field::Dport(p) => write!(f, "{} dport", p.as_str()),
-            Field::Numgen { modulus, offset: 0 } => write!(f, "numgen random mod {modulus}"),
-            Field::Numgen { modulus, offset } => write!(f, "numgen random mod {modulus} offset {offset}"),
+            Field::Numgen(modulus) => write!(f, "numgen random mod {modulus}"),
+            Field::Constant(c) => write!(f, "numgen random mod 1 offset {c}"),
         }
     }
 }

@@ -14,6 +14,8 @@
 
 pub mod exec;
 pub mod expr;
+#[cfg(feature = "parse")]
+pub mod parse;
 pub mod set;
 pub mod table;
 pub mod transaction;

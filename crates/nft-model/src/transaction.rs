@@ -213,10 +213,10 @@ mod tests {
     use kproxy_state::IpFamily;
 
     use super::*;
+    use crate::Verdict;
     use crate::expr::{Field, Stmt, Value};
     use crate::set::{DataType, Key, MapData};
     use crate::table::{ChainType, HookPoint, TableFamily};
-    use crate::Verdict;
 
     fn t() -> TableRef {
         TableRef { family: TableFamily::Ip, name: "kproxy".into() }
@@ -234,7 +234,10 @@ mod tests {
             t(),
             SetDef {
                 comment: Some("ClusterIP traffic".into()),
-                ..SetDef::verdict_map("service-ips", vec![DataType::Ipv4Addr, DataType::InetProto, DataType::InetService])
+                ..SetDef::verdict_map(
+                    "service-ips",
+                    vec![DataType::Ipv4Addr, DataType::InetProto, DataType::InetService],
+                )
             },
         ));
         let key = Key::new([

@@ -7,10 +7,10 @@
 
 use std::collections::{HashMap, HashSet};
 
-use kproxy_nftables::transaction::{Chain, Element, Op, SetDef, TableFamily, TableRef, Transaction};
+use kproxy_nft_model::{Chain, Element, Key, Op, SetDef, SetFlag, SetType, TableFamily, TableRef, Transaction, Value};
 
 use crate::expr::Expr;
-use crate::parse::{self, KeyType, MapData, ParseError, Typeof};
+use crate::lower::{self, DataType, KeyType, LowerError, MapData, SetInfo, Typeof};
 use crate::sys::*;
 use crate::wire::MsgBuf;
 
@@ -32,7 +32,7 @@ pub struct EncodeError {
     /// The operation as nft text.
     pub op: String,
     /// Why.
-    pub source: ParseError,
+    pub source: LowerError,
 }
 
 /// The nfproto of a table family.
@@ -41,29 +41,6 @@ pub fn nfproto(f: TableFamily) -> u8 {
         TableFamily::Ip => NFPROTO_IPV4,
         TableFamily::Ip6 => NFPROTO_IPV6,
     }
-}
-
-fn hook_number(hook: &str) -> Option<u32> {
-    Some(match hook {
-        "prerouting" => 0,
-        "input" => 1,
-        "forward" => 2,
-        "output" => 3,
-        "postrouting" => 4,
-        _ => return None,
-    })
-}
-
-fn priority(p: &str) -> Option<i32> {
-    Some(match p {
-        "raw" => -300,
-        "mangle" => -150,
-        "dstnat" => -100,
-        "filter" => 0,
-        "security" => 50,
-        "srcnat" => 100,
-        n => n.parse().ok()?,
-    })
 }
 
 /// What a map's elements map to.
@@ -91,7 +68,7 @@ fn set_userdata(key: &KeyType, key_typeof: Option<&Typeof>, data: Option<&SetDat
     }
     if key.is_concat() {
         let exprs = key_typeof.map(|t| t.0.as_slice()).unwrap_or_default();
-        tlv(NFTNL_UDATA_SET_KEY_TYPEOF, &parse::concat_udata(exprs));
+        tlv(NFTNL_UDATA_SET_KEY_TYPEOF, &lower::concat_udata(exprs));
     }
     if let Some(SetData::Typeof(t)) = data {
         tlv(NFTNL_UDATA_SET_DATA_TYPEOF, &t.udata());
@@ -119,9 +96,25 @@ struct Encoder {
     /// for the rules that read them.
     map_deps: HashMap<(TableRef, String), Option<u8>>,
     /// Interval elements each set gets in this batch.
-    intervals: HashMap<(TableRef, String), Vec<String>>,
+    intervals: HashMap<(TableRef, String), Vec<Key>>,
     /// Sets of concatenated ranges created in this batch.
     range_sets: HashSet<(TableRef, String)>,
+}
+
+/// What a rule's lowering needs to know of the sets declared earlier in the batch.
+struct BatchSets<'a> {
+    enc: &'a Encoder,
+    table: &'a TableRef,
+}
+
+impl SetInfo for BatchSets<'_> {
+    fn map_dependency(&self, map: &str) -> Option<Option<u8>> {
+        self.enc.map_deps.get(&(self.table.clone(), map.to_owned())).copied()
+    }
+
+    fn holds_ranges(&self, set: &str) -> bool {
+        self.enc.range_sets.contains(&(self.table.clone(), set.to_owned()))
+    }
 }
 
 impl Encoder {
@@ -135,7 +128,7 @@ impl Encoder {
         self.set_ids.get(&(t.clone(), set.to_owned())).copied()
     }
 
-    fn op(&mut self, op: &Op) -> Result<(), ParseError> {
+    fn op(&mut self, op: &Op) -> Result<(), LowerError> {
         match op {
             Op::AddTable { table, comment } => {
                 self.begin(NFT_MSG_NEWTABLE, NLM_F_CREATE, nfproto(table.family));
@@ -172,9 +165,8 @@ impl Encoder {
                 self.buf.put_str(NFTA_CHAIN_NAME, name);
             }
             Op::AddRule { table, chain, rule } => {
-                let maps = |m: &str| self.map_deps.get(&(table.clone(), m.to_owned())).copied();
-                let ranges = |s: &str| self.range_sets.contains(&(table.clone(), s.to_owned()));
-                let mut exprs = parse::rule_with_maps(table.family, rule, &maps, &ranges)?;
+                let sets = BatchSets { enc: self, table };
+                let mut exprs = lower::rule(table.family.ip_family(), rule, &sets)?;
                 for e in &mut exprs {
                     if let Expr::Lookup { set, set_id, .. } | Expr::DynsetUpdate { set, set_id, .. } = e {
                         *set_id = self.set_id(table, set);
@@ -209,53 +201,39 @@ impl Encoder {
         Ok(())
     }
 
-    fn add_chain(&mut self, t: &TableRef, chain: &Chain) -> Result<(), ParseError> {
-        let hook = match &chain.hook {
-            Some(h) => {
-                let err = |w: &str| ParseError { what: w.to_owned(), text: format!("{h:?}") };
-                Some((
-                    h.kind,
-                    hook_number(h.hook).ok_or_else(|| err(h.hook))?,
-                    priority(h.priority).ok_or_else(|| err(h.priority))?,
-                ))
-            }
-            None => None,
-        };
+    fn add_chain(&mut self, t: &TableRef, chain: &Chain) -> Result<(), LowerError> {
         self.begin(NFT_MSG_NEWCHAIN, NLM_F_CREATE, nfproto(t.family));
         self.buf.put_str(NFTA_CHAIN_TABLE, &t.name);
         self.buf.put_str(NFTA_CHAIN_NAME, &chain.name);
-        if let Some((kind, hooknum, prio)) = hook {
-            self.buf.put_str(NFTA_CHAIN_TYPE, kind);
+        if let Some(h) = &chain.hook {
+            self.buf.put_str(NFTA_CHAIN_TYPE, h.kind.as_str());
             self.buf.put_be32(NFTA_CHAIN_POLICY, NF_ACCEPT);
             let n = self.buf.begin_nest(NFTA_CHAIN_HOOK);
-            self.buf.put_be32(NFTA_HOOK_HOOKNUM, hooknum);
-            self.buf.put_be32(NFTA_HOOK_PRIORITY, prio as u32);
+            self.buf.put_be32(NFTA_HOOK_HOOKNUM, h.hook.number());
+            self.buf.put_be32(NFTA_HOOK_PRIORITY, h.priority as u32);
             self.buf.end_nest(n);
         }
         Ok(())
     }
 
-    fn add_set(&mut self, t: &TableRef, def: &SetDef) -> Result<(), ParseError> {
-        let err = |what: &str| ParseError { what: what.to_owned(), text: def.name.clone() };
-        let (key, key_typeof) = if def.by_typeof {
-            let t = Typeof::parse(t.family, &def.key_type)?;
-            (t.key_type(), Some(t))
-        } else {
-            (KeyType::parse(&def.key_type)?, None)
-        };
-        let data = match (def.data_type.as_deref(), def.by_typeof) {
-            (None, _) => None,
-            (Some("verdict"), false) => Some(SetData::Verdict),
-            (Some(d), true) => Some(SetData::Typeof(Typeof::parse(t.family, d)?)),
-            (Some(other), false) => return Err(err(other)),
+    fn add_set(&mut self, t: &TableRef, def: &SetDef) -> Result<(), LowerError> {
+        let (key, key_typeof, data) = match &def.ty {
+            SetType::Named { key, verdict_map } => {
+                let key = KeyType(key.iter().map(|d| DataType::of(*d)).collect());
+                (key, None, verdict_map.then_some(SetData::Verdict))
+            }
+            SetType::Typeof { key, data } => {
+                let key = Typeof::new(key)?;
+                let data = data.as_deref().map(Typeof::new).transpose()?.map(SetData::Typeof);
+                (key.key_type(), Some(key), data)
+            }
         };
         let mut flags = 0;
         for f in &def.flags {
             flags |= match *f {
-                "interval" => NFT_SET_INTERVAL,
-                "dynamic" => NFT_SET_EVAL,
-                "timeout" => NFT_SET_TIMEOUT,
-                other => return Err(err(other)),
+                SetFlag::Interval => NFT_SET_INTERVAL,
+                SetFlag::Dynamic => NFT_SET_EVAL,
+                SetFlag::Timeout => NFT_SET_TIMEOUT,
             };
         }
         if data.is_some() {
@@ -323,8 +301,8 @@ impl Encoder {
             let list = self.buf.begin_nest(NFTA_SET_ELEM_LIST_ELEMENTS);
             self.elem(1, &vec![0; key.byte_len() as usize], None, true);
             let mut n = 1;
-            for text in &initial {
-                let k = parse::element_key(text)?;
+            for key in &initial {
+                let k = lower::element_key(key)?;
                 n += 1;
                 self.elem(n, &k.start, None, false);
                 if let Some(Some(end)) = &k.interval_end {
@@ -377,10 +355,10 @@ impl Encoder {
         self.buf.end_nest(e);
     }
 
-    fn element(&mut self, t: &TableRef, e: &Element, add: bool) -> Result<(), ParseError> {
-        let key = parse::element_key(&e.key)?;
+    fn element(&mut self, t: &TableRef, e: &Element, add: bool) -> Result<(), LowerError> {
+        let key = lower::element_key(&e.key)?;
         let data = match (&e.value, add) {
-            (Some(v), true) => Some(parse::map_data(v)?),
+            (Some(v), true) => Some(lower::map_data(v)?),
             _ => None,
         };
         if add {
@@ -426,8 +404,7 @@ impl Batch {
             // Single-field ranges of a set created in this batch go into its creation (as nft);
             // concatenated ranges are elements of their own.
             if let Op::AddElement(t, e) = op
-                && e.key.contains('/')
-                && !e.key.contains(" . ")
+                && let [Value::Prefix(_)] = e.key.values()
             {
                 enc.intervals.entry((t.clone(), e.set.clone())).or_default().push(e.key.clone());
             }

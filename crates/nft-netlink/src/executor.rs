@@ -2,7 +2,7 @@
 
 use std::io;
 
-use kproxy_nftables::{ExecError, Executor, Transaction};
+use kproxy_nft_model::{ExecError, Executor, Transaction};
 
 use crate::batch::{Batch, op_text};
 use crate::socket::NfSocket;

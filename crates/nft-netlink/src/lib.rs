@@ -1,5 +1,5 @@
-//! nf_tables over raw netlink: kproxy's typed nftables transactions
-//! ([`kproxy_nftables::Transaction`]) encoded as nfnetlink batches and sent on a
+//! nf_tables over raw netlink: kproxy's typed nftables model
+//! ([`kproxy_nft_model::Transaction`]) encoded as nfnetlink batches and sent on a
 //! `NETLINK_NETFILTER` socket, with no `nft` process and no ruleset dump on the sync path.
 //!
 //! Why: `nft -f` first lists the kernel's whole ruleset into its cache, which at 10k+ services
@@ -11,12 +11,13 @@
 //! covers nf_tables rule expressions, and libnftnl through FFI would need `unsafe` (denied in
 //! this workspace) plus a C build dependency, for a subset that fits in a few hundred lines.
 //!
-//! - [`parse`]: the nft text subset the ruleset is written in → typed [`expr::Expr`]s and data.
+//! - [`lower`]: the typed model → the kernel's [`expr::Expr`]s, key types and data bytes; no
+//!   text is formatted or parsed on the way.
 //! - [`expr`], [`wire`]: expressions and netlink attributes to bytes, in nft's attribute order,
 //!   so `tests/encoding.rs` compares them byte for byte with what `nft --debug=mnl` sends.
 //! - [`batch`]: a transaction → one `BATCH_BEGIN … END` batch, sequence numbers mapped back to
 //!   operations so a kernel error names the operation it refused.
-//! - [`NetlinkExecutor`]: the [`kproxy_nftables::Executor`] on top.
+//! - [`NetlinkExecutor`]: the [`kproxy_nft_model::Executor`] on top.
 //! - [`listing`]: one netlink dump of a table (chains, rule and element counts), for drift
 //!   detection on full resyncs.
 
@@ -24,7 +25,7 @@ pub mod batch;
 pub mod executor;
 pub mod expr;
 pub mod listing;
-pub mod parse;
+pub mod lower;
 pub mod socket;
 pub mod sys;
 pub mod wire;

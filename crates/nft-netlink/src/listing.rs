@@ -5,11 +5,10 @@
 use std::collections::BTreeMap;
 use std::io;
 
-use kproxy_nftables::transaction::{Op, TableRef, Transaction};
+use kproxy_nft_model::{Key, Op, SetFlag, SetType, TableRef, Transaction};
 
 use crate::NetlinkExecutor;
 use crate::batch::nfproto;
-use crate::parse;
 use crate::sys::*;
 use crate::wire::Attrs;
 
@@ -23,8 +22,10 @@ pub struct TableListing {
     pub sets: BTreeMap<String, Option<usize>>,
 }
 
-fn interval_elements(key: &str) -> usize {
-    match parse::element_key(key).map(|k| k.interval_end) {
+/// How many kernel elements an element is: a single-field range is two (its start and the
+/// interval end after it), unless it reaches the end of the address space.
+fn interval_elements(key: &Key) -> usize {
+    match crate::lower::element_key(key).map(|k| k.interval_end) {
         Ok(Some(Some(_))) => 2,
         _ => 1,
     }
@@ -53,10 +54,12 @@ impl TableListing {
                 }
                 Op::AddRule { table: t, chain, .. } if t == table => *l.chains.entry(chain.clone()).or_insert(0) += 1,
                 Op::AddSet(t, s) if t == table => {
-                    let dynamic = s.flags.contains(&"dynamic");
+                    let dynamic = s.has(SetFlag::Dynamic);
                     // A single-field interval set starts with the interval end at its lowest key;
                     // a set of concatenated ranges keeps each range as one element.
-                    let interval = s.flags.contains(&"interval") && !s.key_type.contains(" . ");
+                    let concat = matches!(&s.ty, SetType::Named { key, .. } if key.len() > 1)
+                        || matches!(&s.ty, SetType::Typeof { key, .. } if key.len() > 1);
+                    let interval = s.has(SetFlag::Interval) && !concat;
                     l.sets.entry(s.name.clone()).or_insert(if dynamic { None } else { Some(usize::from(interval)) });
                 }
                 Op::FlushSet { table: t, name, .. } if t == table => {

@@ -4,89 +4,21 @@
 //! `fixtures/README.md`). Covers the whole initial ruleset of the example cluster in both
 //! families plus every other rule form the renderer emits.
 
+use kproxy_nft_model::{Op, Transaction, parse};
 use kproxy_nft_netlink::batch::Batch;
 use kproxy_nft_netlink::socket::messages;
-use kproxy_nftables::transaction::{Chain, Element, Hook, Op, SetDef, TableFamily, TableRef, Transaction};
 
 const COMMANDS: &str = include_str!("fixtures/nft-commands.nft");
 const MNL: &str = include_str!("fixtures/nft-commands.mnl.hex");
 const LATER: &str = include_str!("fixtures/nft-commands-later.nft");
 const LATER_MNL: &str = include_str!("fixtures/nft-commands-later.mnl.hex");
 
-fn leak(s: &str) -> &'static str {
-    Box::leak(s.to_owned().into_boxed_str())
-}
-
-fn table(f: &str, name: &str) -> TableRef {
-    let family = if f == "ip" { TableFamily::Ip } else { TableFamily::Ip6 };
-    TableRef { family, name: name.to_owned() }
-}
-
-/// The `{ ... }` block of a command, split at `;`.
-fn block(line: &str) -> Vec<String> {
-    let Some(start) = line.find('{') else { return Vec::new() };
-    let inner = line[start + 1..line.rfind('}').unwrap()].trim();
-    inner.split(';').map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()).collect()
-}
-
-fn unquote(s: &str) -> String {
-    s.trim().trim_matches('"').to_owned()
-}
-
-/// Parses the fixture's nft commands back into operations (the forms `Transaction::render` emits).
+/// A fixture command as a typed operation; it must render back to the same text, so the bytes
+/// `nft` sent for the text are the bytes expected for the operation.
 fn op(line: &str) -> Op {
-    let w: Vec<&str> = line.split_whitespace().collect();
-    let t = table(w[2], w[3]);
-    match (w[0], w[1]) {
-        ("add", "table") => {
-            let comment = block(line).first().map(|c| unquote(c.trim_start_matches("comment")));
-            Op::AddTable { table: t, comment }
-        }
-        ("delete", "table") => Op::DeleteTable(t),
-        ("add", "chain") => {
-            let b = block(line);
-            let hook = b.first().map(|h| {
-                let h: Vec<&str> = h.split_whitespace().collect();
-                Hook { kind: leak(h[1]), hook: leak(h[3]), priority: leak(h[5]) }
-            });
-            Op::AddChain(t, Chain { name: w[4].to_owned(), hook })
-        }
-        ("add", "rule") => {
-            let prefix = format!("add rule {} {} {} ", w[2], w[3], w[4]);
-            Op::AddRule { table: t, chain: w[4].to_owned(), rule: line[prefix.len()..].to_owned() }
-        }
-        ("add", "set" | "map") => {
-            let mut def = SetDef::new(w[4], "");
-            for item in block(line) {
-                let (k, v) = item.split_once(' ').unwrap();
-                def.by_typeof |= k == "typeof";
-                match k {
-                    "type" | "typeof" => match v.split_once(" : ") {
-                        Some((key, data)) => {
-                            def.key_type = key.to_owned();
-                            def.data_type = Some(data.to_owned());
-                        }
-                        None => def.key_type = v.to_owned(),
-                    },
-                    "flags" => def.flags = v.split(',').map(leak).collect(),
-                    "timeout" => def.timeout = Some(v.trim_end_matches('s').parse().unwrap()),
-                    "comment" => def.comment = Some(unquote(v)),
-                    other => panic!("set attribute {other}"),
-                }
-            }
-            Op::AddSet(t, def)
-        }
-        (verb @ ("add" | "delete"), "element") => {
-            let inner = line[line.find('{').unwrap() + 1..line.rfind('}').unwrap()].trim();
-            let (key, value) = match inner.split_once(" : ") {
-                Some((k, v)) => (k.to_owned(), Some(v.to_owned())),
-                None => (inner.to_owned(), None),
-            };
-            let e = Element { set: w[4].to_owned(), key, value };
-            if verb == "add" { Op::AddElement(t, e) } else { Op::DeleteElement(t, e) }
-        }
-        other => panic!("command {other:?}"),
-    }
+    let op = parse::op(line).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(kproxy_nft_netlink::batch::op_text(&op), line.trim(), "the model renders the fixture back");
+    op
 }
 
 #[test]

@@ -8,8 +8,26 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
+use kproxy_nft_model::{Chain, Element, MapData, Op, Rule, SetDef, SetType, TableFamily, TableRef, Transaction, parse};
 use kproxy_nft_netlink::{NetlinkExecutor, TableListing, list_table};
-use kproxy_nftables::transaction::{Chain, Element, Op, SetDef, TableFamily, TableRef, Transaction};
+
+/// A rule written as nft text (the pick-dataplane cases are generated as text).
+fn rule(text: &str) -> Rule {
+    parse::rule(text).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Rules written as nft text, appended to `chain`.
+fn add_rules<const N: usize>(tx: &mut Transaction, t: &TableRef, chain: &str, rules: [String; N]) {
+    tx.add_rules(t, chain, rules.iter().map(|r| rule(r)));
+}
+
+/// Fields written as nft text (`ip daddr . th dport`).
+fn fields(text: &str) -> Vec<kproxy_nft_model::Field> {
+    match rule(&format!("{text} @s")).0.pop() {
+        Some(kproxy_nft_model::Stmt::Lookup { key, .. }) => key,
+        other => panic!("{other:?}"),
+    }
+}
 use kproxy_nftables::{Config, ExecError, Executor, NftCommand, NftablesDataplane};
 use kproxy_plan::*;
 use kproxy_state::{IpFamily, Protocol};
@@ -214,10 +232,11 @@ fn pick_skeleton(tx: &mut Transaction, v6: bool) {
         Op::AddSet(
             t.clone(),
             SetDef {
-                data_type: Some(format!("{ip} daddr . {port} dport")),
-                by_typeof: true,
                 comment: comment.map(str::to_owned),
-                ..SetDef::new(name, key)
+                ..SetDef::new(
+                    name,
+                    SetType::Typeof { key: fields(&key), data: Some(fields(&format!("{ip} daddr . {port} dport"))) },
+                )
             },
         )
     };
@@ -237,12 +256,15 @@ fn pick_skeleton(tx: &mut Transaction, v6: bool) {
     }
     let addr = if v6 { "ipv6_addr" } else { "ipv4_addr" };
     for c in CAPS {
-        let set = |name: String, key: String| Op::AddSet(t.clone(), SetDef::new(name, key));
+        let set = |name: String, key: String| {
+            parse::op(&format!("add set {t} {name} {{ type {key}; }}")).unwrap_or_else(|e| panic!("{e}"))
+        };
         tx.push(set(format!("cluster-cap-{c}"), format!("{addr} . inet_proto . inet_service")));
         tx.push(set(format!("cluster-nodeport-cap-{c}"), "inet_proto . inet_service".into()));
         tx.push(chain(format!("pick-cluster-{c}")));
         tx.push(chain(format!("pick-cluster-nodeport-{c}")));
-        tx.add_rules(
+        add_rules(
+            tx,
             &t,
             "pick",
             [
@@ -250,14 +272,16 @@ fn pick_skeleton(tx: &mut Transaction, v6: bool) {
                 format!("meta l4proto . th dport @cluster-nodeport-cap-{c} goto pick-cluster-nodeport-{c}"),
             ],
         );
-        tx.add_rules(
+        add_rules(
+            tx,
             &t,
             &format!("pick-cluster-{c}"),
             [format!(
                 "dnat {ip} to {ip} daddr . meta l4proto . th dport . numgen random mod {c} map @cluster-endpoints"
             )],
         );
-        tx.add_rules(
+        add_rules(
+            tx,
             &t,
             &format!("pick-cluster-nodeport-{c}"),
             [format!("dnat {ip} to meta l4proto . th dport . numgen random mod {c} map @cluster-nodeport-endpoints")],
@@ -268,13 +292,15 @@ fn pick_skeleton(tx: &mut Transaction, v6: bool) {
             };
             let service = format!("{ip} daddr . meta l4proto . th dport");
             let nodeport = "meta l4proto . th dport";
-            tx.add_rules(&t, &format!("pick-cluster-{c}"), [dnat(&service, &format!("cluster-{proto}-endpoints"))]);
-            tx.add_rules(
+            add_rules(tx, &t, &format!("pick-cluster-{c}"), [dnat(&service, &format!("cluster-{proto}-endpoints"))]);
+            add_rules(
+                tx,
                 &t,
                 &format!("pick-cluster-nodeport-{c}"),
                 [dnat(nodeport, &format!("cluster-nodeport-{proto}-endpoints"))],
             );
-            tx.add_rules(
+            add_rules(
+                tx,
                 &t,
                 "pick",
                 [
@@ -284,7 +310,8 @@ fn pick_skeleton(tx: &mut Transaction, v6: bool) {
             );
         }
     }
-    tx.add_rules(
+    add_rules(
+        tx,
         &t,
         "pick",
         [
@@ -312,7 +339,8 @@ fn pick_elements(tx: &mut Transaction, i: usize, p: &Pick, generation: u8, add: 
     let node_port = 30000 + i;
     let c = cap(p.endpoints);
     let mut push = |set: String, key: String, value: Option<String>| {
-        let e = Element { set, key, value: value.filter(|_| add) };
+        let value = value.filter(|_| add).map(|v| MapData::Value(parse::key(&v).unwrap()));
+        let e = Element { set, key: parse::key(&key).unwrap(), value };
         tx.push(if add { Op::AddElement(t.clone(), e) } else { Op::DeleteElement(t.clone(), e) });
     };
     push(format!("cluster-cap-{c}"), format!("{service_ip} . {proto} . {port}"), None);
@@ -353,7 +381,8 @@ fn pick_transactions(first: &[Pick], second: &[Pick]) -> Vec<Transaction> {
         let t = pick_table(v6);
         let ip = if v6 { "ip6" } else { "ip" };
         tx2.push(Op::AddChain(t.clone(), Chain { name: "pick-later".into(), hook: None }));
-        tx2.add_rules(
+        add_rules(
+            &mut tx2,
             &t,
             "pick-later",
             [
@@ -361,7 +390,9 @@ fn pick_transactions(first: &[Pick], second: &[Pick]) -> Vec<Transaction> {
                     "meta l4proto sctp dnat {ip} to {ip} daddr . meta l4proto . th dport . numgen random mod 8 map \
                      @cluster-sctp-endpoints"
                 ),
-                format!("meta l4proto udp dnat {ip} to meta l4proto . th dport . numgen random mod 2 map @local-nodeport-udp-endpoints"),
+                format!(
+                    "meta l4proto udp dnat {ip} to meta l4proto . th dport . numgen random mod 2 map @local-nodeport-udp-endpoints"
+                ),
             ],
         );
     }
@@ -459,8 +490,8 @@ fn a_rejected_operation_is_named_and_nothing_is_applied() {
     let t = TableRef { family: TableFamily::Ip, name: "kproxy".into() };
     let mut tx = Transaction::new();
     tx.push(Op::AddTable { table: t.clone(), comment: None });
-    tx.push(Op::AddChain(t.clone(), kproxy_nftables::transaction::Chain { name: "a".into(), hook: None }));
-    tx.add_rules(&t, "a", ["drop".to_owned(), "goto missing-chain".to_owned(), "accept".to_owned()]);
+    tx.push(Op::AddChain(t.clone(), Chain::regular("a")));
+    add_rules(&mut tx, &t, "a", ["drop".to_owned(), "goto missing-chain".to_owned(), "accept".to_owned()]);
     let err = ns.run_in(|| NetlinkExecutor::new().apply(&tx)).unwrap().unwrap_err();
     match err {
         ExecError::Kernel { index, op, source } => {
@@ -504,7 +535,7 @@ fn the_listing_matches_what_was_applied_and_sees_drift() {
             exec.apply(&tx).unwrap();
             let before = list_table(&mut exec, &table).unwrap();
             let mut drift = Transaction::new();
-            drift.add_rules(&table, "services", ["drop".to_owned()]);
+            add_rules(&mut drift, &table, "services", ["drop".to_owned()]);
             exec.apply(&drift).unwrap();
             (before, list_table(&mut exec, &table).unwrap())
         })

@@ -14,7 +14,9 @@ use kproxy_nftables::{Config, NftablesDataplane, Recording};
 fn references(op: &Op) -> Vec<String> {
     match op {
         Op::AddRule { rule, .. } => rule.references().map(str::to_owned).collect(),
-        Op::AddElement(_, Element { value: Some(MapData::Verdict(v)), .. }) => v.chain().into_iter().map(str::to_owned).collect(),
+        Op::AddElement(_, Element { value: Some(MapData::Verdict(v)), .. }) => {
+            v.chain().into_iter().map(str::to_owned).collect()
+        }
         _ => Vec::new(),
     }
 }

@@ -126,7 +126,7 @@ pub fn skeleton(ctx: &Ctx) -> (Vec<(Chain, Vec<Rule>)>, Vec<SetDef>) {
             let sel = ks.selector(ctx);
             for proto in PROTOCOLS {
                 let mut key = sel.clone();
-                key.push(Field::Numgen { modulus: 2, offset: 0 });
+                key.push(Field::Numgen(2));
                 // The data is `address . port`, named by the protocol's own port field:
                 // with `th dport` nft 1.0.6 could not reload the ruleset.
                 let data = Some(vec![ctx.daddr(), Field::Dport(proto)]);
@@ -141,7 +141,7 @@ pub fn skeleton(ctx: &Ctx) -> (Vec<(Chain, Vec<Rule>)>, Vec<SetDef>) {
                 // A map whose data names `tcp dport` only translates TCP: the match says so.
                 let draw = |proto: Protocol, modulus: u32| {
                     let mut key = sel.clone();
-                    key.push(Field::Numgen { modulus, offset: 0 });
+                    key.push(Field::Numgen(modulus));
                     let map = endpoints_map(class, ks, proto);
                     let nat = Stmt::NatMap { kind: NatKind::Dnat, family: ctx.family, key, map };
                     Rule::new([Stmt::l4proto(proto), nat])

@@ -22,7 +22,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use ipnet::IpNet;
-use kproxy_nft_model::{Chain, Element, Field, Key, MapData, NatKind, Rule, SetDef, SetFlag, SetType, Stmt, Value, Verdict};
+use kproxy_nft_model::{
+    Chain, Element, Field, Key, MapData, NatKind, Rule, SetDef, SetFlag, SetType, Stmt, Value, Verdict,
+};
 use kproxy_plan::{Endpoint, ExternalPolicy, MasqueradeWhen, NoEndpointsVerdict, NodePlan, ServicePortPlan};
 
 use super::pick::{self, Class};
@@ -213,7 +215,11 @@ pub fn render(ctx: &Ctx, node: &NodePlan, p: &ServicePortPlan) -> ServiceObjects
                 out.claim(dest(vip), SERVICE_IPS, Some(Verdict::goto(chain.as_str())));
             }
             if let Some(np) = p.node_port {
-                out.claim(Destination::NodePort(p.protocol, np), SERVICE_NODEPORTS, Some(Verdict::goto(chain.as_str())));
+                out.claim(
+                    Destination::NodePort(p.protocol, np),
+                    SERVICE_NODEPORTS,
+                    Some(Verdict::goto(chain.as_str())),
+                );
             }
         }
         if !p.source_ranges.is_empty() && !p.load_balancer_ips.is_empty() {
@@ -260,14 +266,14 @@ fn affinity_dispatch(
 ) -> Vec<Rule> {
     let Some(timeout) = p.affinity_timeout else { return Vec::new() };
     let set = naming::chain("affinity", &p.name);
-    let ty = SetType::Typeof { key: vec![ctx.saddr(), Field::Numgen { modulus: 2, offset: 0 }], data: None };
+    let ty = SetType::Typeof { key: vec![ctx.saddr(), Field::Numgen(2)], data: None };
     sets.insert(
         set.clone(),
         SetDef { flags: vec![SetFlag::Dynamic, SetFlag::Timeout], timeout: Some(timeout), ..SetDef::new(&set, ty) },
     );
     // `client . endpoint id`: the id is written as a constant-valued numgen, the one way nft
     // 1.0.6 accepts a constant inside a concatenation.
-    let key = |ep: &Endpoint| vec![ctx.saddr(), Field::Numgen { modulus: 1, offset: naming::endpoint_id(ep.ip, ep.port) }];
+    let key = |ep: &Endpoint| vec![ctx.saddr(), Field::Constant(naming::endpoint_id(ep.ip, ep.port))];
     let update = |ep: &Endpoint| Stmt::Update { set: set.clone(), key: key(ep) };
     let dnat = |ep: &Endpoint| {
         [

@@ -117,14 +117,16 @@ pub fn render(ctx: &Ctx, node: &NodePlan) -> Skeleton {
     masquerading.push(rule([Stmt::goto("masquerade-now")]));
     let snat = match node.snat.source {
         SnatSource::Masquerade => Stmt::Masquerade { fully_random: true },
-        SnatSource::NodeIp(addr) => Stmt::Nat { kind: kproxy_nft_model::NatKind::Snat, addr, port: None, fully_random: true },
+        SnatSource::NodeIp(addr) => {
+            Stmt::Nat { kind: kproxy_nft_model::NatKind::Snat, addr, port: None, fully_random: true }
+        }
     };
-    let mut cluster_ips_check = vec![rule([
-        Stmt::member(vec![ctx.daddr()], CLUSTER_IPS),
-        Stmt::Reject(Reject::PortUnreachable),
-    ])];
+    let mut cluster_ips_check =
+        vec![rule([Stmt::member(vec![ctx.daddr()], CLUSTER_IPS), Stmt::Reject(Reject::PortUnreachable)])];
     cluster_ips_check.extend(
-        node.service_cidrs.iter().map(|c| rule([Stmt::eq(ctx.daddr(), Value::Prefix(*c)), Stmt::Verdict(Verdict::Drop)])),
+        node.service_cidrs
+            .iter()
+            .map(|c| rule([Stmt::eq(ctx.daddr(), Value::Prefix(*c)), Stmt::Verdict(Verdict::Drop)])),
     );
     let mut firewall = dest.clone();
     firewall.push(ctx.saddr());
@@ -133,8 +135,14 @@ pub fn render(ctx: &Ctx, node: &NodePlan) -> Skeleton {
     use HookPoint::{Forward, Input, Output, Postrouting, Prerouting};
     let regular = Chain::regular;
     let chains = vec![
-        (Chain::base("filter-prerouting-pre-dnat", Filter, Prerouting, -110), vec![rule([new(), Stmt::jump("firewall-check")])]),
-        (Chain::base("filter-output-pre-dnat", Filter, Output, -110), vec![rule([new(), Stmt::jump("firewall-check")])]),
+        (
+            Chain::base("filter-prerouting-pre-dnat", Filter, Prerouting, -110),
+            vec![rule([new(), Stmt::jump("firewall-check")])],
+        ),
+        (
+            Chain::base("filter-output-pre-dnat", Filter, Output, -110),
+            vec![rule([new(), Stmt::jump("firewall-check")])],
+        ),
         (Chain::base("nat-prerouting", Nat, Prerouting, -100), vec![rule([Stmt::jump(SERVICES)])]),
         (Chain::base("nat-output", Nat, Output, -100), vec![rule([Stmt::jump(SERVICES)])]),
         (
@@ -143,7 +151,10 @@ pub fn render(ctx: &Ctx, node: &NodePlan) -> Skeleton {
         ),
         (
             Chain::base("filter-input", Filter, Input, 0),
-            vec![rule([new(), Stmt::jump("nodeport-endpoints-check")]), rule([new(), Stmt::jump("service-endpoints-check")])],
+            vec![
+                rule([new(), Stmt::jump("nodeport-endpoints-check")]),
+                rule([new(), Stmt::jump("service-endpoints-check")]),
+            ],
         ),
         (
             Chain::base("filter-output", Filter, Output, 0),
