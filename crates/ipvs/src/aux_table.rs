@@ -22,9 +22,13 @@
 //!    connections that carry a VIP as source can not go out untranslated under IPVS; they are
 //!    source-NATed to the node IP, what a direct connection shows (see `vip_source_snat`).
 
+use kproxy_nft_model::{
+    Chain, ChainType, CmpOp, DataType, Element, Field, HookPoint, NatKind, Reject, Rule, SetDef, SetFlag, Stmt, Value,
+    Verdict,
+};
 use kproxy_nftables::ruleset::{Ctx, local_match};
-use kproxy_nftables::transaction::{Chain, Element, Hook, SetDef};
 use kproxy_plan::{LocalTraffic, NoMasqueradeSource, NodePlan, NodePortAddresses, SnatSource};
+use kproxy_state::Protocol;
 
 use crate::config::Config;
 
@@ -64,8 +68,8 @@ pub const FIREWALL_ALLOW: &str = "firewall-allow";
 // the auxiliary table is rendered with the same building blocks.
 pub use kproxy_nftables::ruleset::skeleton::{NO_ENDPOINT_NODEPORTS, NO_ENDPOINT_SERVICES, REJECT_CHAIN, Skeleton};
 
-fn set(name: &str, key: String, data: Option<&str>, flags: Vec<&'static str>) -> SetDef {
-    SetDef { data_type: data.map(str::to_owned), flags, ..SetDef::new(name, key) }
+fn set(name: &str, key: Vec<DataType>, data: Option<DataType>, flags: Vec<SetFlag>) -> SetDef {
+    SetDef { flags, ..SetDef::new(name, kproxy_nft_model::SetType::Named { key, data }) }
 }
 
 /// What the node's exempt (KEP-6246) traffic with a VIP as source gets instead of "not
@@ -77,138 +81,169 @@ fn set(name: &str, key: String, data: Option<&str>, flags: Vec<&'static str>) ->
 /// So this traffic is source-NATed to what a direct node → endpoint connection shows: the node
 /// IP of the family (the `src` of the pod routes in the #133024 setup). Without a known node IP
 /// it is masqueraded like non-exempt traffic.
-fn vip_source_snat(node: &NodePlan) -> String {
+fn vip_source_snat(node: &NodePlan) -> Stmt {
     match node.node_ip {
-        Some(addr) => format!("snat to {addr} fully-random"),
-        None => "goto masquerade-now".to_owned(),
+        Some(addr) => Stmt::Nat { kind: NatKind::Snat, addr, port: None, fully_random: true },
+        None => Stmt::goto("masquerade-now"),
     }
+}
+
+/// A rule of `prefix` followed by `stmts`.
+fn with(prefix: &[Stmt], stmts: impl IntoIterator<Item = Stmt>) -> Rule {
+    Rule::new(prefix.iter().cloned().chain(stmts))
 }
 
 /// Renders the skeleton for `node`.
 pub fn skeleton(cfg: &Config, ctx: &Ctx, node: &NodePlan) -> Skeleton {
-    let ip = ctx.ip();
     let a = ctx.addr_type();
     let m = cfg.masquerade_mark;
     let p = cfg.local_pod_mark;
-    let dest = format!("{ip} daddr . meta l4proto . th dport");
-    let port = "meta l4proto . th dport";
-    let np = match &node.nodeport_addresses {
-        NodePortAddresses::AllLocal => {
-            format!("fib daddr type local {ip} daddr != {} {ip} daddr != @{VIPS}", ctx.loopback())
-        }
-        NodePortAddresses::Only(_) => format!("{ip} daddr @{NODEPORT_IPS}"),
+    let dest = ctx.destination();
+    let port = vec![Field::L4Proto, Field::ThDport];
+    let np: Vec<Stmt> = match &node.nodeport_addresses {
+        NodePortAddresses::AllLocal => vec![
+            Stmt::FibLocal { saddr: false },
+            Stmt::neq(ctx.daddr(), ctx.loopback()),
+            Stmt::not_member(vec![ctx.daddr()], VIPS),
+        ],
+        NodePortAddresses::Only(_) => vec![Stmt::member(vec![ctx.daddr()], NODEPORT_IPS)],
     };
-    let set_masq = format!("ct mark set ct mark or {m:#x}");
+    let set_masq = || Stmt::CtMarkOr(m);
     let pod = local_match(ctx, &node.local_traffic, false);
     let not_pod = local_match(ctx, &node.local_traffic, true);
     let sources = node.no_masquerade_sources();
-    let base = |name: &str, kind: &'static str, hook: &'static str, priority: &'static str| Chain {
-        name: name.to_owned(),
-        hook: Some(Hook { kind, hook, priority }),
-    };
-    let plain = |name: &str| Chain { name: name.to_owned(), hook: None };
+    let mark_map = |key: &[Field], map: &str| Stmt::MarkSetMap { key: key.to_vec(), map: map.to_owned() };
+    let new = || Stmt::CtState(kproxy_nft_model::CtState::New);
 
-    let mut classify_pre = vec![format!("{np} meta mark set {port} map @{NODEPORT_MARKS}")];
+    let mut classify_pre = vec![with(&np, [mark_map(&port, NODEPORT_MARKS)])];
     if let Some(pod) = &pod {
-        classify_pre.push(format!("{pod} meta mark set {dest} map @{SHORTCIRCUIT_DESTS}"));
-        classify_pre.push(format!("{pod} {np} meta mark set {port} map @{SHORTCIRCUIT_NODEPORTS}"));
+        classify_pre.push(Rule::new([pod.clone(), mark_map(&dest, SHORTCIRCUIT_DESTS)]));
+        let mut r = Rule::new([pod.clone()]);
+        r.0.extend(np.iter().cloned());
+        classify_pre.push(r.then(mark_map(&port, SHORTCIRCUIT_NODEPORTS)));
     }
-    classify_pre.push("ct state new jump masquerade-marks-prerouting".to_owned());
+    classify_pre.push(Rule::new([new(), Stmt::jump("masquerade-marks-prerouting")]));
     let classify_out = vec![
-        format!("{np} meta mark set {port} map @{NODEPORT_MARKS}"),
-        format!("meta mark set {dest} map @{SHORTCIRCUIT_DESTS}"),
-        format!("{np} meta mark set {port} map @{SHORTCIRCUIT_NODEPORTS}"),
-        "ct state new jump masquerade-marks-output".to_owned(),
+        with(&np, [mark_map(&port, NODEPORT_MARKS)]),
+        Rule::from(mark_map(&dest, SHORTCIRCUIT_DESTS)),
+        with(&np, [mark_map(&port, SHORTCIRCUIT_NODEPORTS)]),
+        Rule::new([new(), Stmt::jump("masquerade-marks-output")]),
     ];
-    let mut marks_pre = vec![format!("{dest} @{MASQ_ALWAYS} {set_masq}")];
+    let mut marks_pre = vec![Rule::new([Stmt::member(dest.clone(), MASQ_ALWAYS), set_masq()])];
     if let Some(not_pod) = &not_pod {
-        marks_pre.push(format!("{not_pod} {dest} @{MASQ_NOT_LOCAL} {set_masq}"));
+        marks_pre.push(Rule::new([not_pod.clone(), Stmt::member(dest.clone(), MASQ_NOT_LOCAL), set_masq()]));
     }
-    marks_pre.push(format!("{dest} @{MASQ_EXTERNAL} {set_masq}"));
-    marks_pre.push(format!("{np} {port} @{MASQ_NODEPORTS} {set_masq}"));
+    marks_pre.push(Rule::new([Stmt::member(dest.clone(), MASQ_EXTERNAL), set_masq()]));
+    marks_pre.push(with(&np, [Stmt::member(port.clone(), MASQ_NODEPORTS), set_masq()]));
     if let (Some(pod), true) = (&pod, sources.contains(&NoMasqueradeSource::LocalPods)) {
-        marks_pre.push(format!("{pod} ct mark set ct mark or {p:#x}"));
+        marks_pre.push(Rule::new([pod.clone(), Stmt::CtMarkOr(p)]));
     }
     let marks_out = vec![
-        format!("{dest} @{MASQ_ALWAYS} {set_masq}"),
-        format!("{dest} @{MASQ_NOT_LOCAL} {set_masq}"),
-        format!("{dest} @{EXTERNAL_DESTS} {set_masq}"),
-        format!("{np} {port} @{NODEPORTS} {set_masq}"),
+        Rule::new([Stmt::member(dest.clone(), MASQ_ALWAYS), set_masq()]),
+        Rule::new([Stmt::member(dest.clone(), MASQ_NOT_LOCAL), set_masq()]),
+        Rule::new([Stmt::member(dest.clone(), EXTERNAL_DESTS), set_masq()]),
+        with(&np, [Stmt::member(port.clone(), NODEPORTS), set_masq()]),
         // A VIP as source (the kernel's choice for a local route) can not be answered from
         // another node: always masquerade it.
-        format!("{ip} saddr @{VIPS} {ip} daddr @{VIPS} {set_masq}"),
+        Rule::new([Stmt::member(vec![ctx.saddr()], VIPS), Stmt::member(vec![ctx.daddr()], VIPS), set_masq()]),
     ];
+    let mut firewall = dest.clone();
+    firewall.push(ctx.saddr());
     let checks = vec![
-        format!("{dest} @{FIREWALL_DESTS} {dest} . {ip} saddr != @{FIREWALL_ALLOW} drop"),
-        format!("meta mark and {:#x} == {:#x} accept", cfg.fwmark_mask, cfg.fwmark_base),
-        format!("{dest} vmap @{NO_ENDPOINT_SERVICES}"),
-        format!("{np} {port} vmap @{NO_ENDPOINT_NODEPORTS}"),
-        format!("{ip} daddr @{VIPS} meta l4proto {{ tcp, udp, sctp }} {dest} != @{VIP_PORTS} goto {REJECT_CHAIN}"),
+        Rule::new([
+            Stmt::member(dest.clone(), FIREWALL_DESTS),
+            Stmt::not_member(firewall, FIREWALL_ALLOW),
+            Stmt::Verdict(Verdict::Drop),
+        ]),
+        Rule::new([Stmt::MarkAndEq { mask: cfg.fwmark_mask, value: cfg.fwmark_base }, Stmt::Verdict(Verdict::Accept)]),
+        Rule::from(Stmt::vmap(dest.clone(), NO_ENDPOINT_SERVICES)),
+        with(&np, [Stmt::vmap(port.clone(), NO_ENDPOINT_NODEPORTS)]),
+        Rule::new([
+            Stmt::member(vec![ctx.daddr()], VIPS),
+            Stmt::L4ProtoIn(vec![Protocol::Tcp, Protocol::Udp, Protocol::Sctp]),
+            Stmt::not_member(dest.clone(), VIP_PORTS),
+            Stmt::goto(REJECT_CHAIN),
+        ]),
     ];
     let mut postrouting = vec![
-        format!("{ip} saddr . {ip} daddr @{HAIRPIN} goto masquerade-now"),
-        format!("ct mark and {m:#x} == 0 return"),
+        Rule::new([Stmt::member(vec![ctx.saddr(), ctx.daddr()], HAIRPIN), Stmt::goto("masquerade-now")]),
+        Rule::new([Stmt::CtMarkAnd { mask: m, op: CmpOp::Eq, value: 0 }, Stmt::Verdict(Verdict::Return)]),
     ];
     // The node's own connections to a VIP leave with the VIP as source (see `vip_source_snat`).
-    let vip_source = vip_source_snat(node);
     for cidr in &node.snat.no_masquerade_cidrs {
+        let to_cidr = || Stmt::eq(ctx.daddr(), Value::Prefix(*cidr));
         if sources.contains(&NoMasqueradeSource::Node) {
-            postrouting.push(format!("{ip} daddr {cidr} {ip} saddr @{VIPS} {vip_source}"));
-            postrouting.push(format!("{ip} daddr {cidr} fib saddr type local {ip} saddr != {} return", ctx.loopback()));
+            postrouting.push(Rule::new([to_cidr(), Stmt::member(vec![ctx.saddr()], VIPS), vip_source_snat(node)]));
+            let [fib, not_loopback] = kproxy_nftables::ruleset::skeleton::from_node(ctx);
+            postrouting.push(Rule::new([to_cidr(), fib, not_loopback, Stmt::Verdict(Verdict::Return)]));
         }
         if sources.contains(&NoMasqueradeSource::LocalPods) {
-            postrouting.push(format!("{ip} daddr {cidr} ct mark and {p:#x} != 0 return"));
+            postrouting.push(Rule::new([
+                to_cidr(),
+                Stmt::CtMarkAnd { mask: p, op: CmpOp::Neq, value: 0 },
+                Stmt::Verdict(Verdict::Return),
+            ]));
         }
     }
-    postrouting.push("goto masquerade-now".to_owned());
+    postrouting.push(Rule::from(Stmt::goto("masquerade-now")));
     let snat = match node.snat.source {
-        SnatSource::Masquerade => "masquerade fully-random".to_owned(),
-        SnatSource::NodeIp(addr) => format!("snat to {addr} fully-random"),
+        SnatSource::Masquerade => Stmt::Masquerade { fully_random: true },
+        SnatSource::NodeIp(addr) => Stmt::Nat { kind: NatKind::Snat, addr, port: None, fully_random: true },
     };
 
+    use ChainType::{Filter, Nat};
+    use HookPoint::{Input, Output, Postrouting, Prerouting};
+    let checks_entry = || vec![Rule::new([new(), Stmt::jump("service-checks")])];
     let chains = vec![
-        (base("classify-prerouting", "filter", "prerouting", "-150"), classify_pre),
-        (base("classify-output", "filter", "output", "-150"), classify_out),
-        (base("service-checks-input", "filter", "input", "0"), vec!["ct state new jump service-checks".to_owned()]),
+        (Chain::base("classify-prerouting", Filter, Prerouting, -150), classify_pre),
+        (Chain::base("classify-output", Filter, Output, -150), classify_out),
+        (Chain::base("service-checks-input", Filter, Input, 0), checks_entry()),
+        (Chain::base("service-checks-output", Filter, Output, -110), checks_entry()),
+        (Chain::base("nat-postrouting", Nat, Postrouting, 100), postrouting),
+        (Chain::regular("masquerade-marks-prerouting"), marks_pre),
+        (Chain::regular("masquerade-marks-output"), marks_out),
+        (Chain::regular("service-checks"), checks),
+        (Chain::regular("masquerade-now"), vec![Rule::from(snat)]),
         (
-            base("service-checks-output", "filter", "output", "-110"),
-            vec!["ct state new jump service-checks".to_owned()],
+            Chain::regular(REJECT_CHAIN),
+            vec![
+                Rule::new([Stmt::l4proto(Protocol::Tcp), Stmt::Reject(Reject::TcpReset)]),
+                Rule::from(Stmt::Reject(Reject::PortUnreachable)),
+            ],
         ),
-        (base("nat-postrouting", "nat", "postrouting", "100"), postrouting),
-        (plain("masquerade-marks-prerouting"), marks_pre),
-        (plain("masquerade-marks-output"), marks_out),
-        (plain("service-checks"), checks),
-        (plain("masquerade-now"), vec![snat]),
-        (plain(REJECT_CHAIN), vec!["meta l4proto tcp reject with tcp reset".to_owned(), "reject".to_owned()]),
     ];
-    let dest_key = format!("{a} . inet_proto . inet_service");
-    let port_key = "inet_proto . inet_service".to_owned();
+    use DataType::{InetProto, InetService, Mark};
+    let dest_key = vec![a, InetProto, InetService];
+    let port_key = vec![InetProto, InetService];
+    let mut allow_key = dest_key.clone();
+    allow_key.push(a);
+    let verdict = Some(DataType::Verdict);
     let sets = vec![
-        set(VIPS, a.to_owned(), None, vec![]),
+        set(VIPS, vec![a], None, vec![]),
         set(VIP_PORTS, dest_key.clone(), None, vec![]),
-        set(NODEPORT_IPS, a.to_owned(), None, vec![]),
-        set(POD_CIDRS, a.to_owned(), None, vec!["interval"]),
-        set(HAIRPIN, format!("{a} . {a}"), None, vec![]),
+        set(NODEPORT_IPS, vec![a], None, vec![]),
+        set(POD_CIDRS, vec![a], None, vec![SetFlag::Interval]),
+        set(HAIRPIN, vec![a, a], None, vec![]),
         set(MASQ_ALWAYS, dest_key.clone(), None, vec![]),
         set(MASQ_NOT_LOCAL, dest_key.clone(), None, vec![]),
         set(MASQ_EXTERNAL, dest_key.clone(), None, vec![]),
         set(MASQ_NODEPORTS, port_key.clone(), None, vec![]),
         set(EXTERNAL_DESTS, dest_key.clone(), None, vec![]),
         set(NODEPORTS, port_key.clone(), None, vec![]),
-        set(NODEPORT_MARKS, port_key.clone(), Some("mark"), vec![]),
-        set(SHORTCIRCUIT_DESTS, dest_key.clone(), Some("mark"), vec![]),
-        set(SHORTCIRCUIT_NODEPORTS, port_key.clone(), Some("mark"), vec![]),
-        set(NO_ENDPOINT_SERVICES, dest_key.clone(), Some("verdict"), vec![]),
-        set(NO_ENDPOINT_NODEPORTS, port_key, Some("verdict"), vec![]),
-        set(FIREWALL_DESTS, dest_key.clone(), None, vec![]),
-        set(FIREWALL_ALLOW, format!("{dest_key} . {a}"), None, vec!["interval"]),
+        set(NODEPORT_MARKS, port_key.clone(), Some(Mark), vec![]),
+        set(SHORTCIRCUIT_DESTS, dest_key.clone(), Some(Mark), vec![]),
+        set(SHORTCIRCUIT_NODEPORTS, port_key.clone(), Some(Mark), vec![]),
+        set(NO_ENDPOINT_SERVICES, dest_key.clone(), verdict, vec![]),
+        set(NO_ENDPOINT_NODEPORTS, port_key, verdict, vec![]),
+        set(FIREWALL_DESTS, dest_key, None, vec![]),
+        set(FIREWALL_ALLOW, allow_key, None, vec![SetFlag::Interval]),
     ];
     let mut elements = Vec::new();
     if let NodePortAddresses::Only(ips) = &node.nodeport_addresses {
-        elements.extend(ips.iter().map(|ip| Element { set: NODEPORT_IPS.into(), key: ip.to_string(), value: None }));
+        elements.extend(ips.iter().map(|ip| Element::new(NODEPORT_IPS, Value::Addr(*ip))));
     }
     if let LocalTraffic::SourceCidrs(nets) = &node.local_traffic {
-        elements.extend(nets.iter().map(|n| Element { set: POD_CIDRS.into(), key: n.to_string(), value: None }));
+        elements.extend(nets.iter().map(|n| Element::new(POD_CIDRS, Value::Prefix(*n))));
     }
     Skeleton { chains, sets, elements }
 }
@@ -240,7 +275,8 @@ mod tests {
     fn postrouting(node: &NodePlan) -> Vec<String> {
         let ctx = Ctx::new(IpFamily::V4, "kproxy-ipvs", 0);
         let skel = skeleton(&Config::default(), &ctx, node);
-        skel.chains.into_iter().find(|(c, _)| c.name == "nat-postrouting").unwrap().1
+        let rules = skel.chains.into_iter().find(|(c, _)| c.name == "nat-postrouting").unwrap().1;
+        rules.iter().map(ToString::to_string).collect()
     }
 
     fn position(rules: &[String], needle: &str) -> usize {
@@ -271,6 +307,9 @@ mod tests {
         let ctx = Ctx::new(IpFamily::V4, "kproxy-ipvs", 0);
         let skel = skeleton(&Config::default(), &ctx, &node(Some("198.18.0.2"), &[], SnatSource::Masquerade));
         let marks = skel.chains.iter().find(|(c, _)| c.name == "masquerade-marks-output").unwrap();
-        assert!(marks.1.iter().any(|r| r.contains("ip saddr @vips ip daddr @vips ct mark set")), "{marks:#?}");
+        assert!(
+            marks.1.iter().any(|r| r.to_string().contains("ip saddr @vips ip daddr @vips ct mark set")),
+            "{marks:#?}"
+        );
     }
 }

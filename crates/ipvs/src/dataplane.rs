@@ -17,8 +17,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::time::Instant;
 
+use kproxy_nft_model::{Element, Key, MapData, Op, TableFamily, TableRef, Transaction};
 use kproxy_nftables::ruleset::Ctx;
-use kproxy_nftables::transaction::{Element, Op, TableFamily, TableRef, Transaction};
 use kproxy_plan::{NodePlan, Plan, PlanDelta, ServicePortName};
 use kproxy_state::{IpFamily, Protocol};
 
@@ -53,7 +53,7 @@ struct AppliedVs {
     dests: BTreeMap<DestKey, u32>,
 }
 
-type ElementKey = (String, String);
+type ElementKey = (String, Key);
 
 #[derive(Debug, Clone)]
 struct FamilyState {
@@ -61,10 +61,10 @@ struct FamilyState {
     node: NodePlan,
     ports: BTreeMap<ServicePortName, PortObjects>,
     /// Every element with the value each owning service port wants (first owner wins).
-    elements: BTreeMap<ElementKey, BTreeMap<ServicePortName, Option<String>>>,
+    elements: BTreeMap<ElementKey, BTreeMap<ServicePortName, Option<MapData>>>,
 }
 
-fn effective(owners: Option<&BTreeMap<ServicePortName, Option<String>>>) -> Option<Option<String>> {
+fn effective(owners: Option<&BTreeMap<ServicePortName, Option<MapData>>>) -> Option<Option<MapData>> {
     owners.and_then(|o| o.values().next().cloned())
 }
 
@@ -225,7 +225,7 @@ impl<H: Host> IpvsDataplane<H> {
         let mut tx = Transaction::new();
         for (family, fd) in &delta.families {
             let Some(state) = self.families.get_mut(family) else { continue };
-            let mut before: BTreeMap<ElementKey, Option<Option<String>>> = BTreeMap::new();
+            let mut before: BTreeMap<ElementKey, Option<Option<MapData>>> = BTreeMap::new();
             let mut changes: Vec<(ServicePortName, Option<PortObjects>)> = Vec::new();
             for p in fd.added.iter().chain(fd.changed.iter().map(|c| &c.new)) {
                 let fwmarks = &mut self.fwmarks;
@@ -460,7 +460,7 @@ impl<H: Host> IpvsDataplane<H> {
 fn own(
     vs_owners: &mut BTreeMap<ServiceKey, BTreeMap<ServicePortName, DesiredVs>>,
     addr_owners: &mut BTreeMap<IpAddr, BTreeSet<ServicePortName>>,
-    elements: &mut BTreeMap<ElementKey, BTreeMap<ServicePortName, Option<String>>>,
+    elements: &mut BTreeMap<ElementKey, BTreeMap<ServicePortName, Option<MapData>>>,
     name: &ServicePortName,
     objects: &PortObjects,
     add: bool,
@@ -504,8 +504,8 @@ fn own(
 /// Notes what `objects` touches, with each element's effective value before the change.
 fn note(
     objects: &PortObjects,
-    elements: &BTreeMap<ElementKey, BTreeMap<ServicePortName, Option<String>>>,
-    before: &mut BTreeMap<ElementKey, Option<Option<String>>>,
+    elements: &BTreeMap<ElementKey, BTreeMap<ServicePortName, Option<MapData>>>,
+    before: &mut BTreeMap<ElementKey, Option<Option<MapData>>>,
     vs: &mut BTreeSet<ServiceKey>,
     addrs: &mut BTreeSet<IpAddr>,
 ) {

@@ -23,8 +23,9 @@
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
+use ipnet::IpNet;
+use kproxy_nft_model::{Element, Key, MapData, Value, Verdict};
 use kproxy_nftables::ruleset::Ctx;
-use kproxy_nftables::transaction::Element;
 use kproxy_plan::{Endpoint, ExternalPolicy, MasqueradeWhen, NoEndpointsVerdict, NodePlan, ServicePortPlan};
 use kproxy_state::Protocol;
 
@@ -63,11 +64,16 @@ pub struct PortObjects {
     pub elements: Vec<Element>,
 }
 
-fn verdict(v: NoEndpointsVerdict) -> String {
-    match v {
-        NoEndpointsVerdict::Reject => format!("goto {}", t::REJECT_CHAIN),
-        NoEndpointsVerdict::Drop => "drop".to_owned(),
-    }
+fn verdict(v: NoEndpointsVerdict) -> Option<MapData> {
+    Some(MapData::Verdict(match v {
+        NoEndpointsVerdict::Reject => Verdict::goto(t::REJECT_CHAIN),
+        NoEndpointsVerdict::Drop => Verdict::Drop,
+    }))
+}
+
+/// A firewall mark as map data.
+fn mark_data(mark: u32) -> Option<MapData> {
+    Some(MapData::Value(Key(vec![Value::Int(mark)])))
 }
 
 fn dests(eps: &[Endpoint]) -> BTreeSet<DestKey> {
@@ -83,9 +89,16 @@ pub fn render_port(
     mark: &mut dyn FnMut(MarkClass) -> u32,
 ) -> PortObjects {
     let mut out = PortObjects::default();
-    let proto = p.protocol.as_str();
-    let elem = |set: &str, key: String, value: Option<String>| Element { set: set.to_owned(), key, value };
-    let dest = |addr: &IpAddr, port: u16| format!("{addr} . {proto} . {port}");
+    let proto = p.protocol;
+    let elem = |set: &str, key: Key, value: Option<MapData>| Element { set: set.to_owned(), key, value };
+    let dest = |addr: &IpAddr, port: u16| Key(vec![Value::Addr(*addr), Value::Proto(proto), Value::Port(port)]);
+    let addr = |a: &IpAddr| Key(vec![Value::Addr(*a)]);
+    let nodeport = |np: u16| Key(vec![Value::Proto(proto), Value::Port(np)]);
+    let allow = |lb: &IpAddr, range: IpNet| {
+        let mut k = dest(lb, p.port);
+        k.0.push(Value::Prefix(range));
+        k
+    };
     let (flags, timeout) = match p.affinity_timeout {
         Some(t) => (cfg.scheduler.flags() | F_PERSISTENT, t),
         None => (cfg.scheduler.flags(), 0),
@@ -99,12 +112,12 @@ pub fn render_port(
 
     // ClusterIP.
     out.vips.push(p.cluster_ip);
-    out.elements.push(elem(t::VIPS, p.cluster_ip.to_string(), None));
+    out.elements.push(elem(t::VIPS, addr(&p.cluster_ip), None));
     out.elements.push(elem(t::VIP_PORTS, dest(&p.cluster_ip, p.port), None));
     out.services
         .push(vs(ServiceKey::Addr { addr: p.cluster_ip, protocol: p.protocol, port: p.port }, p.internal_endpoints()));
     if let Some(v) = p.internal.no_endpoints {
-        out.elements.push(elem(t::NO_ENDPOINT_SERVICES, dest(&p.cluster_ip, p.port), Some(verdict(v))));
+        out.elements.push(elem(t::NO_ENDPOINT_SERVICES, dest(&p.cluster_ip, p.port), verdict(v)));
     }
     match p.internal.masquerade {
         MasqueradeWhen::Always => out.elements.push(elem(t::MASQ_ALWAYS, dest(&p.cluster_ip, p.port), None)),
@@ -116,15 +129,15 @@ pub fn render_port(
     if let Some(ext) = &p.external {
         for vip in p.external_vips() {
             out.vips.push(*vip);
-            out.elements.push(elem(t::VIPS, vip.to_string(), None));
+            out.elements.push(elem(t::VIPS, addr(vip), None));
             out.elements.push(elem(t::VIP_PORTS, dest(vip, p.port), None));
         }
         if let Some(v) = ext.no_endpoints {
             for vip in p.external_vips() {
-                out.elements.push(elem(t::NO_ENDPOINT_SERVICES, dest(vip, p.port), Some(verdict(v))));
+                out.elements.push(elem(t::NO_ENDPOINT_SERVICES, dest(vip, p.port), verdict(v)));
             }
             if let Some(np) = p.node_port {
-                out.elements.push(elem(t::NO_ENDPOINT_NODEPORTS, format!("{proto} . {np}"), Some(verdict(v))));
+                out.elements.push(elem(t::NO_ENDPOINT_NODEPORTS, nodeport(np), verdict(v)));
             }
         }
         if ext.no_endpoints != Some(NoEndpointsVerdict::Reject) {
@@ -142,17 +155,17 @@ pub fn render_port(
             }
             let cluster_mark = mark(MarkClass::Cluster);
             if let Some(np) = p.node_port {
-                let np_key = format!("{proto} . {np}");
+                let np_key = nodeport(np);
                 // Without local endpoints (the plan's Drop) external NodePort traffic stays
                 // unmarked and the auxiliary table drops it; only the short-circuit is marked.
                 if ext.no_endpoints.is_none() {
                     let external_mark = if local { mark(MarkClass::Local) } else { cluster_mark };
                     out.services.push(vs(ServiceKey::Fwmark { family, mark: external_mark }, external_eps));
-                    out.elements.push(elem(t::NODEPORT_MARKS, np_key.clone(), Some(format!("{external_mark:#x}"))));
+                    out.elements.push(elem(t::NODEPORT_MARKS, np_key.clone(), mark_data(external_mark)));
                 }
                 out.elements.push(elem(t::NODEPORTS, np_key.clone(), None));
                 if local {
-                    out.elements.push(elem(t::SHORTCIRCUIT_NODEPORTS, np_key, Some(format!("{cluster_mark:#x}"))));
+                    out.elements.push(elem(t::SHORTCIRCUIT_NODEPORTS, np_key, mark_data(cluster_mark)));
                 } else {
                     out.elements.push(elem(t::MASQ_NODEPORTS, np_key, None));
                 }
@@ -162,11 +175,7 @@ pub fn render_port(
                     out.services.push(vs(ServiceKey::Fwmark { family, mark: cluster_mark }, &p.cluster_endpoints));
                 }
                 for vip in p.external_vips() {
-                    out.elements.push(elem(
-                        t::SHORTCIRCUIT_DESTS,
-                        dest(vip, p.port),
-                        Some(format!("{cluster_mark:#x}")),
-                    ));
+                    out.elements.push(elem(t::SHORTCIRCUIT_DESTS, dest(vip, p.port), mark_data(cluster_mark)));
                 }
             }
         }
@@ -174,12 +183,12 @@ pub fn render_port(
             for lb in &p.load_balancer_ips {
                 out.elements.push(elem(t::FIREWALL_DESTS, dest(lb, p.port), None));
                 for range in &p.source_ranges {
-                    out.elements.push(elem(t::FIREWALL_ALLOW, format!("{} . {range}", dest(lb, p.port)), None));
+                    out.elements.push(elem(t::FIREWALL_ALLOW, allow(lb, *range), None));
                 }
                 // Traffic from the node to its own LB IP may carry the LB IP as source.
                 if node.node_ip.is_some_and(|n| p.source_ranges.iter().any(|r| r.contains(&n))) {
                     for src in &p.load_balancer_ips {
-                        out.elements.push(elem(t::FIREWALL_ALLOW, format!("{} . {src}", dest(lb, p.port)), None));
+                        out.elements.push(elem(t::FIREWALL_ALLOW, allow(lb, IpNet::from(*src)), None));
                     }
                 }
             }
@@ -187,7 +196,7 @@ pub fn render_port(
     }
 
     for ep in p.reachable_endpoints() {
-        out.elements.push(elem(t::HAIRPIN, format!("{} . {}", ep.ip, ep.ip), None));
+        out.elements.push(elem(t::HAIRPIN, Key(vec![Value::Addr(ep.ip), Value::Addr(ep.ip)]), None));
     }
     out.vips.sort();
     out.vips.dedup();

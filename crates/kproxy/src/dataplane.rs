@@ -1,32 +1,10 @@
-//! Executors the binary adds to the dataplanes: netlink with an `nft` fallback, and `--dry-run` printers.
+//! The `--dry-run` printers the binary adds to the dataplanes. (The nftables dataplane applies
+//! through `kproxy_nft_netlink::NetlinkExecutor`: the typed model encoded to netlink, no `nft`
+//! process on any sync path.)
 
 use std::io::Write as _;
 
 use kproxy_nftables::{ExecError, Executor, Transaction};
-
-/// Applies transactions over nf_tables netlink (no `nft` process, no ruleset dump), falling back
-/// to `nft -f` for a transaction that uses syntax the netlink encoder does not cover.
-#[derive(Debug, Default)]
-pub struct PreferNetlink {
-    netlink: kproxy_nft_netlink::NetlinkExecutor,
-    nft: kproxy_nftables::NftCommand,
-    warned: bool,
-}
-
-impl Executor for PreferNetlink {
-    fn apply(&mut self, tx: &Transaction) -> Result<(), ExecError> {
-        match self.netlink.apply(tx) {
-            // Nothing was sent: the same transaction can go through nft instead.
-            Err(ExecError::Unsupported { op, reason, .. }) => {
-                if !std::mem::replace(&mut self.warned, true) {
-                    tracing::warn!(%op, %reason, "netlink encoder cannot express an operation; using nft -f for such transactions");
-                }
-                self.nft.apply(tx)
-            }
-            other => other,
-        }
-    }
-}
 
 /// `--dry-run`: prints each transaction as nft text instead of applying it.
 #[derive(Debug, Default)]

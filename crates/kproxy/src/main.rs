@@ -245,7 +245,7 @@ fn run_proxy(config: ProxyConfig) -> anyhow::Result<()> {
         };
         let proxier_task = match (config.mode, config.dry_run) {
             (ProxyMode::Nftables, false) => {
-                let dp = NftablesDataplane::new(dataplane::PreferNetlink::default(), nft_config(&config));
+                let dp = NftablesDataplane::new(kproxy_nft_netlink::NetlinkExecutor::new(), nft_config(&config));
                 spawn_proxier(planner, dp, observer, pacing, rx)
             }
             (ProxyMode::Nftables, true) => spawn_proxier(

@@ -285,6 +285,26 @@ pub enum Stmt {
     MarkOr(u32),
     /// `mark set mark and MASK`.
     MarkAnd(u32),
+    /// `meta l4proto { P, Q }`: one of these protocols.
+    L4ProtoIn(Vec<Protocol>),
+    /// `ct mark and MASK ==|!= VALUE`.
+    CtMarkAnd {
+        /// Mask.
+        mask: u32,
+        /// `==` or `!=`.
+        op: CmpOp,
+        /// Value after masking.
+        value: u32,
+    },
+    /// `ct mark set ct mark or BITS`.
+    CtMarkOr(u32),
+    /// `meta mark set KEY map @MAP`: the packet mark the map holds for the key.
+    MarkSetMap {
+        /// The key's fields.
+        key: Vec<Field>,
+        /// A map whose data is `mark`.
+        map: String,
+    },
     /// `numgen random mod M == V`: true with probability 1/M.
     NumgenEq {
         /// Modulus.
@@ -401,7 +421,7 @@ impl Stmt {
     pub fn set(&self) -> Option<&str> {
         match self {
             Stmt::Lookup { set, .. } | Stmt::Update { set, .. } => Some(set),
-            Stmt::Vmap { map, .. } | Stmt::NatMap { map, .. } => Some(map),
+            Stmt::Vmap { map, .. } | Stmt::NatMap { map, .. } | Stmt::MarkSetMap { map, .. } => Some(map),
             _ => None,
         }
     }
@@ -419,6 +439,16 @@ impl fmt::Display for Stmt {
             Stmt::MarkOr(bits) => write!(f, "mark set mark or {bits:#x}"),
             Stmt::MarkAnd(mask) => write!(f, "mark set mark and {mask:#x}"),
             Stmt::NumgenEq { modulus, value } => write!(f, "numgen random mod {modulus} == {value}"),
+            Stmt::L4ProtoIn(protos) => {
+                let names: Vec<&str> = protos.iter().map(|p| p.as_str()).collect();
+                write!(f, "meta l4proto {{ {} }}", names.join(", "))
+            }
+            Stmt::CtMarkAnd { mask, op, value } => {
+                let op = if *op == CmpOp::Eq { "==" } else { "!=" };
+                write!(f, "ct mark and {mask:#x} {op} {value}")
+            }
+            Stmt::CtMarkOr(bits) => write!(f, "ct mark set ct mark or {bits:#x}"),
+            Stmt::MarkSetMap { key, map } => write!(f, "meta mark set {} map @{map}", Concat(key)),
             Stmt::Lookup { key, negate, set } => {
                 write!(f, "{} {}@{set}", Concat(key), if *negate { "!= " } else { "" })
             }

@@ -162,24 +162,19 @@ pub fn verdict(text: &str) -> Result<Verdict, ParseError> {
 }
 
 fn verdict_tokens(t: &mut Tokens<'_>) -> Result<Option<Verdict>, ParseError> {
-    Ok(Some(match t.peek() {
+    let v = match t.peek() {
         Some("accept") => Verdict::Accept,
         Some("drop") => Verdict::Drop,
         Some("return") => Verdict::Return,
-        Some("jump") => {
+        Some(jump @ ("jump" | "goto")) => {
             t.pos += 1;
-            Verdict::Jump(t.peek().ok_or_else(|| t.err("<end>"))?.to_owned())
-        }
-        Some("goto") => {
-            t.pos += 1;
-            Verdict::Goto(t.peek().ok_or_else(|| t.err("<end>"))?.to_owned())
+            let chain = t.peek().ok_or_else(|| t.err("<end>"))?.to_owned();
+            if jump == "jump" { Verdict::Jump(chain) } else { Verdict::Goto(chain) }
         }
         _ => return Ok(None),
-    }))
-    .map(|v| {
-        t.pos += usize::from(v.is_some());
-        v
-    })
+    };
+    t.pos += 1;
+    Ok(Some(v))
 }
 
 /// A rule body.
@@ -342,6 +337,8 @@ fn data_types(text: &str, line: &str) -> Result<Vec<DataType>, ParseError> {
             "ipv6_addr" => Ok(DataType::Ipv6Addr),
             "inet_proto" => Ok(DataType::InetProto),
             "inet_service" => Ok(DataType::InetService),
+            "mark" => Ok(DataType::Mark),
+            "verdict" => Ok(DataType::Verdict),
             other => Err(err(other)),
         })
         .collect()
@@ -409,9 +406,11 @@ pub fn op(line: &str) -> Result<Op, ParseError> {
                 match k {
                     "type" => {
                         def.ty = match v.split_once(" : ") {
-                            Some((key, "verdict")) => SetType::Named { key: data_types(key, line)?, verdict_map: true },
-                            Some((_, other)) => return Err(err(other)),
-                            None => SetType::Named { key: data_types(v, line)?, verdict_map: false },
+                            Some((key, data)) => {
+                                let data = data_types(data, line)?.pop();
+                                SetType::Named { key: data_types(key, line)?, data }
+                            }
+                            None => SetType::Named { key: data_types(v, line)?, data: None },
                         }
                     }
                     "typeof" => {

@@ -15,6 +15,10 @@ pub enum DataType {
     InetProto,
     /// `inet_service`
     InetService,
+    /// `mark`: a packet mark (map data).
+    Mark,
+    /// `verdict` (map data).
+    Verdict,
 }
 
 impl DataType {
@@ -25,6 +29,8 @@ impl DataType {
             DataType::Ipv6Addr => "ipv6_addr",
             DataType::InetProto => "inet_proto",
             DataType::InetService => "inet_service",
+            DataType::Mark => "mark",
+            DataType::Verdict => "verdict",
         }
     }
 
@@ -47,12 +53,12 @@ impl fmt::Display for DataType {
 /// `numgen` draw), by the expressions whose values it holds (`typeof`).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum SetType {
-    /// `type K [: verdict]`.
+    /// `type K [: D]`.
     Named {
         /// Key types (several: a concatenation).
         key: Vec<DataType>,
-        /// A verdict map.
-        verdict_map: bool,
+        /// Data type, for a map.
+        data: Option<DataType>,
     },
     /// `typeof K [: D]`.
     Typeof {
@@ -110,18 +116,18 @@ impl SetDef {
 
     /// A set of keys of the given types.
     pub fn of(name: impl Into<String>, key: Vec<DataType>) -> Self {
-        Self::new(name, SetType::Named { key, verdict_map: false })
+        Self::new(name, SetType::Named { key, data: None })
     }
 
     /// A verdict map keyed by the given types.
     pub fn verdict_map(name: impl Into<String>, key: Vec<DataType>) -> Self {
-        Self::new(name, SetType::Named { key, verdict_map: true })
+        Self::new(name, SetType::Named { key, data: Some(DataType::Verdict) })
     }
 
     /// Whether this is a map.
     pub fn is_map(&self) -> bool {
         match &self.ty {
-            SetType::Named { verdict_map, .. } => *verdict_map,
+            SetType::Named { data, .. } => data.is_some(),
             SetType::Typeof { data, .. } => data.is_some(),
         }
     }
@@ -140,10 +146,10 @@ impl SetDef {
 impl fmt::Display for SetType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            SetType::Named { key, verdict_map } => {
+            SetType::Named { key, data } => {
                 write!(f, "type {}", Concat(key))?;
-                if *verdict_map {
-                    f.write_str(" : verdict")?;
+                if let Some(d) = data {
+                    write!(f, " : {d}")?;
                 }
             }
             SetType::Typeof { key, data } => {

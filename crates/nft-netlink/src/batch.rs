@@ -218,9 +218,14 @@ impl Encoder {
 
     fn add_set(&mut self, t: &TableRef, def: &SetDef) -> Result<(), LowerError> {
         let (key, key_typeof, data) = match &def.ty {
-            SetType::Named { key, verdict_map } => {
-                let key = KeyType(key.iter().map(|d| DataType::of(*d)).collect());
-                (key, None, verdict_map.then_some(SetData::Verdict))
+            SetType::Named { key, data } => {
+                let key = key.iter().map(|d| DataType::of(*d)).collect::<Result<_, _>>()?;
+                let data = match data {
+                    None => None,
+                    Some(kproxy_nft_model::DataType::Verdict) => Some(SetData::Verdict),
+                    Some(other) => return Err(LowerError { what: format!("map data of type {other}") }),
+                };
+                (KeyType(key), None, data)
             }
             SetType::Typeof { key, data } => {
                 let key = Typeof::new(key)?;

@@ -73,13 +73,15 @@ impl DataType {
 
 impl DataType {
     /// The datatype of a model's named type.
-    pub fn of(t: kproxy_nft_model::DataType) -> Self {
-        match t {
-            kproxy_nft_model::DataType::Ipv4Addr => DataType::Ipv4,
-            kproxy_nft_model::DataType::Ipv6Addr => DataType::Ipv6,
-            kproxy_nft_model::DataType::InetProto => DataType::Proto,
-            kproxy_nft_model::DataType::InetService => DataType::Service,
-        }
+    pub fn of(t: kproxy_nft_model::DataType) -> Result<Self, LowerError> {
+        use kproxy_nft_model::DataType as Model;
+        Ok(match t {
+            Model::Ipv4Addr => DataType::Ipv4,
+            Model::Ipv6Addr => DataType::Ipv6,
+            Model::InetProto => DataType::Proto,
+            Model::InetService => DataType::Service,
+            Model::Mark | Model::Verdict => return Err(LowerError::new(format!("a key of type {t}"))),
+        })
     }
 }
 
@@ -637,6 +639,9 @@ impl Lowering<'_> {
                 self.out.push(Expr::Reject { kind: 0, code });
             }
             Stmt::Verdict(v) => self.out.push(Expr::Verdict(verdict(v))),
+            Stmt::L4ProtoIn(_) | Stmt::CtMarkAnd { .. } | Stmt::CtMarkOr(_) | Stmt::MarkSetMap { .. } => {
+                return Err(LowerError::new(format!("`{stmt}` (not lowered yet)")));
+            }
         }
         Ok(())
     }
