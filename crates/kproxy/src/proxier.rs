@@ -2,16 +2,18 @@
 //! bounded-frequency runner.
 //!
 //! Every change marks the state dirty and queues a sync. A sync runs no sooner than
-//! `min_sync_period` after the previous one (bursts of events collapse into one sync), and a full
-//! resync runs at start, after any failure, and every `sync_period`. Nothing is programmed until
-//! both Services and EndpointSlices have been listed once, so a partial view never reaches the
-//! kernel.
+//! `min_sync_period` after the previous one (bursts of events collapse into one sync). A full
+//! sync (the plan rebuilt from the state) runs at start, after any failure, and every
+//! [`FULL_SYNC_PERIOD`]; every `sync_period` in between the dataplane checks that the kernel
+//! still holds the plan and repairs what differs (for nftables that costs O(1) while nobody else
+//! touched the tables), so steady state costs O(change). Nothing is programmed until both
+//! Services and EndpointSlices have been listed once, so a partial view never reaches the kernel.
 
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use kproxy_plan::{Dataplane, Plan, PlanDelta, Planner};
+use kproxy_plan::{Dataplane, Plan, PlanDelta, Planner, Verified};
 use kproxy_state::{Change, ClusterState, Kind};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
@@ -26,7 +28,14 @@ pub trait SyncObserver: Send {
     fn failed(&mut self, _full: bool) {}
     /// Objects were rejected or warned about.
     fn rejected(&mut self, _errors: &[kproxy_state::ObjectError]) {}
+    /// The periodic check found kproxy's rules changed by someone else (each line says how) and
+    /// repaired them.
+    fn drift_repaired(&mut self, _drift: &[String]) {}
 }
+
+/// How often the plan is rebuilt from the state and fully synced, as upstream's nftables mode
+/// does at most hourly; the periodic checks in between cost O(change).
+pub const FULL_SYNC_PERIOD: Duration = Duration::from_secs(3600);
 
 /// What a successful sync did, for the observer.
 #[derive(Debug)]
@@ -103,6 +112,8 @@ pub struct Proxier<D, O> {
     pacing: Pacing,
     needs_full_sync: bool,
     last_full_sync: Option<Instant>,
+    /// The last full sync or periodic check: the next check is due `sync_period` after it.
+    last_check: Option<Instant>,
     tokens: SyncTokens,
     pending: bool,
     /// After a failed sync: when to retry if no new event comes first (upstream: syncPeriod).
@@ -121,6 +132,7 @@ impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
             pacing,
             needs_full_sync: true,
             last_full_sync: None,
+            last_check: None,
             tokens: SyncTokens::full(&pacing),
             pending: false,
             retry_at: None,
@@ -181,6 +193,7 @@ impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
                 if full {
                     self.needs_full_sync = false;
                     self.last_full_sync = Some(start);
+                    self.last_check = Some(start);
                     info!(took_ms = took.as_millis() as u64, "full sync done");
                 } else {
                     debug!(took_us = took.as_micros() as u64, "partial sync done");
@@ -203,10 +216,50 @@ impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
         }
     }
 
+    /// The periodic check: the dataplane makes sure the kernel still holds the plan of the last
+    /// sync, repairing what differs; a full sync instead when one is due.
+    fn check(&mut self) {
+        let start = Instant::now();
+        if self.last_full_sync.is_none_or(|t| start.saturating_duration_since(t) >= FULL_SYNC_PERIOD) {
+            self.needs_full_sync = true;
+            self.sync();
+            return;
+        }
+        self.last_check = Some(start);
+        match self.dataplane.verify(&self.plan) {
+            Ok(Verified::Clean) => debug!(took_us = start.elapsed().as_micros() as u64, "periodic check: rules intact"),
+            Ok(Verified::Repaired(drift)) => {
+                warn!(?drift, took_ms = start.elapsed().as_millis() as u64, "periodic check repaired kproxy's rules");
+                self.observer.drift_repaired(&drift);
+            }
+            Ok(Verified::Rewritten) => {
+                let took = start.elapsed();
+                self.last_full_sync = Some(start);
+                info!(took_ms = took.as_millis() as u64, "full sync done");
+                let delta = PlanDelta::default();
+                let synced = Synced {
+                    state: &self.state,
+                    plan: &self.plan,
+                    delta: &delta,
+                    full: true,
+                    took,
+                    change_triggers: Vec::new(),
+                };
+                self.observer.synced(&synced);
+            }
+            Err(e) => {
+                warn!(error = %e, "periodic check failed; the next sync is a full resync");
+                self.needs_full_sync = true;
+                self.retry_at = Some(start + self.pacing.sync_period);
+                self.observer.failed(true);
+            }
+        }
+    }
+
     /// When the next sync should run, if any is due.
     fn next_sync_at(&self, now: Instant) -> Instant {
         let earliest = self.tokens.available_at(&self.pacing, now);
-        let full_due = self.last_full_sync.map_or(now, |t| t + self.pacing.sync_period);
+        let full_due = self.last_check.map_or(now, |t| t + self.pacing.sync_period);
         match (self.pending, self.retry_at) {
             (true, _) => earliest,
             (false, Some(retry)) => retry.max(earliest),
@@ -229,9 +282,9 @@ impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
                     None => return self,
                 },
                 _ = tokio::time::sleep(wait) => {
-                    if !self.pending && !self.needs_full_sync {
-                        // The periodic full resync.
-                        self.needs_full_sync = true;
+                    if !self.pending && !self.needs_full_sync && self.retry_at.is_none() && self.ready() {
+                        self.check();
+                        continue;
                     }
                     if !self.sync() && !self.ready() {
                         // Nothing to do until the listings arrive: wait for events only.

@@ -5,6 +5,8 @@
 use std::io::Write;
 use std::process::{Command, Stdio};
 
+use crate::listing::{Listings, TableListing};
+use crate::table::TableRef;
 use crate::transaction::Transaction;
 
 /// Why a transaction was not applied. Transactions are atomic: on error nothing changed.
@@ -54,10 +56,21 @@ pub enum ExecError {
     Netlink(#[source] std::io::Error),
 }
 
-/// Applies transactions atomically.
+/// Applies transactions atomically, and tells what the kernel holds where it can.
 pub trait Executor {
     /// Applies `tx` as one atomic batch.
     fn apply(&mut self, tx: &Transaction) -> Result<(), ExecError>;
+
+    /// The nf_tables generation of the network namespace: every commit, by anyone, bumps it, so
+    /// an unchanged generation proves nobody touched the tables. `None`: the executor cannot tell.
+    fn generation(&mut self) -> Result<Option<u32>, ExecError> {
+        Ok(None)
+    }
+
+    /// What `table` holds now (an absent table lists as empty). `None`: the executor cannot list.
+    fn list(&mut self, _table: &TableRef) -> Result<Option<TableListing>, ExecError> {
+        Ok(None)
+    }
 }
 
 /// Runs `nft -f -` (in the network namespace of the calling thread).
@@ -119,13 +132,20 @@ impl Executor for NftCommand {
     }
 }
 
-/// Records transactions instead of applying them (tests, `--dry-run`).
+/// Records transactions instead of applying them, and keeps a summary of what a kernel would
+/// hold (tests change it to stand for someone else's changes).
 #[derive(Debug, Clone, Default)]
 pub struct Recording {
     /// Every transaction applied, in order.
     pub applied: Vec<Transaction>,
     /// Fail the next `apply` (then reset).
     pub fail_next: bool,
+    /// What each table holds after the applied transactions.
+    pub tables: Listings,
+    /// Commits so far (the kernel's generation); tests bump it when they change `tables`.
+    pub generation: u32,
+    /// How many times a table was listed.
+    pub lists: usize,
 }
 
 impl Recording {
@@ -140,8 +160,21 @@ impl Executor for Recording {
         if std::mem::take(&mut self.fail_next) {
             return Err(ExecError::Injected);
         }
+        if !tx.is_empty() {
+            self.tables.apply(tx);
+            self.generation = self.generation.wrapping_add(1);
+        }
         self.applied.push(tx.clone());
         Ok(())
+    }
+
+    fn generation(&mut self) -> Result<Option<u32>, ExecError> {
+        Ok(Some(self.generation))
+    }
+
+    fn list(&mut self, table: &TableRef) -> Result<Option<TableListing>, ExecError> {
+        self.lists += 1;
+        Ok(Some(self.tables.get(table)))
     }
 }
 
@@ -149,10 +182,22 @@ impl<E: Executor + ?Sized> Executor for &mut E {
     fn apply(&mut self, tx: &Transaction) -> Result<(), ExecError> {
         (**self).apply(tx)
     }
+    fn generation(&mut self) -> Result<Option<u32>, ExecError> {
+        (**self).generation()
+    }
+    fn list(&mut self, table: &TableRef) -> Result<Option<TableListing>, ExecError> {
+        (**self).list(table)
+    }
 }
 
 impl<E: Executor + ?Sized> Executor for Box<E> {
     fn apply(&mut self, tx: &Transaction) -> Result<(), ExecError> {
         (**self).apply(tx)
+    }
+    fn generation(&mut self) -> Result<Option<u32>, ExecError> {
+        (**self).generation()
+    }
+    fn list(&mut self, table: &TableRef) -> Result<Option<TableListing>, ExecError> {
+        (**self).list(table)
     }
 }

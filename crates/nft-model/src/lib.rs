@@ -14,6 +14,7 @@
 
 pub mod exec;
 pub mod expr;
+pub mod listing;
 #[cfg(feature = "parse")]
 pub mod parse;
 pub mod set;
@@ -22,6 +23,7 @@ pub mod transaction;
 
 pub use exec::{ExecError, Executor, NftCommand, Recording};
 pub use expr::{CmpOp, CtState, CtStatus, Field, NatKind, Reject, Rule, Stmt, Value, Verdict};
+pub use listing::{Listings, TableListing};
 pub use set::{DataType, Element, ElementData, Key, MapData, SetDef, SetFlag, SetType};
 pub use table::{Chain, ChainType, Hook, HookPoint, TableFamily, TableRef};
 pub use transaction::{Op, OpCounts, Transaction};

@@ -2,7 +2,7 @@
 
 use std::io;
 
-use kproxy_nft_model::{ExecError, Executor, Transaction};
+use kproxy_nft_model::{ExecError, Executor, TableListing, TableRef, Transaction};
 
 use crate::batch::{Batch, op_text};
 use crate::socket::NfSocket;
@@ -66,5 +66,14 @@ impl Executor for NetlinkExecutor {
             Some(index) => ExecError::Kernel { index, op: op_text(&tx.ops()[index]), source },
             None => ExecError::Netlink(io::Error::other(format!("the kernel refused the batch: {source}"))),
         })
+    }
+
+    fn generation(&mut self) -> Result<Option<u32>, ExecError> {
+        let sock = self.socket().map_err(ExecError::Netlink)?;
+        sock.generation().map(Some).map_err(ExecError::Netlink)
+    }
+
+    fn list(&mut self, table: &TableRef) -> Result<Option<TableListing>, ExecError> {
+        crate::listing::list_table(self, table).map(Some).map_err(ExecError::Netlink)
     }
 }

@@ -31,4 +31,5 @@ pub mod sys;
 pub mod wire;
 
 pub use executor::NetlinkExecutor;
-pub use listing::{TableListing, list_table};
+pub use kproxy_nft_model::TableListing;
+pub use listing::list_table;

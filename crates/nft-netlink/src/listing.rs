@@ -1,109 +1,14 @@
-//! One netlink listing of a table — its chains with their rule counts and its sets with their
-//! element counts — and the same summary computed from a transaction, to detect drift (someone
-//! else changed kproxy's table) on full resyncs without `nft` and without decoding every rule.
+//! One netlink listing of a table: the [`TableListing`] summary (chains with their rule counts,
+//! sets with their element counts) read from the kernel.
 
-use std::collections::BTreeMap;
 use std::io;
 
-use kproxy_nft_model::{Key, Op, SetFlag, SetType, TableRef, Transaction};
+use kproxy_nft_model::{TableListing, TableRef};
 
 use crate::NetlinkExecutor;
 use crate::batch::nfproto;
 use crate::sys::*;
 use crate::wire::Attrs;
-
-/// What a table holds, summarised.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct TableListing {
-    /// Chain name → number of rules.
-    pub chains: BTreeMap<String, usize>,
-    /// Set name → number of kernel elements (an interval is two), `None` for dynamic sets whose
-    /// content the packet path changes.
-    pub sets: BTreeMap<String, Option<usize>>,
-}
-
-/// How many kernel elements an element is: a single-field range is two (its start and the
-/// interval end after it), unless it reaches the end of the address space.
-fn interval_elements(key: &Key) -> usize {
-    match crate::lower::element_key(key).map(|k| k.interval_end) {
-        Ok(Some(Some(_))) => 2,
-        _ => 1,
-    }
-}
-
-impl TableListing {
-    /// What `table` holds after applying `tx` to a table that did not exist.
-    pub fn expected(tx: &Transaction, table: &TableRef) -> TableListing {
-        let mut l = TableListing::default();
-        let count = |l: &mut TableListing, set: &str, delta: isize| {
-            if let Some(Some(n)) = l.sets.get_mut(set) {
-                *n = n.saturating_add_signed(delta);
-            }
-        };
-        for op in tx.ops() {
-            match op {
-                Op::DeleteTable(t) if t == table => l = TableListing::default(),
-                Op::AddChain(t, c) if t == table => {
-                    l.chains.entry(c.name.clone()).or_insert(0);
-                }
-                Op::FlushChain(t, c) if t == table => {
-                    l.chains.insert(c.clone(), 0);
-                }
-                Op::DeleteChain(t, c) if t == table => {
-                    l.chains.remove(c);
-                }
-                Op::AddRule { table: t, chain, .. } if t == table => *l.chains.entry(chain.clone()).or_insert(0) += 1,
-                Op::AddSet(t, s) if t == table => {
-                    let dynamic = s.has(SetFlag::Dynamic);
-                    // A single-field interval set starts with the interval end at its lowest key;
-                    // a set of concatenated ranges keeps each range as one element.
-                    let concat = matches!(&s.ty, SetType::Named { key, .. } if key.len() > 1)
-                        || matches!(&s.ty, SetType::Typeof { key, .. } if key.len() > 1);
-                    let interval = s.has(SetFlag::Interval) && !concat;
-                    l.sets.entry(s.name.clone()).or_insert(if dynamic { None } else { Some(usize::from(interval)) });
-                }
-                Op::FlushSet { table: t, name, .. } if t == table => {
-                    if let Some(Some(n)) = l.sets.get_mut(name) {
-                        *n = 0;
-                    }
-                }
-                Op::DeleteSet { table: t, name, .. } if t == table => {
-                    l.sets.remove(name);
-                }
-                Op::AddElement(t, e) if t == table => count(&mut l, &e.set, interval_elements(&e.key) as isize),
-                Op::DeleteElement(t, e) if t == table => count(&mut l, &e.set, -(interval_elements(&e.key) as isize)),
-                _ => {}
-            }
-        }
-        l
-    }
-
-    /// Human-readable differences from `expected` (empty: no drift).
-    pub fn drift(&self, expected: &TableListing) -> Vec<String> {
-        let mut out = Vec::new();
-        for (name, want) in &expected.chains {
-            match self.chains.get(name) {
-                None => out.push(format!("chain {name} is missing")),
-                Some(got) if got != want => out.push(format!("chain {name} has {got} rules, expected {want}")),
-                _ => {}
-            }
-        }
-        out.extend(
-            self.chains.keys().filter(|c| !expected.chains.contains_key(*c)).map(|c| format!("unexpected chain {c}")),
-        );
-        for (name, want) in &expected.sets {
-            match (self.sets.get(name), want) {
-                (None, _) => out.push(format!("set {name} is missing")),
-                (Some(Some(got)), Some(want)) if got != want => {
-                    out.push(format!("set {name} has {got} elements, expected {want}"))
-                }
-                _ => {}
-            }
-        }
-        out.extend(self.sets.keys().filter(|s| !expected.sets.contains_key(*s)).map(|s| format!("unexpected set {s}")));
-        out
-    }
-}
 
 fn attr_str(payload: &[u8], kind: u16) -> Option<String> {
     Attrs(payload).find(|a| a.kind == kind).map(|a| a.str())

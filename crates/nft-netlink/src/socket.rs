@@ -133,6 +133,37 @@ impl NfSocket {
         }
     }
 
+    /// The nf_tables generation (`NFT_MSG_GETGEN`): bumped by every commit in the namespace.
+    pub fn generation(&mut self) -> io::Result<u32> {
+        let mut m = MsgBuf::new();
+        m.begin_nft(NFT_MSG_GETGEN, NLM_F_REQUEST | NLM_F_ACK, 1, NFPROTO_UNSPEC);
+        m.end();
+        self.sock.send(m.bytes(), 0)?;
+        let mut generation = None;
+        loop {
+            self.recv_some()?;
+            for reply in messages(&self.recv) {
+                match reply.kind {
+                    NLMSG_ERROR => {
+                        let code = reply.payload.get(..4).and_then(|b| b.try_into().ok()).map(i32::from_ne_bytes);
+                        return match (code, generation) {
+                            (Some(0), Some(g)) => Ok(g),
+                            (Some(0), None) => Err(io::Error::other("no generation in the kernel's answer")),
+                            (Some(e), _) => Err(io::Error::from_raw_os_error(-e)),
+                            (None, _) => Err(io::Error::other("truncated netlink error")),
+                        };
+                    }
+                    k if k == (NFNL_SUBSYS_NFTABLES << 8 | NFT_MSG_NEWGEN) => {
+                        generation = crate::wire::Attrs(reply.payload.get(4..).unwrap_or(&[]))
+                            .find(|a| a.kind == NFTA_GEN_ID)
+                            .and_then(|a| a.be32());
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+
     /// Runs one `NLM_F_DUMP` request and calls `each` with every reply message's payload
     /// (after `nfgenmsg`).
     pub fn dump(

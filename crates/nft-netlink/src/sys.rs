@@ -34,6 +34,10 @@ pub const NFT_MSG_DELSET: u16 = 11;
 pub const NFT_MSG_NEWSETELEM: u16 = 12;
 pub const NFT_MSG_GETSETELEM: u16 = 13;
 pub const NFT_MSG_DELSETELEM: u16 = 14;
+pub const NFT_MSG_NEWGEN: u16 = 15;
+pub const NFT_MSG_GETGEN: u16 = 16;
+/// `NFTA_GEN_ID`: the generation, big endian.
+pub const NFTA_GEN_ID: u16 = 1;
 
 pub const NFTA_TABLE_NAME: u16 = 1;
 pub const NFTA_TABLE_FLAGS: u16 = 2;

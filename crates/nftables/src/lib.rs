@@ -9,10 +9,12 @@
 //! - [`cleanup()`]: `kproxy --cleanup`.
 
 pub mod cleanup;
+pub mod kernel;
 pub mod naming;
 pub mod ruleset;
 mod sync;
 
 pub use cleanup::cleanup;
+pub use kernel::Verification;
 pub use kproxy_nft_model::{ExecError, Executor, NftCommand, OpCounts, Recording, Transaction};
 pub use sync::{Config, DEFAULT_COLD_START_CHUNK_OPS, NftablesDataplane, SyncError, SyncReport};

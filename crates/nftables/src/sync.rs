@@ -6,12 +6,20 @@
 //! the plan delta against it and emits only what changed, as one atomic transaction — O(change),
 //! no listing of the kernel.
 //!
-//! The first sync, and the first after a failure, recreates the tables as a stream of bounded
-//! transactions rendered service by service (so the whole cold start is never in memory), with
-//! the hooked base chains last: no packet sees a half-built table. Later full syncs reconcile in
-//! one transaction: they rewrite every chain and static map in place but keep the affinity sets.
-//! Chains that go away are flushed in one sync and deleted in the next: older kernels refuse to
-//! delete a chain in the transaction that drops the last reference to it.
+//! The first sync builds the tables as a stream of bounded transactions rendered service by
+//! service (so the whole cold start is never in memory), with the hooked base chains last: no
+//! packet sees a half-built table. When kproxy's tables are already there (a restart, an
+//! upgrade, the first sync after a failure), they are adopted instead: rewritten in place in one
+//! transaction, never deleted first, so Services that did not change never stop answering.
+//!
+//! Steady state costs O(change): the periodic check ([`NftablesDataplane::verify`]) asks the
+//! kernel whether anyone committed since kproxy's last commit, lists kproxy's tables only if so,
+//! and repairs only the chains and sets that differ (see [`crate::kernel`]). A full sync of an
+//! in-sync dataplane applies the difference between the applied plan and the new one, and a
+//! change of node-wide settings reconciles in one transaction that rewrites every chain and
+//! static map in place but keeps the affinity sets. Chains that go away are flushed in one sync
+//! and deleted in the next: older kernels refuse to delete a chain in the transaction that drops
+//! the last reference to it.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -21,6 +29,7 @@ use kproxy_state::IpFamily;
 
 use kproxy_nft_model::{Chain, Element, ExecError, Executor, Op, OpCounts, Rule, SetDef, TableRef, Transaction};
 
+use crate::kernel::{Applied, Desired, Drift, Verification};
 use crate::ruleset::service::{self, ServiceObjects, Shared};
 use crate::ruleset::{Ctx, DEFAULT_MASQUERADE_MARK, Destination, TABLE_NAME, skeleton};
 
@@ -261,12 +270,14 @@ pub struct NftablesDataplane<E> {
     families: BTreeMap<IpFamily, FamilyState>,
     /// The tables are known to match `families` (false at start and after a failure).
     in_sync: bool,
+    /// What the applied transactions left in the kernel.
+    applied: Applied,
 }
 
 impl<E: Executor> NftablesDataplane<E> {
     /// A dataplane that applies through `exec`. Nothing is applied until the first sync.
     pub fn new(exec: E, config: Config) -> Self {
-        Self { exec, config, families: BTreeMap::new(), in_sync: false }
+        Self { exec, config, families: BTreeMap::new(), in_sync: false, applied: Applied::default() }
     }
 
     /// The executor (tests look at recorded transactions).
@@ -287,25 +298,129 @@ impl<E: Executor> NftablesDataplane<E> {
         whole
     }
 
-    /// Rewrites everything from `plan`: recreates the tables on the first sync and after a
-    /// failure, reconciles in place otherwise (every `syncPeriod`).
+    /// Makes the kernel match `plan`: builds or adopts the tables on the first sync and after a
+    /// failure; otherwise applies what differs from the applied plan (a node-wide change
+    /// reconciles every chain in place) and checks the kernel.
     pub fn full_sync(&mut self, plan: &Plan) -> Result<SyncReport, SyncError> {
         if !self.in_sync {
-            return self.cold_start(plan);
+            return self.start(plan);
         }
-        let mut tx = Transaction::new();
-        let families = reconcile(&self.config, plan, &self.families, &mut |op| tx.push(op));
-        let report = self.apply(tx, true)?;
-        self.families = families;
+        let node_changed = plan.families.iter().any(|(f, fam)| self.families.get(f).is_none_or(|s| s.node != fam.node));
+        if node_changed || !plan.families.keys().eq(self.families.keys()) {
+            let mut tx = Transaction::new();
+            let families = reconcile(&self.config, plan, &self.families, &mut |op| tx.push(op));
+            let report = self.apply(tx, true)?;
+            self.families = families;
+            return Ok(report);
+        }
+        let changes = self.families.iter().map(|(family, state)| {
+            let services = plan.families.get(family).map(|f| &f.services);
+            (*family, changed_services(&state.services, services))
+        });
+        let changes: Vec<_> = changes.collect();
+        let mut report = self.apply_changes(changes, true)?;
+        // The applied plan was right; check the kernel still holds it.
+        if let Verification::Repaired(_) = self.verify(plan)? {
+            report.full = true;
+        }
         Ok(report)
     }
 
-    /// Recreates the tables as a stream of bounded transactions.
+    /// The first sync, or the first after a failure: adopts kproxy's tables if they are there,
+    /// else builds them.
+    fn start(&mut self, plan: &Plan) -> Result<SyncReport, SyncError> {
+        let tables = plan.families.keys().map(|f| ctx(&self.config, *f).table);
+        let existing = match crate::kernel::list_all(&mut self.exec, tables) {
+            Ok(Some(listings)) => listings.into_iter().filter(|(_, l)| !l.chains.is_empty()).collect(),
+            Ok(None) => BTreeMap::new(),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot list kproxy's tables; building them afresh");
+                BTreeMap::new()
+            }
+        };
+        if existing.is_empty() {
+            return self.cold_start(plan);
+        }
+        match self.adopt(plan, &existing) {
+            Ok(report) => Ok(report),
+            Err(e) => {
+                tracing::warn!(error = %e, "adopting kproxy's tables failed; rebuilding them");
+                self.cold_start(plan)
+            }
+        }
+    }
+
+    /// Takes over the tables a previous kproxy (or a failed sync) left, in one transaction.
+    fn adopt(
+        &mut self,
+        plan: &Plan,
+        existing: &BTreeMap<TableRef, kproxy_nft_model::TableListing>,
+    ) -> Result<SyncReport, SyncError> {
+        let mut desired: BTreeMap<TableRef, Desired> = BTreeMap::new();
+        let mut tx = Transaction::new();
+        let mut passthrough = Vec::new();
+        let families = cold_start(&self.config, plan, &mut |op| {
+            let table = match &op {
+                Op::AddChain(t, _) | Op::AddSet(t, _) | Op::AddElement(t, _) | Op::AddRule { table: t, .. } => {
+                    t.clone()
+                }
+                // The cold start's own table creation and deletion: adoption declares the tables itself.
+                Op::AddTable { .. } | Op::DeleteTable(_) => {
+                    passthrough.push(op);
+                    return;
+                }
+                _ => return,
+            };
+            desired.entry(table.clone()).or_default().collect(&table, op);
+        });
+        // Tables of families no longer planned are deleted as the cold start would.
+        let planned: BTreeSet<TableRef> = desired.keys().cloned().collect();
+        let mut dropped = BTreeSet::new();
+        for op in passthrough {
+            if let Op::DeleteTable(t) = &op
+                && !planned.contains(t)
+                && dropped.insert(t.clone())
+            {
+                tx.push(Op::AddTable { table: t.clone(), comment: None });
+                tx.push(op);
+            }
+        }
+        let empty = kproxy_nft_model::TableListing::default();
+        for (table, d) in desired {
+            let current = existing.get(&table).unwrap_or(&empty);
+            crate::kernel::adopt_ops(&table, Some(TABLE_COMMENT.to_owned()), d, current, &mut tx);
+        }
+        let report = SyncReport { full: true, ops: tx.len(), counts: tx.counts() };
+        // The summary of an adopted table is what a cold start leaves (the rewrite's flushes
+        // and re-adds do not add up to it).
+        let mut after = kproxy_nft_model::Listings::default();
+        cold_start(&self.config, plan, &mut |op| {
+            let mut one = Transaction::new();
+            one.push(op);
+            after.apply(&one);
+        });
+        match self.applied.apply(&mut self.exec, &tx) {
+            Ok(()) => {
+                tracing::info!(ops = report.ops, tables = existing.len(), "nftables tables adopted in one transaction");
+                self.applied.listings = after;
+                self.families = families;
+                self.in_sync = true;
+                Ok(report)
+            }
+            Err(e) => {
+                self.in_sync = false;
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Builds the tables as a stream of bounded transactions, base chains last.
     fn cold_start(&mut self, plan: &Plan) -> Result<SyncReport, SyncError> {
         let exec = &mut self.exec;
+        let applied = &mut self.applied;
         let mut stream = Stream::new(self.config.cold_start_chunk_ops, |tx: Transaction, part| {
             let ops = tx.len();
-            exec.apply(&tx)?;
+            applied.apply(exec, &tx)?;
             tracing::debug!(part, ops, "nftables cold start progress");
             Ok(())
         });
@@ -326,6 +441,66 @@ impl<E: Executor> NftablesDataplane<E> {
         }
     }
 
+    /// Checks that the kernel still holds what kproxy applied (see [`crate::kernel`]) and
+    /// repairs the chains and sets that differ.
+    pub fn verify(&mut self, plan: &Plan) -> Result<Verification, SyncError> {
+        if !self.in_sync {
+            self.full_sync(plan)?;
+            return Ok(Verification::Repaired(vec!["the tables were out of sync".to_owned()]));
+        }
+        let generation = self.exec.generation().ok().flatten();
+        if generation.is_some() && generation == self.applied.generation {
+            return Ok(Verification::Untouched);
+        }
+        let tables: Vec<TableRef> = self.families.values().map(|s| s.ctx.table.clone()).collect();
+        let Some(actual) = crate::kernel::list_all(&mut self.exec, tables)? else {
+            return Ok(Verification::Unverifiable);
+        };
+        let mut drifted = Vec::new();
+        let mut lines = Vec::new();
+        for (table, listing) in &actual {
+            let expected = self.applied.listings.get(table);
+            let drift = Drift::between(listing, &expected);
+            if !drift.is_empty() {
+                lines.extend(listing.drift(&expected).into_iter().map(|l| format!("{table}: {l}")));
+                drifted.push((table.clone(), listing.chains.is_empty(), drift));
+            }
+        }
+        if drifted.is_empty() {
+            self.applied.generation = generation;
+            return Ok(Verification::Clean);
+        }
+        tracing::warn!(drift = ?lines, "kproxy's nftables tables were changed by someone else; repairing");
+        if drifted.iter().any(|(_, gone, _)| *gone) {
+            // A table is gone: nothing to repair piecemeal.
+            self.in_sync = false;
+            self.full_sync(plan)?;
+            return Ok(Verification::Repaired(lines));
+        }
+        let mut desired: BTreeMap<TableRef, Desired> = BTreeMap::new();
+        cold_start(&self.config, plan, &mut |op| {
+            if let Op::AddChain(t, _) | Op::AddSet(t, _) | Op::AddElement(t, _) | Op::AddRule { table: t, .. } = &op {
+                let t = t.clone();
+                if drifted.iter().any(|(d, _, _)| *d == t) {
+                    desired.entry(t.clone()).or_default().collect(&t, op);
+                }
+            }
+        });
+        let mut tx = Transaction::new();
+        for (table, _, drift) in &drifted {
+            crate::kernel::repair_ops(table, desired.remove(table).unwrap_or_default(), drift, &mut tx);
+        }
+        let expected = self.applied.listings.clone();
+        if let Err(e) = self.applied.apply(&mut self.exec, &tx) {
+            tracing::warn!(error = %e, "repairing kproxy's nftables tables failed; the next sync rebuilds them");
+            self.in_sync = false;
+            return Err(e.into());
+        }
+        // The repair restores what was applied: the summary stays what it was.
+        self.applied.listings = expected;
+        Ok(Verification::Repaired(lines))
+    }
+
     /// Applies only what `delta` changed; `plan` is the new plan (used when something node-wide
     /// changed, or when a full sync is due because the last one failed).
     pub fn partial_sync(&mut self, plan: &Plan, delta: &PlanDelta) -> Result<SyncReport, SyncError> {
@@ -334,9 +509,7 @@ impl<E: Executor> NftablesDataplane<E> {
         if !self.in_sync || node_changed || families_changed {
             return self.full_sync(plan);
         }
-        let mut tx = Transaction::new();
-        let mut commits = Vec::new();
-        for (family, state) in &self.families {
+        let changes = self.families.keys().map(|family| {
             let mut changes: Vec<(ServicePortName, Option<Arc<ServicePortPlan>>)> = Vec::new();
             if let Some(fd) = delta.families.get(family) {
                 for p in fd.added.iter().chain(fd.changed.iter().map(|c| &c.new)) {
@@ -344,11 +517,23 @@ impl<E: Executor> NftablesDataplane<E> {
                 }
                 changes.extend(fd.removed.iter().map(|p| (p.name.clone(), None)));
             }
+            (*family, changes)
+        });
+        let changes: Vec<_> = changes.collect();
+        self.apply_changes(changes, false)
+    }
+
+    /// Applies the changed service ports of each family as one transaction.
+    fn apply_changes(&mut self, changes: Vec<(IpFamily, Changes)>, full: bool) -> Result<SyncReport, SyncError> {
+        let mut tx = Transaction::new();
+        let mut commits = Vec::new();
+        for (family, changes) in changes {
+            let Some(state) = self.families.get(&family) else { continue };
             let (batch, commit) = diff_services(state, changes);
             batch.into_transaction(&state.ctx.table, &mut tx);
-            commits.push((*family, commit));
+            commits.push((family, commit));
         }
-        let report = self.apply(tx, false)?;
+        let report = self.apply(tx, full)?;
         for (family, commit) in commits {
             if let Some(state) = self.families.get_mut(&family) {
                 commit.apply_to(state);
@@ -359,7 +544,7 @@ impl<E: Executor> NftablesDataplane<E> {
 
     /// Removes kproxy's tables (both families) and forgets the applied state.
     pub fn cleanup(&mut self) -> Result<(), ExecError> {
-        self.exec.apply(&crate::cleanup::cleanup_transaction(&self.config.table))?;
+        self.applied.apply(&mut self.exec, &crate::cleanup::cleanup_transaction(&self.config.table))?;
         self.families.clear();
         self.in_sync = false;
         Ok(())
@@ -367,7 +552,7 @@ impl<E: Executor> NftablesDataplane<E> {
 
     fn apply(&mut self, tx: Transaction, full: bool) -> Result<SyncReport, SyncError> {
         let report = SyncReport { full, ops: tx.len(), counts: tx.counts() };
-        match self.exec.apply(&tx) {
+        match self.applied.apply(&mut self.exec, &tx) {
             Ok(()) => {
                 self.in_sync = true;
                 Ok(report)
@@ -516,6 +701,25 @@ fn reconcile(
     states
 }
 
+/// Service ports to bring to a new plan (`None`: removed).
+type Changes = Vec<(ServicePortName, Option<Arc<ServicePortPlan>>)>;
+
+/// The service ports whose plan differs between `applied` and `planned`.
+fn changed_services(
+    applied: &BTreeMap<ServicePortName, Arc<ServicePortPlan>>,
+    planned: Option<&BTreeMap<ServicePortName, Arc<ServicePortPlan>>>,
+) -> Changes {
+    let empty = BTreeMap::new();
+    let planned = planned.unwrap_or(&empty);
+    let mut out: Changes = planned
+        .iter()
+        .filter(|(name, p)| applied.get(*name).is_none_or(|a| !Arc::ptr_eq(a, p) && a != *p))
+        .map(|(name, p)| (name.clone(), Some(p.clone())))
+        .collect();
+    out.extend(applied.keys().filter(|n| !planned.contains_key(*n)).map(|n| (n.clone(), None)));
+    out
+}
+
 /// State changes to make once a partial sync's transaction is applied.
 #[derive(Debug, Default)]
 struct Commit {
@@ -659,5 +863,12 @@ impl<E: Executor + Send> kproxy_plan::Dataplane for NftablesDataplane<E> {
     fn cleanup(&mut self) -> Result<(), kproxy_plan::DataplaneError> {
         NftablesDataplane::cleanup(self)?;
         Ok(())
+    }
+
+    fn verify(&mut self, plan: &Plan) -> Result<kproxy_plan::Verified, kproxy_plan::DataplaneError> {
+        Ok(match NftablesDataplane::verify(self, plan)? {
+            Verification::Untouched | Verification::Clean | Verification::Unverifiable => kproxy_plan::Verified::Clean,
+            Verification::Repaired(drift) => kproxy_plan::Verified::Repaired(drift),
+        })
     }
 }

@@ -87,7 +87,16 @@ fn a_cold_start_is_streamed_in_bounded_parts_that_never_dangle() {
     let first_base = ops.iter().position(|op| is_base_op(op)).unwrap();
     assert!(ops[first_base..].iter().all(|op| is_base_op(op)), "only base chains after the first one");
 
-    // A later full sync (reconcile) stays one atomic transaction.
+    // A later full sync of the same plan has nothing to change: it applies nothing.
     dp.full_sync(&plan).unwrap();
+    assert_eq!(dp.executor().applied.len(), parts.len());
+    // A node-wide change reconciles in one atomic transaction.
+    let mut changed = plan.clone();
+    for fam in changed.families.values_mut() {
+        let cidr =
+            if fam.node.service_cidrs.iter().any(|c| c.addr().is_ipv6()) { "fd00:ff::/64" } else { "203.0.113.0/24" };
+        fam.node.service_cidrs.push(cidr.parse().unwrap());
+    }
+    dp.full_sync(&changed).unwrap();
     assert_eq!(dp.executor().applied.len(), parts.len() + 1);
 }

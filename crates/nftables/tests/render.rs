@@ -20,30 +20,53 @@ fn golden_initial_ruleset_for_the_example_cluster() {
 }
 
 #[test]
-fn first_sync_recreates_then_later_full_syncs_reconcile_in_place() {
+fn a_full_sync_of_an_unchanged_plan_applies_nothing_and_a_node_change_reconciles_in_place() {
     let plan = common::example_plan();
     let mut dp = dataplane();
     assert!(dp.full_sync(&plan).unwrap().full);
     let first = dp.executor().last().unwrap().render();
     assert!(first.starts_with("add table ip kproxy { comment \"rules for kproxy\"; }\ndelete table ip kproxy\n"));
-    dp.full_sync(&plan).unwrap();
+    let applied = dp.executor().applied.len();
+    let report = dp.full_sync(&plan).unwrap();
+    assert_eq!((report.ops, dp.executor().applied.len()), (0, applied), "steady state costs nothing");
+    // A node-wide change rewrites the chains in one transaction, in place.
+    let mut changed = plan.clone();
+    for fam in changed.families.values_mut() {
+        let cidr = if fam.family == kproxy_state::IpFamily::V6 { "fd00:ff::/64" } else { "203.0.113.0/24" };
+        fam.node.service_cidrs.push(cidr.parse().unwrap());
+    }
+    dp.full_sync(&changed).unwrap();
+    assert_eq!(dp.executor().applied.len(), applied + 1);
     let second = dp.executor().last().unwrap().render();
     assert!(!second.contains("delete table"), "{second}");
+    assert!(second.contains("ip daddr 203.0.113.0/24 drop"), "{second}");
     // The affinity sets keep their entries across a reconciling full sync.
     assert!(first.contains("add set ip kproxy affinity-"));
     assert!(!second.contains("add set ip kproxy affinity-") && !second.contains("delete set"), "{second}");
 }
 
 #[test]
-fn a_failed_sync_forces_a_recreating_full_sync() {
+fn after_a_failed_sync_the_next_adopts_the_tables_in_one_transaction_without_deleting_them() {
     let plan = common::example_plan();
+    let fewer = services(1, &["198.18.17.2"], false);
     let mut dp = dataplane();
     dp.full_sync(&plan).unwrap();
     dp.executor_mut().fail_next = true;
-    assert!(dp.partial_sync(&plan, &PlanDelta::default()).is_err());
-    let report = dp.partial_sync(&plan, &PlanDelta::default()).unwrap();
+    assert!(dp.partial_sync(&fewer, &PlanDelta::between(&plan, &fewer)).is_err());
+    let applied = dp.executor().applied.len();
+    let report = dp.partial_sync(&fewer, &PlanDelta::between(&plan, &fewer)).unwrap();
     assert!(report.full);
-    assert!(dp.executor().last().unwrap().render().contains("delete table ip kproxy"));
+    assert_eq!(dp.executor().applied.len(), applied + 1, "one transaction");
+    let tx = dp.executor().last().unwrap().render();
+    assert!(!tx.contains("delete table ip kproxy"), "{tx}");
+    assert!(tx.contains("flush map ip kproxy service-ips"), "{tx}");
+    // What the example plan had and `fewer` has not is gone.
+    assert!(tx.contains("delete chain ip kproxy service-"), "{tx}");
+    // The kernel ends where a fresh start of `fewer` ends.
+    let mut fresh = dataplane();
+    fresh.full_sync(&fewer).unwrap();
+    let table = kproxy_nft_model::TableRef { family: kproxy_nft_model::TableFamily::Ip, name: "kproxy".into() };
+    assert_eq!(dp.executor().tables.get(&table), fresh.executor().tables.get(&table));
 }
 
 fn many_services(n: usize, web_endpoints: &[&str]) -> Plan {
@@ -156,8 +179,9 @@ fn removed_service_chains_are_flushed_now_and_deleted_next_sync() {
     let tx = dp.executor().last().unwrap().render();
     assert!(tx.lines().all(|l| l.starts_with("delete chain ip kproxy ") && l.contains(chain)), "{tx}");
     assert_eq!(tx.lines().count(), 1, "{tx}");
+    let applied = dp.executor().applied.len();
     dp.partial_sync(&after, &PlanDelta::default()).unwrap();
-    assert!(dp.executor().last().unwrap().is_empty());
+    assert_eq!(dp.executor().applied.len(), applied, "nothing left to apply");
 }
 
 /// Two services claiming one external IP and port (a conflict in the cluster), each with one

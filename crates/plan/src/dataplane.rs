@@ -17,4 +17,22 @@ pub trait Dataplane: Send {
     fn partial_sync(&mut self, plan: &Plan, delta: &PlanDelta) -> Result<(), DataplaneError>;
     /// Removes everything this dataplane put in the kernel.
     fn cleanup(&mut self) -> Result<(), DataplaneError>;
+    /// The periodic check (every `syncPeriod`): makes sure the kernel still holds `plan`, the
+    /// plan of the last sync, repairing what someone else changed. A backend that cannot check
+    /// more cheaply rewrites everything.
+    fn verify(&mut self, plan: &Plan) -> Result<Verified, DataplaneError> {
+        self.full_sync(plan)?;
+        Ok(Verified::Rewritten)
+    }
+}
+
+/// What a periodic check found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verified {
+    /// The kernel held the plan.
+    Clean,
+    /// Someone else changed kproxy's rules; each line says what. They were repaired.
+    Repaired(Vec<String>),
+    /// The backend rewrote everything (it cannot check more cheaply).
+    Rewritten,
 }

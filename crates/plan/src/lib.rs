@@ -16,7 +16,7 @@ mod planner;
 mod policy;
 
 pub use categorize::{Categorized, categorize_endpoints};
-pub use dataplane::{Dataplane, DataplaneError};
+pub use dataplane::{Dataplane, DataplaneError, Verified};
 pub use delta::{FamilyDelta, PlanDelta, ServicePortChange};
 pub use model::{
     Endpoint, ExternalPolicy, ExternalTraffic, FamilyPlan, InternalTraffic, MasqueradeWhen, NoEndpointsVerdict,

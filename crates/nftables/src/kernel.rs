@@ -1,0 +1,244 @@
+//! What kproxy knows of the kernel between syncs, and how it checks and repairs it.
+//!
+//! - [`Applied`] follows every transaction kproxy applies: a summary of each table (chains with
+//!   rule counts, sets with element counts) and the nf_tables generation its last commit left.
+//!   The kernel bumps the generation on every commit in the namespace, by anyone, so while it is
+//!   unchanged nobody touched the tables and a periodic check costs one netlink round trip.
+//! - When it changed, one dump of kproxy's tables is compared with the summary; [`repair_ops`]
+//!   rewrites only the chains and sets that differ, in one transaction.
+//! - [`adopt_ops`] takes over the tables a previous kproxy left (a restart, an upgrade): one
+//!   transaction that rewrites them in place, so no packet ever sees them missing or half-built.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use kproxy_nft_model::{
+    Chain, ExecError, Executor, Listings, Op, SetDef, SetFlag, TableListing, TableRef, Transaction,
+};
+
+/// What the last applied transactions left in the kernel, as far as kproxy knows.
+#[derive(Debug, Default)]
+pub struct Applied {
+    /// The summary of every table kproxy applied to.
+    pub listings: Listings,
+    /// The generation kproxy's last commit left, while nobody else committed since it
+    /// (`None`: unknown, or someone else committed).
+    pub generation: Option<u32>,
+}
+
+impl Applied {
+    /// Applies `tx` through `exec`, following what it does to the tables and the generation.
+    pub fn apply<E: Executor + ?Sized>(&mut self, exec: &mut E, tx: &Transaction) -> Result<(), ExecError> {
+        if tx.is_empty() {
+            return Ok(());
+        }
+        let before = exec.generation().ok().flatten();
+        let result = exec.apply(tx);
+        let after = exec.generation().ok().flatten();
+        // Ours was the only commit in between only if the generation moved by exactly one
+        // from where our previous commit left it.
+        self.generation = match (before, after) {
+            (Some(b), Some(a)) if result.is_ok() && a == b.wrapping_add(1) && self.generation == Some(b) => Some(a),
+            _ => None,
+        };
+        result?;
+        self.listings.apply(tx);
+        Ok(())
+    }
+}
+
+/// What a periodic check found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verification {
+    /// Nobody committed anything since kproxy's last commit: nothing was listed.
+    Untouched,
+    /// The tables were listed and hold what kproxy applied.
+    Clean,
+    /// The tables differed (each line says how) and were repaired.
+    Repaired(Vec<String>),
+    /// The executor cannot read the kernel (tests, `--dry-run`).
+    Unverifiable,
+}
+
+/// The differences of one table from what kproxy applied.
+#[derive(Debug, Clone, Default)]
+pub struct Drift {
+    /// Chains missing or with other rules.
+    pub chains: BTreeSet<String>,
+    /// Chains kproxy does not have.
+    pub unexpected_chains: BTreeSet<String>,
+    /// Sets missing or with other elements.
+    pub sets: BTreeSet<String>,
+    /// Sets kproxy does not have.
+    pub unexpected_sets: BTreeSet<String>,
+}
+
+impl Drift {
+    /// Compares what the kernel holds with what was applied.
+    pub fn between(actual: &TableListing, expected: &TableListing) -> Drift {
+        let mut d = Drift::default();
+        for (name, want) in &expected.chains {
+            if actual.chains.get(name) != Some(want) {
+                d.chains.insert(name.clone());
+            }
+        }
+        d.unexpected_chains.extend(actual.chains.keys().filter(|c| !expected.chains.contains_key(*c)).cloned());
+        for (name, want) in &expected.sets {
+            match (actual.sets.get(name), want) {
+                (None, _) => {
+                    d.sets.insert(name.clone());
+                }
+                (Some(Some(got)), Some(want)) if got != want => {
+                    d.sets.insert(name.clone());
+                }
+                _ => {}
+            }
+        }
+        d.unexpected_sets.extend(actual.sets.keys().filter(|s| !expected.sets.contains_key(*s)).cloned());
+        d
+    }
+
+    /// Nothing differs.
+    pub fn is_empty(&self) -> bool {
+        self.chains.is_empty()
+            && self.unexpected_chains.is_empty()
+            && self.sets.is_empty()
+            && self.unexpected_sets.is_empty()
+    }
+}
+
+/// The desired content of one table, gathered from a cold start's operations.
+#[derive(Debug, Default)]
+pub struct Desired {
+    chains: Vec<Chain>,
+    sets: Vec<SetDef>,
+    rules: Vec<Op>,
+    elements: Vec<Op>,
+}
+
+impl Desired {
+    /// Takes the operations of `table` from a cold start's stream.
+    pub fn collect(&mut self, table: &TableRef, op: Op) {
+        match op {
+            Op::AddChain(t, c) if &t == table => self.chains.push(c),
+            Op::AddSet(t, s) if &t == table => self.sets.push(s),
+            op @ Op::AddRule { .. } if op_table(&op) == Some(table) => self.rules.push(op),
+            op @ Op::AddElement(..) if op_table(&op) == Some(table) => self.elements.push(op),
+            _ => {}
+        }
+    }
+}
+
+fn op_table(op: &Op) -> Option<&TableRef> {
+    match op {
+        Op::AddRule { table, .. } | Op::AddElement(table, _) => Some(table),
+        _ => None,
+    }
+}
+
+fn chain_of(op: &Op) -> Option<&str> {
+    match op {
+        Op::AddRule { chain, .. } => Some(chain),
+        _ => None,
+    }
+}
+
+fn set_of(op: &Op) -> Option<&str> {
+    match op {
+        Op::AddElement(_, e) => Some(&e.set),
+        _ => None,
+    }
+}
+
+/// Rewrites, in one transaction, what `table` must hold where `only` selects it: the chains and
+/// sets it names are declared (declaring an existing one is a no-op), flushed and refilled;
+/// `remove` names chains and sets to delete. Dynamic sets keep their elements (live state).
+fn rewrite(
+    table: &TableRef,
+    desired: Desired,
+    chains: impl Fn(&str) -> bool,
+    sets: impl Fn(&str) -> bool,
+    remove_chains: &BTreeSet<String>,
+    remove_sets: &BTreeSet<String>,
+    tx: &mut Transaction,
+) {
+    let t = || table.clone();
+    let chain_defs: Vec<Chain> = desired.chains.into_iter().filter(|c| chains(&c.name)).collect();
+    let set_defs: Vec<SetDef> = desired.sets.into_iter().filter(|s| sets(&s.name)).collect();
+    for c in &chain_defs {
+        tx.push(Op::AddChain(t(), c.clone()));
+    }
+    for s in &set_defs {
+        tx.push(Op::AddSet(t(), s.clone()));
+    }
+    for c in chain_defs.iter().map(|c| &c.name).chain(remove_chains) {
+        tx.push(Op::FlushChain(t(), c.clone()));
+    }
+    for s in set_defs.iter().filter(|s| !s.has(SetFlag::Dynamic)) {
+        tx.push(Op::FlushSet { table: t(), name: s.name.clone(), is_map: s.is_map() });
+    }
+    for c in remove_chains {
+        tx.push(Op::DeleteChain(t(), c.clone()));
+    }
+    for s in remove_sets {
+        tx.push(Op::DeleteSet { table: t(), name: s.clone(), is_map: false });
+    }
+    let dynamic: BTreeSet<&str> =
+        set_defs.iter().filter(|s| s.has(SetFlag::Dynamic)).map(|s| s.name.as_str()).collect();
+    for op in desired.rules {
+        if chain_of(&op).is_some_and(&chains) {
+            tx.push(op);
+        }
+    }
+    for op in desired.elements {
+        if set_of(&op).is_some_and(|s| sets(s) && !dynamic.contains(s)) {
+            tx.push(op);
+        }
+    }
+}
+
+/// The transaction that repairs `drift` in `table`.
+pub fn repair_ops(table: &TableRef, desired: Desired, drift: &Drift, tx: &mut Transaction) {
+    rewrite(
+        table,
+        desired,
+        |c| drift.chains.contains(c),
+        |s| drift.sets.contains(s),
+        &drift.unexpected_chains,
+        &drift.unexpected_sets,
+        tx,
+    );
+}
+
+/// The transaction that takes over `table` as a previous kproxy left it (`existing`): every
+/// chain and static set rewritten in place, what kproxy no longer has removed.
+pub fn adopt_ops(
+    table: &TableRef,
+    comment: Option<String>,
+    desired: Desired,
+    existing: &TableListing,
+    tx: &mut Transaction,
+) {
+    let wanted_chains: BTreeSet<&str> = desired.chains.iter().map(|c| c.name.as_str()).collect();
+    let wanted_sets: BTreeSet<&str> = desired.sets.iter().map(|s| s.name.as_str()).collect();
+    let remove_chains: BTreeSet<String> =
+        existing.chains.keys().filter(|c| !wanted_chains.contains(c.as_str())).cloned().collect();
+    let remove_sets: BTreeSet<String> =
+        existing.sets.keys().filter(|s| !wanted_sets.contains(s.as_str())).cloned().collect();
+    tx.push(Op::AddTable { table: table.clone(), comment });
+    rewrite(table, desired, |_| true, |_| true, &remove_chains, &remove_sets, tx);
+}
+
+/// Lists each of `tables`; `None` when the executor cannot list.
+pub fn list_all<E: Executor + ?Sized>(
+    exec: &mut E,
+    tables: impl IntoIterator<Item = TableRef>,
+) -> Result<Option<BTreeMap<TableRef, TableListing>>, ExecError> {
+    let mut out = BTreeMap::new();
+    for t in tables {
+        match exec.list(&t)? {
+            Some(l) => out.insert(t, l),
+            None => return Ok(None),
+        };
+    }
+    Ok(Some(out))
+}

@@ -1,0 +1,86 @@
+#![allow(clippy::unwrap_used)]
+//! The periodic check costs nothing while nobody else touched kproxy's tables, and repairs only
+//! what someone else changed (through the Recording executor, which keeps a summary of what a
+//! kernel would hold; `crates/nft-netlink/tests/steady_state.rs` does the same on a real kernel).
+
+mod common;
+
+use kproxy_nft_model::{Op, TableFamily, TableRef};
+use kproxy_nftables::{Config, NftablesDataplane, Recording, Verification};
+
+fn table() -> TableRef {
+    TableRef { family: TableFamily::Ip, name: "kproxy".into() }
+}
+
+#[test]
+fn the_periodic_check_lists_nothing_while_nobody_else_commits() {
+    let plan = common::example_plan();
+    let mut dp = NftablesDataplane::new(Recording::default(), Config::default());
+    dp.full_sync(&plan).unwrap();
+    // The cold start's commits were ours, but the generation before them was unknown: one
+    // listing establishes it.
+    assert_eq!(dp.verify(&plan).unwrap(), Verification::Clean);
+    let lists = dp.executor().lists;
+    let applied = dp.executor().applied.len();
+    for _ in 0..3 {
+        assert_eq!(dp.verify(&plan).unwrap(), Verification::Untouched);
+    }
+    assert_eq!((dp.executor().lists, dp.executor().applied.len()), (lists, applied));
+    // Someone else commits, to any table: the next check lists, finds nothing wrong.
+    dp.executor_mut().generation += 1;
+    assert_eq!(dp.verify(&plan).unwrap(), Verification::Clean);
+    assert!(dp.executor().lists > lists);
+    assert_eq!(dp.executor().applied.len(), applied);
+}
+
+#[test]
+fn the_periodic_check_rewrites_only_the_chain_and_map_that_someone_else_changed() {
+    let plan = common::example_plan();
+    let mut dp = NftablesDataplane::new(Recording::default(), Config::default());
+    dp.full_sync(&plan).unwrap();
+    assert_eq!(dp.verify(&plan).unwrap(), Verification::Clean);
+    // Another tool flushes the `services` chain and deletes a ClusterIP's dispatch element.
+    {
+        let rec = dp.executor_mut();
+        let listing = rec.tables.0.get_mut(&table()).unwrap();
+        listing.chains.insert("services".into(), 0);
+        *listing.sets.get_mut("service-ips").unwrap().as_mut().unwrap() -= 1;
+        rec.generation += 1;
+    }
+    let Verification::Repaired(drift) = dp.verify(&plan).unwrap() else { panic!("no repair") };
+    assert_eq!(drift.len(), 2, "{drift:?}");
+    let repair = dp.executor().last().unwrap().clone();
+    let chains: Vec<&str> = repair
+        .ops()
+        .iter()
+        .filter_map(|op| match op {
+            Op::FlushChain(_, c) => Some(c.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(chains, ["services"], "{}", repair.render());
+    assert!(repair.ops().iter().all(|op| match op {
+        Op::AddElement(t, e) => *t == table() && e.set == "service-ips",
+        Op::AddRule { chain, .. } => chain == "services",
+        Op::DeleteTable(_) | Op::DeleteChain(..) | Op::DeleteSet { .. } => false,
+        _ => true,
+    }));
+    assert!(repair.render().contains("flush map ip kproxy service-ips"), "{}", repair.render());
+    // The kernel holds what was applied again, and the next check says so.
+    assert_eq!(dp.verify(&plan).unwrap(), Verification::Clean);
+}
+
+#[test]
+fn a_deleted_table_is_rebuilt_by_the_periodic_check() {
+    let plan = common::example_plan();
+    let mut dp = NftablesDataplane::new(Recording::default(), Config::default());
+    dp.full_sync(&plan).unwrap();
+    let whole = dp.executor().tables.get(&table());
+    {
+        let rec = dp.executor_mut();
+        rec.tables.0.remove(&table());
+        rec.generation += 1;
+    }
+    assert!(matches!(dp.verify(&plan).unwrap(), Verification::Repaired(_)));
+    assert_eq!(dp.executor().tables.get(&table()), whole);
+}
