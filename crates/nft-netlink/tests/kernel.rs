@@ -544,3 +544,102 @@ fn the_listing_matches_what_was_applied_and_sees_drift() {
     assert_eq!(before.drift(&expected), Vec::<String>::new());
     assert_eq!(after.drift(&expected), vec!["chain services has 3 rules, expected 2".to_owned()]);
 }
+
+/// Shapes with every kind of object: endpoints picked from maps, affinity chains, node ports,
+/// load balancers with source ranges, Local policy.
+fn rich_shapes(n: usize) -> Vec<Shape> {
+    (0..n)
+        .map(|i| Shape {
+            endpoints: 1 + i % 4,
+            local: i % 2,
+            node_port: i % 2 == 0,
+            lb: i % 3 == 0,
+            affinity: i % 4 == 1,
+            etp_local: i % 5 == 0,
+            source_ranges: i % 3 == 0,
+            udp: i % 2 == 1,
+        })
+        .collect()
+}
+
+/// What a fresh start of `plan` leaves, listed.
+fn fresh_listing(plan: &Plan) -> Value {
+    let ns = Netns::new("nlfresh").unwrap();
+    ns.run_in(|| NftablesDataplane::new(NetlinkExecutor::new(), Config::default()).full_sync(plan).unwrap()).unwrap();
+    listing(&ns)
+}
+
+#[test]
+fn the_periodic_check_repairs_what_another_tool_changed_and_ignores_other_tables() {
+    if !require_root() {
+        return;
+    }
+    let plan = plan(&rich_shapes(8));
+    let ns = Netns::new("nlcheck").unwrap();
+    let mut dp = NftablesDataplane::new(NetlinkExecutor::new(), Config::default());
+    let verify = |dp: &mut NftablesDataplane<NetlinkExecutor>| ns.run_in(|| dp.verify(&plan).unwrap()).unwrap();
+    ns.run_in(|| dp.full_sync(&plan).unwrap()).unwrap();
+    assert_eq!(verify(&mut dp), kproxy_nftables::Verification::Clean);
+    assert_eq!(verify(&mut dp), kproxy_nftables::Verification::Untouched, "nobody committed: nothing is listed");
+    // Another program commits to its own table: listed, nothing to repair.
+    ns.exec_ok("nft", &["add", "table", "ip", "other"]).unwrap();
+    assert_eq!(verify(&mut dp), kproxy_nftables::Verification::Clean);
+    // Another tool flushes a chain and deletes a dispatch element of kproxy's table.
+    ns.exec_ok("nft", &["flush", "chain", "ip", "kproxy", "services"]).unwrap();
+    ns.exec_ok("nft", &["delete", "element", "ip", "kproxy", "cluster-ips", "{ 198.18.128.10 }"]).unwrap();
+    let kproxy_nftables::Verification::Repaired(drift) = verify(&mut dp) else { panic!("not repaired") };
+    assert_eq!(drift.len(), 2, "{drift:?}");
+    ns.exec_ok("nft", &["delete", "table", "ip", "other"]).unwrap();
+    let repaired = listing(&ns);
+    let fresh = fresh_listing(&plan);
+    assert!(differences(&repaired, &fresh).is_empty(), "{:#?}", differences(&repaired, &fresh));
+    assert_eq!(verify(&mut dp), kproxy_nftables::Verification::Clean);
+}
+
+/// Applies through netlink and keeps every transaction, to see what a restart sends.
+#[derive(Debug, Default)]
+struct Watched {
+    exec: NetlinkExecutor,
+    sent: Vec<Transaction>,
+}
+
+impl Executor for Watched {
+    fn apply(&mut self, tx: &Transaction) -> Result<(), ExecError> {
+        self.sent.push(tx.clone());
+        self.exec.apply(tx)
+    }
+    fn generation(&mut self) -> Result<Option<u32>, ExecError> {
+        self.exec.generation()
+    }
+    fn list(&mut self, table: &TableRef) -> Result<Option<TableListing>, ExecError> {
+        self.exec.list(table)
+    }
+}
+
+#[test]
+fn a_restart_adopts_the_live_table_in_one_transaction_without_deleting_it() {
+    if !require_root() {
+        return;
+    }
+    let before = plan(&rich_shapes(10));
+    // The restarted kproxy sees one service fewer and other endpoints for another.
+    let mut shapes = rich_shapes(9);
+    shapes[2].endpoints = 4;
+    let after = plan(&shapes);
+    let ns = Netns::new("nladopt").unwrap();
+    ns.run_in(|| NftablesDataplane::new(NetlinkExecutor::new(), Config::default()).full_sync(&before).unwrap())
+        .unwrap();
+    let mut restarted = NftablesDataplane::new(Watched::default(), Config::default());
+    let report = ns.run_in(|| restarted.full_sync(&after).unwrap()).unwrap();
+    assert!(report.full);
+    let sent = &restarted.executor().sent;
+    assert_eq!(sent.len(), 1, "one atomic transaction");
+    // (Only the table of the family the plan does not have, ip6, is deleted, if it is there.)
+    let live = TableRef { family: TableFamily::Ip, name: "kproxy".into() };
+    assert!(!sent[0].ops().iter().any(|op| matches!(op, Op::DeleteTable(t) if *t == live)), "{}", sent[0].render());
+    let adopted = listing(&ns);
+    let fresh = fresh_listing(&after);
+    assert!(differences(&adopted, &fresh).is_empty(), "{:#?}", differences(&adopted, &fresh));
+    // And it keeps following the kernel from there.
+    assert_eq!(ns.run_in(|| restarted.verify(&after).unwrap()).unwrap(), kproxy_nftables::Verification::Clean);
+}
