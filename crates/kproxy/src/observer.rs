@@ -213,6 +213,10 @@ impl SyncObserver for DaemonObserver {
         }
     }
 
+    fn drift_repaired(&mut self, _drift: &[String]) {
+        self.metrics.inc_drift_repair();
+    }
+
     fn rejected(&mut self, errors: &[ObjectError]) {
         for e in errors {
             self.metrics.inc_invalid_object(&e.kind.to_string());

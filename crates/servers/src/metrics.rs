@@ -167,6 +167,7 @@ struct Inner {
     masquerade_current: Mutex<Vec<MasqueradeLabels>>,
     healthcheck_bind_failures: Counter,
     accelerated_connections: Counter,
+    drift_repairs: Counter,
 }
 
 fn family_labels(family: IpFamily) -> FamilyLabels {
@@ -343,6 +344,12 @@ impl Metrics {
             "Health-check node ports that could not be opened",
             healthcheck_bind_failures.clone(),
         );
+        let drift_repairs = Counter::default();
+        registry.register(
+            "kproxy_sync_proxy_rules_drift_repairs",
+            "Periodic checks that found kproxy's rules changed by someone else and repaired them",
+            drift_repairs.clone(),
+        );
         let accelerated_connections = Counter::default();
         registry.register(
             // KEP-4963's name; the `_total` suffix is added by the exposition.
@@ -380,6 +387,7 @@ impl Metrics {
                 masquerade_current: Mutex::new(Vec::new()),
                 healthcheck_bind_failures,
                 accelerated_connections,
+                drift_repairs,
             }),
         }
     }
@@ -523,6 +531,11 @@ impl Metrics {
         if total > current {
             self.inner.accelerated_connections.inc_by(total - current);
         }
+    }
+
+    /// A periodic check repaired kproxy's rules.
+    pub fn inc_drift_repair(&self) {
+        self.inner.drift_repairs.inc();
     }
 
     /// A health-check node port could not be opened.

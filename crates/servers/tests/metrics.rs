@@ -85,6 +85,7 @@ const COMMON: &[(&str, &str, &[&str])] = &[
     ("kproxy_invalid_objects_total", "counter", &["kind"]),
     ("kproxy_masquerade_policy_info", "gauge", &["ip_family", "no_masquerade_cidrs", "source"]),
     ("kproxy_service_healthcheck_bind_failures_total", "counter", &[]),
+    ("kproxy_sync_proxy_rules_drift_repairs_total", "counter", &[]),
     ("kubeproxy_accelerated_connections_count_total", "counter", &[]),
 ];
 

@@ -14,6 +14,7 @@ use super::*;
 enum Call {
     Full(usize),
     Partial(usize),
+    Verify(usize),
 }
 
 #[derive(Clone, Default)]
@@ -31,6 +32,10 @@ impl Dataplane for Recorder {
     }
     fn cleanup(&mut self) -> Result<(), kproxy_plan::DataplaneError> {
         Ok(())
+    }
+    fn verify(&mut self, plan: &Plan) -> Result<Verified, kproxy_plan::DataplaneError> {
+        self.record(Call::Verify(ports(plan)))?;
+        Ok(Verified::Clean)
     }
 }
 
@@ -178,4 +183,25 @@ async fn a_failed_sync_is_retried_after_the_sync_period_unless_an_event_comes_fi
     assert_eq!(p.next_sync_at(t0), t0, "a new event brings the retry forward");
     assert!(p.sync());
     assert_eq!(rec.calls(), [Call::Full(0), Call::Full(1)], "the retry is a full sync");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_periodic_sync_is_a_check_and_the_plan_is_rebuilt_only_hourly() {
+    let rec = Recorder::default();
+    let mut p = proxier(&rec);
+    p.pacing.sync_period = Duration::from_secs(30);
+    p.apply(Change::Replaced(Kind::Service, vec![]));
+    p.apply(Change::Replaced(Kind::EndpointSlice, vec![]));
+    p.apply(Change::Applied(service("a", "198.18.128.1")));
+    assert!(p.sync());
+    let t0 = Instant::now();
+    assert_eq!(p.next_sync_at(t0), t0 + Duration::from_secs(30));
+    tokio::time::advance(Duration::from_secs(30)).await;
+    p.check();
+    let t1 = Instant::now();
+    assert_eq!(p.next_sync_at(t1), t1 + Duration::from_secs(30), "the next check is a sync period later");
+    assert_eq!(rec.calls(), [Call::Full(1), Call::Verify(1)]);
+    tokio::time::advance(FULL_SYNC_PERIOD).await;
+    p.check();
+    assert_eq!(rec.calls(), [Call::Full(1), Call::Verify(1), Call::Full(1)], "a full sync once an hour");
 }
