@@ -92,6 +92,7 @@
 mod document;
 mod duration;
 mod error;
+pub mod feature_gates;
 mod flags;
 mod model;
 mod resolve;

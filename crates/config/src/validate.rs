@@ -19,32 +19,6 @@ use crate::model::{
 };
 use crate::settings::{Settings, split_host_port};
 
-/// Feature gates kube-proxy consults (UPSTREAM.md B.3). Others are accepted with a warning: upstream
-/// shares one registry with every Kubernetes component, so a ConfigMap may name gates kproxy has no
-/// use for, and refusing to start over them would break the drop-in promise.
-const KNOWN_FEATURE_GATES: &[&str] = &[
-    "NFTablesProxyMode",
-    "NFTablesNetlink",
-    "KubeProxyNFTablesLocalhostNodePorts",
-    "KubeProxyIPVS",
-    "AllowServiceExternalIPs",
-    "ServiceTrafficDistribution",
-    "PreferSameTrafficDistribution",
-    "LoadBalancerIPMode",
-    "KubeProxyDrainingTerminatingNodes",
-    "ProxyTerminatingEndpoints",
-    "MinimizeIPTablesRestore",
-    "IPTablesOwnershipCleanup",
-    "MultiCIDRServiceAllocator",
-    "KubeProxyAcceleration",
-    "KubeProxyNoMasqueradeCIDRs",
-    "PreserveUDPFlowsTerminatingEndpoints",
-    "TopologyAwareHints",
-    "ServiceInternalTrafficPolicy",
-    "AllAlpha",
-    "AllBeta",
-];
-
 struct Checker<'a> {
     origins: &'a std::collections::BTreeMap<String, String>,
     errors: Vec<FieldError>,
@@ -185,7 +159,7 @@ pub(crate) fn validate(s: &Settings, warnings: &mut Vec<String>) -> Result<Proxy
     for gate in s.feature_gates.keys() {
         if gate.trim().is_empty() {
             c.fail("featureGates", gate, "feature gate names must not be empty");
-        } else if !KNOWN_FEATURE_GATES.contains(&gate.as_str()) {
+        } else if !crate::feature_gates::is_known(gate) {
             warnings.push(format!("featureGates: unknown feature gate {gate:?} is ignored by kproxy"));
         }
     }

@@ -3,6 +3,7 @@
 //! `kproxy [kube-proxy flags]` runs the proxy; `kproxy plan --manifests DIR` prints the plan;
 //! `kproxy demo` runs the live demo in a sandbox of network namespaces.
 
+mod change_metrics;
 mod columns;
 mod dataplane;
 mod demo;
@@ -324,6 +325,11 @@ async fn start_servers(
         ProxyMode::Ipvs => DataplaneMode::Ipvs,
     };
     let metrics = kproxy_servers::Metrics::new(mode);
+    metrics.set_feature_gates(
+        kproxy_config::feature_gates::effective(&config.feature_gates)
+            .into_iter()
+            .map(|(gate, enabled)| (gate.name, gate.stage.label(), enabled)),
+    );
     let families = kproxy_state::IpFamily::BOTH.to_vec();
     let mut servers = Vec::new();
     let hard_fail = |what: &str, e: kproxy_servers::ServeError| -> anyhow::Result<()> {

@@ -12,6 +12,7 @@ use kproxy_state::{IpFamily, ObjectError, ObjectKey};
 use tokio::sync::mpsc;
 use tracing::warn;
 
+use crate::change_metrics::ChangeCounts;
 use crate::proxier::{SyncObserver, Synced};
 
 /// Health-check node ports and their local endpoint counts, as of one sync.
@@ -33,6 +34,7 @@ pub struct DaemonObserver {
     accel: Option<SharedAccelerator>,
     accel_synced: bool,
     accel_failing: bool,
+    changes: ChangeCounts,
 }
 
 /// The accelerator, shared with the link watcher that refreshes its flowtable devices.
@@ -84,6 +86,7 @@ impl DaemonObserver {
             accel,
             accel_synced: false,
             accel_failing: false,
+            changes: ChangeCounts::default(),
         }
     }
 }
@@ -96,6 +99,10 @@ impl DaemonObserver {
 }
 
 impl SyncObserver for DaemonObserver {
+    fn received(&mut self, change: &kproxy_state::Change) {
+        self.changes.record(change, &self.metrics);
+    }
+
     fn queued(&mut self, _at: Instant) {
         for &family in &self.families {
             self.health.queued_update(family);
@@ -133,11 +140,7 @@ impl SyncObserver for DaemonObserver {
             }
         }
         self.health.set_node_eligible(state.node(&self.node_name).is_none_or(|n| !n.draining));
-        let changed: u64 =
-            delta.families.values().map(|f| (f.added.len() + f.changed.len() + f.removed.len()) as u64).sum();
-        self.metrics.add_service_changes(changed);
-        self.metrics.set_service_changes_pending(0);
-        self.metrics.set_endpoint_changes_pending(0);
+        self.changes.taken(&self.metrics);
 
         let mut ports = HashMap::new();
         let mut endpoints: HashMap<ObjectKey, usize> = HashMap::new();
@@ -200,6 +203,8 @@ impl SyncObserver for DaemonObserver {
     }
 
     fn failed(&mut self, full: bool) {
+        // The failed sync took the changes; the full resync that follows programs them.
+        self.changes.taken(&self.metrics);
         for &family in &self.families {
             match self.mode {
                 kproxy_servers::DataplaneMode::Nftables => self.metrics.inc_nftables_sync_failure(family),
