@@ -232,7 +232,7 @@ fn run_proxy(config: ProxyConfig) -> anyhow::Result<()> {
                 tokio::spawn(kproxy_kube_source::run(client, options, tx, stats))
             }
         };
-        let (observer, _servers) = start_servers(&config, &name).await?;
+        let (mut observer, _servers) = start_servers(&config, &name).await?;
         // Flowtable devices follow the node's links (rtnetlink events, rate-limited).
         let _link_watcher = match observer.accelerator() {
             Some(accel) => match kproxy_accel::LinkWatcher::spawn(accel, kproxy_accel::WatchOptions::default()) {
@@ -260,15 +260,15 @@ fn run_proxy(config: ProxyConfig) -> anyhow::Result<()> {
                 let backend = kproxy_iptables::backend::detect();
                 info!(?backend, "iptables backend");
                 let exec = kproxy_iptables::IptablesRestore::new(backend);
-                spawn_proxier(planner, IptablesDataplane::new(exec, iptables_config(&config)), observer, pacing, rx)
+                let dp = IptablesDataplane::new(exec, iptables_config(&config));
+                observer.count_iptables_rules(dp.rule_counter());
+                spawn_proxier(planner, dp, observer, pacing, rx)
             }
-            (ProxyMode::Iptables, true) => spawn_proxier(
-                planner,
-                IptablesDataplane::new(dataplane::PrintRestores::default(), iptables_config(&config)),
-                observer,
-                pacing,
-                rx,
-            ),
+            (ProxyMode::Iptables, true) => {
+                let dp = IptablesDataplane::new(dataplane::PrintRestores::default(), iptables_config(&config));
+                observer.count_iptables_rules(dp.rule_counter());
+                spawn_proxier(planner, dp, observer, pacing, rx)
+            }
             (ProxyMode::Ipvs, false) => {
                 let dp = kproxy_ipvs::IpvsDataplane::new(kproxy_ipvs::KernelHost::new(), ipvs_config(&config)?);
                 spawn_proxier(planner, dp, observer, pacing, rx)

@@ -35,6 +35,8 @@ pub struct DaemonObserver {
     accel_synced: bool,
     accel_failing: bool,
     changes: ChangeCounts,
+    /// The iptables dataplane's rule counts (iptables mode only).
+    iptables_rules: Option<kproxy_iptables::RuleCounter>,
 }
 
 /// The accelerator, shared with the link watcher that refreshes its flowtable devices.
@@ -87,11 +89,17 @@ impl DaemonObserver {
             accel_synced: false,
             accel_failing: false,
             changes: ChangeCounts::default(),
+            iptables_rules: None,
         }
     }
 }
 
 impl DaemonObserver {
+    /// Exports the iptables dataplane's rule counts after each sync.
+    pub fn count_iptables_rules(&mut self, counter: kproxy_iptables::RuleCounter) {
+        self.iptables_rules = Some(counter);
+    }
+
     /// The accelerator, for the link watcher.
     pub fn accelerator(&self) -> Option<SharedAccelerator> {
         self.accel.clone()
@@ -141,6 +149,9 @@ impl SyncObserver for DaemonObserver {
         }
         self.health.set_node_eligible(state.node(&self.node_name).is_none_or(|n| !n.draining));
         self.changes.taken(&self.metrics);
+        for (family, table, rules) in self.iptables_rules.iter().flat_map(|counter| counter.snapshot()) {
+            self.metrics.set_iptables_rules(family, table.as_str(), rules.total, rules.last);
+        }
 
         let mut ports = HashMap::new();
         let mut endpoints: HashMap<ObjectKey, usize> = HashMap::new();
