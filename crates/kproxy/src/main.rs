@@ -362,7 +362,9 @@ async fn start_servers(
     }
     // kube-proxy binds health-check node ports on the nodePortAddresses; for `primary` the node IP
     // is only known once the Node arrives, so kproxy listens on every address (same answer on each).
-    let hc = Arc::new(ServiceHealthServer::new(HealthCheckBind::AllAddresses, health.clone(), metrics.clone()));
+    // --dry-run has no side effects: no health-check node port is opened.
+    let hc = (!config.dry_run)
+        .then(|| Arc::new(ServiceHealthServer::new(HealthCheckBind::AllAddresses, health.clone(), metrics.clone())));
     let conntrack = if config.dry_run {
         None
     } else {
@@ -455,7 +457,9 @@ fn iptables_config(config: &ProxyConfig) -> kproxy_iptables::Config {
 /// Process-level settings: `oomScoreAdj`, and a warning for each setting kproxy accepts for
 /// compatibility but does not act on.
 fn apply_process_settings(config: &ProxyConfig) {
-    if let Err(e) = std::fs::write("/proc/self/oom_score_adj", config.oom_score_adj.to_string()) {
+    if config.dry_run {
+        info!(value = config.oom_score_adj, "--dry-run: oom_score_adj left as it is");
+    } else if let Err(e) = std::fs::write("/proc/self/oom_score_adj", config.oom_score_adj.to_string()) {
         warn!(error = %e, value = config.oom_score_adj, "could not set oom_score_adj");
     }
     let ignored = [

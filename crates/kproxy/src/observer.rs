@@ -52,8 +52,8 @@ pub struct Sinks {
     pub health: Arc<ProxyHealth>,
     /// The metrics registry.
     pub metrics: Metrics,
-    /// Health-check node ports.
-    pub health_check_server: Arc<ServiceHealthServer>,
+    /// Health-check node ports (absent in `--dry-run`, which opens none).
+    pub health_check_server: Option<Arc<ServiceHealthServer>>,
     /// Stale conntrack cleanup.
     pub conntrack: Option<kproxy_conntrack::Reconciler>,
     /// The dataplane, for mode-specific metrics.
@@ -69,6 +69,10 @@ impl DaemonObserver {
         let (tx, mut rx) = mpsc::unbounded_channel::<HealthCheckUpdate>();
         tokio::spawn(async move {
             while let Some((ports, endpoints)) = rx.recv().await {
+                let Some(server) = &server else {
+                    tracing::info!(?ports, "--dry-run: health-check node ports not opened");
+                    continue;
+                };
                 for failure in server.sync_services(&ports).await {
                     warn!(service = %failure.service, port = failure.port, error = %failure.error, "cannot open health-check node port");
                 }

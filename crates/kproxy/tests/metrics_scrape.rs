@@ -4,14 +4,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers: a panic is a test failure
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+mod support;
 
-use kproxy_kube_source::fake::FakeApiServer;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
 use kproxy_state::Kind;
 use serde_json::{Value, json};
+use support::{Api, DryRun, http_get, value};
 
 fn service(name: &str, cluster_ip: &str, port: u16, protocol: &str) -> Value {
     json!({
@@ -41,46 +40,6 @@ fn node() -> Value {
     })
 }
 
-struct Kproxy(Child);
-
-impl Drop for Kproxy {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
-}
-
-fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
-    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).ok()?;
-    let status = response.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
-    let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
-    Some((status, body))
-}
-
-/// The value of the one series named exactly `series` (name plus labels, as exposed).
-fn value(text: &str, series: &str) -> Option<f64> {
-    text.lines().find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
-}
-
-fn scrape_until(metrics: SocketAddr, within: Duration, done: impl Fn(&str) -> bool) -> String {
-    let start = Instant::now();
-    loop {
-        let text = http_get(metrics, "/metrics").map(|(_, body)| body).unwrap_or_default();
-        if done(&text) || start.elapsed() > within {
-            return text;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 #[test]
 fn nftables_mode_metrics_follow_a_scripted_sequence_of_api_changes() {
     let text = scripted_sequence("nftables");
@@ -108,65 +67,38 @@ fn iptables_mode_metrics_follow_a_scripted_sequence_and_count_rules() {
 /// exports and returns the final scrape.
 fn scripted_sequence(mode: &str) -> String {
     let started = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs_f64();
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let api = runtime.block_on(FakeApiServer::start()).unwrap();
-    api.apply(Kind::Node, node());
-    api.apply(Kind::Service, service("web", "198.18.128.10", 80, "TCP"));
-    api.apply(Kind::Service, service("dns", "198.18.128.11", 53, "UDP"));
-    api.apply(Kind::EndpointSlice, slice("web", "198.18.17.5", "TCP"));
-    api.apply(Kind::EndpointSlice, slice("dns", "198.18.17.6", "UDP"));
-
-    let dir = std::env::temp_dir().join(format!("kproxy-metrics-{mode}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let kubeconfig = dir.join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: {}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\ncurrent-context: fake\nusers:\n- name: fake\n  user: {{}}\n",
-            api.url()
-        ),
-    )
-    .unwrap();
-    let (metrics, healthz) = (free_port(), free_port());
-    let _kproxy = Kproxy(
-        Command::new(env!("CARGO_BIN_EXE_kproxy"))
-            .arg(format!("--kubeconfig={}", kubeconfig.display()))
-            .args(["--dry-run", "--hostname-override=node-a", "--iptables-min-sync-period=50ms"])
-            .arg(format!("--proxy-mode={mode}"))
-            .arg(format!("--metrics-bind-address={metrics}"))
-            .arg(format!("--healthz-bind-address={healthz}"))
-            .arg("--feature-gates=KubeProxyDrainingTerminatingNodes=true")
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap(),
-    );
-    let synced = "kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=\"IPv4\"}";
-    let first = scrape_until(metrics, Duration::from_secs(15), |text| value(text, synced).is_some());
-    assert!(value(&first, synced).is_some(), "kproxy never synced:\n{first}");
+    let api = Api::start();
+    api.server.apply(Kind::Node, node());
+    api.server.apply(Kind::Service, service("web", "198.18.128.10", 80, "TCP"));
+    api.server.apply(Kind::Service, service("dns", "198.18.128.11", 53, "UDP"));
+    api.server.apply(Kind::EndpointSlice, slice("web", "198.18.17.5", "TCP"));
+    api.server.apply(Kind::EndpointSlice, slice("dns", "198.18.17.6", "UDP"));
+    let args = [format!("--proxy-mode={mode}"), "--feature-gates=KubeProxyDrainingTerminatingNodes=true".to_owned()];
+    let kproxy = DryRun::start(&api, mode, &args);
+    kproxy.wait_synced();
 
     // The script: 3 updates of one EndpointSlice, one deleted; one Service updated, one added,
     // one malformed (skipped, but still a Service event).
     for ip in ["198.18.17.7", "198.18.17.8", "198.18.17.9"] {
-        api.apply(Kind::EndpointSlice, slice("web", ip, "TCP"));
+        api.server.apply(Kind::EndpointSlice, slice("web", ip, "TCP"));
     }
-    api.delete(Kind::EndpointSlice, "demo", "dns-1").unwrap();
-    api.apply(Kind::Service, service("web", "198.18.128.10", 81, "TCP"));
-    api.apply(Kind::Service, service("extra", "198.18.128.12", 80, "TCP"));
-    api.apply(Kind::Service, service("broken", "not-an-ip", 80, "TCP"));
+    api.server.delete(Kind::EndpointSlice, "demo", "dns-1").unwrap();
+    api.server.apply(Kind::Service, service("web", "198.18.128.10", 81, "TCP"));
+    api.server.apply(Kind::Service, service("extra", "198.18.128.12", 80, "TCP"));
+    api.server.apply(Kind::Service, service("broken", "not-an-ip", 80, "TCP"));
 
     // Initial lists: 2 slices, 2 Services (and the Node, which counts for neither).
     let (endpoint_total, service_total) = (2.0 + 3.0 + 1.0, 2.0 + 3.0);
-    let text = scrape_until(metrics, Duration::from_secs(10), |text| {
+    let text = kproxy.scrape_until(Duration::from_secs(10), |text| {
         value(text, "kubeproxy_sync_proxy_rules_endpoint_changes_total") == Some(endpoint_total)
             && value(text, "kubeproxy_sync_proxy_rules_service_changes_total") == Some(service_total)
             && value(text, "kubeproxy_sync_proxy_rules_service_changes_pending") == Some(0.0)
             && value(text, "kubeproxy_sync_proxy_rules_endpoint_changes_pending") == Some(0.0)
     });
     for _ in 0..2 {
-        assert_eq!(http_get(healthz, "/healthz").unwrap().0, 200);
+        assert_eq!(http_get(kproxy.healthz, "/healthz").unwrap().0, 200);
     }
-    let text = format!("{text}\n{}", http_get(metrics, "/metrics").unwrap().1);
+    let text = format!("{text}\n{}", http_get(kproxy.metrics, "/metrics").unwrap().1);
     let expect = |series: &str, want: f64| {
         assert_eq!(value(&text, series), Some(want), "{series}:\n{text}");
     };
@@ -191,7 +123,5 @@ fn scripted_sequence(mode: &str) -> String {
     assert!(value(&text, "process_resident_memory_bytes").unwrap() > 1e6, "{text}");
     assert!(value(&text, "process_open_fds").unwrap() >= 3.0, "{text}");
     assert!(value(&text, "process_cpu_seconds_total").unwrap() > 0.0, "{text}");
-
-    let _ = std::fs::remove_dir_all(&dir);
     text
 }
