@@ -90,6 +90,8 @@ pub(crate) struct Settings {
     pub acceleration_packet_threshold: i64,
     /// Field path → the flag that set it, for error messages.
     pub origins: BTreeMap<String, String>,
+    /// The settings come from a `--config` file (a cluster's KubeProxyConfiguration).
+    pub from_file: bool,
 }
 
 impl Settings {
@@ -273,6 +275,7 @@ pub(crate) fn from_document(doc: Document) -> Settings {
         acceleration_packet_threshold: accel.packet_threshold.unwrap_or(DEFAULT_PACKET_THRESHOLD),
         raw_mode,
         origins: BTreeMap::new(),
+        from_file: false,
     }
 }
 

@@ -165,6 +165,7 @@ pub(crate) fn validate(s: &Settings, warnings: &mut Vec<String>) -> Result<Proxy
     }
 
     let mode = match s.raw_mode.as_str() {
+        // Decided below, once nodePortAddresses are known (see `unset_mode`).
         "" | "nftables" => ProxyMode::Nftables,
         "iptables" => ProxyMode::Iptables,
         "ipvs" => ProxyMode::Ipvs,
@@ -232,10 +233,35 @@ pub(crate) fn validate(s: &Settings, warnings: &mut Vec<String>) -> Result<Proxy
             },
         }
     }
+    // A cluster's KubeProxyConfiguration with mode unset keeps kube-proxy's meaning; without a
+    // file, an unset mode is kproxy's own default (nftables, NodePorts on primary addresses).
+    let follow_upstream_default = s.raw_mode.is_empty() && s.from_file;
+    let mode = if follow_upstream_default {
+        let (mode, why) = unset_mode(s.localhost_node_ports, &node_port_addresses);
+        warnings.push(why);
+        mode
+    } else {
+        mode
+    };
+    if mode == ProxyMode::Nftables {
+        for (i, entry) in node_port_addresses.iter().enumerate() {
+            if is_loopback_only(entry) {
+                c.fail(
+                    format!("nodePortAddresses[{i}]"),
+                    entry,
+                    "NodePorts on loopback addresses are not served in nftables mode (upstream serves them \
+                     only through the alpha KubeProxyNFTablesLocalhostNodePorts userspace proxy); use \
+                     mode: iptables, or remove the entry",
+                );
+            }
+        }
+    }
     if s.node_port_addresses.is_empty() {
         node_port_addresses.push(match mode {
-            ProxyMode::Nftables => NodePortAddress::Primary,
-            ProxyMode::Iptables | ProxyMode::Ipvs => NodePortAddress::All,
+            // A file with mode unset: what kube-proxy's default (iptables) serves, whichever
+            // dataplane runs.
+            ProxyMode::Nftables if !follow_upstream_default => NodePortAddress::Primary,
+            _ => NodePortAddress::All,
         });
     }
 
@@ -299,6 +325,44 @@ pub(crate) fn validate(s: &Settings, warnings: &mut Vec<String>) -> Result<Proxy
         acceleration: AccelerationConfig { enabled: s.acceleration_enabled, packet_threshold },
         ..ProxyConfig::default()
     })
+}
+
+/// The dataplane for an unset `mode`. kube-proxy runs iptables then, so a cluster that swaps it for
+/// kproxy with its ConfigMap unchanged (kubeadm writes `mode: ""`) must keep serving exactly what
+/// iptables mode served. kproxy prefers nftables, and runs it when it serves the same: NodePorts on
+/// every local address (unset nodePortAddresses then mean `all`, not nftables' `primary`). It
+/// cannot serve NodePorts on 127.0.0.1, which iptables mode does by default
+/// (`iptables.localhostNodePorts`), so when those are in play the answer is iptables. Returns the
+/// mode and the sentence that says why, for the log.
+fn unset_mode(localhost_node_ports: bool, node_port_addresses: &[NodePortAddress]) -> (ProxyMode, String) {
+    let covers_loopback = node_port_addresses.is_empty()
+        || node_port_addresses.iter().any(|entry| match entry {
+            NodePortAddress::All | NodePortAddress::Localhost => true,
+            NodePortAddress::Primary => false,
+            NodePortAddress::Cidr(net) => net.contains(&IpAddr::from([127, 0, 0, 1])),
+        });
+    if localhost_node_ports && covers_loopback {
+        let why = "mode is unset: kproxy runs iptables, as kube-proxy does, because this configuration \
+                   serves NodePorts on 127.0.0.1 (iptables.localhostNodePorts, default true), which \
+                   kproxy's nftables mode does not; set iptables.localhostNodePorts: false (or mode: \
+                   nftables) to run nftables. The iptables section's settings apply";
+        (ProxyMode::Iptables, why.to_owned())
+    } else {
+        let why = "mode is unset: kproxy runs nftables, serving NodePorts where kube-proxy's iptables \
+                   default would (unset nodePortAddresses mean every local address, not nftables' \
+                   primary); the iptables section's syncPeriod, minSyncPeriod, masqueradeAll and \
+                   masqueradeBit apply";
+        (ProxyMode::Nftables, why.to_owned())
+    }
+}
+
+/// A `nodePortAddresses` entry that only names loopback addresses.
+fn is_loopback_only(entry: &NodePortAddress) -> bool {
+    match entry {
+        NodePortAddress::Localhost => true,
+        NodePortAddress::Cidr(net) => net.addr().is_loopback() && net.network().is_loopback(),
+        NodePortAddress::Primary | NodePortAddress::All => false,
+    }
 }
 
 fn validate_logging(c: &mut Checker<'_>, s: &Settings) -> LoggingConfig {
