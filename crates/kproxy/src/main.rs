@@ -7,6 +7,7 @@ mod change_metrics;
 mod columns;
 mod dataplane;
 mod demo;
+mod families;
 mod node;
 mod observer;
 mod plan_table;
@@ -204,7 +205,9 @@ fn run_proxy(config: ProxyConfig) -> anyhow::Result<()> {
         let name = node::node_name(&config);
         info!(node = %name, mode = config.mode.as_str(), "starting kproxy");
         apply_process_settings(&config);
-        let planner = Planner::new(policy::proxy_policy(&config), node::context(&config, name.clone()));
+        let families = families::probe(config.mode, config.dry_run);
+        let planner =
+            Planner::new(policy::proxy_policy_for(&config, families.clone()), node::context(&config, name.clone()));
         log_masquerade_policy(&config);
         let pacing = Pacing {
             min_sync_period: config.min_sync_period,
@@ -232,7 +235,7 @@ fn run_proxy(config: ProxyConfig) -> anyhow::Result<()> {
                 tokio::spawn(kproxy_kube_source::run(client, options, tx, stats))
             }
         };
-        let (mut observer, _servers) = start_servers(&config, &name).await?;
+        let (mut observer, _servers) = start_servers(&config, &name, families).await?;
         // Flowtable devices follow the node's links (rtnetlink events, rate-limited).
         let _link_watcher = match observer.accelerator() {
             Some(accel) => match kproxy_accel::LinkWatcher::spawn(accel, kproxy_accel::WatchOptions::default()) {
@@ -314,6 +317,7 @@ fn log_masquerade_policy(config: &ProxyConfig) {
 async fn start_servers(
     config: &ProxyConfig,
     node_name: &str,
+    families: Vec<kproxy_state::IpFamily>,
 ) -> anyhow::Result<(DaemonObserver, Vec<kproxy_servers::RunningServer>)> {
     use kproxy_servers::{DataplaneMode, HealthCheckBind, MetricsServerInfo, ProxyHealth, ServiceHealthServer};
     use std::sync::Arc;
@@ -330,7 +334,6 @@ async fn start_servers(
             .into_iter()
             .map(|(gate, enabled)| (gate.name, gate.stage.label(), enabled)),
     );
-    let families = kproxy_state::IpFamily::BOTH.to_vec();
     let mut servers = Vec::new();
     let hard_fail = |what: &str, e: kproxy_servers::ServeError| -> anyhow::Result<()> {
         if config.bind_address_hard_fail {

@@ -4,40 +4,19 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers: a panic is a test failure
 
-use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+mod support;
 
-use kproxy_kube_source::fake::FakeApiServer;
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
 use kproxy_state::Kind;
-use kproxy_testbed::{Netns, ProbeResult, Proto, Testbed, Where, probe};
+use kproxy_testbed::{ProbeResult, Proto, Testbed, Where};
 use serde_json::json;
 
 const NODE_PORT: u16 = 30080;
 /// A second address on the node's uplink, in the LAN the external client is on.
 const SECONDARY: &str = "198.18.0.4";
-
-struct Kproxy(Child);
-
-impl Drop for Kproxy {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Probes until `backend` answers or `within` passed; returns the last result.
-fn answered_by(from: &Netns, dest: SocketAddr, backend: &str, within: Duration) -> ProbeResult {
-    let start = Instant::now();
-    loop {
-        let got = probe(from, Proto::Tcp, dest, Duration::from_millis(300)).unwrap();
-        let done = matches!(&got, ProbeResult::Answered { backend: b, .. } if b == backend);
-        if done || start.elapsed() > within {
-            return got;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
 
 #[test]
 fn kubeadm_configmap_keeps_node_ports_on_secondary_addresses_and_localhost() {
@@ -49,15 +28,8 @@ fn kubeadm_configmap_keeps_node_ports_on_secondary_addresses_and_localhost() {
     pod.serve(&[(Proto::Tcp, 8080)]).unwrap();
     tb.node().ip(["addr", "add", &format!("{SECONDARY}/24"), "dev", "eth0"]).unwrap();
 
-    let api = tb
-        .node()
-        .run_in(|| {
-            let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-            let server = runtime.block_on(FakeApiServer::start()).unwrap();
-            (runtime, server)
-        })
-        .unwrap();
-    let server = &api.1;
+    let api = support::api_in(tb.node());
+    let server = &api.server;
     server.apply(
         Kind::Node,
         json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"},
@@ -83,15 +55,7 @@ fn kubeadm_configmap_keeps_node_ports_on_secondary_addresses_and_localhost() {
 
     let dir = std::env::temp_dir().join(format!("kproxy-kubeadm-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let kubeconfig = dir.join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: {}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\ncurrent-context: fake\nusers:\n- name: fake\n  user: {{}}\n",
-            server.url()
-        ),
-    )
-    .unwrap();
+    let kubeconfig = support::write_kubeconfig(&dir, &server.url());
     // kubeadm's ConfigMap as it is, but for where the kubeconfig lives and the conntrack limits:
     // nf_conntrack's hash size is global to the host, which a test must not change.
     let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/tests/fixtures/kubeadm.yaml");
@@ -105,7 +69,7 @@ fn kubeadm_configmap_keeps_node_ports_on_secondary_addresses_and_localhost() {
     let config_path = dir.join("config.conf");
     std::fs::write(&config_path, config).unwrap();
 
-    let _kproxy = Kproxy(
+    let _kproxy = support::KillOnDrop(
         Command::new("ip")
             .args(["netns", "exec", tb.node().name(), env!("CARGO_BIN_EXE_kproxy")])
             .arg(format!("--config={}", config_path.display()))
@@ -117,13 +81,13 @@ fn kubeadm_configmap_keeps_node_ports_on_secondary_addresses_and_localhost() {
     );
 
     let primary: SocketAddr = format!("198.18.0.2:{NODE_PORT}").parse().unwrap();
-    let got = answered_by(tb.external(), primary, "web-b", Duration::from_secs(15));
+    let got = support::answered_by(tb.external(), primary, "web-b", Duration::from_secs(15));
     assert!(matches!(&got, ProbeResult::Answered { backend, .. } if backend == "web-b"), "primary: {got:?}");
     let secondary: SocketAddr = format!("{SECONDARY}:{NODE_PORT}").parse().unwrap();
-    let got = answered_by(tb.external(), secondary, "web-b", Duration::from_secs(5));
+    let got = support::answered_by(tb.external(), secondary, "web-b", Duration::from_secs(5));
     assert!(matches!(&got, ProbeResult::Answered { backend, .. } if backend == "web-b"), "secondary: {got:?}");
     let localhost: SocketAddr = format!("127.0.0.1:{NODE_PORT}").parse().unwrap();
-    let got = answered_by(tb.node(), localhost, "web-b", Duration::from_secs(5));
+    let got = support::answered_by(tb.node(), localhost, "web-b", Duration::from_secs(5));
     assert!(matches!(&got, ProbeResult::Answered { backend, .. } if backend == "web-b"), "127.0.0.1: {got:?}");
 
     let _ = std::fs::remove_dir_all(&dir);

@@ -46,15 +46,7 @@ impl DryRun {
     pub fn start(api: &Api, tag: &str, args: &[String]) -> DryRun {
         let dir = std::env::temp_dir().join(format!("kproxy-dry-{tag}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let kubeconfig = dir.join("kubeconfig");
-        std::fs::write(
-            &kubeconfig,
-            format!(
-                "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: {}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\ncurrent-context: fake\nusers:\n- name: fake\n  user: {{}}\n",
-                api.server.url()
-            ),
-        )
-        .unwrap();
+        let kubeconfig = write_kubeconfig(&dir, &api.server.url());
         let (metrics, healthz) = (free_port(), free_port());
         let child = Command::new(env!("CARGO_BIN_EXE_kproxy"))
             .arg(format!("--kubeconfig={}", kubeconfig.display()))
@@ -90,6 +82,24 @@ impl DryRun {
     }
 }
 
+/// Writes a kubeconfig for an API server at `url` (no auth) into `dir`; returns its path.
+pub fn write_kubeconfig(dir: &std::path::Path, url: &str) -> PathBuf {
+    let path = dir.join("kubeconfig");
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: {url}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\ncurrent-context: fake\nusers:\n- name: fake\n  user: {{}}\n"
+        ),
+    )
+    .unwrap();
+    path
+}
+
+/// The fake API server started inside `ns` (so a kproxy there reaches it on 127.0.0.1).
+pub fn api_in(ns: &kproxy_testbed::Netns) -> Api {
+    ns.run_in(Api::start).unwrap()
+}
+
 /// A loopback address with a port that was free a moment ago.
 pub fn free_port() -> SocketAddr {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
@@ -110,4 +120,34 @@ pub fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
 /// The value of the one series named exactly `series` (name plus labels, as exposed).
 pub fn value(text: &str, series: &str) -> Option<f64> {
     text.lines().find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// A child process killed (and reaped) on drop.
+pub struct KillOnDrop(pub Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Probes TCP `dest` from `from` until `backend` answers or `within` passed; returns the last
+/// result.
+pub fn answered_by(
+    from: &kproxy_testbed::Netns,
+    dest: SocketAddr,
+    backend: &str,
+    within: Duration,
+) -> kproxy_testbed::ProbeResult {
+    use kproxy_testbed::{ProbeResult, Proto, probe};
+    let start = Instant::now();
+    loop {
+        let got = probe(from, Proto::Tcp, dest, Duration::from_millis(300)).unwrap();
+        let done = matches!(&got, ProbeResult::Answered { backend: b, .. } if b == backend);
+        if done || start.elapsed() > within {
+            return got;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
