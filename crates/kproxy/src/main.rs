@@ -199,8 +199,21 @@ fn print_plan(config: &ProxyConfig, dir: &Path, output: Output, node: Option<Str
     Ok(())
 }
 
+/// How long a stopping kproxy waits for work in flight. A sync in progress is not waited for:
+/// each one is atomic in the kernel (one nf_tables batch, one `iptables-restore` per table), so
+/// leaving mid-sync leaves the last committed ruleset, and a long sync (seconds at 50k Services)
+/// must not hold up SIGTERM.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_millis(200);
+
 fn run_proxy(config: ProxyConfig) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let result = serve(&runtime, config);
+    // Dropping the runtime would wait for the blocking sync thread to finish its sync.
+    runtime.shutdown_timeout(SHUTDOWN_GRACE);
+    result
+}
+
+fn serve(runtime: &tokio::runtime::Runtime, config: ProxyConfig) -> anyhow::Result<()> {
     runtime.block_on(async move {
         let name = node::node_name(&config);
         info!(node = %name, mode = config.mode.as_str(), "starting kproxy");
