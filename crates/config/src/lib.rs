@@ -72,7 +72,16 @@
 //! * **Unknown fields are an error** naming the field (`iptables.syncPeriodd: unknown field`).
 //!   kube-proxy falls back to lenient decoding with a log line; kproxy refuses to guess.
 //! * Unknown feature gates are a warning, not an error (upstream's registry is shared with every
-//!   Kubernetes component; kproxy only knows the proxy's).
+//!   Kubernetes component; kproxy only knows the proxy's). Known gates act or are refused
+//!   ([`feature_gates::check`]): GA gates are locked on as upstream, `KubeProxyIPVS=false` forbids
+//!   IPVS mode, `KubeProxyAcceleration` switches acceleration, gates of features kproxy lacks
+//!   (`KubeProxyNFTablesLocalhostNodePorts`, `PreserveUDPFlowsTerminatingEndpoints`) cannot be
+//!   turned on, and behaviours kproxy always has (`NFTablesNetlink`, `AllowServiceExternalIPs`)
+//!   cannot be turned off.
+//! * `clientConnection.contentType` defaults to `application/json`: kproxy's client (kube-rs)
+//!   speaks JSON; an explicit protobuf type is accepted with a warning and JSON is used.
+//! * `configSyncPeriod` is validated but not used (no informer resync exists to pace); a
+//!   non-default value draws a warning.
 //! * `metricsBindAddress` may be empty to disable the metrics server (the flag help says so upstream).
 //! * `nodePortAddresses` accepts CIDRs and the keywords `primary`, `all`, `localhost` in any
 //!   combination (upstream since July 2026).

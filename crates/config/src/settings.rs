@@ -23,7 +23,8 @@ use crate::duration::GoDuration;
 
 pub(crate) const HEALTHZ_PORT: u16 = 10256;
 pub(crate) const METRICS_PORT: u16 = 10249;
-pub(crate) const DEFAULT_CONTENT_TYPE: &str = "application/vnd.kubernetes.protobuf";
+/// kproxy's API client (kube-rs) speaks JSON; upstream's default is protobuf (see [`crate`]).
+pub(crate) const DEFAULT_CONTENT_TYPE: &str = "application/json";
 pub(crate) const DEFAULT_FLUSH_FREQUENCY: GoDuration = GoDuration::from_secs(5);
 pub(crate) const DEFAULT_PACKET_THRESHOLD: i64 = 20;
 

@@ -164,6 +164,11 @@ pub(crate) fn validate(s: &Settings, warnings: &mut Vec<String>) -> Result<Proxy
         }
     }
 
+    let (gates, gate_errors) = crate::feature_gates::check(&s.feature_gates);
+    for (gate, reason) in gate_errors {
+        c.fail("featureGates", gate, reason);
+    }
+
     let mode = match s.raw_mode.as_str() {
         // Decided below, once nodePortAddresses are known (see `unset_mode`).
         "" | "nftables" => ProxyMode::Nftables,
@@ -175,6 +180,19 @@ pub(crate) fn validate(s: &Settings, warnings: &mut Vec<String>) -> Result<Proxy
         }
     };
 
+    if s.content_type.contains("protobuf") {
+        warnings.push(format!(
+            "clientConnection.contentType {:?}: kproxy's API client speaks JSON only, so JSON is used",
+            s.content_type
+        ));
+    }
+    if s.config_sync_period != crate::duration::GoDuration::from_secs(15 * 60) {
+        warnings.push(
+            "configSyncPeriod is not used: kproxy's watches keep the state current and relist when the \
+             API server asks, so there is no informer resync to pace"
+                .to_owned(),
+        );
+    }
     if s.burst < 0 {
         c.fail("clientConnection.burst", s.burst, "must be greater than or equal to 0");
     }
@@ -217,6 +235,9 @@ pub(crate) fn validate(s: &Settings, warnings: &mut Vec<String>) -> Result<Proxy
         iptables_bit
     };
 
+    if mode == ProxyMode::Ipvs && !gates.ipvs {
+        c.fail("mode", "ipvs", "IPVS mode is turned off by the feature gate KubeProxyIPVS=false");
+    }
     let ipvs = (mode == ProxyMode::Ipvs).then(|| validate_ipvs(&mut c, s));
     let detect_local = validate_detect_local(&mut c, s);
 
@@ -282,6 +303,13 @@ pub(crate) fn validate(s: &Settings, warnings: &mut Vec<String>) -> Result<Proxy
         c.fail("portRange", &s.port_range, "must be a valid port range (e.g. 300-2000)");
     }
 
+    if gates.no_masquerade_cidrs_off && !s.no_masquerade_cidrs.is_empty() {
+        c.fail(
+            "noMasqueradeCIDRs",
+            s.no_masquerade_cidrs.join(","),
+            "set while the feature gate KubeProxyNoMasqueradeCIDRs=false turns the feature off",
+        );
+    }
     let mut no_masquerade_cidrs = Vec::new();
     for (i, text) in s.no_masquerade_cidrs.iter().enumerate() {
         if let Some(net) = c.cidr(&format!("noMasqueradeCIDRs[{i}]"), text) {
@@ -322,7 +350,10 @@ pub(crate) fn validate(s: &Settings, warnings: &mut Vec<String>) -> Result<Proxy
         config_sync_period,
         no_masquerade_cidrs,
         snat_to_node_ip: s.snat_to_node_ip,
-        acceleration: AccelerationConfig { enabled: s.acceleration_enabled, packet_threshold },
+        acceleration: AccelerationConfig {
+            enabled: gates.acceleration.unwrap_or(s.acceleration_enabled),
+            packet_threshold,
+        },
         ..ProxyConfig::default()
     })
 }

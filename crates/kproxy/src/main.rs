@@ -3,6 +3,7 @@
 //! `kproxy [kube-proxy flags]` runs the proxy; `kproxy plan --manifests DIR` prints the plan;
 //! `kproxy demo` runs the live demo in a sandbox of network namespaces.
 
+mod api_client;
 mod change_metrics;
 mod columns;
 mod dataplane;
@@ -239,10 +240,8 @@ fn serve(runtime: &tokio::runtime::Runtime, config: ProxyConfig) -> anyhow::Resu
                 })
             }
             SourceSelection::KubernetesApi => {
-                let cc = &config.client_connection;
-                let client = kproxy_kube_source::client(cc.kubeconfig.as_deref(), cc.qps, cc.burst, &cc.content_type)
-                    .await
-                    .context("connecting to the Kubernetes API")?;
+                let client =
+                    api_client::client(&config.client_connection).await.context("connecting to the Kubernetes API")?;
                 let stats = std::sync::Arc::new(kproxy_kube_source::SourceStats::new());
                 let options = kproxy_kube_source::KubeSourceOptions::new(name.clone());
                 tokio::spawn(kproxy_kube_source::run(client, options, tx, stats))
@@ -481,7 +480,6 @@ fn apply_process_settings(config: &ProxyConfig) {
     let ignored = [
         (config.enable_profiling, "enableProfiling (--profiling): kproxy serves no /debug/pprof"),
         (config.show_hidden_metrics_for_version.is_some(), "showHiddenMetricsForVersion: kproxy has no hidden metrics"),
-        (config.client_connection.master.is_some(), "--master: use --kubeconfig or the in-cluster config"),
     ];
     for (set, what) in ignored {
         if set {

@@ -53,3 +53,20 @@ fn dry_run_opens_no_health_check_port_and_keeps_oom_score_adj() {
     let its = std::fs::read_to_string(format!("/proc/{}/oom_score_adj", kproxy.child.id())).unwrap();
     assert_eq!(its, ours, "--dry-run changed its oom_score_adj (inherited from this test)");
 }
+
+#[test]
+fn master_overrides_the_kubeconfig_server() {
+    let api = Api::start();
+    api.server.apply(
+        Kind::Service,
+        json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"namespace": "demo", "name": "web"},
+        "spec": {"clusterIP": "198.18.128.10", "clusterIPs": ["198.18.128.10"],
+                 "ports": [{"name": "p", "port": 80, "protocol": "TCP", "targetPort": 8080}]}}),
+    );
+    // The kubeconfig names a server where nothing listens; --master names the real one.
+    let nowhere = format!("http://{}", free_port());
+    let kproxy = DryRun::start_with_server(&nowhere, "master", &[format!("--master={}", api.server.url())]);
+    kproxy.wait_synced();
+    assert!(api.server.list_count(Kind::Service) >= 1, "kproxy listed Services from --master");
+}

@@ -44,9 +44,14 @@ impl Drop for DryRun {
 impl DryRun {
     /// Starts `kproxy --dry-run --hostname-override=node-a` against `api` with `args`.
     pub fn start(api: &Api, tag: &str, args: &[String]) -> DryRun {
+        Self::start_with_server(&api.server.url(), tag, args)
+    }
+
+    /// The same with a kubeconfig naming `server` as the API server.
+    pub fn start_with_server(server: &str, tag: &str, args: &[String]) -> DryRun {
         let dir = std::env::temp_dir().join(format!("kproxy-dry-{tag}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let kubeconfig = write_kubeconfig(&dir, &api.server.url());
+        let kubeconfig = write_kubeconfig(&dir, server);
         let (metrics, healthz) = (free_port(), free_port());
         let child = Command::new(env!("CARGO_BIN_EXE_kproxy"))
             .arg(format!("--kubeconfig={}", kubeconfig.display()))
