@@ -114,7 +114,7 @@ fn iptables_mode_offloads_opted_in_services_only() {
 }
 
 #[test]
-fn ipvs_mode_offloads_opted_in_services_only() {
+fn ipvs_mode_offloads_nothing_and_opted_in_services_keep_working() {
     opted_in_services_are_offloaded(ProxyMode::Ipvs);
 }
 

@@ -111,6 +111,7 @@ pub fn service(i: usize, per_service: usize) -> ServicePortPlan {
         }),
         health_check_node_port: None,
         accelerate: false,
+        serving_endpoints: Vec::new(),
     }
 }
 

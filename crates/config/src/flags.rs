@@ -61,7 +61,8 @@ pub struct Flags {
     /// The address of the Kubernetes API server (overrides any value in kubeconfig).
     #[arg(long, value_name = "URL")]
     pub master: Option<String>,
-    /// Content type of requests sent to apiserver. [default: application/vnd.kubernetes.protobuf]
+    /// Content type of requests sent to apiserver; kproxy speaks JSON (protobuf is accepted and
+    /// JSON used, with a warning). [default: application/json]
     #[arg(long, value_name = "TYPE")]
     pub kube_api_content_type: Option<String>,
     /// Burst to use while talking with kubernetes apiserver. [default: 10]
@@ -203,7 +204,8 @@ pub struct Flags {
     /// Idle timeout for ASSURED UDP connections (0 to leave as-is).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, allow_hyphen_values = true)]
     pub conntrack_udp_timeout_stream: Option<GoDuration>,
-    /// How often configuration from the apiserver is refreshed. Must be greater than 0. [default: 15m0s]
+    /// How often configuration from the apiserver is refreshed. Must be greater than 0. Accepted
+    /// for compatibility; kproxy's watches need no resync (a warning says so). [default: 15m0s]
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, allow_hyphen_values = true)]
     pub config_sync_period: Option<GoDuration>,
 

@@ -60,14 +60,28 @@
 //!
 //! # Deliberate differences from kube-proxy
 //!
-//! * **Mode unset ⇒ nftables** (kproxy's default dataplane; kube-proxy picks iptables until 1.40).
-//!   Settings are still read from the `iptables` section in that case, so an upstream ConfigMap keeps
-//!   its meaning. `nodePortAddresses` unset ⇒ `primary` in nftables mode, `all` in iptables/ipvs
-//!   (upstream behaviour), always resolved to an explicit list.
+//! * **Mode unset**: in a `--config` file (kubeadm writes `mode: ""`), kproxy serves exactly what
+//!   kube-proxy's default (iptables) served: nftables with NodePorts on every local address when
+//!   that is the same, else (NodePorts on 127.0.0.1 in play: `iptables.localhostNodePorts`, true by
+//!   default) iptables; the choice and its reason are logged. Settings are read from the
+//!   `iptables` section either way, so an upstream ConfigMap keeps its meaning. Without a file,
+//!   an unset `--proxy-mode` means nftables (kproxy's default dataplane; kube-proxy picks iptables
+//!   until 1.40) and unset `nodePortAddresses` mean `primary`, as in upstream's nftables mode.
+//!   Explicit nftables mode refuses loopback `nodePortAddresses` (`localhost`, `127.0.0.0/8`,
+//!   `::1/128`): it does not serve them, and says so instead of ignoring them.
 //! * **Unknown fields are an error** naming the field (`iptables.syncPeriodd: unknown field`).
 //!   kube-proxy falls back to lenient decoding with a log line; kproxy refuses to guess.
 //! * Unknown feature gates are a warning, not an error (upstream's registry is shared with every
-//!   Kubernetes component; kproxy only knows the proxy's).
+//!   Kubernetes component; kproxy only knows the proxy's). Known gates act or are refused
+//!   ([`feature_gates::check`]): GA gates are locked on as upstream, `KubeProxyIPVS=false` forbids
+//!   IPVS mode, `KubeProxyAcceleration` switches acceleration, gates of features kproxy lacks
+//!   (`KubeProxyNFTablesLocalhostNodePorts`, `PreserveUDPFlowsTerminatingEndpoints`) cannot be
+//!   turned on, and behaviours kproxy always has (`NFTablesNetlink`, `AllowServiceExternalIPs`)
+//!   cannot be turned off.
+//! * `clientConnection.contentType` defaults to `application/json`: kproxy's client (kube-rs)
+//!   speaks JSON; an explicit protobuf type is accepted with a warning and JSON is used.
+//! * `configSyncPeriod` is validated but not used (no informer resync exists to pace); a
+//!   non-default value draws a warning.
 //! * `metricsBindAddress` may be empty to disable the metrics server (the flag help says so upstream).
 //! * `nodePortAddresses` accepts CIDRs and the keywords `primary`, `all`, `localhost` in any
 //!   combination (upstream since July 2026).
@@ -92,6 +106,7 @@
 mod document;
 mod duration;
 mod error;
+pub mod feature_gates;
 mod flags;
 mod model;
 mod resolve;

@@ -36,19 +36,13 @@ pub fn resolve(flags: &Flags) -> Result<ProxyConfig, ConfigError> {
     };
 
     if config_file.is_some() {
+        settings.from_file = true;
         let ignored = flags.config_backed_flags_given();
         if !ignored.is_empty() {
             warnings.push(format!(
                 "--config is set, so these flags are ignored (as in kube-proxy): {}",
                 ignored.join(", ")
             ));
-        }
-        if settings.raw_mode.is_empty() {
-            warnings.push(
-                "mode is unset: kproxy runs nftables (kube-proxy would run iptables); \
-                 the iptables section's syncPeriod, minSyncPeriod, masqueradeAll and masqueradeBit apply"
-                    .to_string(),
-            );
         }
     } else {
         apply_config_flags(&mut settings, flags)?;

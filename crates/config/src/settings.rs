@@ -23,7 +23,8 @@ use crate::duration::GoDuration;
 
 pub(crate) const HEALTHZ_PORT: u16 = 10256;
 pub(crate) const METRICS_PORT: u16 = 10249;
-pub(crate) const DEFAULT_CONTENT_TYPE: &str = "application/vnd.kubernetes.protobuf";
+/// kproxy's API client (kube-rs) speaks JSON; upstream's default is protobuf (see [`crate`]).
+pub(crate) const DEFAULT_CONTENT_TYPE: &str = "application/json";
 pub(crate) const DEFAULT_FLUSH_FREQUENCY: GoDuration = GoDuration::from_secs(5);
 pub(crate) const DEFAULT_PACKET_THRESHOLD: i64 = 20;
 
@@ -90,6 +91,8 @@ pub(crate) struct Settings {
     pub acceleration_packet_threshold: i64,
     /// Field path → the flag that set it, for error messages.
     pub origins: BTreeMap<String, String>,
+    /// The settings come from a `--config` file (a cluster's KubeProxyConfiguration).
+    pub from_file: bool,
 }
 
 impl Settings {
@@ -273,6 +276,7 @@ pub(crate) fn from_document(doc: Document) -> Settings {
         acceleration_packet_threshold: accel.packet_threshold.unwrap_or(DEFAULT_PACKET_THRESHOLD),
         raw_mode,
         origins: BTreeMap::new(),
+        from_file: false,
     }
 }
 

@@ -19,32 +19,6 @@ use crate::model::{
 };
 use crate::settings::{Settings, split_host_port};
 
-/// Feature gates kube-proxy consults (UPSTREAM.md B.3). Others are accepted with a warning: upstream
-/// shares one registry with every Kubernetes component, so a ConfigMap may name gates kproxy has no
-/// use for, and refusing to start over them would break the drop-in promise.
-const KNOWN_FEATURE_GATES: &[&str] = &[
-    "NFTablesProxyMode",
-    "NFTablesNetlink",
-    "KubeProxyNFTablesLocalhostNodePorts",
-    "KubeProxyIPVS",
-    "AllowServiceExternalIPs",
-    "ServiceTrafficDistribution",
-    "PreferSameTrafficDistribution",
-    "LoadBalancerIPMode",
-    "KubeProxyDrainingTerminatingNodes",
-    "ProxyTerminatingEndpoints",
-    "MinimizeIPTablesRestore",
-    "IPTablesOwnershipCleanup",
-    "MultiCIDRServiceAllocator",
-    "KubeProxyAcceleration",
-    "KubeProxyNoMasqueradeCIDRs",
-    "PreserveUDPFlowsTerminatingEndpoints",
-    "TopologyAwareHints",
-    "ServiceInternalTrafficPolicy",
-    "AllAlpha",
-    "AllBeta",
-];
-
 struct Checker<'a> {
     origins: &'a std::collections::BTreeMap<String, String>,
     errors: Vec<FieldError>,
@@ -185,12 +159,18 @@ pub(crate) fn validate(s: &Settings, warnings: &mut Vec<String>) -> Result<Proxy
     for gate in s.feature_gates.keys() {
         if gate.trim().is_empty() {
             c.fail("featureGates", gate, "feature gate names must not be empty");
-        } else if !KNOWN_FEATURE_GATES.contains(&gate.as_str()) {
+        } else if !crate::feature_gates::is_known(gate) {
             warnings.push(format!("featureGates: unknown feature gate {gate:?} is ignored by kproxy"));
         }
     }
 
+    let (gates, gate_errors) = crate::feature_gates::check(&s.feature_gates);
+    for (gate, reason) in gate_errors {
+        c.fail("featureGates", gate, reason);
+    }
+
     let mode = match s.raw_mode.as_str() {
+        // Decided below, once nodePortAddresses are known (see `unset_mode`).
         "" | "nftables" => ProxyMode::Nftables,
         "iptables" => ProxyMode::Iptables,
         "ipvs" => ProxyMode::Ipvs,
@@ -200,6 +180,19 @@ pub(crate) fn validate(s: &Settings, warnings: &mut Vec<String>) -> Result<Proxy
         }
     };
 
+    if s.content_type.contains("protobuf") {
+        warnings.push(format!(
+            "clientConnection.contentType {:?}: kproxy's API client speaks JSON only, so JSON is used",
+            s.content_type
+        ));
+    }
+    if s.config_sync_period != crate::duration::GoDuration::from_secs(15 * 60) {
+        warnings.push(
+            "configSyncPeriod is not used: kproxy's watches keep the state current and relist when the \
+             API server asks, so there is no informer resync to pace"
+                .to_owned(),
+        );
+    }
     if s.burst < 0 {
         c.fail("clientConnection.burst", s.burst, "must be greater than or equal to 0");
     }
@@ -242,6 +235,9 @@ pub(crate) fn validate(s: &Settings, warnings: &mut Vec<String>) -> Result<Proxy
         iptables_bit
     };
 
+    if mode == ProxyMode::Ipvs && !gates.ipvs {
+        c.fail("mode", "ipvs", "IPVS mode is turned off by the feature gate KubeProxyIPVS=false");
+    }
     let ipvs = (mode == ProxyMode::Ipvs).then(|| validate_ipvs(&mut c, s));
     let detect_local = validate_detect_local(&mut c, s);
 
@@ -258,10 +254,35 @@ pub(crate) fn validate(s: &Settings, warnings: &mut Vec<String>) -> Result<Proxy
             },
         }
     }
+    // A cluster's KubeProxyConfiguration with mode unset keeps kube-proxy's meaning; without a
+    // file, an unset mode is kproxy's own default (nftables, NodePorts on primary addresses).
+    let follow_upstream_default = s.raw_mode.is_empty() && s.from_file;
+    let mode = if follow_upstream_default {
+        let (mode, why) = unset_mode(s.localhost_node_ports, &node_port_addresses);
+        warnings.push(why);
+        mode
+    } else {
+        mode
+    };
+    if mode == ProxyMode::Nftables {
+        for (i, entry) in node_port_addresses.iter().enumerate() {
+            if is_loopback_only(entry) {
+                c.fail(
+                    format!("nodePortAddresses[{i}]"),
+                    entry,
+                    "NodePorts on loopback addresses are not served in nftables mode (upstream serves them \
+                     only through the alpha KubeProxyNFTablesLocalhostNodePorts userspace proxy); use \
+                     mode: iptables, or remove the entry",
+                );
+            }
+        }
+    }
     if s.node_port_addresses.is_empty() {
         node_port_addresses.push(match mode {
-            ProxyMode::Nftables => NodePortAddress::Primary,
-            ProxyMode::Iptables | ProxyMode::Ipvs => NodePortAddress::All,
+            // A file with mode unset: what kube-proxy's default (iptables) serves, whichever
+            // dataplane runs.
+            ProxyMode::Nftables if !follow_upstream_default => NodePortAddress::Primary,
+            _ => NodePortAddress::All,
         });
     }
 
@@ -282,6 +303,13 @@ pub(crate) fn validate(s: &Settings, warnings: &mut Vec<String>) -> Result<Proxy
         c.fail("portRange", &s.port_range, "must be a valid port range (e.g. 300-2000)");
     }
 
+    if gates.no_masquerade_cidrs_off && !s.no_masquerade_cidrs.is_empty() {
+        c.fail(
+            "noMasqueradeCIDRs",
+            s.no_masquerade_cidrs.join(","),
+            "set while the feature gate KubeProxyNoMasqueradeCIDRs=false turns the feature off",
+        );
+    }
     let mut no_masquerade_cidrs = Vec::new();
     for (i, text) in s.no_masquerade_cidrs.iter().enumerate() {
         if let Some(net) = c.cidr(&format!("noMasqueradeCIDRs[{i}]"), text) {
@@ -322,9 +350,50 @@ pub(crate) fn validate(s: &Settings, warnings: &mut Vec<String>) -> Result<Proxy
         config_sync_period,
         no_masquerade_cidrs,
         snat_to_node_ip: s.snat_to_node_ip,
-        acceleration: AccelerationConfig { enabled: s.acceleration_enabled, packet_threshold },
+        acceleration: AccelerationConfig {
+            enabled: gates.acceleration.unwrap_or(s.acceleration_enabled),
+            packet_threshold,
+        },
         ..ProxyConfig::default()
     })
+}
+
+/// The dataplane for an unset `mode`. kube-proxy runs iptables then, so a cluster that swaps it for
+/// kproxy with its ConfigMap unchanged (kubeadm writes `mode: ""`) must keep serving exactly what
+/// iptables mode served. kproxy prefers nftables, and runs it when it serves the same: NodePorts on
+/// every local address (unset nodePortAddresses then mean `all`, not nftables' `primary`). It
+/// cannot serve NodePorts on 127.0.0.1, which iptables mode does by default
+/// (`iptables.localhostNodePorts`), so when those are in play the answer is iptables. Returns the
+/// mode and the sentence that says why, for the log.
+fn unset_mode(localhost_node_ports: bool, node_port_addresses: &[NodePortAddress]) -> (ProxyMode, String) {
+    let covers_loopback = node_port_addresses.is_empty()
+        || node_port_addresses.iter().any(|entry| match entry {
+            NodePortAddress::All | NodePortAddress::Localhost => true,
+            NodePortAddress::Primary => false,
+            NodePortAddress::Cidr(net) => net.contains(&IpAddr::from([127, 0, 0, 1])),
+        });
+    if localhost_node_ports && covers_loopback {
+        let why = "mode is unset: kproxy runs iptables, as kube-proxy does, because this configuration \
+                   serves NodePorts on 127.0.0.1 (iptables.localhostNodePorts, default true), which \
+                   kproxy's nftables mode does not; set iptables.localhostNodePorts: false (or mode: \
+                   nftables) to run nftables. The iptables section's settings apply";
+        (ProxyMode::Iptables, why.to_owned())
+    } else {
+        let why = "mode is unset: kproxy runs nftables, serving NodePorts where kube-proxy's iptables \
+                   default would (unset nodePortAddresses mean every local address, not nftables' \
+                   primary); the iptables section's syncPeriod, minSyncPeriod, masqueradeAll and \
+                   masqueradeBit apply";
+        (ProxyMode::Nftables, why.to_owned())
+    }
+}
+
+/// A `nodePortAddresses` entry that only names loopback addresses.
+fn is_loopback_only(entry: &NodePortAddress) -> bool {
+    match entry {
+        NodePortAddress::Localhost => true,
+        NodePortAddress::Cidr(net) => net.addr().is_loopback() && net.network().is_loopback(),
+        NodePortAddress::Primary | NodePortAddress::All => false,
+    }
 }
 
 fn validate_logging(c: &mut Checker<'_>, s: &Settings) -> LoggingConfig {

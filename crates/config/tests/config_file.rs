@@ -17,9 +17,16 @@ fn net(s: &str) -> ipnet::IpNet {
 #[test]
 fn kubeadm_configmap_parses_with_upstream_defaults() {
     let c = with_config("kubeadm.yaml", &[]).unwrap();
-    // Mode unset: kproxy runs nftables but reads the iptables section, and says so.
-    assert_eq!(c.mode, ProxyMode::Nftables);
-    assert!(c.warnings.iter().any(|w| w.contains("mode is unset")), "{:?}", c.warnings);
+    // Mode unset: kube-proxy would run iptables, serving NodePorts on every local address and on
+    // 127.0.0.1 (localhostNodePorts defaults to true). kproxy's nftables mode cannot serve the
+    // latter, so kproxy runs iptables too, and says why.
+    assert_eq!(c.mode, ProxyMode::Iptables);
+    assert_eq!(c.node_port_addresses, vec![NodePortAddress::All]);
+    assert!(
+        c.warnings.iter().any(|w| w.contains("mode is unset: kproxy runs iptables") && w.contains("127.0.0.1")),
+        "{:?}",
+        c.warnings
+    );
     // Zero values were defaulted exactly as upstream's SetDefaults_KubeProxyConfiguration.
     assert_eq!(c.sync_period, Duration::from_secs(30));
     assert_eq!(c.min_sync_period, Duration::from_secs(1));
@@ -36,14 +43,14 @@ fn kubeadm_configmap_parses_with_upstream_defaults() {
     assert_eq!(c.conntrack.tcp_close_wait_timeout, Duration::from_secs(3600));
     assert_eq!(c.client_connection.qps, 5.0);
     assert_eq!(c.client_connection.burst, 10);
-    assert_eq!(c.client_connection.content_type, "application/vnd.kubernetes.protobuf");
+    // kubeadm leaves contentType empty: kproxy's default is JSON, what its client speaks.
+    assert_eq!(c.client_connection.content_type, "application/json");
     assert_eq!(
         c.client_connection.kubeconfig.as_deref(),
         Some(std::path::Path::new("/var/lib/kube-proxy/kubeconfig.conf"))
     );
     assert_eq!(c.logging.flush_frequency, Duration::from_secs(5));
     assert_eq!(c.detect_local, DetectLocal::ClusterCidr(vec![net("10.244.0.0/16"), net("fd00:10:244::/56")]));
-    assert_eq!(c.node_port_addresses, vec![NodePortAddress::Primary]);
     assert_eq!(c.ipvs, None, "the ipvs section is only used in ipvs mode");
     assert!(c.acceleration.active());
     assert_eq!(c.acceleration.packet_threshold, 20);
@@ -68,7 +75,7 @@ fn json_document_with_every_section_tuned() {
     assert_eq!(c.healthz_bind_address, Some("[::]:10256".parse().unwrap()));
     assert_eq!(c.metrics_bind_address, Some("0.0.0.0:10249".parse().unwrap()));
     assert_eq!(c.detect_local, DetectLocal::InterfaceNamePrefix("veth".into()));
-    assert_eq!(c.node_port_addresses, vec![NodePortAddress::Cidr(net("198.51.100.0/24")), NodePortAddress::Localhost]);
+    assert_eq!(c.node_port_addresses, vec![NodePortAddress::Cidr(net("198.51.100.0/24")), NodePortAddress::Primary]);
     assert_eq!(c.conntrack.max_per_core, 0);
     assert_eq!(
         c.conntrack.tcp_established_timeout,
@@ -203,4 +210,62 @@ fn all_problems_are_reported_at_once() {
     let mut fields = err.fields();
     fields.sort();
     assert_eq!(fields, vec!["iptables.masqueradeBit", "iptables.minSyncPeriod", "oomScoreAdj"]);
+}
+
+#[test]
+fn unset_mode_runs_nftables_only_where_it_serves_what_iptables_would() {
+    // Without localhost NodePorts, nftables serves what kube-proxy's iptables default serves:
+    // NodePorts on every local address (not nftables' own `primary` default).
+    let c = with_config("kubeadm.yaml", &["--iptables-localhost-nodeports=false"]).unwrap();
+    assert_eq!((c.mode, c.localhost_node_ports), (ProxyMode::Iptables, true), "flags are ignored with --config");
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(fixture("kubeadm.yaml")).unwrap();
+    let cases = [
+        ("localhostNodePorts: null", "localhostNodePorts: false", ProxyMode::Nftables, vec![NodePortAddress::All]),
+        (
+            "nodePortAddresses: null",
+            "nodePortAddresses: [\"198.51.100.0/24\"]",
+            ProxyMode::Nftables,
+            vec![NodePortAddress::Cidr(net("198.51.100.0/24"))],
+        ),
+        (
+            "nodePortAddresses: null",
+            "nodePortAddresses: [\"127.0.0.0/8\"]",
+            ProxyMode::Iptables,
+            vec![NodePortAddress::Cidr(net("127.0.0.0/8"))],
+        ),
+    ];
+    for (from, to, mode, addresses) in cases {
+        assert!(text.contains(from), "the kubeadm fixture has {from}");
+        let path = dir.path().join("config.yaml");
+        std::fs::write(&path, text.replace(from, to)).unwrap();
+        let c = kproxy_config::resolve(&common::flags(&[&format!("--config={}", path.display())])).unwrap();
+        assert_eq!((c.mode, &c.node_port_addresses), (mode, &addresses), "{to}");
+        assert!(c.warnings.iter().any(|w| w.starts_with("mode is unset")), "{to}: {:?}", c.warnings);
+    }
+}
+
+#[test]
+fn nftables_mode_refuses_localhost_node_ports_instead_of_ignoring_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.yaml");
+    for entry in ["localhost", "127.0.0.0/8", "::1/128"] {
+        let text = format!(
+            "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: nftables\n\
+             nodePortAddresses: [primary, \"{entry}\"]\n"
+        );
+        std::fs::write(&path, text).unwrap();
+        let err = kproxy_config::resolve(&common::flags(&[&format!("--config={}", path.display())])).unwrap_err();
+        let message = err.to_string();
+        assert!(message.contains("nodePortAddresses[1]") && message.contains("nftables mode"), "{entry}: {message}");
+    }
+    // The same entries are served in iptables mode.
+    std::fs::write(
+        &path,
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: iptables\n\
+         nodePortAddresses: [primary, localhost]\n",
+    )
+    .unwrap();
+    let c = kproxy_config::resolve(&common::flags(&[&format!("--config={}", path.display())])).unwrap();
+    assert_eq!(c.node_port_addresses, vec![NodePortAddress::Primary, NodePortAddress::Localhost]);
 }

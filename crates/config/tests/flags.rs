@@ -64,7 +64,7 @@ fn flags_only_set_every_kind_of_value() {
         "--kube-api-qps=20",
         "--kube-api-burst=40",
         "--feature-gates=NFTablesNetlink=true,KubeProxyIPVS=false",
-        "--feature-gates=AllowServiceExternalIPs=false",
+        "--feature-gates=KubeProxyAcceleration=false",
     ]);
     assert_eq!(c.mode, ProxyMode::Iptables);
     assert_eq!(c.sync_period, Duration::from_secs(10));
@@ -94,7 +94,7 @@ fn flags_only_set_every_kind_of_value() {
     assert_eq!((c.client_connection.qps, c.client_connection.burst), (20.0, 40));
     assert_eq!(c.feature_gates.get("NFTablesNetlink"), Some(&true));
     assert_eq!(c.feature_gates.get("KubeProxyIPVS"), Some(&false));
-    assert_eq!(c.feature_gates.get("AllowServiceExternalIPs"), Some(&false), "repeated --feature-gates merge");
+    assert_eq!(c.feature_gates.get("KubeProxyAcceleration"), Some(&false), "repeated --feature-gates merge");
 }
 
 #[test]
@@ -271,4 +271,22 @@ fn feature_gate_syntax() {
     assert!(kproxy_config::parse_feature_gates("=true").is_err());
     let c = resolve_ok(&["--feature-gates=SomeOtherComponentGate=true"]);
     assert!(c.warnings.iter().any(|w| w.contains("SomeOtherComponentGate")), "unknown gates warn: {:?}", c.warnings);
+}
+
+#[test]
+fn feature_gates_act_or_are_refused() {
+    // Acting: IPVS mode forbidden, acceleration switched off.
+    let err = resolve(&["--proxy-mode=ipvs", "--feature-gates=KubeProxyIPVS=false"]).unwrap_err().to_string();
+    assert!(err.contains("KubeProxyIPVS=false"), "{err}");
+    assert!(!resolve_ok(&["--feature-gates=KubeProxyAcceleration=false"]).acceleration.active());
+    assert!(resolve_ok(&[]).acceleration.active(), "acceleration.enabled decides when the gate is unset");
+    let err = resolve(&["--no-masquerade-cidrs=198.18.0.0/15", "--feature-gates=KubeProxyNoMasqueradeCIDRs=false"])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("noMasqueradeCIDRs"), "{err}");
+    // Refused: a locked GA gate off, an always-on behaviour off, an unimplemented feature on.
+    for gate in ["TopologyAwareHints=false", "NFTablesNetlink=false", "KubeProxyNFTablesLocalhostNodePorts=true"] {
+        let err = resolve(&[&format!("--feature-gates={gate}")]).unwrap_err().to_string();
+        assert!(err.contains("featureGates"), "{gate}: {err}");
+    }
 }

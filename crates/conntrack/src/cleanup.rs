@@ -20,7 +20,9 @@
 //!   external IP, load balancer IP) and port, or else a node port on an address NodePorts are
 //!   served on; and
 //! - its reply source, i.e. where it was DNATed to, is not a serving endpoint (address and port)
-//!   of that service port. An entry that was not DNATed at all replies from the frontend itself,
+//!   of that service port. Serving means the EndpointSlice says so, whatever the traffic
+//!   policies, topology or terminating state (as upstream: changing a Service must not break
+//!   existing UDP flows any more than TCP ones, so a flow to a terminating endpoint drains). An entry that was not DNATed at all replies from the frontend itself,
 //!   which is never an endpoint, so it is stale too: it was created before the service had
 //!   endpoints (or existed) and would keep bypassing the DNAT rules.
 //!
@@ -99,7 +101,8 @@ impl Frontends {
     }
 
     /// The UDP and SCTP frontends of one family's plan. A service port's serving endpoints are
-    /// every endpoint any of its traffic classes may be sent to (cluster and local sets).
+    /// its serving endpoints in the EndpointSlices, plus every endpoint any of its traffic
+    /// classes may be sent to (cluster and local sets).
     /// `local_addresses` are the node's addresses, used when node ports are served on all of them.
     pub fn from_plan(plan: &FamilyPlan, local_addresses: &[IpAddr]) -> Self {
         let node_ports = match &plan.node.nodeport_addresses {
@@ -113,8 +116,14 @@ impl Frontends {
             if !is_managed(service.protocol) {
                 continue;
             }
-            let serving: Vec<SocketAddr> =
-                service.reachable_endpoints().into_iter().map(|ep| SocketAddr::new(ep.ip, ep.port)).collect();
+            // Every serving endpoint, whatever policies, topology and terminating state say (as
+            // upstream): a flow to a terminating or topology-filtered endpoint drains in peace.
+            let serving: BTreeSet<SocketAddr> = service
+                .reachable_endpoints()
+                .into_iter()
+                .map(|ep| SocketAddr::new(ep.ip, ep.port))
+                .chain(service.serving_endpoints.iter().copied())
+                .collect();
             let protocol = service.protocol;
             for ip in std::iter::once(&service.cluster_ip).chain(service.external_vips()) {
                 frontends.insert(Frontend::Address { protocol, ip: *ip, port: service.port }, serving.iter().copied());

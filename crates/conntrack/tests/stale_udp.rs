@@ -169,3 +169,31 @@ fn entries_that_agree_with_the_plan_are_left_alone() {
     let entries = t.udp_entries();
     assert!(entries.contains("dport=9999"), "the direct flow is still tracked:\n{entries}");
 }
+
+#[test]
+fn udp_flow_to_a_terminating_endpoint_drains_until_it_stops_serving() {
+    if !kernel_tests_enabled("udp_flow_to_a_terminating_endpoint_drains_until_it_stops_serving") {
+        return;
+    }
+    let t = Topology::new("drain");
+    let a = UdpEcho::start(&t.pod_a, "198.18.2.2:8053", "A");
+    let _b = UdpEcho::start(&t.pod_b, "198.18.3.2:8053", "B");
+    t.route_service_to(POD_A);
+    let client = UdpClient::new(&t.client, 40000);
+    assert_eq!(client.probe(), reply("A"));
+
+    // A is terminating but still serving; B is ready, so new flows go to B only.
+    t.route_service_to(POD_B);
+    let mut reconciler = t.reconciler();
+    let stats = reconciler.reconcile(&plan_draining(Some(&[POD_B]), &[POD_A])).unwrap();
+    assert_eq!((stats.stale, stats.deleted), (0, 0), "the flow to the draining A stays: {stats:?}");
+    let a_before = a.received();
+    assert_eq!(client.probe(), reply("A"), "the live flow keeps reaching A while it drains");
+    assert!(a.received() > a_before);
+    assert_eq!(UdpClient::new(&t.client, 40001).probe(), reply("B"), "new flows go to the ready B");
+
+    // A stops serving: now its flow is stale, and the next datagram reaches B.
+    let stats = reconciler.reconcile(&plan_draining(Some(&[POD_B]), &[])).unwrap();
+    assert_eq!(stats.deleted, 1, "{stats:?}\n{}", t.udp_entries());
+    assert_eq!(client.probe(), reply("B"));
+}

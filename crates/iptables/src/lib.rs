@@ -15,9 +15,11 @@ pub mod canary;
 pub mod cleanup;
 pub mod naming;
 pub mod restore;
+mod rule_counts;
 pub mod rules;
 mod sync;
 
 pub use cleanup::cleanup;
 pub use restore::{Backend, ExecError, Executor, IptablesRestore, Output, Recording};
+pub use rule_counts::{RuleCounter, TableRules};
 pub use sync::{Config, IptablesDataplane, SyncError, SyncReport};

@@ -20,6 +20,7 @@ use kproxy_state::IpFamily;
 use crate::canary;
 use crate::naming;
 use crate::restore::{ExecError, Executor};
+use crate::rule_counts::RuleCounter;
 use crate::rules::{self, Ctx, Dispatch, ServiceRules, Table, TableInput};
 
 /// Dataplane settings (kube-proxy's `iptables.*` and `conntrack.tcpBeLiberal`).
@@ -132,12 +133,18 @@ pub struct IptablesDataplane<E> {
     config: Config,
     families: BTreeMap<IpFamily, FamilyState>,
     needs_full: bool,
+    rule_counts: RuleCounter,
 }
 
 impl<E: Executor> IptablesDataplane<E> {
     /// A dataplane that applies through `exec`; nothing is applied until the first sync.
     pub fn new(exec: E, config: Config) -> Self {
-        Self { exec, config, families: BTreeMap::new(), needs_full: true }
+        Self { exec, config, families: BTreeMap::new(), needs_full: true, rule_counts: RuleCounter::default() }
+    }
+
+    /// The rule counts of the `kubeproxy_sync_proxy_rules_iptables_{total,last}` metrics, shared.
+    pub fn rule_counter(&self) -> RuleCounter {
+        self.rule_counts.clone()
     }
 
     /// The executor (tests look at recorded restores).
@@ -225,6 +232,7 @@ impl<E: Executor> IptablesDataplane<E> {
                 err(e)
             })?;
             report.restores += 1;
+            self.rule_counts.restored(family, &tables, true);
             for jump in rules::jumps(&ctx, &fam.node) {
                 ensure_jump(&mut self.exec, family, &jump).map_err(err)?;
             }
@@ -276,6 +284,7 @@ impl<E: Executor> IptablesDataplane<E> {
                 return Err(SyncError::Exec { family, source: e });
             }
             report.restores += 1;
+            self.rule_counts.restored(family, &tables, false);
             self.families.insert(family, next);
         }
         Ok(report)
@@ -312,6 +321,7 @@ impl<E: Executor> IptablesDataplane<E> {
                 .map_err(|source| SyncError::Exec { family, source })?;
         }
         self.families.clear();
+        self.rule_counts.clear();
         self.needs_full = true;
         Ok(())
     }

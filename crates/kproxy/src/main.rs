@@ -3,9 +3,12 @@
 //! `kproxy [kube-proxy flags]` runs the proxy; `kproxy plan --manifests DIR` prints the plan;
 //! `kproxy demo` runs the live demo in a sandbox of network namespaces.
 
+mod api_client;
+mod change_metrics;
 mod columns;
 mod dataplane;
 mod demo;
+mod families;
 mod node;
 mod observer;
 mod plan_table;
@@ -197,13 +200,28 @@ fn print_plan(config: &ProxyConfig, dir: &Path, output: Output, node: Option<Str
     Ok(())
 }
 
+/// How long a stopping kproxy waits for work in flight. A sync in progress is not waited for:
+/// each one is atomic in the kernel (one nf_tables batch, one `iptables-restore` per table), so
+/// leaving mid-sync leaves the last committed ruleset, and a long sync (seconds at 50k Services)
+/// must not hold up SIGTERM.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_millis(200);
+
 fn run_proxy(config: ProxyConfig) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let result = serve(&runtime, config);
+    // Dropping the runtime would wait for the blocking sync thread to finish its sync.
+    runtime.shutdown_timeout(SHUTDOWN_GRACE);
+    result
+}
+
+fn serve(runtime: &tokio::runtime::Runtime, config: ProxyConfig) -> anyhow::Result<()> {
     runtime.block_on(async move {
         let name = node::node_name(&config);
         info!(node = %name, mode = config.mode.as_str(), "starting kproxy");
         apply_process_settings(&config);
-        let planner = Planner::new(policy::proxy_policy(&config), node::context(&config, name.clone()));
+        let families = families::probe(config.mode, config.dry_run);
+        let planner =
+            Planner::new(policy::proxy_policy_for(&config, families.clone()), node::context(&config, name.clone()));
         log_masquerade_policy(&config);
         let pacing = Pacing {
             min_sync_period: config.min_sync_period,
@@ -222,16 +240,14 @@ fn run_proxy(config: ProxyConfig) -> anyhow::Result<()> {
                 })
             }
             SourceSelection::KubernetesApi => {
-                let cc = &config.client_connection;
-                let client = kproxy_kube_source::client(cc.kubeconfig.as_deref(), cc.qps, cc.burst, &cc.content_type)
-                    .await
-                    .context("connecting to the Kubernetes API")?;
+                let client =
+                    api_client::client(&config.client_connection).await.context("connecting to the Kubernetes API")?;
                 let stats = std::sync::Arc::new(kproxy_kube_source::SourceStats::new());
                 let options = kproxy_kube_source::KubeSourceOptions::new(name.clone());
                 tokio::spawn(kproxy_kube_source::run(client, options, tx, stats))
             }
         };
-        let (observer, _servers) = start_servers(&config, &name).await?;
+        let (mut observer, _servers) = start_servers(&config, &name, families).await?;
         // Flowtable devices follow the node's links (rtnetlink events, rate-limited).
         let _link_watcher = match observer.accelerator() {
             Some(accel) => match kproxy_accel::LinkWatcher::spawn(accel, kproxy_accel::WatchOptions::default()) {
@@ -259,15 +275,15 @@ fn run_proxy(config: ProxyConfig) -> anyhow::Result<()> {
                 let backend = kproxy_iptables::backend::detect();
                 info!(?backend, "iptables backend");
                 let exec = kproxy_iptables::IptablesRestore::new(backend);
-                spawn_proxier(planner, IptablesDataplane::new(exec, iptables_config(&config)), observer, pacing, rx)
+                let dp = IptablesDataplane::new(exec, iptables_config(&config));
+                observer.count_iptables_rules(dp.rule_counter());
+                spawn_proxier(planner, dp, observer, pacing, rx)
             }
-            (ProxyMode::Iptables, true) => spawn_proxier(
-                planner,
-                IptablesDataplane::new(dataplane::PrintRestores::default(), iptables_config(&config)),
-                observer,
-                pacing,
-                rx,
-            ),
+            (ProxyMode::Iptables, true) => {
+                let dp = IptablesDataplane::new(dataplane::PrintRestores::default(), iptables_config(&config));
+                observer.count_iptables_rules(dp.rule_counter());
+                spawn_proxier(planner, dp, observer, pacing, rx)
+            }
             (ProxyMode::Ipvs, false) => {
                 let dp = kproxy_ipvs::IpvsDataplane::new(kproxy_ipvs::KernelHost::new(), ipvs_config(&config)?);
                 spawn_proxier(planner, dp, observer, pacing, rx)
@@ -313,6 +329,7 @@ fn log_masquerade_policy(config: &ProxyConfig) {
 async fn start_servers(
     config: &ProxyConfig,
     node_name: &str,
+    families: Vec<kproxy_state::IpFamily>,
 ) -> anyhow::Result<(DaemonObserver, Vec<kproxy_servers::RunningServer>)> {
     use kproxy_servers::{DataplaneMode, HealthCheckBind, MetricsServerInfo, ProxyHealth, ServiceHealthServer};
     use std::sync::Arc;
@@ -324,7 +341,11 @@ async fn start_servers(
         ProxyMode::Ipvs => DataplaneMode::Ipvs,
     };
     let metrics = kproxy_servers::Metrics::new(mode);
-    let families = kproxy_state::IpFamily::BOTH.to_vec();
+    metrics.set_feature_gates(
+        kproxy_config::feature_gates::effective(&config.feature_gates)
+            .into_iter()
+            .map(|(gate, enabled)| (gate.name, gate.stage.label(), enabled)),
+    );
     let mut servers = Vec::new();
     let hard_fail = |what: &str, e: kproxy_servers::ServeError| -> anyhow::Result<()> {
         if config.bind_address_hard_fail {
@@ -356,7 +377,9 @@ async fn start_servers(
     }
     // kube-proxy binds health-check node ports on the nodePortAddresses; for `primary` the node IP
     // is only known once the Node arrives, so kproxy listens on every address (same answer on each).
-    let hc = Arc::new(ServiceHealthServer::new(HealthCheckBind::AllAddresses, health.clone(), metrics.clone()));
+    // --dry-run has no side effects: no health-check node port is opened.
+    let hc = (!config.dry_run)
+        .then(|| Arc::new(ServiceHealthServer::new(HealthCheckBind::AllAddresses, health.clone(), metrics.clone())));
     let conntrack = if config.dry_run {
         None
     } else {
@@ -449,13 +472,14 @@ fn iptables_config(config: &ProxyConfig) -> kproxy_iptables::Config {
 /// Process-level settings: `oomScoreAdj`, and a warning for each setting kproxy accepts for
 /// compatibility but does not act on.
 fn apply_process_settings(config: &ProxyConfig) {
-    if let Err(e) = std::fs::write("/proc/self/oom_score_adj", config.oom_score_adj.to_string()) {
+    if config.dry_run {
+        info!(value = config.oom_score_adj, "--dry-run: oom_score_adj left as it is");
+    } else if let Err(e) = std::fs::write("/proc/self/oom_score_adj", config.oom_score_adj.to_string()) {
         warn!(error = %e, value = config.oom_score_adj, "could not set oom_score_adj");
     }
     let ignored = [
         (config.enable_profiling, "enableProfiling (--profiling): kproxy serves no /debug/pprof"),
         (config.show_hidden_metrics_for_version.is_some(), "showHiddenMetricsForVersion: kproxy has no hidden metrics"),
-        (config.client_connection.master.is_some(), "--master: use --kubeconfig or the in-cluster config"),
     ];
     for (set, what) in ignored {
         if set {

@@ -12,6 +12,7 @@ use kproxy_state::{IpFamily, ObjectError, ObjectKey};
 use tokio::sync::mpsc;
 use tracing::warn;
 
+use crate::change_metrics::ChangeCounts;
 use crate::proxier::{SyncObserver, Synced};
 
 /// Health-check node ports and their local endpoint counts, as of one sync.
@@ -33,6 +34,9 @@ pub struct DaemonObserver {
     accel: Option<SharedAccelerator>,
     accel_synced: bool,
     accel_failing: bool,
+    changes: ChangeCounts,
+    /// The iptables dataplane's rule counts (iptables mode only).
+    iptables_rules: Option<kproxy_iptables::RuleCounter>,
 }
 
 /// The accelerator, shared with the link watcher that refreshes its flowtable devices.
@@ -48,8 +52,8 @@ pub struct Sinks {
     pub health: Arc<ProxyHealth>,
     /// The metrics registry.
     pub metrics: Metrics,
-    /// Health-check node ports.
-    pub health_check_server: Arc<ServiceHealthServer>,
+    /// Health-check node ports (absent in `--dry-run`, which opens none).
+    pub health_check_server: Option<Arc<ServiceHealthServer>>,
     /// Stale conntrack cleanup.
     pub conntrack: Option<kproxy_conntrack::Reconciler>,
     /// The dataplane, for mode-specific metrics.
@@ -65,6 +69,10 @@ impl DaemonObserver {
         let (tx, mut rx) = mpsc::unbounded_channel::<HealthCheckUpdate>();
         tokio::spawn(async move {
             while let Some((ports, endpoints)) = rx.recv().await {
+                let Some(server) = &server else {
+                    tracing::info!(?ports, "--dry-run: health-check node ports not opened");
+                    continue;
+                };
                 for failure in server.sync_services(&ports).await {
                     warn!(service = %failure.service, port = failure.port, error = %failure.error, "cannot open health-check node port");
                 }
@@ -84,11 +92,18 @@ impl DaemonObserver {
             accel,
             accel_synced: false,
             accel_failing: false,
+            changes: ChangeCounts::default(),
+            iptables_rules: None,
         }
     }
 }
 
 impl DaemonObserver {
+    /// Exports the iptables dataplane's rule counts after each sync.
+    pub fn count_iptables_rules(&mut self, counter: kproxy_iptables::RuleCounter) {
+        self.iptables_rules = Some(counter);
+    }
+
     /// The accelerator, for the link watcher.
     pub fn accelerator(&self) -> Option<SharedAccelerator> {
         self.accel.clone()
@@ -96,6 +111,10 @@ impl DaemonObserver {
 }
 
 impl SyncObserver for DaemonObserver {
+    fn received(&mut self, change: &kproxy_state::Change) {
+        self.changes.record(change, &self.metrics);
+    }
+
     fn queued(&mut self, _at: Instant) {
         for &family in &self.families {
             self.health.queued_update(family);
@@ -133,11 +152,10 @@ impl SyncObserver for DaemonObserver {
             }
         }
         self.health.set_node_eligible(state.node(&self.node_name).is_none_or(|n| !n.draining));
-        let changed: u64 =
-            delta.families.values().map(|f| (f.added.len() + f.changed.len() + f.removed.len()) as u64).sum();
-        self.metrics.add_service_changes(changed);
-        self.metrics.set_service_changes_pending(0);
-        self.metrics.set_endpoint_changes_pending(0);
+        self.changes.taken(&self.metrics);
+        for (family, table, rules) in self.iptables_rules.iter().flat_map(|counter| counter.snapshot()) {
+            self.metrics.set_iptables_rules(family, table.as_str(), rules.total, rules.last);
+        }
 
         let mut ports = HashMap::new();
         let mut endpoints: HashMap<ObjectKey, usize> = HashMap::new();
@@ -200,6 +218,8 @@ impl SyncObserver for DaemonObserver {
     }
 
     fn failed(&mut self, full: bool) {
+        // The failed sync took the changes; the full resync that follows programs them.
+        self.changes.taken(&self.metrics);
         for &family in &self.families {
             match self.mode {
                 kproxy_servers::DataplaneMode::Nftables => self.metrics.inc_nftables_sync_failure(family),

@@ -4,10 +4,16 @@ use kproxy_config::{NodePortAddress as CfgAddress, ProxyConfig};
 use kproxy_plan::{DetectLocal, NodePortAddress, ProxyPolicy};
 use kproxy_state::IpFamily;
 
-/// The plan policy a configuration asks for.
+/// The plan policy a configuration asks for, on a node with both families.
 pub fn proxy_policy(config: &ProxyConfig) -> ProxyPolicy {
+    proxy_policy_for(config, IpFamily::BOTH.to_vec())
+}
+
+/// The plan policy a configuration asks for, for the families the node has
+/// ([`crate::families::probe`]).
+pub fn proxy_policy_for(config: &ProxyConfig, families: Vec<IpFamily>) -> ProxyPolicy {
     ProxyPolicy {
-        families: IpFamily::BOTH.to_vec(),
+        families,
         masquerade_all: config.masquerade_all,
         detect_local: match &config.detect_local {
             kproxy_config::DetectLocal::ClusterCidr(cidrs) => DetectLocal::ClusterCidr(cidrs.clone()),

@@ -20,6 +20,8 @@ use tracing::{debug, info, warn};
 
 /// Something to do after each successful sync (health, conntrack, health-check servers).
 pub trait SyncObserver: Send {
+    /// An event arrived from the source (before it is applied).
+    fn received(&mut self, _change: &Change) {}
     /// A sync was queued at `at`.
     fn queued(&mut self, _at: Instant) {}
     /// A sync finished.
@@ -141,6 +143,7 @@ impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
 
     /// Applies one source event.
     pub fn apply(&mut self, change: Change) {
+        self.observer.received(&change);
         let outcome = self.state.apply(change);
         for e in outcome.rejected.iter() {
             warn!(error = %e, "skipping invalid object");

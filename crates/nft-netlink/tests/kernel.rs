@@ -125,6 +125,7 @@ fn service(i: usize, s: &Shape) -> ServicePortPlan {
         external,
         health_check_node_port: None,
         accelerate: false,
+        serving_endpoints: Vec::new(),
     }
 }
 

@@ -408,6 +408,9 @@ pub fn all_cases() -> Vec<Case> {
                 o
             },
             vec![
+                // The path works when the policy allows it: the same endpoint through the other
+                // service's ClusterIP (Cluster policy), so the drops below are the policy's.
+                tcp(Client::Pod("client"), Dest::ClusterIp(sa("198.18.128.11:80")), backends(&["b"]), Source::Client),
                 Step::Probe(
                     Check::tcp(Client::Pod("client"), Dest::ClusterIp(sa(CIP)), Expect::Drop, Source::Any).count(2),
                 ),

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use ipnet::IpNet;
@@ -190,6 +190,12 @@ pub struct ServicePortPlan {
     pub health_check_node_port: Option<u16>,
     /// Offload established connections to the flowtable (KEP-4963 opt-in, acceleration on, not SCTP).
     pub accelerate: bool,
+    /// Every serving endpoint (address and target port) of a UDP or SCTP port, whatever the
+    /// traffic policies, topology or terminating state; sorted. Conntrack entries DNATed to
+    /// one of them are left alone, so a flow to a terminating or topology-filtered endpoint
+    /// drains instead of breaking (upstream's conntrack cleanup). Empty for TCP.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub serving_endpoints: Vec<SocketAddr>,
 }
 
 impl ServicePortPlan {

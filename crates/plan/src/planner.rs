@@ -1,7 +1,7 @@
 //! Computing the plan from the cluster state.
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 
 use ipnet::IpNet;
@@ -167,6 +167,11 @@ impl Planner {
             let uses_local = svc.internal_policy_local || external_local;
             let candidates = self.candidates(state, &svc.key, family, &port.name, port.protocol);
             let cat = categorize_endpoints(&candidates, uses_cluster, uses_local, &self.node.name, zone.as_deref());
+            let serving_endpoints = if matches!(port.protocol, Protocol::Udp | Protocol::Sctp) {
+                candidates.iter().filter(|c| c.serving).map(|c| SocketAddr::new(c.ip, c.port)).collect()
+            } else {
+                Vec::new()
+            };
 
             let verdict = |local_policy: bool| {
                 if !cat.has_any {
@@ -214,6 +219,7 @@ impl Planner {
                 accelerate: self.policy.acceleration
                     && svc.traffic_hint == Some(TrafficHint::LongLived)
                     && port.protocol != Protocol::Sctp,
+                serving_endpoints,
             };
             out.push((name, Arc::new(plan)));
         }

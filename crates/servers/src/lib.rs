@@ -17,6 +17,7 @@ mod health;
 mod healthz;
 mod metrics;
 mod metrics_server;
+mod process_metrics;
 mod server;
 mod service_health;
 mod timefmt;
@@ -29,6 +30,7 @@ pub use metrics::{
     DataplaneMode, Exposition, Metrics, TrafficPolicyKind, network_programming_buckets, sync_duration_buckets,
 };
 pub use metrics_server::{CONFIGZ_GROUP, MetricsServerInfo, metrics_router, serve_metrics};
+pub use process_metrics::{ProcessCollector, ProcessSample};
 pub use server::RunningServer;
 pub use service_health::{
     BindFailure, ENDPOINT_WEIGHT_HEADER, HealthCheckBind, ServiceHealthServer, service_health_body,

@@ -99,6 +99,56 @@ struct TableLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FeatureLabels {
+    name: String,
+    stage: String,
+}
+
+/// `kubernetes_build_info`'s labels, as component-base spells them.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildInfoLabels {
+    major: String,
+    minor: String,
+    git_version: String,
+    git_commit: String,
+    git_tree_state: String,
+    build_date: String,
+    go_version: String,
+    compiler: String,
+    platform: String,
+}
+
+impl BuildInfoLabels {
+    fn of_this_build() -> Self {
+        let version = env!("CARGO_PKG_VERSION");
+        let mut parts = version.split('.');
+        BuildInfoLabels {
+            major: parts.next().unwrap_or_default().to_owned(),
+            minor: parts.next().unwrap_or_default().to_owned(),
+            git_version: format!("v{version}"),
+            git_commit: option_env!("KPROXY_GIT_COMMIT").unwrap_or_default().to_owned(),
+            git_tree_state: String::new(),
+            build_date: String::new(),
+            // Not a Go program; the label stays for dashboards that group by it.
+            go_version: String::new(),
+            compiler: "rustc".to_owned(),
+            platform: format!("{}/{}", std::env::consts::OS, go_arch(std::env::consts::ARCH)),
+        }
+    }
+}
+
+/// Go's name for an architecture (what `platform` carries upstream: `linux/amd64`).
+fn go_arch(arch: &str) -> &str {
+    match arch {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        "x86" => "386",
+        "powerpc64" => "ppc64le",
+        other => other,
+    }
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct MasqueradeLabels {
     ip_family: String,
     source: String,
@@ -168,6 +218,7 @@ struct Inner {
     healthcheck_bind_failures: Counter,
     accelerated_connections: Counter,
     drift_repairs: Counter,
+    feature_enabled: Family<FeatureLabels, Gauge>,
 }
 
 fn family_labels(family: IpFamily) -> FamilyLabels {
@@ -358,6 +409,22 @@ impl Metrics {
             accelerated_connections.clone(),
         );
 
+        // What every Kubernetes component exports.
+        registry.register_collector(Box::new(crate::process_metrics::ProcessCollector));
+        let build_info = Family::<BuildInfoLabels, Gauge>::default();
+        build_info.get_or_create(&BuildInfoLabels::of_this_build()).set(1);
+        registry.register(
+            "kubernetes_build_info",
+            "A metric with a constant '1' value labeled by major, minor, git version, git commit, git tree state, build date, Go version, and compiler from which Kubernetes was built, and platform on which it is running",
+            build_info,
+        );
+        let feature_enabled = Family::default();
+        registry.register(
+            "kubernetes_feature_enabled",
+            "This metric records the data about the stage and enablement of a k8s feature",
+            Family::clone(&feature_enabled),
+        );
+
         Self {
             inner: Arc::new(Inner {
                 registry,
@@ -388,6 +455,7 @@ impl Metrics {
                 healthcheck_bind_failures,
                 accelerated_connections,
                 drift_repairs,
+                feature_enabled,
             }),
         }
     }
@@ -536,6 +604,14 @@ impl Metrics {
     /// A periodic check repaired kproxy's rules.
     pub fn inc_drift_repair(&self) {
         self.inner.drift_repairs.inc();
+    }
+
+    /// States every feature gate: `(name, stage label, enabled)` (see `kproxy_config::feature_gates`).
+    pub fn set_feature_gates<'a>(&self, gates: impl IntoIterator<Item = (&'a str, &'a str, bool)>) {
+        for (name, stage, enabled) in gates {
+            let labels = FeatureLabels { name: name.to_owned(), stage: stage.to_owned() };
+            self.inner.feature_enabled.get_or_create(&labels).set(i64::from(enabled));
+        }
     }
 
     /// A health-check node port could not be opened.

@@ -49,6 +49,7 @@ fn populated(mode: DataplaneMode) -> Metrics {
     m.record_livez(200);
     m.inc_invalid_object("Service");
     m.inc_healthcheck_bind_failure();
+    m.set_feature_gates([("KubeProxyIPVS", "", true), ("KubeProxyNFTablesLocalhostNodePorts", "ALPHA", false)]);
     match mode {
         DataplaneMode::Nftables => {
             m.inc_nftables_sync_failure(IpFamily::V4);
@@ -87,6 +88,29 @@ const COMMON: &[(&str, &str, &[&str])] = &[
     ("kproxy_service_healthcheck_bind_failures_total", "counter", &[]),
     ("kproxy_sync_proxy_rules_drift_repairs_total", "counter", &[]),
     ("kubeproxy_accelerated_connections_count_total", "counter", &[]),
+    // What every Kubernetes component exports.
+    ("process_cpu_seconds_total", "counter", &[]),
+    ("process_resident_memory_bytes", "gauge", &[]),
+    ("process_virtual_memory_bytes", "gauge", &[]),
+    ("process_start_time_seconds", "gauge", &[]),
+    ("process_open_fds", "gauge", &[]),
+    ("process_max_fds", "gauge", &[]),
+    (
+        "kubernetes_build_info",
+        "gauge",
+        &[
+            "build_date",
+            "compiler",
+            "git_commit",
+            "git_tree_state",
+            "git_version",
+            "go_version",
+            "major",
+            "minor",
+            "platform",
+        ],
+    ),
+    ("kubernetes_feature_enabled", "gauge", &["name", "stage"]),
 ];
 
 const NFTABLES_ONLY: &[(&str, &str, &[&str])] = &[

@@ -3,8 +3,12 @@
 //! Debian's stock kernel under qemu, which has IPVS and flowtables as modules).
 //!
 //! The rule: on the host a missing feature skips the test with a message naming the command that
-//! runs it; inside the guest (`KPROXY_GUEST=1`) a missing feature fails the test, because the
-//! guest exists to provide it. CI runs both suites, so these tests are never silently lost there.
+//! runs it; inside the guest (`KPROXY_GUEST=1`) any skip fails the test, because the guest exists
+//! to provide what the host lacks. A skip is never silent: its message goes straight to the
+//! terminal (libtest's output capture would hide it in a passing test), and under `CI=true` it is
+//! also appended to the skip ledger ([`skip_ledger`]), which `cargo xtask guest-test` reports and
+//! whose tests it then runs in the guest. So under CI a kernel test never passes unseen without
+//! running.
 //!
 //! ```no_run
 //! use kproxy_testbed::kernel::{self, KernelFeature};
@@ -20,6 +24,7 @@
 
 use std::fmt;
 use std::fs;
+use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
@@ -105,7 +110,7 @@ pub fn in_ci() -> bool {
 /// True when the running kernel has every feature in `features`.
 ///
 /// Otherwise: inside the guest kernel it panics (the guest must provide them); on the host it
-/// prints that the test is skipped and which command runs it, and returns false.
+/// [`skip`]s visibly (recorded under `CI=true`), naming the command that runs it, and returns false.
 pub fn require(features: &[KernelFeature]) -> bool {
     let missing: Vec<String> =
         features.iter().filter(|feature| !feature.is_available()).map(ToString::to_string).collect();
@@ -119,8 +124,64 @@ pub fn require(features: &[KernelFeature]) -> bool {
              (xtask/src/initramfs.rs)"
         );
     }
-    eprintln!("SKIPPED on host: needs {missing}; runs under `cargo xtask guest-test`");
+    skip(&format!("needs {missing}; runs under `cargo xtask guest-test`"));
     false
+}
+
+/// The file where skipped kernel tests are recorded under `CI=true`: `KPROXY_SKIP_LEDGER` when
+/// set, else `kernel-test-skips.log` in the target directory of the running test executable
+/// (`target/debug/deps/<test>` → `target/`).
+pub fn skip_ledger() -> Option<std::path::PathBuf> {
+    if let Some(path) = std::env::var_os("KPROXY_SKIP_LEDGER") {
+        return Some(path.into());
+    }
+    let exe = std::env::current_exe().ok()?;
+    Some(exe.ancestors().nth(3)?.join(SKIP_LEDGER_FILE))
+}
+
+/// The name of the skip ledger in the target directory (`cargo xtask guest-test` reads it).
+pub const SKIP_LEDGER_FILE: &str = "kernel-test-skips.log";
+
+/// Skips the calling kernel test, visibly: fails it in the guest (which must run everything);
+/// elsewhere writes `SKIPPED <test>: <reason>` to the terminal past libtest's capture and, under
+/// `CI=true`, appends the same line to the [`skip_ledger`].
+pub fn skip(reason: &str) {
+    let test = current_test_name();
+    let line = format!("SKIPPED {test}: {reason}");
+    if in_guest() {
+        panic!("{line}: nothing may be skipped in the guest kernel");
+    }
+    // `eprintln!` output of a passing test is captured and thrown away; the handle is not.
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
+    if in_ci() {
+        record_skip(&line);
+    }
+}
+
+fn record_skip(line: &str) {
+    let Some(path) = skip_ledger() else {
+        panic!("{line}: under CI every skip is recorded, but the skip ledger has no location");
+    };
+    let written = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .and_then(|mut file| file.write_all(format!("{line}\n").as_bytes()));
+    if let Err(error) = written {
+        panic!("{line}: under CI every skip is recorded, but {} is not writable: {error}", path.display());
+    }
+}
+
+/// The running test's name: libtest names each test's thread after it; with one test thread
+/// the tests run on `main`, and the executable's name is the best left.
+fn current_test_name() -> String {
+    match std::thread::current().name() {
+        Some(name) if name != "main" => name.to_owned(),
+        _ => std::env::current_exe()
+            .ok()
+            .and_then(|exe| exe.file_name().map(|name| name.to_string_lossy().into_owned()))
+            .unwrap_or_else(|| "unknown test".to_owned()),
+    }
 }
 
 /// True when running as root (kernel tests create namespaces and program netfilter).
@@ -134,7 +195,7 @@ pub fn require_root() -> bool {
     if in_ci() || in_guest() {
         panic!("kernel tests must run as root in CI and in the guest kernel");
     }
-    eprintln!("SKIPPED: kernel test needs root (run as root, or `cargo xtask guest-test`)");
+    skip("kernel test needs root (run as root, or `cargo xtask guest-test`)");
     false
 }
 

@@ -35,6 +35,8 @@ struct Service {
     load_balancer_ips: &'static [&'static str],
     cluster_endpoints: &'static [&'static str],
     local_endpoints: &'static [&'static str],
+    /// Serving endpoints beyond the cluster and local sets (terminating, topology-filtered).
+    other_serving: &'static [&'static str],
 }
 
 const SERVICE: Service = Service {
@@ -47,6 +49,7 @@ const SERVICE: Service = Service {
     load_balancer_ips: &[],
     cluster_endpoints: &[],
     local_endpoints: &[],
+    other_serving: &[],
 };
 
 fn port_plan(service: &Service) -> ServicePortPlan {
@@ -71,6 +74,13 @@ fn port_plan(service: &Service) -> ServicePortPlan {
         external: None,
         health_check_node_port: None,
         accelerate: false,
+        serving_endpoints: {
+            let all = service.cluster_endpoints.iter().chain(service.local_endpoints).chain(service.other_serving);
+            let mut all: Vec<SocketAddr> = all.map(|a| a.parse().unwrap()).collect();
+            all.sort();
+            all.dedup();
+            all
+        },
     }
 }
 
@@ -327,4 +337,29 @@ fn reports_which_protocols_are_in_use() {
     assert!(!frontends.uses(Tcp), "TCP services are not managed");
     let only_tcp = Frontends::from_plan(&plan(&cluster()[2..3], NodePortAddresses::AllLocal), &[]);
     assert_eq!(only_tcp.frontends().count(), 0);
+}
+
+#[test]
+fn flows_to_serving_endpoints_outside_the_used_sets_drain() {
+    // 198.18.5.2 is serving but not used: terminating while a ready endpoint exists, or filtered
+    // out by topology. Its flows keep going (upstream); a non-serving endpoint's do not.
+    let drain = Service {
+        name: "drain",
+        cluster_ip: "198.18.128.60",
+        port: 53,
+        node_port: Some(30060),
+        cluster_endpoints: &["198.18.2.2:8053"],
+        other_serving: &["198.18.5.2:8053"],
+        ..SERVICE
+    };
+    let frontends = Frontends::from_plan(&plan(&[drain], NodePortAddresses::AllLocal), &[ip(NODE_IP)]);
+    let cases = [
+        ("to the used endpoint", flow(Udp, "198.18.128.60:53", "198.18.2.2:8053"), false),
+        ("to the terminating serving endpoint", flow(Udp, "198.18.128.60:53", "198.18.5.2:8053"), false),
+        ("to it through the node port", flow(Udp, "192.0.2.10:30060", "198.18.5.2:8053"), false),
+        ("to an endpoint that is not serving", flow(Udp, "198.18.128.60:53", "198.18.9.9:8053"), true),
+    ];
+    for (name, flow, stale) in cases {
+        assert_eq!(frontends.is_stale(&flow), stale, "{name}: {flow}");
+    }
 }

@@ -355,6 +355,12 @@ pub fn reply(name: &str) -> Probe {
 /// The node's IPv4 plan with the UDP service `default/dns` (ClusterIP [`VIP`]) and these
 /// endpoints (none: the service exists but has no endpoints). `None`: the service is deleted.
 pub fn plan(endpoints: Option<&[&str]>) -> FamilyPlan {
+    plan_draining(endpoints, &[])
+}
+
+/// Like [`plan`], with `draining` endpoints that are serving but not used (terminating while a
+/// ready one exists, or filtered out by topology).
+pub fn plan_draining(endpoints: Option<&[&str]>, draining: &[&str]) -> FamilyPlan {
     let mut services = BTreeMap::new();
     if let Some(endpoints) = endpoints {
         let name = ServicePortName {
@@ -367,6 +373,10 @@ pub fn plan(endpoints: Option<&[&str]>) -> FamilyPlan {
             .iter()
             .map(|ip| Endpoint { ip: ip.parse().unwrap(), port: TARGET_PORT, is_local: true, ready: true })
             .collect();
+        let serving = endpoints.iter().map(|ep| SocketAddr::new(ep.ip, ep.port));
+        let draining = draining.iter().map(|ip| SocketAddr::new(ip.parse().unwrap(), TARGET_PORT));
+        let mut serving_endpoints: Vec<SocketAddr> = serving.chain(draining).collect();
+        serving_endpoints.sort();
         let service = ServicePortPlan {
             name: name.clone(),
             cluster_ip: VIP.parse().unwrap(),
@@ -383,6 +393,7 @@ pub fn plan(endpoints: Option<&[&str]>) -> FamilyPlan {
             external: None,
             health_check_node_port: None,
             accelerate: false,
+            serving_endpoints,
         };
         services.insert(name, Arc::new(service));
     }

@@ -515,3 +515,34 @@ fn snat_to_node_ip_follows_node_ip_changes_and_prefers_bind_address() {
     let off = planner(ProxyPolicy::default()).build(&st);
     assert_eq!(off.families[&IpFamily::V4].node.snat.source_label(), "masquerade");
 }
+
+#[test]
+fn udp_ports_list_every_serving_endpoint_whatever_policy_topology_or_termination() {
+    let slice: EndpointSlice = serde_json::from_value(json!({
+        "metadata": {"namespace": "ns", "name": "dns-1", "labels": {"kubernetes.io/service-name": "dns"}},
+        "addressType": "IPv4",
+        "endpoints": [
+            {"addresses": ["198.18.16.5"], "nodeName": NODE, "conditions": {"ready": true}},
+            {"addresses": ["198.18.17.5"], "nodeName": "node-b",
+             "conditions": {"ready": false, "serving": true, "terminating": true}},
+            {"addresses": ["198.18.18.5"], "nodeName": "node-b",
+             "conditions": {"ready": false, "serving": false, "terminating": true}},
+        ],
+        "ports": [{"name": "", "port": 8053, "protocol": "UDP"}],
+    }))
+    .unwrap();
+    let changes = vec![
+        node(&["198.18.16.0/24"], &["198.18.0.2"]),
+        service("dns", json!({"clusterIP": "198.18.128.10", "ports": [{"port": 53, "protocol": "UDP"}]})),
+        Change::Applied(Object::EndpointSlice(Box::new(slice))),
+    ];
+    let plan = planner(ProxyPolicy::default()).build(&state(changes));
+    let dns = only_port(&plan, IpFamily::V4, "dns");
+    // The terminating endpoint is not used while a ready one exists, but its flows may drain.
+    assert_eq!(dns.cluster_endpoints.iter().map(|e| e.ip).collect::<Vec<_>>(), [ip("198.18.16.5")]);
+    let serving: Vec<SocketAddr> = ["198.18.16.5:8053", "198.18.17.5:8053"].map(|a| a.parse().unwrap()).into();
+    assert_eq!(dns.serving_endpoints, serving);
+
+    let web = only_port(&planner(ProxyPolicy::default()).build(&state(basic_cluster())), IpFamily::V4, "web");
+    assert!(web.serving_endpoints.is_empty(), "TCP flows are never cleaned, so TCP ports carry none");
+}

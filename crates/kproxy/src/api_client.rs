@@ -1,0 +1,28 @@
+//! The Kubernetes API client from kube-proxy's `clientConnection` and `--master`, which
+//! overrides the kubeconfig's server (with no kubeconfig: that server, without credentials, as
+//! client-go's `BuildConfigFromFlags`).
+
+use anyhow::Context;
+use kproxy_config::ClientConnection;
+
+/// A client for the API server `cc` (and `--master`) name.
+pub async fn client(cc: &ClientConnection) -> anyhow::Result<kube::Client> {
+    let Some(master) = cc.master.as_deref() else {
+        return Ok(kproxy_kube_source::client(cc.kubeconfig.as_deref(), cc.qps, cc.burst, &cc.content_type).await?);
+    };
+    let url = master.parse().with_context(|| format!("--master {master:?} is not a URL"))?;
+    let config = match cc.kubeconfig.as_deref() {
+        Some(path) => {
+            let file = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading the kubeconfig {}", path.display()))?;
+            let mut config = kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
+                .await
+                .with_context(|| format!("loading the kubeconfig {}", path.display()))?;
+            config.cluster_url = url;
+            config
+        }
+        None => kube::Config::new(url),
+    };
+    tracing::info!(master, "API server from --master");
+    Ok(kproxy_kube_source::client_from_config(config, cc.qps, cc.burst, &cc.content_type)?)
+}

@@ -1,0 +1,116 @@
+//! A node without IPv6 (a sandbox whose namespace has IPv6 disabled): kproxy probes the families
+//! at start and runs IPv4 only, so its iptables syncs succeed, IPv4 Services are served, and no
+//! IPv6 series is exported; the same binary on a dual-stack node exports both (the control).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers: a panic is a test failure
+
+mod support;
+
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use kproxy_state::Kind;
+use kproxy_testbed::{ProbeResult, Proto, Testbed, Where};
+use serde_json::json;
+
+/// Runs kproxy (`mode`) in the node of a fresh sandbox, IPv6 disabled there or not; returns the
+/// /metrics text once the IPv4 Service answers.
+fn run(mode: &str, ipv6: bool) -> String {
+    let tb = Testbed::new().unwrap();
+    let pod = tb.add_pod("web-b", Where::Node2).unwrap();
+    pod.serve(&[(Proto::Tcp, 8080)]).unwrap();
+    if !ipv6 {
+        tb.node().exec_ok("sysctl", &["-q", "-w", "net.ipv6.conf.all.disable_ipv6=1"]).unwrap();
+    }
+    let api = support::api_in(tb.node());
+    api.server.apply(
+        Kind::Node,
+        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"},
+               "spec": {"podCIDRs": ["198.18.16.0/24"]},
+               "status": {"addresses": [{"type": "InternalIP", "address": "198.18.0.2"}]}}),
+    );
+    api.server.apply(
+        Kind::Service,
+        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"namespace": "demo", "name": "web"},
+               "spec": {"clusterIP": "198.18.128.10", "clusterIPs": ["198.18.128.10"],
+                        "ports": [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080}]}}),
+    );
+    api.server.apply(
+        Kind::EndpointSlice,
+        json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+               "metadata": {"namespace": "demo", "name": "web-1", "labels": {"kubernetes.io/service-name": "web"}},
+               "addressType": "IPv4",
+               "endpoints": [{"addresses": [pod.ipv4().to_string()], "nodeName": "node-b",
+                              "conditions": {"ready": true}}],
+               "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]}),
+    );
+    let dir = std::env::temp_dir().join(format!("kproxy-stack-{mode}-{ipv6}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let kubeconfig = support::write_kubeconfig(&dir, &api.server.url());
+    let _kproxy = support::KillOnDrop(
+        Command::new("ip")
+            .args(["netns", "exec", tb.node().name(), env!("CARGO_BIN_EXE_kproxy")])
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .arg(format!("--proxy-mode={mode}"))
+            .args([
+                "--hostname-override=node-a",
+                "--metrics-bind-address=127.0.0.1:10249",
+                "--detect-local-mode=NodeCIDR",
+            ])
+            .args(["--conntrack-max-per-core=0", "--conntrack-tcp-timeout-established=0"])
+            .arg("--conntrack-tcp-timeout-close-wait=0")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap(),
+    );
+    let dest: SocketAddr = "198.18.128.10:80".parse().unwrap();
+    let got = support::answered_by(tb.external(), dest, "web-b", Duration::from_secs(15));
+    assert!(matches!(&got, ProbeResult::Answered { backend, .. } if backend == "web-b"), "{mode}: {got:?}");
+    // The packets flow as soon as the rules are in; the metrics follow right after the sync.
+    let metrics: SocketAddr = "127.0.0.1:10249".parse().unwrap();
+    let synced = "kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=\"IPv4\"}";
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let text = loop {
+        let text = tb.node().run_in(move || support::http_get(metrics, "/metrics")).unwrap().unwrap().1;
+        if text.contains(synced) || std::time::Instant::now() > deadline {
+            break text;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let _ = std::fs::remove_dir_all(&dir);
+    text
+}
+
+fn assert_single_stack(mode: &str) {
+    let text = run(mode, false);
+    assert!(text.contains("kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=\"IPv4\"}"), "{text}");
+    assert!(!text.contains("ip_family=\"IPv6\""), "{mode}: IPv6 series on a node without IPv6:\n{text}");
+    assert!(!text.contains("failures_total{"), "{mode}: no sync failed:\n{text}");
+}
+
+#[test]
+fn iptables_mode_runs_ipv4_only_on_a_node_without_ipv6() {
+    if !kproxy_testbed::kernel::require_root() {
+        return;
+    }
+    assert_single_stack("iptables");
+}
+
+#[test]
+fn nftables_mode_runs_ipv4_only_on_a_node_without_ipv6() {
+    if !kproxy_testbed::kernel::require_root() {
+        return;
+    }
+    assert_single_stack("nftables");
+}
+
+#[test]
+fn dual_stack_node_exports_both_families() {
+    if !kproxy_testbed::kernel::require_root() {
+        return;
+    }
+    let text = run("iptables", true);
+    assert!(text.contains("kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=\"IPv6\"}"), "{text}");
+}

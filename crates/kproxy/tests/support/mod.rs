@@ -1,0 +1,158 @@
+//! A `kproxy --dry-run` daemon against an in-process fake API server: the real binary, no kernel
+//! programming, so these tests need no root. Helpers to scrape its HTTP endpoints.
+
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kproxy_kube_source::fake::FakeApiServer;
+
+/// The fake API server and the runtime it runs on.
+pub struct Api {
+    pub server: FakeApiServer,
+    _runtime: tokio::runtime::Runtime,
+}
+
+impl Api {
+    pub fn start() -> Api {
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        let server = runtime.block_on(FakeApiServer::start()).unwrap();
+        Api { server, _runtime: runtime }
+    }
+}
+
+/// A running `kproxy --dry-run`, killed on drop, with its scratch directory.
+pub struct DryRun {
+    pub child: Child,
+    pub metrics: SocketAddr,
+    pub healthz: SocketAddr,
+    dir: PathBuf,
+}
+
+impl Drop for DryRun {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl DryRun {
+    /// Starts `kproxy --dry-run --hostname-override=node-a` against `api` with `args`.
+    pub fn start(api: &Api, tag: &str, args: &[String]) -> DryRun {
+        Self::start_with_server(&api.server.url(), tag, args)
+    }
+
+    /// The same with a kubeconfig naming `server` as the API server.
+    pub fn start_with_server(server: &str, tag: &str, args: &[String]) -> DryRun {
+        let dir = std::env::temp_dir().join(format!("kproxy-dry-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let kubeconfig = write_kubeconfig(&dir, server);
+        let (metrics, healthz) = (free_port(), free_port());
+        let child = Command::new(env!("CARGO_BIN_EXE_kproxy"))
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .args(["--dry-run", "--hostname-override=node-a", "--iptables-min-sync-period=50ms"])
+            .arg(format!("--metrics-bind-address={metrics}"))
+            .arg(format!("--healthz-bind-address={healthz}"))
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        DryRun { child, metrics, healthz, dir }
+    }
+
+    /// Scrapes `/metrics` until `done` holds or `within` passed; returns the last scrape.
+    pub fn scrape_until(&self, within: Duration, done: impl Fn(&str) -> bool) -> String {
+        let start = Instant::now();
+        loop {
+            let text = http_get(self.metrics, "/metrics").map(|(_, body)| body).unwrap_or_default();
+            if done(&text) || start.elapsed() > within {
+                return text;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Waits for the first IPv4 sync; panics if it does not come.
+    pub fn wait_synced(&self) -> String {
+        let synced = "kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=\"IPv4\"}";
+        let text = self.scrape_until(Duration::from_secs(15), |text| value(text, synced).is_some());
+        assert!(value(&text, synced).is_some(), "kproxy never synced:\n{text}");
+        text
+    }
+}
+
+/// Writes a kubeconfig for an API server at `url` (no auth) into `dir`; returns its path.
+pub fn write_kubeconfig(dir: &std::path::Path, url: &str) -> PathBuf {
+    let path = dir.join("kubeconfig");
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: {url}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\ncurrent-context: fake\nusers:\n- name: fake\n  user: {{}}\n"
+        ),
+    )
+    .unwrap();
+    path
+}
+
+/// The fake API server started inside `ns` (so a kproxy there reaches it on 127.0.0.1).
+pub fn api_in(ns: &kproxy_testbed::Netns) -> Api {
+    ns.run_in(Api::start).unwrap()
+}
+
+/// A loopback address with a port that was free a moment ago.
+pub fn free_port() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+}
+
+/// `GET path` over HTTP/1.1: (status, body), or `None` when nothing answers.
+pub fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let status = response.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    Some((status, body))
+}
+
+/// The value of the one series named exactly `series` (name plus labels, as exposed).
+pub fn value(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// A child process killed (and reaped) on drop.
+pub struct KillOnDrop(pub Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Probes TCP `dest` from `from` until `backend` answers or `within` passed; returns the last
+/// result.
+pub fn answered_by(
+    from: &kproxy_testbed::Netns,
+    dest: SocketAddr,
+    backend: &str,
+    within: Duration,
+) -> kproxy_testbed::ProbeResult {
+    use kproxy_testbed::{ProbeResult, Proto, probe};
+    let start = Instant::now();
+    loop {
+        let got = probe(from, Proto::Tcp, dest, Duration::from_millis(300)).unwrap();
+        let done = matches!(&got, ProbeResult::Answered { backend: b, .. } if b == backend);
+        if done || start.elapsed() > within {
+            return got;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

@@ -1,0 +1,71 @@
+//! The CI rules for kernel tests that cannot run here, checked by running a test that skips as a
+//! child process of this test binary: on the host a skip is printed past libtest's capture and,
+//! under `CI=true`, recorded in the skip ledger; in the guest a skip fails the test.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use kproxy_testbed::kernel;
+
+const CHILD: &str = "child_skips_with_a_reason";
+const REASON: &str = "needs a feature no kernel has";
+
+/// Runs only as the child of the tests below (it skips, which is what they observe).
+#[test]
+#[ignore = "run as a child process by the skip-rule tests"]
+fn child_skips_with_a_reason() {
+    kernel::skip(REASON);
+}
+
+fn run_child(ci: bool, guest: bool, ledger: &Path) -> Output {
+    let mut command = Command::new(std::env::current_exe().unwrap());
+    command.args(["--exact", CHILD, "--ignored", "--test-threads=2"]);
+    command.env("KPROXY_SKIP_LEDGER", ledger).env("KPROXY_GUEST", if guest { "1" } else { "0" });
+    if ci {
+        command.env("CI", "true");
+    } else {
+        command.env_remove("CI");
+    }
+    command.output().unwrap()
+}
+
+fn ledger_path(tag: &str) -> std::path::PathBuf {
+    let path = std::env::temp_dir().join(format!("kproxy-skip-ledger-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    path
+}
+
+#[test]
+fn host_skip_under_ci_is_printed_and_recorded_in_the_ledger() {
+    let ledger = ledger_path("ci");
+    let output = run_child(true, false, &ledger);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "a host skip passes: {stderr}");
+    let expected = format!("SKIPPED {CHILD}: {REASON}");
+    assert!(stderr.contains(&expected), "the skip is visible although the test passed: {stderr}");
+    let recorded = std::fs::read_to_string(&ledger).unwrap_or_default();
+    let _ = std::fs::remove_file(&ledger);
+    assert_eq!(recorded.trim(), expected, "the ledger names the test and why");
+}
+
+#[test]
+fn host_skip_outside_ci_is_printed_but_not_recorded() {
+    let ledger = ledger_path("dev");
+    let output = run_child(false, false, &ledger);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(stderr.contains(&format!("SKIPPED {CHILD}: {REASON}")), "{stderr}");
+    assert!(!ledger.exists(), "outside CI nothing is recorded");
+}
+
+#[test]
+fn any_skip_in_the_guest_fails_the_test() {
+    let ledger = ledger_path("guest");
+    let output = run_child(true, true, &ledger);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let _ = std::fs::remove_file(&ledger);
+    assert!(!output.status.success(), "a skip in the guest must fail: {stdout}");
+    assert!(stdout.contains("nothing may be skipped in the guest kernel"), "{stdout}");
+}
