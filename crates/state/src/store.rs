@@ -81,6 +81,10 @@ impl ClusterState {
                 self.synced.insert(kind);
                 outcome
             }
+            Change::Synced(kind) => {
+                self.synced.insert(kind);
+                ApplyOutcome::default()
+            }
         }
     }
 

@@ -91,3 +91,16 @@ fn unchanged_reapply_is_not_dirty() {
     state.apply(Change::Applied(service("a", "198.18.0.1", &[])));
     assert!(state.take_dirty().services.is_empty());
 }
+
+#[test]
+fn synced_marks_only_its_kind_and_keeps_the_streamed_objects() {
+    let mut state = ClusterState::new();
+    state.apply(Change::Applied(service("a", "198.18.0.1", &[])));
+    assert!(!state.is_synced(Kind::Service));
+    let outcome = state.apply(Change::Synced(Kind::Service));
+    assert_eq!(outcome, ApplyOutcome::default());
+    assert!(state.is_synced(Kind::Service));
+    assert!(!state.is_synced(Kind::EndpointSlice));
+    let names: Vec<_> = state.services().map(|s| s.key.name.clone()).collect();
+    assert_eq!(names, ["a"], "Synced removes nothing: the source sends what is gone as Deleted");
+}
