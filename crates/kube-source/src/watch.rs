@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::stream::{BoxStream, SelectAll};
+use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
 use kproxy_state::{Change, Kind, Object, ObjectKey};
 use kube::runtime::WatchStreamExt as _;
@@ -13,6 +13,7 @@ use kube::runtime::utils::Backoff;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
 use tokio::sync::mpsc;
+use tokio::task::JoinSet;
 
 use crate::raw::{RawObject, api_resource, to_object};
 use crate::stats::SourceStats;
@@ -168,83 +169,89 @@ fn refuses_streaming_lists(event: &WatchEvent) -> bool {
 /// once; the watcher keeps retrying in case the API appears. Errors are never fatal: the
 /// watchers retry with `opts.backoff`, and each error is logged and counted in `stats`.
 ///
+/// Each kind is followed by its own task, so decoding and converting Services and
+/// EndpointSlices (the bulk of a start) use two cores where there are two.
+///
 /// A malformed object is skipped, logged and counted, and the consumer's last good version of it
 /// stays in place: a key whose object could not be read is neither applied nor deleted.
 pub async fn run(client: Client, opts: KubeSourceOptions, tx: mpsc::Sender<Change>, stats: Arc<SourceStats>) {
     let selected = watcher::Config::default().labels(&opts.label_selector);
-    let mut streams: SelectAll<BoxStream<'static, KindEvent>> = SelectAll::new();
-    streams.push(watch_kind(&client, Kind::Service, selected.clone(), &opts));
-    streams.push(watch_kind(&client, Kind::EndpointSlice, selected, &opts));
-    streams.push(watch_kind(&client, Kind::ServiceCidr, watcher::Config::default(), &opts));
-    let mut emitter = Emitter::new(tx, stats);
+    let mut watches = vec![
+        (Kind::Service, selected.clone()),
+        (Kind::EndpointSlice, selected),
+        (Kind::ServiceCidr, watcher::Config::default()),
+    ];
     if opts.node_name.is_empty() {
         tracing::warn!("no node name: not watching the own Node");
-        if !emitter.synced(Kind::Node).await {
+        if tx.send(Change::Synced(Kind::Node)).await.is_err() {
             return;
         }
     } else {
-        let own = watcher::Config::default().fields(&format!("metadata.name={}", opts.node_name));
-        streams.push(watch_kind(&client, Kind::Node, own, &opts));
+        watches.push((Kind::Node, watcher::Config::default().fields(&format!("metadata.name={}", opts.node_name))));
     }
-    while let Some((kind, event)) = streams.next().await {
-        if !emitter.handle(kind, event).await {
-            return;
-        }
+    // Dropping the set (when `run` is dropped) aborts the tasks.
+    let mut tasks = JoinSet::new();
+    for (kind, config) in watches {
+        let events = watch_kind(&client, kind, config, &opts);
+        let emitter = KindEmitter::new(kind, tx.clone(), stats.clone());
+        tasks.spawn(emitter.follow(events));
     }
+    drop(tx);
+    // Each task ends when the receiver is gone.
+    while tasks.join_next().await.is_some() {}
 }
 
-/// Per-kind bookkeeping of what the consumer has, and the channel.
-struct Emitter {
+/// One kind's bookkeeping of what the consumer has, and the channel.
+struct KindEmitter {
+    kind: Kind,
     tx: mpsc::Sender<Change>,
     stats: Arc<SourceStats>,
-    /// Keys the consumer has, per kind (indexed like `Kind::ALL`), that the listing in progress
-    /// has listed already (or all of them when no listing is in progress).
-    known: [BTreeSet<ObjectKey>; 4],
+    /// Keys the consumer has that the listing in progress has listed already (or all of them
+    /// when no listing is in progress).
+    known: BTreeSet<ObjectKey>,
     /// During a listing: keys the consumer has that the listing has not listed yet. What is left
     /// when it is done is gone. Keys move from here to `known` as they are listed, so a relist
     /// costs no second set of keys.
-    unlisted: [Option<BTreeSet<ObjectKey>>; 4],
-    /// Kinds listed at least once.
-    listed: [bool; 4],
+    unlisted: Option<BTreeSet<ObjectKey>>,
+    /// Listed at least once.
+    listed: bool,
     /// The ServiceCIDR API was found missing (logged once).
     no_service_cidr_api: bool,
 }
 
-fn slot(kind: Kind) -> usize {
-    Kind::ALL.iter().position(|k| *k == kind).unwrap_or_default()
-}
+impl KindEmitter {
+    fn new(kind: Kind, tx: mpsc::Sender<Change>, stats: Arc<SourceStats>) -> Self {
+        Self { kind, tx, stats, known: BTreeSet::new(), unlisted: None, listed: false, no_service_cidr_api: false }
+    }
 
-impl Emitter {
-    fn new(tx: mpsc::Sender<Change>, stats: Arc<SourceStats>) -> Self {
-        Self {
-            tx,
-            stats,
-            known: Default::default(),
-            unlisted: Default::default(),
-            listed: [false; 4],
-            no_service_cidr_api: false,
+    /// Handles the watcher's events until the receiver is gone.
+    async fn follow(mut self, mut events: BoxStream<'static, KindEvent>) {
+        while let Some((_, event)) = events.next().await {
+            if !self.handle(event).await {
+                return;
+            }
         }
     }
 
     /// Handles one watcher event; false once the receiver is gone.
-    async fn handle(&mut self, kind: Kind, event: WatchEvent) -> bool {
-        let i = slot(kind);
+    async fn handle(&mut self, event: WatchEvent) -> bool {
+        let kind = self.kind;
         match event {
             Ok(Event::Init) => {
                 // A listing that broke off and starts over: what it had not listed yet is still
                 // the consumer's.
-                let mut unlisted = self.unlisted[i].take().unwrap_or_default();
-                unlisted.append(&mut self.known[i]);
-                self.unlisted[i] = Some(unlisted);
+                let mut unlisted = self.unlisted.take().unwrap_or_default();
+                unlisted.append(&mut self.known);
+                self.unlisted = Some(unlisted);
                 true
             }
             Ok(Event::InitApply(raw)) => {
                 let key = raw.key();
-                let object = self.convert(kind, raw);
+                let object = self.convert(raw);
                 // Listed, readable or not: not gone. An unreadable one keeps the consumer's last
                 // good version, if it has one.
-                if self.unlisted[i].as_mut().is_some_and(|unlisted| unlisted.remove(&key)) || object.is_some() {
-                    self.known[i].insert(key);
+                if self.unlisted.as_mut().is_some_and(|unlisted| unlisted.remove(&key)) || object.is_some() {
+                    self.known.insert(key);
                 }
                 match object {
                     Some(object) => self.send(Change::Applied(object)).await,
@@ -252,20 +259,20 @@ impl Emitter {
                 }
             }
             Ok(Event::InitDone) => {
-                let gone = self.unlisted[i].take().unwrap_or_default();
-                tracing::debug!(%kind, objects = self.known[i].len(), gone = gone.len(), "listed");
+                let gone = self.unlisted.take().unwrap_or_default();
+                tracing::debug!(%kind, objects = self.known.len(), gone = gone.len(), "listed");
                 self.stats.count_list(kind);
                 for key in gone {
                     if !self.send(Change::Deleted(kind, key)).await {
                         return false;
                     }
                 }
-                self.listed[i] || self.synced(kind).await
+                self.listed || self.synced().await
             }
-            Ok(Event::Apply(raw)) => match self.convert(kind, raw) {
+            Ok(Event::Apply(raw)) => match self.convert(raw) {
                 Some(object) => {
                     self.stats.count_event(kind);
-                    self.known[i].insert(object.key());
+                    self.known.insert(object.key());
                     self.send(Change::Applied(object)).await
                 }
                 None => true,
@@ -278,14 +285,15 @@ impl Emitter {
                     return true;
                 }
                 self.stats.count_event(kind);
-                self.known[i].remove(&key);
+                self.known.remove(&key);
                 self.send(Change::Deleted(kind, key)).await
             }
-            Err(error) => self.on_error(kind, error).await,
+            Err(error) => self.on_error(error).await,
         }
     }
 
-    async fn on_error(&mut self, kind: Kind, error: watcher::Error) -> bool {
+    async fn on_error(&mut self, error: watcher::Error) -> bool {
+        let kind = self.kind;
         self.stats.count_watch_error(kind);
         let not_found = matches!(&error,
             watcher::Error::InitialListFailed(kube::Error::Api(status))
@@ -297,10 +305,7 @@ impl Emitter {
                     "the API server does not serve networking.k8s.io/v1 ServiceCIDRs; treating them as none"
                 );
             }
-            if !self.listed[slot(kind)] {
-                return self.synced(kind).await;
-            }
-            return true;
+            return self.listed || self.synced().await;
         }
         match &error {
             watcher::Error::WatchError(status) if status.code == 410 => {
@@ -311,27 +316,22 @@ impl Emitter {
         true
     }
 
-    fn convert(&self, kind: Kind, raw: RawObject) -> Option<Object> {
-        match to_object(kind, raw) {
+    fn convert(&self, raw: RawObject) -> Option<Object> {
+        match to_object(self.kind, raw) {
             Ok(object) => Some(object),
             Err(bad) => {
                 tracing::warn!(kind = %bad.kind, namespace = %bad.key.namespace, name = %bad.key.name, reason = %bad.reason, "skipping malformed object");
-                self.stats.count_malformed(kind);
+                self.stats.count_malformed(self.kind);
                 None
             }
         }
     }
 
-    /// Marks the first listing of `kind` as complete; false once the receiver is gone.
-    async fn synced(&mut self, kind: Kind) -> bool {
-        self.listed[slot(kind)] = true;
-        if matches!(kind, Kind::Service | Kind::EndpointSlice)
-            && self.listed[slot(Kind::Service)]
-            && self.listed[slot(Kind::EndpointSlice)]
-        {
-            tracing::info!("Services and EndpointSlices listed: first sync can start");
-        }
-        self.send(Change::Synced(kind)).await
+    /// Marks the first listing as complete; false once the receiver is gone.
+    async fn synced(&mut self) -> bool {
+        self.listed = true;
+        tracing::info!(kind = %self.kind, "listed");
+        self.send(Change::Synced(self.kind)).await
     }
 
     /// Sends a change; false once the receiver is gone.
