@@ -139,7 +139,6 @@ fn bytes(n: usize) {
     drop(held);
 
     let mut state = ClusterState::new();
-    state.apply(Change::Synced(Kind::Node));
     let start = live();
     for i in 0..n {
         let (service, _) = typed(i);
@@ -151,8 +150,6 @@ fn bytes(n: usize) {
         state.apply(Change::Applied(slice));
     }
     let slices = live() - start - services;
-    state.apply(Change::Synced(Kind::Service));
-    state.apply(Change::Synced(Kind::EndpointSlice));
     state.take_dirty();
 
     let planner = Planner::new(ProxyPolicy::default(), NodeContext { name: "node-0".into(), ..Default::default() });
