@@ -16,7 +16,10 @@
 //! client rate limit 5 qps / burst 10) into a `ClusterState`, as the daemon does, and reports the
 //! time from start until Services and EndpointSlices are both synced and the peak RSS (VmHWM)
 //! and peak heap of this process. It times the client side of the list: the server's
-//! serialization runs in the other process, on the same 2 cores; no dataplane, no plan.
+//! serialization runs in the other process, on the same 2 cores; no dataplane, no plan. Then the
+//! server expires every watch with its history compacted, and the relist that follows is timed
+//! and its peak heap above the settled state reported. (`serve` and `load --server URL` run the
+//! two halves separately.)
 
 #![allow(unsafe_code, clippy::unwrap_used, clippy::expect_used)]
 
@@ -192,12 +195,22 @@ async fn serve(n: usize) {
     server.compact();
     println!("{}", server.url());
     std::io::stdout().flush().unwrap();
-    tokio::task::spawn_blocking(|| {
-        let mut line = String::new();
-        while std::io::stdin().lock().read_line(&mut line).is_ok_and(|read| read > 0) {}
-    })
-    .await
-    .unwrap();
+    // "expire" on stdin forces every client to relist (history compacted, watches expired).
+    let (lines_tx, mut lines) = tokio::sync::mpsc::unbounded_channel::<String>();
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lock().lines() {
+            let Ok(line) = line else { break };
+            if lines_tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    while let Some(line) = lines.recv().await {
+        if line.trim() == "expire" {
+            server.compact();
+            server.expire_watches();
+        }
+    }
 }
 
 fn parse_mode(mode: &str) -> ListMode {
@@ -209,8 +222,9 @@ fn parse_mode(mode: &str) -> ListMode {
     }
 }
 
-/// Lists from the server at `url` into a state; prints one result row.
-async fn load(url: &str, mode: &str, n: usize) {
+/// Lists from the server at `url` into a state; prints one result row. With `relist`, then
+/// asks the server (through it) to expire every watch and measures the relist too.
+async fn load(url: &str, mode: &str, n: usize, relist: Option<&mut std::process::ChildStdin>) {
     let config = kube::Config::new(url.parse().unwrap());
     let client = client_from_config(config, 5.0, 10, "application/json").unwrap();
     let mut options = KubeSourceOptions::new("node-0");
@@ -219,7 +233,8 @@ async fn load(url: &str, mode: &str, n: usize) {
     PEAK.store(live(), Ordering::Relaxed);
     let heap_before = live();
     let start = Instant::now();
-    let source = tokio::spawn(kproxy_kube_source::run(client, options, tx, Arc::new(SourceStats::new())));
+    let stats = Arc::new(SourceStats::new());
+    let source = tokio::spawn(kproxy_kube_source::run(client, options, tx, stats.clone()));
     let mut state = ClusterState::new();
     while !(state.is_synced(Kind::Service) && state.is_synced(Kind::EndpointSlice)) {
         let change = tokio::time::timeout(Duration::from_secs(600), rx.recv()).await.unwrap().unwrap();
@@ -229,7 +244,6 @@ async fn load(url: &str, mode: &str, n: usize) {
     let services = state.services().count();
     let heap_after = live() - heap_before;
     let peak = PEAK.load(Ordering::Relaxed) - heap_before;
-    source.abort();
     assert_eq!(services, n, "every Service listed");
     println!(
         "{n:>7} services  {mode:<12} start→synced {:>7.2} s  peak RSS {:>7.0} MiB  peak heap {:>7.0} MiB  heap after {:>6.0} MiB",
@@ -238,6 +252,31 @@ async fn load(url: &str, mode: &str, n: usize) {
         mib(peak),
         mib(heap_after)
     );
+    if let Some(server) = relist {
+        // The relist after 410 Gone: its peak heap above what the synced state held.
+        let settled = live();
+        PEAK.store(settled, Ordering::Relaxed);
+        let start = Instant::now();
+        writeln!(server, "expire").unwrap();
+        server.flush().unwrap();
+        let relisted = |stats: &SourceStats| stats.lists(Kind::Service) >= 2 && stats.lists(Kind::EndpointSlice) >= 2;
+        while !relisted(&stats) {
+            if let Ok(Some(change)) = tokio::time::timeout(Duration::from_millis(100), rx.recv()).await {
+                state.apply(change);
+            }
+        }
+        while let Ok(change) = rx.try_recv() {
+            state.apply(change);
+        }
+        println!(
+            "{n:>7} services  {mode:<12} relist       {:>7.2} s  peak heap above the settled state {:>5.0} MiB (settled {:.0} MiB)",
+            start.elapsed().as_secs_f64(),
+            mib(PEAK.load(Ordering::Relaxed) - settled),
+            mib(settled - heap_before)
+        );
+        assert_eq!(state.services().count(), n, "every Service still there");
+    }
+    source.abort();
 }
 
 fn arg(args: &[String], name: &str) -> Option<String> {
@@ -252,7 +291,7 @@ fn main() {
     match args.first().map(String::as_str) {
         Some("bytes") => bytes(n),
         Some("serve") => runtime.block_on(serve(n)),
-        Some("load") => runtime.block_on(load(&arg(&args, "--server").expect("--server URL"), &mode, n)),
+        Some("load") => runtime.block_on(load(&arg(&args, "--server").expect("--server URL"), &mode, n, None)),
         Some("list") => {
             // The server in a child process, so its memory and allocations are not counted here.
             let exe = std::env::current_exe().unwrap();
@@ -264,8 +303,9 @@ fn main() {
                 .unwrap();
             let mut url = String::new();
             std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut url).unwrap();
-            runtime.block_on(load(url.trim(), &mode, n));
-            drop(child.stdin.take());
+            let mut stdin = child.stdin.take();
+            runtime.block_on(load(url.trim(), &mode, n, stdin.as_mut()));
+            drop(stdin);
             child.wait().unwrap();
         }
         _ => eprintln!(
