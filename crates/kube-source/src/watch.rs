@@ -37,10 +37,11 @@ pub enum RetryBackoff {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ListMode {
     /// A streaming list: one watch with `sendInitialEvents=true` that sends the current objects
-    /// as events and a bookmark when they are all out (KEP-3157, on by default since v1.32). One
-    /// request per kind, so the client rate limit never throttles a start, and objects arrive
-    /// one at a time. A server that refuses it (`400`/`422`: the WatchList feature is off) gets
-    /// [`ListMode::WatchCache`] lists from then on.
+    /// as events and a bookmark when they are all out (KEP-3157, the WatchList feature, on by
+    /// default in current kube-apiserver releases). One request per kind, so the client rate
+    /// limit never throttles a start, and objects arrive one at a time. A server that refuses it
+    /// (`400`/`422`: the WatchList feature is off) gets [`ListMode::WatchCache`] lists from then
+    /// on, for the life of the process.
     #[default]
     Streaming,
     /// A list from the API server's watch cache (`resourceVersion=0`), then a watch. The watch

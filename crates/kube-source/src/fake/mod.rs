@@ -137,7 +137,7 @@ impl FakeApiServer {
     }
 
     /// Answers streaming lists (`sendInitialEvents`), or refuses them with `422 Invalid` like a
-    /// server whose WatchList feature is off (default: on, as in kube-apiserver since v1.32).
+    /// server whose WatchList feature is off (default: on, as in current kube-apiserver releases).
     pub fn set_streaming_lists(&self, on: bool) {
         lock(&self.store).streaming_lists = on;
     }

@@ -119,7 +119,7 @@ pub(crate) struct Store {
     pub(crate) initial_event_streams: BTreeMap<Kind, usize>,
     /// Bookmarks ending a streaming list's initial events that were written, per kind.
     pub(crate) initial_events_ends: BTreeMap<Kind, usize>,
-    /// Answer `sendInitialEvents` (the WatchList feature, on by default since v1.32); when off,
+    /// Answer `sendInitialEvents` (the WatchList feature, on by default in current releases); when off,
     /// such watches are refused with `422 Invalid`, as a server with the feature gate off does.
     pub(crate) streaming_lists: bool,
     pub(crate) signals: broadcast::Sender<Signal>,
