@@ -348,6 +348,31 @@ mod tests {
     use super::*;
 
     #[test]
+    fn only_a_refused_watch_start_falls_back_from_streaming_lists() {
+        let start_failed = |code| {
+            let status = kube::core::Status::failure("refused", "Invalid").with_code(code).boxed();
+            let event: WatchEvent = Err(watcher::Error::WatchStartFailed(kube::Error::Api(status)));
+            event
+        };
+        assert!(refuses_streaming_lists(&start_failed(422)), "WatchList off");
+        assert!(refuses_streaming_lists(&start_failed(400)));
+        for code in [401, 403, 404, 410, 429, 500, 503] {
+            assert!(!refuses_streaming_lists(&start_failed(code)), "{code} is retried, not a fallback");
+        }
+        let gone = kube::core::Status::failure("too old", "Expired").with_code(422).boxed();
+        assert!(!refuses_streaming_lists(&Err(watcher::Error::WatchError(gone))), "not a start failure");
+        assert!(!refuses_streaming_lists(&Ok(Event::Init)));
+    }
+
+    #[test]
+    fn watch_cache_lists_ask_for_resource_version_0_without_a_limit() {
+        let config = watch_cache_lists(watcher::Config::default().labels("a=b"));
+        assert_eq!(config.page_size, None, "kube-rs would drop resourceVersion=0 from a request with a limit");
+        assert_eq!(config.list_semantic, watcher::ListSemantic::Any);
+        assert_eq!(config.label_selector.as_deref(), Some("a=b"));
+    }
+
+    #[test]
     fn default_selector_excludes_upstreams_labels() {
         let terms: Vec<&str> = DEFAULT_LABEL_SELECTOR.split(',').collect();
         assert_eq!(terms, [format!("!{SERVICE_PROXY_NAME_LABEL}"), format!("!{HEADLESS_LABEL}")]);

@@ -304,3 +304,46 @@ fn merge(dir: PathBuf, files: BTreeMap<PathBuf, FileEntry>) -> Snapshot {
     errors.sort_by(|a, b| (&a.file, a.line).cmp(&(&b.file, b.line)));
     Snapshot { dir, files, objects, errors }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("kproxy-snapshot-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn each_object_is_held_once_and_files_only_as_digests() {
+        let dir = scratch("once");
+        let service = |name: &str, ip: &str| {
+            format!(
+                "apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\nspec:\n  clusterIP: {ip}\n  ports:\n  - port: 80\n"
+            )
+        };
+        std::fs::write(dir.join("a.yaml"), service("a", "198.18.128.1")).unwrap();
+        std::fs::write(dir.join("b.yaml"), service("b", "198.18.128.2")).unwrap();
+        let first = load(&dir).unwrap();
+        assert_eq!(first.len(), 2);
+        // One copy, shared by the file's entry and the merged view.
+        for located in first.objects.values() {
+            assert_eq!(Arc::strong_count(&located.object), 2, "{:?}", located.object.key());
+        }
+        let digest = first.files.get(&dir.join("a.yaml")).and_then(|f| f.content);
+        assert_eq!(digest, Some(Digest::of(service("a", "198.18.128.1").as_bytes())));
+
+        // A re-read of an unchanged file reuses its objects; a changed file is parsed again.
+        std::fs::write(dir.join("b.yaml"), service("b", "198.18.128.3")).unwrap();
+        let second = first.reload().unwrap();
+        let a =
+            |s: &Snapshot| s.objects.get(&(Kind::Service, ObjectKey::new("default", "a"))).map(|l| l.object.clone());
+        assert!(a(&first).zip(a(&second)).is_some_and(|(x, y)| Arc::ptr_eq(&x, &y)), "unchanged file not re-parsed");
+        let changes: Vec<String> = second.changes_since(&first).iter().map(|c| c.kind().to_string()).collect();
+        assert_eq!(changes, ["Service"], "only b changed");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
