@@ -64,6 +64,23 @@ async fn fake_streaming_list_sends_every_object_then_the_initial_events_end_book
 }
 
 #[tokio::test]
+async fn fake_watches_end_at_their_timeout_like_kube_apiserver() {
+    let server = FakeApiServer::start().await.unwrap();
+    services(&server, 2);
+    let api: Api<Service> = Api::all(unlimited(&server));
+    let start = Instant::now();
+    let mut events = api.watch(&WatchParams::default().initial_events().timeout(1), "0").await.unwrap().boxed();
+    let mut seen = 0;
+    while let Some(event) = tokio::time::timeout(Duration::from_secs(5), events.next()).await.expect("still open") {
+        event.unwrap();
+        seen += 1;
+    }
+    let took = start.elapsed();
+    assert_eq!(seen, 3, "two objects and the end bookmark, then the end of the stream");
+    assert!(took >= Duration::from_millis(900) && took < Duration::from_secs(4), "closed after {took:?}");
+}
+
+#[tokio::test]
 async fn fake_without_watchlist_refuses_streaming_lists_with_422() {
     let server = FakeApiServer::start().await.unwrap();
     server.set_streaming_lists(false);
