@@ -89,9 +89,13 @@ pub(crate) fn visible(record: &Record, filter: &Filter) -> Option<(&'static str,
 }
 
 /// A watch event line.
+///
+/// `type` comes first, as kube-apiserver writes it (Go's field order). It matters: a client
+/// decodes the object straight away when it knows the type, and buffers it first otherwise.
 pub(crate) fn event_line(kind: &str, object: &Value) -> String {
-    let mut line = json!({"type": kind, "object": object}).to_string();
-    line.push('\n');
+    let mut line = format!("{{\"type\":{},\"object\":", Value::from(kind));
+    line.push_str(&object.to_string());
+    line.push_str("}\n");
     line
 }
 
@@ -224,4 +228,17 @@ impl Store {
 pub(crate) fn key_of(object: &Value) -> ObjectKey {
     let field = |name: &str| object.pointer(&format!("/metadata/{name}")).and_then(Value::as_str).unwrap_or_default();
     ObjectKey::new(field("namespace"), field("name"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_lines_put_the_type_first_like_kube_apiserver() {
+        let line = event_line("ADDED", &json!({"metadata": {"name": "web"}, "apiVersion": "v1"}));
+        assert_eq!(line, "{\"type\":\"ADDED\",\"object\":{\"apiVersion\":\"v1\",\"metadata\":{\"name\":\"web\"}}}\n");
+        let parsed: Value = serde_json::from_str(&line).unwrap_or_default();
+        assert_eq!(parsed["object"]["metadata"]["name"], "web");
+    }
 }
