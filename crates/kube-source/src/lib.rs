@@ -8,10 +8,15 @@
 //! - one bad object never breaks a list or a watch: objects are read as raw JSON first and turned
 //!   into k8s-openapi types one at a time; the bad ones are logged and counted in
 //!   [`SourceStats`];
-//! - no partial view: Service and EndpointSlice changes are held back until both kinds have been
-//!   listed once, so the consumer never syncs Services without their endpoints;
-//! - `clientConnection` settings: qps/burst (a token bucket, as client-go has) and content type
-//!   ([`client()`]).
+//! - start bounded by the API server, not by the client: lists are streamed (`sendInitialEvents`,
+//!   one request per kind, whatever the cluster size) and fall back to watch-cache lists on a
+//!   server that refuses that ([`ListMode`]);
+//! - memory bounded by kproxy's own records: each listed object is converted and handed over as
+//!   it arrives ([`kproxy_state::Change::Applied`], then [`kproxy_state::Change::Synced`] per
+//!   kind), never collected into a whole list, at start or on a relist. The consumer knows it has
+//!   a complete view once Services and EndpointSlices are both synced;
+//! - `clientConnection` settings: qps/burst (a token bucket shared by every request, as
+//!   client-go's clientset has) and content type ([`client()`]).
 //!
 //! With the `fake` feature, [`fake::FakeApiServer`] is an in-process API server speaking the real
 //! HTTP list/watch protocol, for tests that drive the unmodified kube-rs client.
@@ -29,4 +34,4 @@ pub use client::{DEFAULT_BURST, DEFAULT_QPS, client, client_from_config};
 pub use error::Error;
 pub use rate_limit::{RateLimit, RateLimitLayer};
 pub use stats::SourceStats;
-pub use watch::{DEFAULT_LABEL_SELECTOR, KubeSourceOptions, RetryBackoff, run};
+pub use watch::{DEFAULT_LABEL_SELECTOR, KubeSourceOptions, ListMode, RetryBackoff, run};

@@ -27,23 +27,26 @@ pub(crate) struct RawObject {
 
 impl<'de> Deserialize<'de> for RawObject {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let value = Value::deserialize(deserializer)?;
-        Ok(Self { meta: lenient_meta(&value), value })
+        let mut value = Value::deserialize(deserializer)?;
+        // Often the largest part of an object, and nothing kproxy reads: dropped on arrival, so
+        // a page or an event in flight costs less.
+        if let Some(meta) = value.get_mut("metadata").and_then(Value::as_object_mut) {
+            meta.remove("managedFields");
+        }
+        Ok(Self { meta: identity(&value), value })
     }
 }
 
-/// The object's metadata; when it does not parse, at least the fields that identify it.
-fn lenient_meta(value: &Value) -> ObjectMeta {
-    let raw = value.get("metadata").cloned().unwrap_or(Value::Null);
-    ObjectMeta::deserialize(&raw).unwrap_or_else(|_| {
-        let field = |name: &str| raw.get(name).and_then(Value::as_str).map(str::to_owned);
-        ObjectMeta {
-            name: field("name"),
-            namespace: field("namespace"),
-            resource_version: field("resourceVersion"),
-            ..ObjectMeta::default()
-        }
-    })
+/// The fields of the metadata the watcher needs: name, namespace and resource version. Read
+/// field by field, so they are there even when the rest of the metadata is malformed.
+fn identity(value: &Value) -> ObjectMeta {
+    let field = |name: &str| value.get("metadata")?.get(name)?.as_str().map(str::to_owned);
+    ObjectMeta {
+        name: field("name"),
+        namespace: field("namespace"),
+        resource_version: field("resourceVersion"),
+        ..ObjectMeta::default()
+    }
 }
 
 impl kube::Resource for RawObject {
@@ -175,6 +178,18 @@ mod tests {
         assert_eq!(raw.meta.resource_version.as_deref(), Some("9"));
         let err = to_object(Kind::Node, raw).unwrap_err();
         assert!(err.reason.contains("metadata.labels"), "{}", err.reason);
+    }
+
+    #[test]
+    fn managed_fields_are_dropped_on_arrival() {
+        let raw = raw(json!({"metadata": {"name": "web", "namespace": "prod", "resourceVersion": "3",
+                                          "managedFields": [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}]},
+                             "spec": {"clusterIP": "198.18.0.10"}}));
+        assert_eq!(raw.value.pointer("/metadata/managedFields"), None);
+        assert_eq!(raw.meta.resource_version.as_deref(), Some("3"));
+        let Object::Service(svc) = to_object(Kind::Service, raw).unwrap() else { panic!("not a service") };
+        assert_eq!(svc.service.metadata.managed_fields, None);
+        assert_eq!(svc.service.metadata.name.as_deref(), Some("web"));
     }
 
     #[test]

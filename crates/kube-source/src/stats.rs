@@ -39,7 +39,7 @@ impl SourceStats {
         self.watch_errors[index(kind)].load(Ordering::Relaxed)
     }
 
-    /// Complete listings of `kind` sent as [`kproxy_state::Change::Replaced`] (initial list and relists).
+    /// Complete listings of `kind` handed over (initial list and relists).
     pub fn lists(&self, kind: Kind) -> u64 {
         self.lists[index(kind)].load(Ordering::Relaxed)
     }

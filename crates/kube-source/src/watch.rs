@@ -1,17 +1,19 @@
-//! Watching the four kinds and turning watcher events into [`Change`]s.
+//! Watching the four kinds and turning watcher events into [`Change`]s, object by object as
+//! they arrive.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
-use futures::stream::{BoxStream, SelectAll};
+use futures::stream::BoxStream;
+use futures::{Stream, StreamExt};
 use kproxy_state::{Change, Kind, Object, ObjectKey};
 use kube::runtime::WatchStreamExt as _;
 use kube::runtime::utils::Backoff;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
 use tokio::sync::mpsc;
+use tokio::task::JoinSet;
 
 use crate::raw::{RawObject, api_resource, to_object};
 use crate::stats::SourceStats;
@@ -31,6 +33,26 @@ pub enum RetryBackoff {
     Fixed(Duration),
 }
 
+/// How the initial list (and every relist after `410 Gone`) is fetched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ListMode {
+    /// A streaming list: one watch with `sendInitialEvents=true` that sends the current objects
+    /// as events and a bookmark when they are all out (KEP-3157, the WatchList feature, on by
+    /// default in current kube-apiserver releases). One request per kind, so the client rate
+    /// limit never throttles a start, and objects arrive one at a time. A server that refuses it
+    /// (`400`/`422`: the WatchList feature is off) gets [`ListMode::WatchCache`] lists from then
+    /// on, for the life of the process.
+    #[default]
+    Streaming,
+    /// A list from the API server's watch cache (`resourceVersion=0`), then a watch. The watch
+    /// cache answers in one response (it ignores `limit`); an API server without one pages it by
+    /// 500.
+    WatchCache,
+    /// A consistent list (`resourceVersion` unset) paginated by this many objects a request,
+    /// then a watch. Each page is a request under the client rate limit.
+    Paginated(u32),
+}
+
 /// What to watch.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KubeSourceOptions {
@@ -41,15 +63,18 @@ pub struct KubeSourceOptions {
     pub label_selector: String,
     /// Retry policy of every watcher.
     pub backoff: RetryBackoff,
+    /// How lists are fetched.
+    pub list_mode: ListMode,
 }
 
 impl KubeSourceOptions {
-    /// Upstream's defaults for the node `node_name`.
+    /// Upstream's defaults for the node `node_name`, with streaming lists.
     pub fn new(node_name: impl Into<String>) -> Self {
         Self {
             node_name: node_name.into(),
             label_selector: DEFAULT_LABEL_SELECTOR.to_owned(),
             backoff: RetryBackoff::default(),
+            list_mode: ListMode::default(),
         }
     }
 }
@@ -69,127 +94,187 @@ impl Backoff for FixedBackoff {
     fn reset(&mut self) {}
 }
 
-type KindEvent = (Kind, Result<Event<RawObject>, watcher::Error>);
+type WatchEvent = Result<Event<RawObject>, watcher::Error>;
+type WatchEvents = BoxStream<'static, WatchEvent>;
+type KindEvent = (Kind, WatchEvent);
+
+fn with_backoff(events: impl Stream<Item = WatchEvent> + Send + 'static, backoff: RetryBackoff) -> WatchEvents {
+    match backoff {
+        RetryBackoff::ClientGo => events.default_backoff().boxed(),
+        RetryBackoff::Fixed(delay) => events.backoff(FixedBackoff(delay)).boxed(),
+    }
+}
 
 fn watch_kind(
     client: &Client,
     kind: Kind,
     config: watcher::Config,
-    backoff: RetryBackoff,
+    opts: &KubeSourceOptions,
 ) -> BoxStream<'static, KindEvent> {
     let api: Api<RawObject> = Api::all_with(client.clone(), &api_resource(kind));
-    let events = watcher::watcher(api, config);
-    let events = match backoff {
-        RetryBackoff::ClientGo => events.default_backoff().boxed(),
-        RetryBackoff::Fixed(delay) => events.backoff(FixedBackoff(delay)).boxed(),
+    let events = match opts.list_mode {
+        ListMode::Streaming => streaming_with_fallback(api, config, opts.backoff, kind),
+        ListMode::WatchCache => with_backoff(watcher::watcher(api, watch_cache_lists(config)), opts.backoff),
+        ListMode::Paginated(size) => with_backoff(watcher::watcher(api, config.page_size(size)), opts.backoff),
     };
     events.map(move |event| (kind, event)).boxed()
+}
+
+/// Streaming lists until the server refuses them; then watch-cache lists for good.
+fn streaming_with_fallback(
+    api: Api<RawObject>,
+    config: watcher::Config,
+    backoff: RetryBackoff,
+    kind: Kind,
+) -> WatchEvents {
+    let streaming = with_backoff(watcher::watcher(api.clone(), config.clone().streaming_lists()), backoff);
+    let fallback = move || with_backoff(watcher::watcher(api, watch_cache_lists(config)), backoff);
+    futures::stream::unfold((streaming, Some(fallback)), move |(mut events, mut fallback)| async move {
+        loop {
+            let event = events.next().await?;
+            if let Some(list_watch) = fallback.take_if(|_| refuses_streaming_lists(&event)) {
+                tracing::info!(%kind, "the API server refuses streaming lists; listing from its watch cache instead");
+                events = list_watch();
+                continue;
+            }
+            return Some((event, (events, fallback)));
+        }
+    })
+    .boxed()
+}
+
+/// Lists at `resourceVersion=0`, which the API server answers from its watch cache. Without a
+/// page size: kube-rs drops `resourceVersion=0` from a request with a `limit` (making it a
+/// consistent list, paged from etcd), and the watch cache ignores `limit` anyway.
+fn watch_cache_lists(config: watcher::Config) -> watcher::Config {
+    let mut config = config.any_semantic();
+    config.page_size = None;
+    config
+}
+
+/// The answer of a server that does not do streaming lists: kube-apiserver with the WatchList
+/// feature off says `422 Invalid` ("sendInitialEvents is forbidden ..."), some proxies `400`.
+fn refuses_streaming_lists(event: &WatchEvent) -> bool {
+    matches!(event, Err(watcher::Error::WatchStartFailed(kube::Error::Api(status))) if matches!(status.code, 400 | 422))
 }
 
 /// Watches Services, EndpointSlices, the own Node and ServiceCIDRs and sends their changes to
 /// `tx` until the receiver is dropped.
 ///
-/// Every kind starts with a [`Change::Replaced`] (its initial list) and gets another one after
-/// every relist; single changes in between are [`Change::Applied`] / [`Change::Deleted`]. No
-/// Service or EndpointSlice change is sent before both kinds have been listed, so a consumer that
-/// drains the channel before syncing never sees Services without their endpoints. A cluster
-/// without the ServiceCIDR API (404) gets an empty ServiceCIDR listing, logged once; the watcher
-/// keeps retrying in case the API appears. Errors are never fatal: the watchers retry with
-/// `opts.backoff`, and each error is logged and counted in `stats`.
+/// Lists are handed over object by object as they arrive: every listed object as
+/// [`Change::Applied`], then [`Change::Deleted`] for what the consumer has that the list no
+/// longer holds, then, after the first listing of a kind, [`Change::Synced`]. Neither the source
+/// nor the channel holds a whole list; the consumer knows both Services and EndpointSlices are
+/// complete once both are synced. Single changes between lists are `Applied` / `Deleted`. A
+/// cluster without the ServiceCIDR API (404) gets an empty, synced ServiceCIDR listing, logged
+/// once; the watcher keeps retrying in case the API appears. Errors are never fatal: the
+/// watchers retry with `opts.backoff`, and each error is logged and counted in `stats`.
+///
+/// Each kind is followed by its own task, so decoding and converting Services and
+/// EndpointSlices (the bulk of a start) use two cores where there are two.
 ///
 /// A malformed object is skipped, logged and counted, and the consumer's last good version of it
-/// stays in place: a relist after the first listing is sent as the difference to what the
-/// consumer has (`Applied` for every listed object, `Deleted` for the keys that are gone), and a
-/// key whose object could not be read is neither.
+/// stays in place: a key whose object could not be read is neither applied nor deleted.
 pub async fn run(client: Client, opts: KubeSourceOptions, tx: mpsc::Sender<Change>, stats: Arc<SourceStats>) {
     let selected = watcher::Config::default().labels(&opts.label_selector);
-    let mut streams: SelectAll<BoxStream<'static, KindEvent>> = SelectAll::new();
-    streams.push(watch_kind(&client, Kind::Service, selected.clone(), opts.backoff));
-    streams.push(watch_kind(&client, Kind::EndpointSlice, selected, opts.backoff));
-    streams.push(watch_kind(&client, Kind::ServiceCidr, watcher::Config::default(), opts.backoff));
-    let mut emitter = Emitter::new(tx, stats);
+    let mut watches = vec![
+        (Kind::Service, selected.clone()),
+        (Kind::EndpointSlice, selected),
+        (Kind::ServiceCidr, watcher::Config::default()),
+    ];
     if opts.node_name.is_empty() {
         tracing::warn!("no node name: not watching the own Node");
-        if !emitter.emit(Change::Replaced(Kind::Node, Vec::new())).await {
+        if tx.send(Change::Synced(Kind::Node)).await.is_err() {
             return;
         }
     } else {
-        let own = watcher::Config::default().fields(&format!("metadata.name={}", opts.node_name));
-        streams.push(watch_kind(&client, Kind::Node, own, opts.backoff));
+        watches.push((Kind::Node, watcher::Config::default().fields(&format!("metadata.name={}", opts.node_name))));
     }
-    while let Some((kind, event)) = streams.next().await {
-        if !emitter.handle(kind, event).await {
-            return;
-        }
+    // Dropping the set (when `run` is dropped) aborts the tasks.
+    let mut tasks = JoinSet::new();
+    for (kind, config) in watches {
+        let events = watch_kind(&client, kind, config, &opts);
+        let emitter = KindEmitter::new(kind, tx.clone(), stats.clone());
+        tasks.spawn(emitter.follow(events));
     }
+    drop(tx);
+    // Each task ends when the receiver is gone.
+    while tasks.join_next().await.is_some() {}
 }
 
-/// Per-kind list buffers, the first-sync gate, and the channel.
-struct Emitter {
+/// One kind's bookkeeping of what the consumer has, and the channel.
+struct KindEmitter {
+    kind: Kind,
     tx: mpsc::Sender<Change>,
     stats: Arc<SourceStats>,
-    /// Objects of a relist in progress, per kind (indexed like `Kind::ALL`).
-    listing: [Option<Vec<Object>>; 4],
-    /// Keys of the relist in progress whose objects could not be read.
-    unreadable: [Vec<ObjectKey>; 4],
-    /// Keys the consumer has, per kind (what a relist is compared with).
-    known: [BTreeSet<ObjectKey>; 4],
-    /// Kinds listed at least once.
-    listed: [bool; 4],
-    /// Service and EndpointSlice changes held until both kinds are listed; `None` once released.
-    held: Option<Vec<Change>>,
+    /// Keys the consumer has that the listing in progress has listed already (or all of them
+    /// when no listing is in progress).
+    known: BTreeSet<ObjectKey>,
+    /// During a listing: keys the consumer has that the listing has not listed yet. What is left
+    /// when it is done is gone. Keys move from here to `known` as they are listed, so a relist
+    /// costs no second set of keys.
+    unlisted: Option<BTreeSet<ObjectKey>>,
+    /// Listed at least once.
+    listed: bool,
     /// The ServiceCIDR API was found missing (logged once).
     no_service_cidr_api: bool,
 }
 
-fn slot(kind: Kind) -> usize {
-    Kind::ALL.iter().position(|k| *k == kind).unwrap_or_default()
-}
+impl KindEmitter {
+    fn new(kind: Kind, tx: mpsc::Sender<Change>, stats: Arc<SourceStats>) -> Self {
+        Self { kind, tx, stats, known: BTreeSet::new(), unlisted: None, listed: false, no_service_cidr_api: false }
+    }
 
-impl Emitter {
-    fn new(tx: mpsc::Sender<Change>, stats: Arc<SourceStats>) -> Self {
-        Self {
-            tx,
-            stats,
-            listing: Default::default(),
-            unreadable: Default::default(),
-            known: Default::default(),
-            listed: [false; 4],
-            held: Some(Vec::new()),
-            no_service_cidr_api: false,
+    /// Handles the watcher's events until the receiver is gone.
+    async fn follow(mut self, mut events: BoxStream<'static, KindEvent>) {
+        while let Some((_, event)) = events.next().await {
+            if !self.handle(event).await {
+                return;
+            }
         }
     }
 
     /// Handles one watcher event; false once the receiver is gone.
-    async fn handle(&mut self, kind: Kind, event: Result<Event<RawObject>, watcher::Error>) -> bool {
+    async fn handle(&mut self, event: WatchEvent) -> bool {
+        let kind = self.kind;
         match event {
             Ok(Event::Init) => {
-                self.listing[slot(kind)] = Some(Vec::new());
-                self.unreadable[slot(kind)].clear();
+                // A listing that broke off and starts over: what it had not listed yet is still
+                // the consumer's.
+                let mut unlisted = self.unlisted.take().unwrap_or_default();
+                unlisted.append(&mut self.known);
+                self.unlisted = Some(unlisted);
                 true
             }
             Ok(Event::InitApply(raw)) => {
                 let key = raw.key();
-                match self.convert(kind, raw) {
-                    Some(object) => self.listing[slot(kind)].get_or_insert_with(Vec::new).push(object),
-                    None => self.unreadable[slot(kind)].push(key),
+                let object = self.convert(raw);
+                // Listed, readable or not: not gone. An unreadable one keeps the consumer's last
+                // good version, if it has one.
+                if self.unlisted.as_mut().is_some_and(|unlisted| unlisted.remove(&key)) || object.is_some() {
+                    self.known.insert(key);
                 }
-                true
+                match object {
+                    Some(object) => self.send(Change::Applied(object)).await,
+                    None => true,
+                }
             }
             Ok(Event::InitDone) => {
-                let objects = self.listing[slot(kind)].take().unwrap_or_default();
-                let unreadable = std::mem::take(&mut self.unreadable[slot(kind)]);
-                tracing::debug!(%kind, objects = objects.len(), unreadable = unreadable.len(), "listed");
+                let gone = self.unlisted.take().unwrap_or_default();
+                tracing::debug!(%kind, objects = self.known.len(), gone = gone.len(), "listed");
                 self.stats.count_list(kind);
-                if !self.listed[slot(kind)] {
-                    return self.emit(Change::Replaced(kind, objects)).await;
+                for key in gone {
+                    if !self.send(Change::Deleted(kind, key)).await {
+                        return false;
+                    }
                 }
-                self.emit_relist(kind, objects, &unreadable).await
+                self.listed || self.synced().await
             }
-            Ok(Event::Apply(raw)) => match self.convert(kind, raw) {
+            Ok(Event::Apply(raw)) => match self.convert(raw) {
                 Some(object) => {
                     self.stats.count_event(kind);
-                    self.emit(Change::Applied(object)).await
+                    self.known.insert(object.key());
+                    self.send(Change::Applied(object)).await
                 }
                 None => true,
             },
@@ -201,16 +286,19 @@ impl Emitter {
                     return true;
                 }
                 self.stats.count_event(kind);
-                self.emit(Change::Deleted(kind, key)).await
+                self.known.remove(&key);
+                self.send(Change::Deleted(kind, key)).await
             }
-            Err(error) => self.on_error(kind, error).await,
+            Err(error) => self.on_error(error).await,
         }
     }
 
-    async fn on_error(&mut self, kind: Kind, error: watcher::Error) -> bool {
+    async fn on_error(&mut self, error: watcher::Error) -> bool {
+        let kind = self.kind;
         self.stats.count_watch_error(kind);
-        let not_found =
-            matches!(&error, watcher::Error::InitialListFailed(kube::Error::Api(status)) if status.code == 404);
+        let not_found = matches!(&error,
+            watcher::Error::InitialListFailed(kube::Error::Api(status))
+            | watcher::Error::WatchStartFailed(kube::Error::Api(status)) if status.code == 404);
         if kind == Kind::ServiceCidr && not_found {
             if !self.no_service_cidr_api {
                 self.no_service_cidr_api = true;
@@ -218,10 +306,7 @@ impl Emitter {
                     "the API server does not serve networking.k8s.io/v1 ServiceCIDRs; treating them as none"
                 );
             }
-            if !self.listed[slot(kind)] {
-                return self.emit(Change::Replaced(kind, Vec::new())).await;
-            }
-            return true;
+            return self.listed || self.synced().await;
         }
         match &error {
             watcher::Error::WatchError(status) if status.code == 410 => {
@@ -232,69 +317,26 @@ impl Emitter {
         true
     }
 
-    fn convert(&self, kind: Kind, raw: RawObject) -> Option<Object> {
-        match to_object(kind, raw) {
+    fn convert(&self, raw: RawObject) -> Option<Object> {
+        match to_object(self.kind, raw) {
             Ok(object) => Some(object),
             Err(bad) => {
                 tracing::warn!(kind = %bad.kind, namespace = %bad.key.namespace, name = %bad.key.name, reason = %bad.reason, "skipping malformed object");
-                self.stats.count_malformed(kind);
+                self.stats.count_malformed(self.kind);
                 None
             }
         }
     }
 
-    /// A relist, as the difference to what the consumer has: unreadable objects keep their last
-    /// good version.
-    async fn emit_relist(&mut self, kind: Kind, objects: Vec<Object>, unreadable: &[ObjectKey]) -> bool {
-        let listed: BTreeSet<ObjectKey> = objects.iter().map(Object::key).chain(unreadable.iter().cloned()).collect();
-        let gone: Vec<ObjectKey> = self.known[slot(kind)].difference(&listed).cloned().collect();
-        for object in objects {
-            if !self.emit(Change::Applied(object)).await {
-                return false;
-            }
-        }
-        for key in gone {
-            if !self.emit(Change::Deleted(kind, key)).await {
-                return false;
-            }
-        }
-        true
+    /// Marks the first listing as complete; false once the receiver is gone.
+    async fn synced(&mut self) -> bool {
+        self.listed = true;
+        tracing::info!(kind = %self.kind, "listed");
+        self.send(Change::Synced(self.kind)).await
     }
 
-    /// Sends a change, or holds it while the first sync is incomplete; false once the receiver is gone.
-    async fn emit(&mut self, change: Change) -> bool {
-        let kind = match &change {
-            Change::Applied(object) => object.kind(),
-            Change::Deleted(kind, _) | Change::Replaced(kind, _) => *kind,
-        };
-        let known = &mut self.known[slot(kind)];
-        match &change {
-            Change::Applied(object) => {
-                known.insert(object.key());
-            }
-            Change::Deleted(_, key) => {
-                known.remove(key);
-            }
-            Change::Replaced(_, objects) => *known = objects.iter().map(Object::key).collect(),
-        }
-        if let Change::Replaced(..) = change {
-            self.listed[slot(kind)] = true;
-        }
-        let gated = matches!(kind, Kind::Service | Kind::EndpointSlice);
-        if let (true, Some(held)) = (gated, self.held.as_mut()) {
-            held.push(change);
-            if !(self.listed[slot(Kind::Service)] && self.listed[slot(Kind::EndpointSlice)]) {
-                return true;
-            }
-            let released = self.held.take().unwrap_or_default();
-            tracing::info!("Services and EndpointSlices listed: first sync can start");
-            for change in released {
-                if self.tx.send(change).await.is_err() {
-                    return false;
-                }
-            }
-            return true;
-        }
+    /// Sends a change; false once the receiver is gone.
+    async fn send(&self, change: Change) -> bool {
         self.tx.send(change).await.is_ok()
     }
 }
@@ -304,6 +346,31 @@ mod tests {
     use kproxy_state::{HEADLESS_LABEL, SERVICE_PROXY_NAME_LABEL};
 
     use super::*;
+
+    #[test]
+    fn only_a_refused_watch_start_falls_back_from_streaming_lists() {
+        let start_failed = |code| {
+            let status = kube::core::Status::failure("refused", "Invalid").with_code(code).boxed();
+            let event: WatchEvent = Err(watcher::Error::WatchStartFailed(kube::Error::Api(status)));
+            event
+        };
+        assert!(refuses_streaming_lists(&start_failed(422)), "WatchList off");
+        assert!(refuses_streaming_lists(&start_failed(400)));
+        for code in [401, 403, 404, 410, 429, 500, 503] {
+            assert!(!refuses_streaming_lists(&start_failed(code)), "{code} is retried, not a fallback");
+        }
+        let gone = kube::core::Status::failure("too old", "Expired").with_code(422).boxed();
+        assert!(!refuses_streaming_lists(&Err(watcher::Error::WatchError(gone))), "not a start failure");
+        assert!(!refuses_streaming_lists(&Ok(Event::Init)));
+    }
+
+    #[test]
+    fn watch_cache_lists_ask_for_resource_version_0_without_a_limit() {
+        let config = watch_cache_lists(watcher::Config::default().labels("a=b"));
+        assert_eq!(config.page_size, None, "kube-rs would drop resourceVersion=0 from a request with a limit");
+        assert_eq!(config.list_semantic, watcher::ListSemantic::Any);
+        assert_eq!(config.label_selector.as_deref(), Some("a=b"));
+    }
 
     #[test]
     fn default_selector_excludes_upstreams_labels() {

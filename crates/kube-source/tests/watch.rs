@@ -30,40 +30,35 @@ fn seed(server: &kproxy_kube_source::fake::FakeApiServer) {
 }
 
 #[tokio::test]
-async fn initial_sync_waits_for_services_and_endpointslices() {
+async fn services_and_endpointslices_are_synced_only_once_both_listings_are_complete() {
     let mut h = Harness::new().await;
     seed(&h.server);
     h.server.set_list_delay(Kind::EndpointSlice, Duration::from_secs(2));
     h.start_source();
 
-    // While the EndpointSlice list is slow, no Service change may arrive, although the Service
-    // list has been answered (Nodes and ServiceCIDRs are not held back).
-    h.eventually("the service list", |s| s.list_count(Kind::Service) == 1).await;
+    // While the EndpointSlice listing is slow, the Services arrive as they are listed, but the
+    // consumer's view is not complete: EndpointSlices are not synced.
+    h.until(|s| s.is_synced(Kind::Service)).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(h.server.list_count(Kind::EndpointSlice), 0, "slice list still pending");
-    let early: Vec<_> = h.drain_now().iter().map(names).collect();
-    assert!(early.iter().all(|(k, _, _)| !matches!(k, Kind::Service | Kind::EndpointSlice)), "{early:?}");
-    assert!(!h.state.is_synced(Kind::Service));
+    h.drain_now();
+    assert_eq!(h.server.streamed_lists_completed(Kind::EndpointSlice), 0, "slice listing still pending");
+    assert!(!h.state.is_synced(Kind::EndpointSlice));
+    assert_eq!(first_listing(&h.seen, Kind::Service), ["prod/a", "prod/b"], "filtered by upstream's selectors");
 
-    // Then both listings arrive (back to back, in list order), filtered by upstream's label selectors.
-    let mut held = Vec::new();
-    while held.len() < 2 {
-        let change = names(&h.next().await);
-        if matches!(change.0, Kind::Service | Kind::EndpointSlice) {
-            held.push(change);
-        }
-    }
-    let (first, second) = (held[0].clone(), held[1].clone());
-    assert_eq!(first, ev(Kind::Service, "replaced", &["prod/a", "prod/b"]));
-    assert_eq!(second, ev(Kind::EndpointSlice, "replaced", &["prod/a-1", "prod/b-1"]));
-    assert!(h.state.is_synced(Kind::Service) && h.state.is_synced(Kind::EndpointSlice));
+    // Then the slices, filtered by upstream's label selectors.
+    h.synced().await;
+    assert_eq!(first_listing(&h.seen, Kind::EndpointSlice), ["prod/a-1", "prod/b-1"]);
     assert_eq!(h.services(), ["prod/a", "prod/b"]);
     assert_eq!(h.state.slices_of(&key("prod", "a")).count(), 1);
-    h.synced().await;
-    let seen: Vec<_> = h.seen.iter().map(names).collect();
-    assert!(seen.contains(&ev(Kind::Node, "replaced", &[NODE])), "only the own node is watched: {seen:?}");
-    assert!(seen.contains(&ev(Kind::ServiceCidr, "replaced", &["kubernetes"])), "{seen:?}");
+    assert_eq!(first_listing(&h.seen, Kind::Node), [NODE], "only the own node is watched");
+    assert_eq!(first_listing(&h.seen, Kind::ServiceCidr), ["kubernetes"]);
     assert_eq!(h.state.service_cidrs().map(ToString::to_string).collect::<Vec<_>>(), ["198.18.0.0/16"]);
+    for kind in Kind::ALL {
+        assert_eq!(h.server.streamed_lists(kind), 1, "{kind}: one streaming list");
+        assert_eq!(h.server.list_count(kind), 0, "{kind}: no list request");
+        let synced = h.seen.iter().filter(|c| **c == Change::Synced(kind)).count();
+        assert_eq!(synced, 1, "{kind} synced once");
+    }
 }
 
 #[tokio::test]
@@ -105,7 +100,7 @@ async fn events_flow_through() {
     assert!(h.until_quiet(Duration::from_millis(300)).await.is_empty());
     assert_eq!(h.services(), ["prod/a", "prod/c"]);
     for kind in Kind::ALL {
-        assert_eq!(h.server.list_count(kind), 1, "{kind} listed once");
+        assert_eq!(h.server.streamed_lists(kind), 1, "{kind} listed once");
         assert_eq!(h.stats.lists(kind), 1);
     }
     assert_eq!(h.stats.events(Kind::Service), 3);
@@ -151,7 +146,7 @@ async fn api_server_restart_reconverges_without_spurious_deletes() {
     assert!(changes.contains(&ev(Kind::EndpointSlice, "deleted", &["prod/b-1"])), "{changes:?}");
     assert_eq!(changes.len(), 4, "nothing else, in particular no relist: {changes:?}");
     assert_eq!(h.services(), ["prod/a", "prod/c", "prod/d"]);
-    assert_eq!(h.server.list_count(Kind::Service), 1, "resumed from the resource version, not relisted");
+    assert_eq!(h.server.streamed_lists(Kind::Service), 1, "resumed from the resource version, not relisted");
     assert!(h.stats.watch_errors(Kind::Service) > 0, "the outage was noticed");
 }
 
@@ -179,11 +174,11 @@ async fn gone_forces_a_relist_that_removes_objects_deleted_meanwhile() {
     assert!(changes.contains(&ev(Kind::EndpointSlice, "deleted", &["prod/b-1"])), "{changes:?}");
     assert!(changes.contains(&ev(Kind::Service, "applied", &["prod/a"])), "{changes:?}");
     assert!(
-        changes.iter().all(|(_, what, _)| *what != "replaced"),
+        changes.iter().all(|(_, what, _)| *what != "replaced" && *what != "synced"),
         "no full replacement after the first list: {changes:?}"
     );
     assert_eq!(h.services(), ["prod/a"]);
-    assert_eq!(h.server.list_count(Kind::Service), 2);
+    assert_eq!(h.server.streamed_lists(Kind::Service), 2);
     assert_eq!(h.stats.lists(Kind::Service), 2);
 
     // An ERROR 410 event on an open watch forces a relist too.
@@ -195,7 +190,7 @@ async fn gone_forces_a_relist_that_removes_objects_deleted_meanwhile() {
     let relisted: Vec<_> = h.until_quiet(Duration::from_millis(800)).await.iter().map(names).collect();
     assert!(relisted.contains(&ev(Kind::Service, "applied", &["prod/a"])), "{relisted:?}");
     assert!(relisted.contains(&ev(Kind::Service, "applied", &["prod/e"])), "{relisted:?}");
-    assert_eq!(h.server.list_count(Kind::Service), 3);
+    assert_eq!(h.server.streamed_lists(Kind::Service), 3);
     assert_eq!(h.services(), ["prod/a", "prod/e"]);
 }
 
@@ -221,7 +216,7 @@ async fn bookmarks_let_a_resumed_watch_skip_the_relist() {
     assert_eq!(names(&h.next().await), ev(Kind::Service, "applied", &["prod/f"]));
     assert!(h.until_quiet(Duration::from_millis(300)).await.is_empty());
     for kind in Kind::ALL {
-        assert_eq!(h.server.list_count(kind), 1, "{kind} resumed from its bookmark without a relist");
+        assert_eq!(h.server.streamed_lists(kind), 1, "{kind} resumed from its bookmark without a relist");
     }
     assert!(h.server.watch_count(Kind::Service) >= 2, "the service watch was reopened");
 }
@@ -238,9 +233,11 @@ async fn malformed_objects_are_skipped_and_counted() {
     h.server.apply(Kind::EndpointSlice, bad_meta);
     h.start_source();
 
-    let changes: Vec<_> = h.synced().await.iter().map(names).collect();
-    assert!(changes.contains(&ev(Kind::Service, "replaced", &["prod/a", "prod/b"])), "{changes:?}");
-    assert!(changes.contains(&ev(Kind::EndpointSlice, "replaced", &["prod/a-1", "prod/b-1"])), "{changes:?}");
+    // Streamed initial lists: the bad objects are skipped, the rest is served.
+    let changes = h.synced().await;
+    assert_eq!(first_listing(&changes, Kind::Service), ["prod/a", "prod/b"]);
+    assert_eq!(first_listing(&changes, Kind::EndpointSlice), ["prod/a-1", "prod/b-1"]);
+    assert_eq!(h.server.streamed_lists(Kind::Service), 1);
     assert_eq!(h.stats.malformed_objects(Kind::Service), 1);
     assert_eq!(h.stats.malformed_objects(Kind::EndpointSlice), 1);
 
@@ -253,7 +250,7 @@ async fn malformed_objects_are_skipped_and_counted() {
     assert_eq!(names(&h.next().await), ev(Kind::Service, "applied", &["prod/g"]));
     assert_eq!(h.stats.malformed_objects(Kind::Service), 2);
     assert_eq!(h.services(), ["prod/a", "prod/b", "prod/g"]);
-    assert_eq!(h.server.list_count(Kind::Service), 1, "no relist");
+    assert_eq!(h.server.streamed_lists(Kind::Service), 1, "no relist");
     assert_eq!(h.server.watch_count(Kind::Service), 1, "the watch was not broken");
 }
 
@@ -264,7 +261,7 @@ async fn missing_service_cidr_api_counts_as_synced_and_empty() {
     h.server.set_served(Kind::ServiceCidr, false);
     h.start_source();
     let changes: Vec<_> = h.synced().await.iter().map(names).collect();
-    assert!(changes.contains(&ev(Kind::ServiceCidr, "replaced", &[])), "{changes:?}");
+    assert!(changes.contains(&ev(Kind::ServiceCidr, "synced", &[])), "{changes:?}");
     assert_eq!(h.state.service_cidrs().count(), 0);
     assert_eq!(h.services(), ["prod/a", "prod/b"]);
     // The API appears later: the watcher, still retrying, picks it up.
@@ -297,7 +294,7 @@ async fn a_malformed_object_in_a_relist_keeps_its_last_good_version() {
     let a = h.state.service(&key("prod", "a")).unwrap();
     assert_eq!(a.cluster_ips, ["198.18.0.1".parse::<std::net::IpAddr>().unwrap()], "the last good version");
     assert!(h.stats.malformed_objects(Kind::Service) >= 1);
-    assert_eq!(h.server.list_count(Kind::Service), 2, "it was a relist");
+    assert_eq!(h.server.streamed_lists(Kind::Service), 2, "it was a relist");
 }
 
 #[tokio::test]

@@ -250,8 +250,8 @@ impl Planner {
                     ready: ep.ready,
                     serving: ep.serving,
                     terminating: ep.terminating,
-                    zone_hints: ep.zone_hints.clone(),
-                    node_hints: ep.node_hints.clone(),
+                    zone_hints: ep.zone_hints().clone(),
+                    node_hints: ep.node_hints().clone(),
                 };
                 match merged.get(&(ep.ip, port.port)) {
                     Some(existing) if existing.is_local || !is_local => {}

@@ -89,20 +89,30 @@ ports:
 }
 
 #[test]
-fn initial_changes_replace_every_kind_in_order() {
+fn initial_changes_apply_then_sync_every_kind_in_order() {
     let dir = ScratchDir::new("initial");
     dir.write("svc.yaml", &service("a", "198.18.128.1", 80));
+    dir.write("svc-b.yaml", &service("b", "198.18.128.2", 80));
     let snapshot = load(dir.path()).unwrap();
-    let changes = snapshot.initial_changes();
-    let kinds: Vec<(Kind, usize)> = changes
+    let changes: Vec<Change> = snapshot.initial_changes().collect();
+    let events: Vec<(Kind, String)> = changes
         .iter()
         .map(|c| match c {
-            Change::Replaced(kind, objects) => (*kind, objects.len()),
+            Change::Applied(object) => (object.kind(), object.key().to_string()),
+            Change::Synced(kind) => (*kind, "synced".to_owned()),
             other => panic!("unexpected {other:?}"),
         })
         .collect();
-    assert_eq!(kinds, vec![(Kind::Node, 0), (Kind::ServiceCidr, 0), (Kind::Service, 1), (Kind::EndpointSlice, 0)]);
-    assert_eq!(changes, kproxy_source::initial_changes(&snapshot));
+    let want = [
+        (Kind::Node, "synced"),
+        (Kind::ServiceCidr, "synced"),
+        (Kind::Service, "default/a"),
+        (Kind::Service, "default/b"),
+        (Kind::Service, "synced"),
+        (Kind::EndpointSlice, "synced"),
+    ];
+    assert_eq!(events, want.map(|(kind, what)| (kind, what.to_owned())));
+    assert_eq!(changes, kproxy_source::initial_changes(&snapshot).collect::<Vec<_>>());
 }
 
 #[test]

@@ -45,12 +45,15 @@ impl Running {
         }
     }
 
+    /// The initial changes, as (kind, objects applied before its `Synced`) per kind.
     async fn initial(&mut self) -> Vec<(Kind, usize)> {
         let mut kinds = Vec::new();
-        for _ in Kind::ALL {
+        let mut applied = 0;
+        while kinds.len() < Kind::ALL.len() {
             match self.next().await {
-                Change::Replaced(kind, objects) => kinds.push((kind, objects.len())),
-                other => panic!("expected Replaced, got {other:?}"),
+                Change::Applied(_) => applied += 1,
+                Change::Synced(kind) => kinds.push((kind, std::mem::take(&mut applied))),
+                other => panic!("expected Applied or Synced, got {other:?}"),
             }
         }
         kinds

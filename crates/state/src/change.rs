@@ -129,9 +129,25 @@ pub enum Change {
     Applied(Object),
     /// The object was deleted.
     Deleted(Kind, ObjectKey),
-    /// A complete listing of one kind: objects of that kind not in the list are gone. A source
-    /// sends one after its initial list, which also marks that kind as synced; later relists
-    /// (e.g. after `410 Gone`) come as the difference (`Applied` / `Deleted`), so an object that
-    /// could not be read keeps its last good version.
+    /// A complete listing of one kind: objects of that kind not in the list are gone; marks that
+    /// kind as synced. For small listings (tests, the `plan` subcommand): a source that lists
+    /// many objects streams them instead, as `Applied` events followed by [`Change::Synced`].
+    /// Later relists (e.g. after `410 Gone`) come as the difference (`Applied` / `Deleted`), so
+    /// an object that could not be read keeps its last good version.
     Replaced(Kind, Vec<Object>),
+    /// The initial listing of one kind is complete: every object of that kind was sent as
+    /// `Applied` before this (and objects no longer there as `Deleted`). Marks the kind as
+    /// synced. This lets a source hand over a listing object by object as it arrives, so neither
+    /// the source nor the channel ever holds the whole list.
+    Synced(Kind),
+}
+
+impl Change {
+    /// The kind of object the change is about.
+    pub fn kind(&self) -> Kind {
+        match self {
+            Change::Applied(object) => object.kind(),
+            Change::Deleted(kind, _) | Change::Replaced(kind, _) | Change::Synced(kind) => *kind,
+        }
+    }
 }

@@ -2,6 +2,7 @@
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
@@ -21,23 +22,47 @@ pub struct SlicePort {
     pub port: u16,
 }
 
-/// One endpoint of an EndpointSlice.
+/// One endpoint of an EndpointSlice. Compact (48 bytes): a cluster holds one per pod and port
+/// family, so the rarely set topology hints sit behind one pointer and the node name is shared
+/// by every endpoint on that node.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct EndpointInfo {
     /// The endpoint's address (the first of `addresses`, as upstream uses).
     pub ip: IpAddr,
-    /// `nodeName`, when set.
-    pub node_name: Option<String>,
     /// `conditions.ready` (absent means ready).
     pub ready: bool,
     /// `conditions.serving` (absent means ready's value).
     pub serving: bool,
     /// `conditions.terminating` (absent means false).
     pub terminating: bool,
+    /// `nodeName`, when set ([`crate::ClusterState`] shares one copy per node).
+    pub node_name: Option<Arc<str>>,
+    /// `hints`, when the slice has any.
+    pub hints: Option<Box<TopologyHints>>,
+}
+
+/// The topology hints of an endpoint.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct TopologyHints {
     /// `hints.forZones`.
-    pub zone_hints: BTreeSet<String>,
+    pub zones: BTreeSet<String>,
     /// `hints.forNodes`.
-    pub node_hints: BTreeSet<String>,
+    pub nodes: BTreeSet<String>,
+}
+
+/// No hints.
+static NO_HINTS: BTreeSet<String> = BTreeSet::new();
+
+impl EndpointInfo {
+    /// `hints.forZones` (empty when none).
+    pub fn zone_hints(&self) -> &BTreeSet<String> {
+        self.hints.as_ref().map_or(&NO_HINTS, |h| &h.zones)
+    }
+
+    /// `hints.forNodes` (empty when none).
+    pub fn node_hints(&self) -> &BTreeSet<String> {
+        self.hints.as_ref().map_or(&NO_HINTS, |h| &h.nodes)
+    }
 }
 
 /// An EndpointSlice, validated.
@@ -81,7 +106,8 @@ impl SliceInfo {
             other => return Err(err("addressType", format!("unknown address type {other:?}"))),
         };
 
-        let mut ports = Vec::new();
+        // Vecs sized exactly: a cluster holds one of each per slice.
+        let mut ports = Vec::with_capacity(slice.ports.as_ref().map_or(0, Vec::len));
         for (i, p) in slice.ports.iter().flatten().enumerate() {
             // A port without a number or protocol cannot be proxied; upstream skips it.
             let Some(number) = p.port else { continue };
@@ -91,7 +117,7 @@ impl SliceInfo {
             ports.push(SlicePort { name: p.name.clone().unwrap_or_default(), protocol, port });
         }
 
-        let mut endpoints = Vec::new();
+        let mut endpoints = Vec::with_capacity(slice.endpoints.len());
         for (i, ep) in slice.endpoints.iter().enumerate() {
             let Some(address) = ep.addresses.first() else { continue };
             let ip = parse_ip(address).map_err(|e| err(&format!("endpoints[{i}].addresses[0]"), e))?;
@@ -101,24 +127,17 @@ impl SliceInfo {
             let conditions = ep.conditions.as_ref();
             let ready = conditions.and_then(|c| c.ready).unwrap_or(true);
             let hints = ep.hints.as_ref();
+            let hints = TopologyHints {
+                zones: hints.and_then(|h| h.for_zones.as_ref()).into_iter().flatten().map(|z| z.name.clone()).collect(),
+                nodes: hints.and_then(|h| h.for_nodes.as_ref()).into_iter().flatten().map(|n| n.name.clone()).collect(),
+            };
             endpoints.push(EndpointInfo {
                 ip,
-                node_name: ep.node_name.clone().filter(|n| !n.is_empty()),
                 ready,
                 serving: conditions.and_then(|c| c.serving).unwrap_or(ready),
                 terminating: conditions.and_then(|c| c.terminating).unwrap_or(false),
-                zone_hints: hints
-                    .and_then(|h| h.for_zones.as_ref())
-                    .into_iter()
-                    .flatten()
-                    .map(|z| z.name.clone())
-                    .collect(),
-                node_hints: hints
-                    .and_then(|h| h.for_nodes.as_ref())
-                    .into_iter()
-                    .flatten()
-                    .map(|n| n.name.clone())
-                    .collect(),
+                node_name: ep.node_name.as_deref().filter(|n| !n.is_empty()).map(Arc::from),
+                hints: (hints != TopologyHints::default()).then(|| Box::new(hints)),
             });
         }
 

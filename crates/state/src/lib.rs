@@ -15,7 +15,7 @@ mod service;
 mod store;
 
 pub use change::{Change, Kind, Object, ObjectKey, ServiceObject};
-pub use endpoints::{EndpointInfo, SliceInfo, SlicePort};
+pub use endpoints::{EndpointInfo, SliceInfo, SlicePort, TopologyHints};
 pub use error::ObjectError;
 pub use labels::{
     HEADLESS_LABEL, LAST_CHANGE_TRIGGER_TIME_ANNOTATION, SERVICE_NAME_LABEL, SERVICE_PROXY_NAME_LABEL,

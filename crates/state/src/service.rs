@@ -168,7 +168,8 @@ impl ServiceInfo {
         if cluster_ip_strings.is_empty() || cluster_ip_strings.iter().any(|ip| ip.is_empty() || *ip == "None") {
             return Ok(None); // headless or not yet allocated
         }
-        let mut cluster_ips = Vec::new();
+        // Vecs sized exactly: a cluster holds one of each per Service.
+        let mut cluster_ips = Vec::with_capacity(cluster_ip_strings.len());
         for (i, ip) in cluster_ip_strings.iter().enumerate() {
             let ip = parse_ip(ip).map_err(|e| err(&format!("spec.clusterIPs[{i}]"), e))?;
             if cluster_ips.iter().any(|c| IpFamily::of(c) == IpFamily::of(&ip)) {
@@ -178,7 +179,7 @@ impl ServiceInfo {
         }
 
         let exposes_node_ports = matches!(svc_type, "NodePort" | "LoadBalancer");
-        let mut ports = Vec::new();
+        let mut ports = Vec::with_capacity(spec.ports.as_ref().map_or(0, Vec::len));
         for (i, p) in spec.ports.iter().flatten().enumerate() {
             let field = format!("spec.ports[{i}]");
             let protocol =

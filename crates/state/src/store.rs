@@ -41,11 +41,16 @@ pub struct Dirty {
 #[derive(Debug, Default, Clone)]
 pub struct ClusterState {
     services: BTreeMap<ObjectKey, Arc<ServiceInfo>>,
-    /// Slices grouped by the Service they belong to, then by slice name (a stable merge order).
-    slices: BTreeMap<ObjectKey, BTreeMap<String, Arc<SliceInfo>>>,
+    /// Slices grouped by the Service they belong to, sorted by slice name (a stable merge order).
+    /// A Vec, not a map: most Services have one or two slices, and an inner map would cost a
+    /// whole B-tree node per Service.
+    slices: BTreeMap<ObjectKey, Vec<Arc<SliceInfo>>>,
     /// Slice key → owning Service key, to find a slice on delete.
     slice_owner: BTreeMap<ObjectKey, ObjectKey>,
     nodes: BTreeMap<String, Arc<NodeInfo>>,
+    /// Node names endpoints refer to, shared by every endpoint on the node. Grows with the
+    /// cluster's node names only (a few bytes each), never per endpoint.
+    endpoint_nodes: BTreeSet<Arc<str>>,
     service_cidrs: BTreeMap<String, Vec<IpNet>>,
     synced: BTreeSet<Kind>,
     dirty: Dirty,
@@ -81,6 +86,10 @@ impl ClusterState {
                 self.synced.insert(kind);
                 outcome
             }
+            Change::Synced(kind) => {
+                self.synced.insert(kind);
+                ApplyOutcome::default()
+            }
         }
     }
 
@@ -112,7 +121,7 @@ impl ClusterState {
 
     /// The EndpointSlices of one Service, ordered by slice name.
     pub fn slices_of(&self, service: &ObjectKey) -> impl Iterator<Item = &Arc<SliceInfo>> {
-        self.slices.get(service).into_iter().flat_map(|s| s.values())
+        self.slices.get(service).into_iter().flatten()
     }
 
     /// A Node by name.
@@ -161,7 +170,10 @@ impl ClusterState {
                 Err(e) => outcome.rejected.push(e),
             },
             Object::EndpointSlice(slice) => match SliceInfo::from_object(slice) {
-                Ok(Some(info)) => {
+                Ok(Some(mut info)) => {
+                    for endpoint in &mut info.endpoints {
+                        endpoint.node_name = endpoint.node_name.take().map(|name| self.intern_node(name));
+                    }
                     let key = info.key.clone();
                     // A slice that moved to another service (label change) leaves the old one.
                     if self.slice_owner.get(&key).is_some_and(|owner| *owner != info.service) {
@@ -169,8 +181,17 @@ impl ClusterState {
                     }
                     let owner = info.service.clone();
                     let slices = self.slices.entry(owner.clone()).or_default();
-                    let changed =
-                        slices.insert(key.name.clone(), Arc::new(info.clone())).is_none_or(|old| *old != info);
+                    let changed = match slices.binary_search_by(|s| s.key.name.cmp(&key.name)) {
+                        Ok(i) if *slices[i] == info => false,
+                        Ok(i) => {
+                            slices[i] = Arc::new(info.clone());
+                            true
+                        }
+                        Err(i) => {
+                            slices.insert(i, Arc::new(info.clone()));
+                            true
+                        }
+                    };
                     self.slice_owner.insert(key, owner.clone());
                     if changed {
                         self.dirty.services.insert(owner);
@@ -202,6 +223,15 @@ impl ClusterState {
         outcome
     }
 
+    /// The shared copy of a node name.
+    fn intern_node(&mut self, name: Arc<str>) -> Arc<str> {
+        if let Some(shared) = self.endpoint_nodes.get(&name) {
+            return shared.clone();
+        }
+        self.endpoint_nodes.insert(name.clone());
+        name
+    }
+
     fn remove(&mut self, kind: Kind, key: &ObjectKey) {
         match kind {
             Kind::Service => {
@@ -212,7 +242,7 @@ impl ClusterState {
             Kind::EndpointSlice => {
                 if let Some(owner) = self.slice_owner.remove(key) {
                     if let Some(slices) = self.slices.get_mut(&owner) {
-                        slices.remove(&key.name);
+                        slices.retain(|s| s.key.name != key.name);
                         if slices.is_empty() {
                             self.slices.remove(&owner);
                         }

@@ -1,6 +1,7 @@
 //! The HTTP side of the fake API server: list and `?watch=true` requests, answered the way
-//! kube-apiserver answers them (JSON lists with a resourceVersion, newline-delimited watch events,
-//! `410 Gone` as an ERROR event, `Status` bodies for errors).
+//! kube-apiserver answers them (JSON lists with a resourceVersion, paginated with
+//! `limit`/`continue`; newline-delimited watch events; streaming lists with `sendInitialEvents`
+//! ending in the `k8s.io/initial-events-end` bookmark; `410 Gone`; `Status` bodies for errors).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::convert::Infallible;
@@ -12,7 +13,9 @@ use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper::{Method, Request, Response, StatusCode};
-use kproxy_state::Kind;
+use kproxy_state::{Kind, ObjectKey};
+use serde::Serialize;
+use serde::ser::SerializeMap;
 use serde_json::{Value, json};
 use tokio::sync::broadcast;
 use tokio::time::Instant;
@@ -23,9 +26,18 @@ use super::store::{Signal, Store, event_line, expired, info, visible};
 
 pub(crate) type Body = UnsyncBoxBody<Bytes, Infallible>;
 
+/// The annotation on the bookmark that ends a streaming list's initial events.
+pub(crate) const INITIAL_EVENTS_END_ANNOTATION: &str = "k8s.io/initial-events-end";
+
+/// A watch response body frame collects ready events up to this size (the first event of a frame
+/// is sent as soon as it is there).
+const FRAME_BYTES: usize = 64 * 1024;
+
+type Query = BTreeMap<String, String>;
+
 /// Serves one request.
 pub(crate) async fn handle(store: Arc<Mutex<Store>>, request: Request<Incoming>) -> Result<Response<Body>, Infallible> {
-    let query: BTreeMap<String, String> =
+    let query: Query =
         form_urlencoded::parse(request.uri().query().unwrap_or_default().as_bytes()).into_owned().collect();
     let Some((kind, namespace)) = route(request.uri().path()) else {
         return Ok(status(StatusCode::NOT_FOUND, "NotFound", "the server could not find the requested resource"));
@@ -42,19 +54,69 @@ pub(crate) async fn handle(store: Arc<Mutex<Store>>, request: Request<Incoming>)
         (Err(e), _) | (_, Err(e)) => return Ok(status(StatusCode::BAD_REQUEST, "BadRequest", &e)),
     };
     let param = |name: &str| query.get(name).map(String::as_str);
+    let rv = match param("resourceVersion").filter(|rv| !rv.is_empty()).map(str::parse::<u64>).transpose() {
+        Ok(rv) => rv,
+        Err(_) => return Ok(status(StatusCode::BAD_REQUEST, "BadRequest", "invalid resourceVersion")),
+    };
     if matches!(param("watch"), Some("true" | "1")) {
-        let rv = param("resourceVersion").filter(|rv| !rv.is_empty() && *rv != "0");
-        let rv = match rv.map(str::parse::<u64>).transpose() {
-            Ok(rv) => rv,
-            Err(_) => return Ok(status(StatusCode::BAD_REQUEST, "BadRequest", "invalid resourceVersion")),
+        let streaming_lists = lock(&store).streaming_lists;
+        let send_initial_events = match check_watch_options(&query, streaming_lists) {
+            Ok(send) => send,
+            Err(message) => return Ok(status(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", &message)),
         };
         let timeout =
             param("timeoutSeconds").and_then(|t| t.parse().ok()).map_or(Duration::from_secs(1800), Duration::from_secs);
         let bookmarks = param("allowWatchBookmarks") == Some("true");
-        Ok(watch(&store, kind, filter, rv, timeout, bookmarks))
+        let options = WatchOptions { rv: rv.filter(|rv| *rv != 0), send_initial_events, timeout, bookmarks };
+        Ok(watch(&store, kind, filter, options))
     } else {
-        Ok(list(&store, kind, &filter).await)
+        let limit = match param("limit").map(str::parse::<usize>).transpose() {
+            Ok(limit) => limit.filter(|l| *l > 0),
+            Err(_) => return Ok(status(StatusCode::BAD_REQUEST, "BadRequest", "invalid limit")),
+        };
+        let request = ListRequest { rv, limit, continue_token: param("continue").filter(|c| !c.is_empty()) };
+        Ok(list(&store, kind, &filter, request).await)
     }
+}
+
+/// Checks the watch options as kube-apiserver validates them; says whether initial events were
+/// asked for.
+///
+/// `sendInitialEvents` needs `resourceVersionMatch=NotOlderThan` and `allowWatchBookmarks=true`;
+/// `resourceVersionMatch` on a watch needs `sendInitialEvents`; a server without the WatchList
+/// feature refuses `sendInitialEvents` altogether. All of these are `422 Invalid` there.
+fn check_watch_options(query: &Query, streaming_lists: bool) -> Result<bool, String> {
+    let send = query.get("sendInitialEvents").map(|v| v == "true");
+    let version_match = query.get("resourceVersionMatch").map(String::as_str).filter(|m| !m.is_empty());
+    let bookmarks = query.get("allowWatchBookmarks").is_some_and(|b| b == "true");
+    if send.is_some() {
+        if !streaming_lists {
+            return Err("sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch unless the WatchList \
+                        feature gate is enabled"
+                .into());
+        }
+        if version_match != Some("NotOlderThan") {
+            return Err("resourceVersionMatch: Forbidden: sendInitialEvents requires setting resourceVersionMatch to \
+                        NotOlderThan"
+                .into());
+        }
+    }
+    if let Some(version_match) = version_match {
+        if send.is_none() {
+            return Err("resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden for watch unless \
+                        sendInitialEvents is provided"
+                .into());
+        }
+        if version_match != "NotOlderThan" {
+            return Err(format!("resourceVersionMatch: Unsupported value: {version_match:?}"));
+        }
+        if !bookmarks {
+            return Err(
+                "allowWatchBookmarks: Forbidden: allowWatchBookmarks required when resourceVersionMatch is set".into(),
+            );
+        }
+    }
+    Ok(send == Some(true))
 }
 
 /// The kind (and namespace) a path names.
@@ -70,83 +132,212 @@ fn route(path: &str) -> Option<(Kind, Option<String>)> {
     })
 }
 
-async fn list(store: &Mutex<Store>, kind: Kind, filter: &Filter) -> Response<Body> {
+/// What a list request asked for.
+struct ListRequest<'a> {
+    rv: Option<u64>,
+    limit: Option<usize>,
+    continue_token: Option<&'a str>,
+}
+
+/// A continue token: the resource version of the list's first page and the last key served.
+fn continue_token(rv: u64, key: &ObjectKey) -> String {
+    format!("{rv}/{}/{}", key.namespace, key.name)
+}
+
+fn parse_continue(token: &str) -> Option<(u64, ObjectKey)> {
+    let mut parts = token.splitn(3, '/');
+    let rv = parts.next()?.parse().ok()?;
+    Some((rv, ObjectKey::new(parts.next()?, parts.next()?)))
+}
+
+/// Answers a list:
+///
+/// - `resourceVersion=0` is served from the watch cache, which ignores `limit`: the whole list in
+///   one response, as kube-apiserver's watch cache does (client-go's reflector relies on that);
+/// - otherwise `limit` pages the list in key order; `continue` resumes after the last key of the
+///   previous page and every page carries the first page's resource version. A token older than
+///   the compacted history is `410 Expired`, as for etcd. Unlike etcd, a later page reads the
+///   current objects rather than a snapshot; a client that watches from the list's version gets
+///   the changes in between as events, so it converges all the same.
+async fn list(store: &Mutex<Store>, kind: Kind, filter: &Filter, request: ListRequest<'_>) -> Response<Body> {
     let delay = lock(store).list_delay.get(&kind).copied().unwrap_or_default();
     tokio::time::sleep(delay).await;
-    let (items, rv) = {
+    let (items, rv, next) = {
         let mut store = lock(store);
         *store.lists.entry(kind).or_default() += 1;
-        (store.list(kind, filter), store.rv)
-    };
-    // Like kube-apiserver, list items carry no kind/apiVersion of their own.
-    let items: Vec<Value> = items
-        .into_iter()
-        .map(|mut item| {
-            if let Some(map) = item.as_object_mut() {
-                map.remove("kind");
-                map.remove("apiVersion");
+        match request.continue_token {
+            Some(token) => {
+                let Some((rv, after)) = parse_continue(token) else {
+                    return status(StatusCode::BAD_REQUEST, "BadRequest", "continue key is not valid");
+                };
+                if rv < store.compacted {
+                    let message = "The provided continue parameter is too old to display a consistent list result. \
+                                   You can start a new list without the continue parameter.";
+                    return json_response(StatusCode::GONE, &expired(message));
+                }
+                let (items, next) = store.page(kind, filter, Some(&after), request.limit.unwrap_or(usize::MAX));
+                (items, rv, next)
             }
-            item
-        })
-        .collect();
+            None if request.rv == Some(0) => (store.list(kind, filter), store.rv, None),
+            None => {
+                let (items, next) = store.page(kind, filter, None, request.limit.unwrap_or(usize::MAX));
+                (items, store.rv, next)
+            }
+        }
+    };
     let info = info(kind);
-    let body = json!({"kind": format!("{}List", info.kind), "apiVersion": info.api_version,
-                      "metadata": {"resourceVersion": rv.to_string()}, "items": items});
-    json_response(StatusCode::OK, &body)
+    let body = ListBody {
+        kind: format!("{}List", info.kind),
+        api_version: info.api_version,
+        metadata: ListMeta { resource_version: rv.to_string(), continue_: next.map(|key| continue_token(rv, &key)) },
+        items: items.iter().map(|item| ListItem(item)).collect(),
+    };
+    match serde_json::to_vec(&body) {
+        Ok(bytes) => json_bytes(StatusCode::OK, bytes),
+        Err(e) => status(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", &e.to_string()),
+    }
+}
+
+#[derive(Serialize)]
+struct ListBody<'a> {
+    kind: String,
+    #[serde(rename = "apiVersion")]
+    api_version: &'static str,
+    metadata: ListMeta,
+    items: Vec<ListItem<'a>>,
+}
+
+#[derive(Serialize)]
+struct ListMeta {
+    #[serde(rename = "resourceVersion")]
+    resource_version: String,
+    #[serde(rename = "continue", skip_serializing_if = "Option::is_none")]
+    continue_: Option<String>,
+}
+
+/// A list item: like kube-apiserver's, without its own `kind` and `apiVersion`.
+struct ListItem<'a>(&'a Value);
+
+impl Serialize for ListItem<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let Some(map) = self.0.as_object() else { return self.0.serialize(serializer) };
+        let mut out = serializer.serialize_map(None)?;
+        for (key, value) in map.iter().filter(|(key, _)| !matches!(key.as_str(), "kind" | "apiVersion")) {
+            out.serialize_entry(key, value)?;
+        }
+        out.end()
+    }
+}
+
+/// What a watch request asked for.
+struct WatchOptions {
+    /// Resume after this version; `None` (absent or 0) starts with the current objects as ADDED.
+    rv: Option<u64>,
+    /// A streaming list: the current objects, then the bookmark ending the initial events.
+    send_initial_events: bool,
+    timeout: Duration,
+    bookmarks: bool,
+}
+
+/// An event waiting to be written; objects are serialized when their turn comes.
+enum Pending {
+    Line(String),
+    Object(&'static str, Arc<Value>),
+    /// The bookmark ending a streaming list's initial events (counted when written).
+    InitialEventsEnd(String),
+}
+
+impl Pending {
+    fn into_line(self, state: &WatchState) -> String {
+        match self {
+            Pending::Line(line) => line,
+            Pending::Object(event, object) => event_line(event, &object),
+            Pending::InitialEventsEnd(line) => {
+                *lock(&state.store).initial_events_ends.entry(state.kind).or_default() += 1;
+                line
+            }
+        }
+    }
 }
 
 /// Where one open watch stands.
 struct WatchState {
+    store: Arc<Mutex<Store>>,
     kind: Kind,
     filter: Filter,
-    pending: VecDeque<String>,
+    pending: VecDeque<Pending>,
     signals: broadcast::Receiver<Signal>,
     /// Close after `pending` drains (after an ERROR event).
     closing: bool,
     bookmarks: bool,
     deadline: Instant,
     delay: Duration,
+    /// Before the first event (a slow streaming list).
+    start_delay: Duration,
 }
 
-fn watch(
-    store: &Mutex<Store>,
-    kind: Kind,
-    filter: Filter,
-    rv: Option<u64>,
-    timeout: Duration,
-    bookmarks: bool,
-) -> Response<Body> {
-    let mut store = lock(store);
+fn bookmark(kind: Kind, rv: u64, initial_events_end: bool) -> Pending {
+    let info = info(kind);
+    let mut metadata = json!({"resourceVersion": rv.to_string(), "creationTimestamp": null});
+    if initial_events_end {
+        metadata["annotations"] = json!({INITIAL_EVENTS_END_ANNOTATION: "true"});
+    }
+    let object = json!({"kind": info.kind, "apiVersion": info.api_version, "metadata": metadata});
+    let line = event_line("BOOKMARK", &object);
+    if initial_events_end { Pending::InitialEventsEnd(line) } else { Pending::Line(line) }
+}
+
+fn watch(shared: &Arc<Mutex<Store>>, kind: Kind, filter: Filter, options: WatchOptions) -> Response<Body> {
+    let mut store = lock(shared);
     *store.watches.entry(kind).or_default() += 1;
     let signals = store.signals.subscribe();
     let mut closing = false;
-    let pending: VecDeque<String> = match rv {
-        None => store.list(kind, &filter).iter().map(|o| event_line("ADDED", o)).collect(),
-        Some(rv) if rv < store.compacted => {
+    let pending: VecDeque<Pending> = match options.rv {
+        Some(rv) if options.send_initial_events || rv >= store.compacted => {
+            if options.send_initial_events {
+                *store.initial_event_streams.entry(kind).or_default() += 1;
+                initial_events(&store, kind, &filter)
+            } else {
+                store
+                    .since(kind, rv)
+                    .iter()
+                    .filter_map(|record| visible(record, &filter))
+                    .map(|(event, object)| Pending::Object(event, object))
+                    .collect()
+            }
+        }
+        Some(rv) => {
             closing = true;
             let message = format!("too old resource version: {rv} ({})", store.compacted);
-            VecDeque::from([event_line("ERROR", &expired(&message))])
+            VecDeque::from([Pending::Line(event_line("ERROR", &expired(&message)))])
         }
-        Some(rv) => store
-            .since(kind, rv)
-            .iter()
-            .filter_map(|record| visible(record, &filter))
-            .map(|(event, object)| event_line(event, &object))
-            .collect(),
+        None if options.send_initial_events => {
+            *store.initial_event_streams.entry(kind).or_default() += 1;
+            initial_events(&store, kind, &filter)
+        }
+        None => store.list(kind, &filter).into_iter().map(|o| Pending::Object("ADDED", o)).collect(),
+    };
+    // A streaming list is as slow as a list would be.
+    let start_delay = if options.send_initial_events {
+        store.list_delay.get(&kind).copied().unwrap_or_default()
+    } else {
+        Duration::ZERO
     };
     let state = WatchState {
+        store: shared.clone(),
         kind,
         filter,
         pending,
         signals,
         closing,
-        bookmarks,
-        deadline: Instant::now() + timeout,
+        bookmarks: options.bookmarks,
+        deadline: Instant::now() + options.timeout,
         delay: store.event_delay,
+        start_delay,
     };
     drop(store);
-    let lines = futures::stream::unfold(state, next_line);
-    let body = StreamBody::new(futures::StreamExt::map(lines, |line| Ok(Frame::data(Bytes::from(line)))));
+    let chunks = futures::stream::unfold(state, next_chunk);
+    let body = StreamBody::new(futures::StreamExt::map(chunks, |chunk| Ok(Frame::data(Bytes::from(chunk)))));
     let mut response = Response::new(BodyExt::boxed_unsync(body));
     response
         .headers_mut()
@@ -154,11 +345,27 @@ fn watch(
     response
 }
 
-async fn next_line(mut state: WatchState) -> Option<(String, WatchState)> {
+/// A streaming list's start: every current object as ADDED, then the bookmark that ends the
+/// initial events, at the version they were read at.
+fn initial_events(store: &Store, kind: Kind, filter: &Filter) -> VecDeque<Pending> {
+    let mut pending: VecDeque<Pending> =
+        store.list(kind, filter).into_iter().map(|o| Pending::Object("ADDED", o)).collect();
+    pending.push_back(bookmark(kind, store.rv, true));
+    pending
+}
+
+/// The next body chunk: the events that are ready (one at a time when events are delayed).
+async fn next_chunk(mut state: WatchState) -> Option<(String, WatchState)> {
+    tokio::time::sleep(std::mem::take(&mut state.start_delay)).await;
     loop {
-        if let Some(line) = state.pending.pop_front() {
+        if let Some(first) = state.pending.pop_front() {
             tokio::time::sleep(state.delay).await;
-            return Some((line, state));
+            let mut chunk = first.into_line(&state);
+            while state.delay.is_zero() && chunk.len() < FRAME_BYTES {
+                let Some(next) = state.pending.pop_front() else { break };
+                chunk.push_str(&next.into_line(&state));
+            }
+            return Some((chunk, state));
         }
         if state.closing {
             return None;
@@ -170,17 +377,12 @@ async fn next_line(mut state: WatchState) -> Option<(String, WatchState)> {
         match signal {
             Ok(Signal::Change(record)) if record.kind == state.kind => {
                 if let Some((event, object)) = visible(&record, &state.filter) {
-                    state.pending.push_back(event_line(event, &object));
+                    state.pending.push_back(Pending::Object(event, object));
                 }
             }
-            Ok(Signal::Bookmark(rv)) if state.bookmarks => {
-                let info = info(state.kind);
-                let object = json!({"kind": info.kind, "apiVersion": info.api_version,
-                                    "metadata": {"resourceVersion": rv.to_string()}});
-                state.pending.push_back(event_line("BOOKMARK", &object));
-            }
+            Ok(Signal::Bookmark(rv)) if state.bookmarks => state.pending.push_back(bookmark(state.kind, rv, false)),
             Ok(Signal::Expire) => {
-                state.pending.push_back(event_line("ERROR", &expired("too old resource version")));
+                state.pending.push_back(Pending::Line(event_line("ERROR", &expired("too old resource version"))));
                 state.closing = true;
             }
             Ok(_) => {}
@@ -190,13 +392,17 @@ async fn next_line(mut state: WatchState) -> Option<(String, WatchState)> {
     }
 }
 
-fn json_response(code: StatusCode, body: &Value) -> Response<Body> {
-    let mut response = Response::new(BodyExt::boxed_unsync(Full::new(Bytes::from(body.to_string()))));
+fn json_bytes(code: StatusCode, body: Vec<u8>) -> Response<Body> {
+    let mut response = Response::new(BodyExt::boxed_unsync(Full::new(Bytes::from(body))));
     *response.status_mut() = code;
     response
         .headers_mut()
         .insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("application/json"));
     response
+}
+
+fn json_response(code: StatusCode, body: &Value) -> Response<Body> {
+    json_bytes(code, body.to_string().into_bytes())
 }
 
 fn status(code: StatusCode, reason: &str, message: &str) -> Response<Body> {
@@ -218,5 +424,36 @@ mod tests {
         assert_eq!(route("/api/v1/namespaces/x/nodes"), None);
         assert_eq!(route("/apis/networking.k8s.io/v1/servicecidrs"), Some((Kind::ServiceCidr, None)));
         assert_eq!(route("/api/v1/pods"), None);
+    }
+
+    fn query(pairs: &[(&str, &str)]) -> Query {
+        pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+    }
+
+    #[test]
+    fn watch_options_validated_like_kube_apiserver() {
+        let streaming = query(&[
+            ("sendInitialEvents", "true"),
+            ("resourceVersionMatch", "NotOlderThan"),
+            ("allowWatchBookmarks", "true"),
+        ]);
+        assert_eq!(check_watch_options(&streaming, true), Ok(true));
+        let refused = check_watch_options(&streaming, false).unwrap_err();
+        assert!(refused.contains("WatchList feature gate"), "{refused}");
+        let no_match = query(&[("sendInitialEvents", "true"), ("allowWatchBookmarks", "true")]);
+        assert!(check_watch_options(&no_match, true).unwrap_err().contains("NotOlderThan"));
+        let no_bookmarks = query(&[("sendInitialEvents", "true"), ("resourceVersionMatch", "NotOlderThan")]);
+        assert!(check_watch_options(&no_bookmarks, true).unwrap_err().contains("allowWatchBookmarks"));
+        let match_alone = query(&[("resourceVersionMatch", "NotOlderThan"), ("allowWatchBookmarks", "true")]);
+        assert!(check_watch_options(&match_alone, true).unwrap_err().contains("unless sendInitialEvents"));
+        assert_eq!(check_watch_options(&query(&[("allowWatchBookmarks", "true")]), false), Ok(false));
+    }
+
+    #[test]
+    fn continue_tokens_round_trip() {
+        let key = ObjectKey::new("prod", "web-1");
+        assert_eq!(parse_continue(&continue_token(42, &key)), Some((42, key)));
+        assert_eq!(parse_continue("x/y/z"), None);
+        assert_eq!(parse_continue("7"), None);
     }
 }

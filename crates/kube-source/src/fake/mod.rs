@@ -1,16 +1,27 @@
-//! An in-process fake Kubernetes API server for tests.
+//! An in-process fake Kubernetes API server for tests and benchmarks.
 //!
 //! The real kube-apiserver cannot run on the development machines, so the watch path is tested
 //! against this server instead. It speaks the real HTTP protocol that the unmodified kube-rs
-//! client uses — JSON lists with `metadata.resourceVersion`; `?watch=true` streams of
-//! newline-delimited ADDED/MODIFIED/DELETED/BOOKMARK/ERROR events resumed from a resource version;
-//! `410 Gone` (as an ERROR event, like kube-apiserver) for a version older than the compacted
-//! history; label and field selectors — for the four kinds kproxy watches. A control handle adds,
-//! updates and deletes objects and injects the failures a real cluster has: bookmarks, expired
-//! watches, compaction, dropped connections, a server that stops and comes back on the same port,
-//! slow lists and slow events, and an API group that is not served.
+//! client uses, for the four kinds kproxy watches:
+//!
+//! - lists with `metadata.resourceVersion`: `resourceVersion=0` served whole from the "watch
+//!   cache" (which ignores `limit`), otherwise paginated with `limit`/`continue`;
+//! - `?watch=true` streams of newline-delimited ADDED/MODIFIED/DELETED/BOOKMARK/ERROR events,
+//!   resumed from a resource version, ending at `timeoutSeconds`;
+//! - streaming lists (`sendInitialEvents=true`, `resourceVersionMatch=NotOlderThan`): the
+//!   current objects as ADDED, then a BOOKMARK annotated `k8s.io/initial-events-end`; with
+//!   [`FakeApiServer::set_streaming_lists`] off, refused with `422 Invalid` like a server whose
+//!   WatchList feature is off;
+//! - `410 Gone` (as an ERROR event, like kube-apiserver) for a version older than the compacted
+//!   history, and for an expired `continue` token; label and field selectors.
+//!
+//! A control handle adds, updates and deletes objects and injects the failures a real cluster
+//! has: bookmarks, expired watches, compaction, dropped connections, a server that stops and comes
+//! back on the same port, slow lists and slow events, and an API group that is not served.
+//! [`objects`] builds objects shaped like a real cluster's (managedFields, labels, annotations).
 
 mod http;
+pub mod objects;
 mod selector;
 mod store;
 
@@ -105,7 +116,7 @@ impl FakeApiServer {
         lock(&self.store).compact();
     }
 
-    /// Delays every list of `kind` by `delay` (zero to stop).
+    /// Delays every list of `kind` by `delay`, streaming lists included (zero to stop).
     pub fn set_list_delay(&self, kind: Kind, delay: Duration) {
         lock(&self.store).list_delay.insert(kind, delay);
     }
@@ -125,7 +136,24 @@ impl FakeApiServer {
         }
     }
 
-    /// How many lists of `kind` were answered.
+    /// Answers streaming lists (`sendInitialEvents`), or refuses them with `422 Invalid` like a
+    /// server whose WatchList feature is off (default: on, as in current kube-apiserver releases).
+    pub fn set_streaming_lists(&self, on: bool) {
+        lock(&self.store).streaming_lists = on;
+    }
+
+    /// How many watches of `kind` were opened as streaming lists (with initial events).
+    pub fn streamed_lists(&self, kind: Kind) -> usize {
+        lock(&self.store).initial_event_streams.get(&kind).copied().unwrap_or_default()
+    }
+
+    /// How many streaming lists of `kind` were sent in full (their initial-events-end bookmark
+    /// written).
+    pub fn streamed_lists_completed(&self, kind: Kind) -> usize {
+        lock(&self.store).initial_events_ends.get(&kind).copied().unwrap_or_default()
+    }
+
+    /// How many list requests (pages included) of `kind` were answered.
     pub fn list_count(&self, kind: Kind) -> usize {
         lock(&self.store).lists.get(&kind).copied().unwrap_or_default()
     }

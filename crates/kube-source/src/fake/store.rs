@@ -2,6 +2,7 @@
 //! watches resume from (like etcd behind a real API server).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Bound;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -61,9 +62,9 @@ pub(crate) struct Record {
     pub(crate) kind: Kind,
     pub(crate) op: Op,
     /// The version before the change (for selector transitions).
-    pub(crate) old: Option<Value>,
+    pub(crate) old: Option<Arc<Value>>,
     /// The version after the change (the last version for a delete).
-    pub(crate) new: Value,
+    pub(crate) new: Arc<Value>,
 }
 
 /// What open watches are told.
@@ -75,7 +76,7 @@ pub(crate) enum Signal {
 }
 
 /// What a watcher with these selectors sees of a record, as a watch event type and object.
-pub(crate) fn visible(record: &Record, filter: &Filter) -> Option<(&'static str, Value)> {
+pub(crate) fn visible(record: &Record, filter: &Filter) -> Option<(&'static str, Arc<Value>)> {
     let before = record.old.as_ref().is_some_and(|v| filter.matches(v));
     let after = record.op != Op::Deleted && filter.matches(&record.new);
     let kind = match (record.op, before, after) {
@@ -88,9 +89,13 @@ pub(crate) fn visible(record: &Record, filter: &Filter) -> Option<(&'static str,
 }
 
 /// A watch event line.
+///
+/// `type` comes first, as kube-apiserver writes it (Go's field order). It matters: a client
+/// decodes the object straight away when it knows the type, and buffers it first otherwise.
 pub(crate) fn event_line(kind: &str, object: &Value) -> String {
-    let mut line = json!({"type": kind, "object": object}).to_string();
-    line.push('\n');
+    let mut line = format!("{{\"type\":{},\"object\":", Value::from(kind));
+    line.push_str(&object.to_string());
+    line.push_str("}\n");
     line
 }
 
@@ -100,11 +105,12 @@ pub(crate) fn expired(message: &str) -> Value {
            "message": message, "reason": "Expired", "code": 410})
 }
 
-/// The mutable state behind the server.
+/// The mutable state behind the server. Objects are shared (`Arc`) between the current state,
+/// the history and the lists and watches being served, so a large cluster is held once.
 #[derive(Debug)]
 pub(crate) struct Store {
     pub(crate) rv: u64,
-    objects: BTreeMap<Kind, BTreeMap<ObjectKey, Value>>,
+    objects: BTreeMap<Kind, BTreeMap<ObjectKey, Arc<Value>>>,
     history: Vec<Arc<Record>>,
     /// Watches from a resource version below this get `410 Gone`.
     pub(crate) compacted: u64,
@@ -113,6 +119,13 @@ pub(crate) struct Store {
     pub(crate) event_delay: Duration,
     pub(crate) lists: BTreeMap<Kind, usize>,
     pub(crate) watches: BTreeMap<Kind, usize>,
+    /// Watches that asked for `sendInitialEvents=true`, per kind.
+    pub(crate) initial_event_streams: BTreeMap<Kind, usize>,
+    /// Bookmarks ending a streaming list's initial events that were written, per kind.
+    pub(crate) initial_events_ends: BTreeMap<Kind, usize>,
+    /// Answer `sendInitialEvents` (the WatchList feature, on by default in current releases); when off,
+    /// such watches are refused with `422 Invalid`, as a server with the feature gate off does.
+    pub(crate) streaming_lists: bool,
     pub(crate) signals: broadcast::Sender<Signal>,
 }
 
@@ -128,6 +141,9 @@ impl Store {
             event_delay: Duration::ZERO,
             lists: BTreeMap::new(),
             watches: BTreeMap::new(),
+            initial_event_streams: BTreeMap::new(),
+            initial_events_ends: BTreeMap::new(),
+            streaming_lists: true,
             signals: broadcast::channel(4096).0,
         }
     }
@@ -145,6 +161,7 @@ impl Store {
             }
         }
         let key = key_of(&object);
+        let object = Arc::new(object);
         let old = self.objects.entry(kind).or_default().insert(key, object.clone());
         let op = if old.is_some() { Op::Modified } else { Op::Added };
         self.record(Record { rv: self.rv, kind, op, old, new: object });
@@ -155,11 +172,11 @@ impl Store {
     pub(crate) fn delete(&mut self, kind: Kind, key: &ObjectKey) -> Option<u64> {
         let old = self.objects.get_mut(&kind)?.remove(key)?;
         self.rv += 1;
-        let mut last = old.clone();
+        let mut last = Value::clone(&old);
         if let Some(meta) = last.get_mut("metadata").and_then(Value::as_object_mut) {
             meta.insert("resourceVersion".into(), self.rv.to_string().into());
         }
-        self.record(Record { rv: self.rv, kind, op: Op::Deleted, old: Some(old), new: last });
+        self.record(Record { rv: self.rv, kind, op: Op::Deleted, old: Some(old), new: Arc::new(last) });
         Some(self.rv)
     }
 
@@ -177,8 +194,29 @@ impl Store {
     }
 
     /// Current objects of `kind` passing `filter`.
-    pub(crate) fn list(&self, kind: Kind, filter: &Filter) -> Vec<Value> {
-        self.objects.get(&kind).into_iter().flat_map(|m| m.values()).filter(|v| filter.matches(v)).cloned().collect()
+    pub(crate) fn list(&self, kind: Kind, filter: &Filter) -> Vec<Arc<Value>> {
+        self.page(kind, filter, None, usize::MAX).0
+    }
+
+    /// Up to `limit` current objects of `kind` passing `filter`, in key order after `after`, and
+    /// the key of the last one returned when more remain (where the next page starts).
+    pub(crate) fn page(
+        &self,
+        kind: Kind,
+        filter: &Filter,
+        after: Option<&ObjectKey>,
+        limit: usize,
+    ) -> (Vec<Arc<Value>>, Option<ObjectKey>) {
+        let Some(objects) = self.objects.get(&kind) else { return (Vec::new(), None) };
+        let range = match after {
+            Some(after) => objects.range::<ObjectKey, _>((Bound::Excluded(after), Bound::Unbounded)),
+            None => objects.range::<ObjectKey, _>(..),
+        };
+        let mut matching = range.filter(|(_, v)| filter.matches(v));
+        let page: Vec<(&ObjectKey, &Arc<Value>)> = matching.by_ref().take(limit).collect();
+        let more = matching.next().is_some();
+        let next = page.last().filter(|_| more).map(|(key, _)| (*key).clone());
+        (page.into_iter().map(|(_, v)| v.clone()).collect(), next)
     }
 
     /// History records of `kind` after `rv`.
@@ -190,4 +228,17 @@ impl Store {
 pub(crate) fn key_of(object: &Value) -> ObjectKey {
     let field = |name: &str| object.pointer(&format!("/metadata/{name}")).and_then(Value::as_str).unwrap_or_default();
     ObjectKey::new(field("namespace"), field("name"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_lines_put_the_type_first_like_kube_apiserver() {
+        let line = event_line("ADDED", &json!({"metadata": {"name": "web"}, "apiVersion": "v1"}));
+        assert_eq!(line, "{\"type\":\"ADDED\",\"object\":{\"apiVersion\":\"v1\",\"metadata\":{\"name\":\"web\"}}}\n");
+        let parsed: Value = serde_json::from_str(&line).unwrap_or_default();
+        assert_eq!(parsed["object"]["metadata"]["name"], "web");
+    }
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kproxy_kube_source::fake::FakeApiServer;
-use kproxy_kube_source::{KubeSourceOptions, RetryBackoff, SourceStats, run};
+use kproxy_kube_source::{KubeSourceOptions, ListMode, RetryBackoff, SourceStats, run};
 use kproxy_state::{Change, ClusterState, Kind, ObjectKey};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
@@ -54,7 +54,26 @@ pub fn names(change: &Change) -> (Kind, &'static str, Vec<String>) {
             names.sort();
             (*kind, "replaced", names)
         }
+        Change::Synced(kind) => (*kind, "synced", Vec::new()),
     }
+}
+
+/// The objects of `kind` applied before its `Synced` (the first listing), sorted; fails the test
+/// when `changes` holds no `Synced` of that kind.
+pub fn first_listing(changes: &[Change], kind: Kind) -> Vec<String> {
+    let end = changes
+        .iter()
+        .position(|c| *c == Change::Synced(kind))
+        .unwrap_or_else(|| panic!("no Synced({kind}) in {:#?}", changes.iter().map(names).collect::<Vec<_>>()));
+    let mut listed: Vec<String> = changes[..end]
+        .iter()
+        .filter_map(|c| match c {
+            Change::Applied(o) if o.kind() == kind => Some(o.key().to_string()),
+            _ => None,
+        })
+        .collect();
+    listed.sort();
+    listed
 }
 
 pub fn ev(kind: Kind, what: &'static str, names: &[&str]) -> (Kind, &'static str, Vec<String>) {
@@ -89,11 +108,17 @@ impl Harness {
         }
     }
 
-    /// Starts the source (the unmodified kube-rs client against the fake server).
+    /// Starts the source (the unmodified kube-rs client against the fake API server).
     pub fn start_source(&mut self) {
         let client = kube::Client::try_from(self.server.kube_config().unwrap()).unwrap();
+        self.start_source_with(client, ListMode::default());
+    }
+
+    /// Starts the source with this client and list mode.
+    pub fn start_source_with(&mut self, client: kube::Client, list_mode: ListMode) {
         let mut opts = KubeSourceOptions::new(NODE);
         opts.backoff = RetryBackoff::Fixed(Duration::from_millis(100));
+        opts.list_mode = list_mode;
         let (tx, rx) = mpsc::channel(64);
         self.task = Some(tokio::spawn(run(client, opts, tx, self.stats.clone())));
         self.rx = Some(rx);

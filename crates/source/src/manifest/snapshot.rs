@@ -8,10 +8,15 @@
 //! Bad input never takes down what works: when a file that loaded before now has errors (or cannot
 //! be read), the objects its last version defined that the new version no longer yields *stay*,
 //! until the file is fixed or deleted. Deleting a file deletes its objects.
+//!
+//! Each object is held once (shared between its file's entry and the merged view), and a file's
+//! bytes are remembered only as a digest: what is kept is what the diff needs, nothing more.
 
 use std::collections::BTreeMap;
 use std::collections::btree_map::Entry;
+use std::hash::{DefaultHasher, Hash, Hasher};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use kproxy_state::{Change, Kind, Object, ObjectKey};
 
@@ -30,15 +35,27 @@ pub struct Origin {
 
 #[derive(Debug, Clone)]
 struct Located {
-    object: Object,
+    object: Arc<Object>,
     origin: Origin,
+}
+
+/// A file's length and 64-bit digest: enough to tell an unchanged file without keeping its bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Digest(usize, u64);
+
+impl Digest {
+    fn of(content: &[u8]) -> Self {
+        let mut hasher = DefaultHasher::new();
+        content.hash(&mut hasher);
+        Digest(content.len(), hasher.finish())
+    }
 }
 
 /// What one file contributed.
 #[derive(Debug, Clone)]
 struct FileEntry {
-    /// The bytes that were parsed, to skip re-parsing an unchanged file.
-    content: Option<Vec<u8>>,
+    /// What was parsed, to skip re-parsing an unchanged file.
+    content: Option<Digest>,
     /// Objects in file order: those it yields now, then those kept from an earlier version.
     objects: Vec<Located>,
     errors: Vec<ManifestError>,
@@ -59,10 +76,14 @@ pub fn load(dir: &Path) -> Result<Snapshot, SourceError> {
     Snapshot { dir: dir.to_path_buf(), ..Snapshot::default() }.reload()
 }
 
-/// The changes a consumer needs first: one `Replaced` per kind, every kind, in [`Kind::ALL`] order
-/// (each also marks its kind as synced).
-pub fn initial_changes(snapshot: &Snapshot) -> Vec<Change> {
-    Kind::ALL.iter().map(|&kind| Change::Replaced(kind, snapshot.objects_of(kind).cloned().collect())).collect()
+/// The changes a consumer needs first, kind by kind in [`Kind::ALL`] order: every object as
+/// `Applied`, then `Synced`. Produced one at a time, so sending them never copies the whole
+/// directory at once.
+pub fn initial_changes(snapshot: &Snapshot) -> impl Iterator<Item = Change> + '_ {
+    Kind::ALL.into_iter().flat_map(move |kind| {
+        let objects = snapshot.objects_of(kind).map(|object| Change::Applied(object.clone()));
+        objects.chain(std::iter::once(Change::Synced(kind)))
+    })
 }
 
 impl Snapshot {
@@ -73,7 +94,7 @@ impl Snapshot {
 
     /// Every object, ordered by kind, namespace and name.
     pub fn objects(&self) -> impl Iterator<Item = &Object> {
-        self.objects.values().map(|l| &l.object)
+        self.objects.values().map(|l| &*l.object)
     }
 
     /// The objects of one kind, ordered by namespace and name.
@@ -81,7 +102,7 @@ impl Snapshot {
         self.objects
             .range((kind, ObjectKey::default())..)
             .take_while(move |((k, _), _)| *k == kind)
-            .map(|(_, l)| &l.object)
+            .map(|(_, l)| &*l.object)
     }
 
     /// Number of objects.
@@ -96,7 +117,7 @@ impl Snapshot {
 
     /// One object.
     pub fn get(&self, kind: Kind, key: &ObjectKey) -> Option<&Object> {
-        self.objects.get(&(kind, key.clone())).map(|l| &l.object)
+        self.objects.get(&(kind, key.clone())).map(|l| &*l.object)
     }
 
     /// Where an object was defined.
@@ -110,7 +131,7 @@ impl Snapshot {
     }
 
     /// See [`initial_changes`].
-    pub fn initial_changes(&self) -> Vec<Change> {
+    pub fn initial_changes(&self) -> impl Iterator<Item = Change> + '_ {
         initial_changes(self)
     }
 
@@ -134,11 +155,11 @@ impl Snapshot {
                 Err(e) => Err(e),
             };
             let entry = match (content, previous) {
-                (Ok(content), Some(previous)) if previous.content.as_deref() == Some(&content) => previous.clone(),
+                (Ok(content), Some(previous)) if previous.content == Some(Digest::of(&content)) => previous.clone(),
                 (Ok(content), _) => {
                     changed = true;
                     let (objects, errors) = parse_file(&path, &content);
-                    FileEntry { content: Some(content), objects, errors }
+                    FileEntry { content: Some(Digest::of(&content)), objects, errors }
                 }
                 (Err(e), _) => {
                     let error = ManifestError::new(&path, None, format!("cannot read: {e}"));
@@ -162,7 +183,7 @@ impl Snapshot {
                 self.objects.range((kind, ObjectKey::default())..).take_while(|((k, _), _)| *k == kind)
             {
                 if older.objects.get(&(*k, key.clone())).is_none_or(|old| old.object != new.object) {
-                    changes.push(Change::Applied(new.object.clone()));
+                    changes.push(Change::Applied(Object::clone(&new.object)));
                 }
             }
         }
@@ -226,7 +247,10 @@ fn parse_file(path: &Path, content: &[u8]) -> (Vec<Located>, Vec<ManifestError>)
     }
     let objects = decoded
         .into_iter()
-        .map(|Decoded { object, line }| Located { object, origin: Origin { file: path.to_path_buf(), line } })
+        .map(|Decoded { object, line }| Located {
+            object: Arc::new(object),
+            origin: Origin { file: path.to_path_buf(), line },
+        })
         .collect();
     (objects, errors)
 }
@@ -279,4 +303,47 @@ fn merge(dir: PathBuf, files: BTreeMap<PathBuf, FileEntry>) -> Snapshot {
     }
     errors.sort_by(|a, b| (&a.file, a.line).cmp(&(&b.file, b.line)));
     Snapshot { dir, files, objects, errors }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("kproxy-snapshot-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn each_object_is_held_once_and_files_only_as_digests() {
+        let dir = scratch("once");
+        let service = |name: &str, ip: &str| {
+            format!(
+                "apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\nspec:\n  clusterIP: {ip}\n  ports:\n  - port: 80\n"
+            )
+        };
+        std::fs::write(dir.join("a.yaml"), service("a", "198.18.128.1")).unwrap();
+        std::fs::write(dir.join("b.yaml"), service("b", "198.18.128.2")).unwrap();
+        let first = load(&dir).unwrap();
+        assert_eq!(first.len(), 2);
+        // One copy, shared by the file's entry and the merged view.
+        for located in first.objects.values() {
+            assert_eq!(Arc::strong_count(&located.object), 2, "{:?}", located.object.key());
+        }
+        let digest = first.files.get(&dir.join("a.yaml")).and_then(|f| f.content);
+        assert_eq!(digest, Some(Digest::of(service("a", "198.18.128.1").as_bytes())));
+
+        // A re-read of an unchanged file reuses its objects; a changed file is parsed again.
+        std::fs::write(dir.join("b.yaml"), service("b", "198.18.128.3")).unwrap();
+        let second = first.reload().unwrap();
+        let a =
+            |s: &Snapshot| s.objects.get(&(Kind::Service, ObjectKey::new("default", "a"))).map(|l| l.object.clone());
+        assert!(a(&first).zip(a(&second)).is_some_and(|(x, y)| Arc::ptr_eq(&x, &y)), "unchanged file not re-parsed");
+        let changes: Vec<String> = second.changes_since(&first).iter().map(|c| c.kind().to_string()).collect();
+        assert_eq!(changes, ["Service"], "only b changed");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

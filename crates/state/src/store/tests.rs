@@ -91,3 +91,49 @@ fn unchanged_reapply_is_not_dirty() {
     state.apply(Change::Applied(service("a", "198.18.0.1", &[])));
     assert!(state.take_dirty().services.is_empty());
 }
+
+#[test]
+fn synced_marks_only_its_kind_and_keeps_the_streamed_objects() {
+    let mut state = ClusterState::new();
+    state.apply(Change::Applied(service("a", "198.18.0.1", &[])));
+    assert!(!state.is_synced(Kind::Service));
+    let outcome = state.apply(Change::Synced(Kind::Service));
+    assert_eq!(outcome, ApplyOutcome::default());
+    assert!(state.is_synced(Kind::Service));
+    assert!(!state.is_synced(Kind::EndpointSlice));
+    let names: Vec<_> = state.services().map(|s| s.key.name.clone()).collect();
+    assert_eq!(names, ["a"], "Synced removes nothing: the source sends what is gone as Deleted");
+}
+
+#[test]
+fn endpoints_on_one_node_share_its_name_and_a_rewrite_keeps_slices_in_name_order() {
+    let mut state = ClusterState::new();
+    let on_node = |name: &str, svc: &str| {
+        let Object::EndpointSlice(mut slice) = slice(name, svc, &["198.18.1.1", "198.18.1.2"]) else { unreachable!() };
+        for ep in &mut slice.endpoints {
+            ep.node_name = Some("node-a".into());
+        }
+        Object::EndpointSlice(slice)
+    };
+    state.apply(Change::Applied(on_node("s2", "a")));
+    state.apply(Change::Applied(on_node("s1", "a")));
+    let names: Vec<_> = state.slices_of(&ObjectKey::new("ns", "a")).map(|s| s.key.name.clone()).collect();
+    assert_eq!(names, ["s1", "s2"]);
+    let nodes: Vec<Arc<str>> = state
+        .slices_of(&ObjectKey::new("ns", "a"))
+        .flat_map(|s| s.endpoints.iter())
+        .map(|e| e.node_name.clone().unwrap())
+        .collect();
+    assert_eq!(nodes.len(), 4);
+    assert!(nodes.iter().all(|n| Arc::ptr_eq(n, &nodes[0]) && &**n == "node-a"), "one shared copy");
+    assert_eq!(state.slices_of(&ObjectKey::new("ns", "a")).next().unwrap().endpoints[0].hints, None);
+
+    // Replacing one slice in place and deleting the other.
+    state.take_dirty();
+    state.apply(Change::Applied(slice("s1", "a", &["198.18.1.9"])));
+    assert!(state.take_dirty().services.contains(&ObjectKey::new("ns", "a")));
+    state.apply(Change::Deleted(Kind::EndpointSlice, ObjectKey::new("ns", "s2")));
+    let ips: Vec<_> =
+        state.slices_of(&ObjectKey::new("ns", "a")).flat_map(|s| s.endpoints.iter().map(|e| e.ip)).collect();
+    assert_eq!(ips, ["198.18.1.9".parse::<std::net::IpAddr>().unwrap()]);
+}

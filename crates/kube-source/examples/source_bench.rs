@@ -1,0 +1,315 @@
+//! What the API source costs: bytes per object in kproxy's state and plan, and time and peak
+//! memory of an initial list through the fake API server.
+//!
+//! ```sh
+//! cargo run --release -p kproxy-kube-source --example source_bench -- bytes
+//! cargo run --release -p kproxy-kube-source --example source_bench -- list --services 100000
+//! ```
+//!
+//! `bytes` builds Services (one TCP port) with one 5-endpoint EndpointSlice each, shaped like a
+//! real cluster's (`fake::objects`), applies them to a `ClusterState`, builds the plan, and
+//! reports the heap bytes each holds per Service (a counting allocator: live bytes after minus
+//! before, divided by the count; allocator-internal overhead is not included).
+//!
+//! `list` starts the fake API server in a child process (so its memory is not ours) holding the
+//! same objects, then runs the real source (`kproxy_kube_source::run`, kube-proxy's default
+//! client rate limit 5 qps / burst 10) into a `ClusterState`, as the daemon does, and reports the
+//! time from start until Services and EndpointSlices are both synced and the peak RSS (VmHWM)
+//! and peak heap of this process. It times the client side of the list: the server's
+//! serialization runs in the other process, on the same 2 cores; no dataplane, no plan. Then the
+//! server expires every watch with its history compacted, and the relist that follows is timed
+//! and its peak heap above the settled state reported. (`serve` and `load --server URL` run the
+//! two halves separately.)
+
+#![allow(unsafe_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::io::{BufRead, Write};
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kproxy_kube_source::fake::FakeApiServer;
+use kproxy_kube_source::fake::objects::{self, Endpoint};
+use kproxy_kube_source::{KubeSourceOptions, ListMode, SourceStats, client_from_config};
+use kproxy_plan::{NodeContext, Planner, ProxyPolicy};
+use kproxy_state::{Change, ClusterState, Kind, Object, ServiceObject};
+use serde_json::Value;
+
+/// The system allocator, counting live and peak heap bytes.
+struct Counting;
+
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+
+fn grew(by: usize) {
+    let live = LIVE.fetch_add(by, Ordering::Relaxed) + by;
+    PEAK.fetch_max(live, Ordering::Relaxed);
+}
+
+// SAFETY: every call is forwarded unchanged to `System`; only counters are updated around it.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        grew(layout.size());
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        grew(layout.size());
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        if new_size >= layout.size() {
+            grew(new_size - layout.size());
+        } else {
+            LIVE.fetch_sub(layout.size() - new_size, Ordering::Relaxed);
+        }
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+fn live() -> usize {
+    LIVE.load(Ordering::Relaxed)
+}
+
+fn mib(bytes: usize) -> f64 {
+    bytes as f64 / (1024.0 * 1024.0)
+}
+
+/// Peak resident set size of this process, MiB.
+fn vm_hwm_mib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let kib = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .unwrap_or(0.0);
+    kib / 1024.0
+}
+
+const NODES: usize = 100;
+const NAMESPACES: usize = 50;
+const ENDPOINTS: usize = 5;
+
+/// Service `i`: namespace, name, ClusterIP and port. Addresses stay in 198.18.0.0/15: ClusterIPs
+/// in 198.19.0.0/16 (the port changes once they are used up), pods in 198.18.0.0/16 (reused).
+fn service_of(i: usize) -> (String, String, IpAddr, u16) {
+    let ip_index = i % 65_534 + 1;
+    let ip = IpAddr::V4(Ipv4Addr::new(198, 19, (ip_index >> 8) as u8, (ip_index & 0xff) as u8));
+    (format!("ns-{}", i % NAMESPACES), format!("svc-{i}"), ip, 80 + (i / 65_534) as u16)
+}
+
+fn cluster(i: usize) -> (Value, Value) {
+    let (namespace, name, ip, port) = service_of(i);
+    let nodes: Vec<String> = (0..ENDPOINTS).map(|j| format!("node-{}", (i + j) % NODES)).collect();
+    let endpoints: Vec<Endpoint<'_>> = (0..ENDPOINTS)
+        .map(|j| {
+            let k = (i * ENDPOINTS + j) % 65_534 + 1;
+            Endpoint { ip: IpAddr::V4(Ipv4Addr::new(198, 18, (k >> 8) as u8, (k & 0xff) as u8)), node: &nodes[j] }
+        })
+        .collect();
+    let service = objects::service(&namespace, &name, ip, port, 8080);
+    let slice = objects::endpoint_slice(&namespace, &name, &format!("{name}-x7k2p"), &endpoints, 8080);
+    (service, slice)
+}
+
+fn typed(i: usize) -> (Object, Object) {
+    let (service, slice) = cluster(i);
+    let service: Service = serde_json::from_value(service).unwrap();
+    let slice: EndpointSlice = serde_json::from_value(slice).unwrap();
+    (Object::Service(Box::new(ServiceObject::from(service))), Object::EndpointSlice(Box::new(slice)))
+}
+
+fn bytes(n: usize) {
+    let json_bytes: usize = (0..100).map(|i| cluster(i).0.to_string().len() + cluster(i).1.to_string().len()).sum();
+
+    // Typed objects, as a source that kept them would hold them (what a whole list cost before).
+    let before = live();
+    let held: Vec<(Object, Object)> = (0..n).map(typed).collect();
+    let typed_bytes = live() - before;
+    drop(held);
+
+    let mut state = ClusterState::new();
+    let start = live();
+    for i in 0..n {
+        let (service, _) = typed(i);
+        state.apply(Change::Applied(service));
+    }
+    let services = live() - start;
+    for i in 0..n {
+        let (_, slice) = typed(i);
+        state.apply(Change::Applied(slice));
+    }
+    let slices = live() - start - services;
+    state.take_dirty();
+
+    let planner = Planner::new(ProxyPolicy::default(), NodeContext { name: "node-0".into(), ..Default::default() });
+    let before_plan = live();
+    let plan = planner.build(&state);
+    let plan_bytes = live() - before_plan;
+    drop(plan);
+
+    let per = |bytes: usize| bytes as f64 / n as f64;
+    println!(
+        "{n} Services, each one TCP port and one EndpointSlice of {ENDPOINTS} endpoints (heap bytes per Service):"
+    );
+    println!("  JSON as the API server sends it (with managedFields)   {:>8.0}", json_bytes as f64 / 100.0);
+    println!("  typed objects (k8s-openapi Service + EndpointSlice)     {:>8.0}", per(typed_bytes));
+    println!("  state: Service record                                  {:>8.0}", per(services));
+    println!("  state: EndpointSlice record ({ENDPOINTS} endpoints)              {:>8.0}", per(slices));
+    println!("  state: total                                           {:>8.0}", per(services + slices));
+    println!("  plan (both families, as the daemon plans)              {:>8.0}", per(plan_bytes));
+    println!(
+        "  sizes: ServiceInfo {} B, SliceInfo {} B, EndpointInfo {} B, ObjectKey {} B",
+        size_of::<kproxy_state::ServiceInfo>(),
+        size_of::<kproxy_state::SliceInfo>(),
+        size_of::<kproxy_state::EndpointInfo>(),
+        size_of::<kproxy_state::ObjectKey>()
+    );
+}
+
+/// Serves `n` Services with their slices until stdin closes; prints the URL first.
+async fn serve(n: usize) {
+    let server = FakeApiServer::start().await.unwrap();
+    for i in 0..n {
+        let (service, slice) = cluster(i);
+        server.apply(Kind::Service, service);
+        server.apply(Kind::EndpointSlice, slice);
+    }
+    let mut node = serde_json::json!({"metadata": {"name": "node-0"}, "spec": {"podCIDR": "198.18.0.0/24"}});
+    node["status"] = serde_json::json!({"addresses": [{"type": "InternalIP", "address": "203.0.113.2"}]});
+    server.apply(Kind::Node, node);
+    // The history of the load is not needed: lists and watches start from the current version.
+    server.compact();
+    println!("{}", server.url());
+    std::io::stdout().flush().unwrap();
+    // "expire" on stdin forces every client to relist (history compacted, watches expired).
+    let (lines_tx, mut lines) = tokio::sync::mpsc::unbounded_channel::<String>();
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lock().lines() {
+            let Ok(line) = line else { break };
+            if lines_tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    while let Some(line) = lines.recv().await {
+        if line.trim() == "expire" {
+            server.compact();
+            server.expire_watches();
+        }
+    }
+}
+
+fn parse_mode(mode: &str) -> ListMode {
+    match mode {
+        "streaming" => ListMode::Streaming,
+        "watch-cache" => ListMode::WatchCache,
+        "paginated" => ListMode::Paginated(500),
+        other => panic!("unknown mode {other:?} (streaming, watch-cache, paginated)"),
+    }
+}
+
+/// Lists from the server at `url` into a state; prints one result row. With `relist`, then
+/// asks the server (through it) to expire every watch and measures the relist too.
+async fn load(url: &str, mode: &str, n: usize, relist: Option<&mut std::process::ChildStdin>) {
+    let config = kube::Config::new(url.parse().unwrap());
+    let client = client_from_config(config, 5.0, 10, "application/json").unwrap();
+    let mut options = KubeSourceOptions::new("node-0");
+    options.list_mode = parse_mode(mode);
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Change>(1024);
+    PEAK.store(live(), Ordering::Relaxed);
+    let heap_before = live();
+    let start = Instant::now();
+    let stats = Arc::new(SourceStats::new());
+    let source = tokio::spawn(kproxy_kube_source::run(client, options, tx, stats.clone()));
+    let mut state = ClusterState::new();
+    while !(state.is_synced(Kind::Service) && state.is_synced(Kind::EndpointSlice)) {
+        let change = tokio::time::timeout(Duration::from_secs(600), rx.recv()).await.unwrap().unwrap();
+        state.apply(change);
+    }
+    let took = start.elapsed();
+    let services = state.services().count();
+    let heap_after = live() - heap_before;
+    let peak = PEAK.load(Ordering::Relaxed) - heap_before;
+    assert_eq!(services, n, "every Service listed");
+    println!(
+        "{n:>7} services  {mode:<12} start→synced {:>7.2} s  peak RSS {:>7.0} MiB  peak heap {:>7.0} MiB  heap after {:>6.0} MiB",
+        took.as_secs_f64(),
+        vm_hwm_mib(),
+        mib(peak),
+        mib(heap_after)
+    );
+    if let Some(server) = relist {
+        // The relist after 410 Gone: its peak heap above what the synced state held.
+        let settled = live();
+        PEAK.store(settled, Ordering::Relaxed);
+        let start = Instant::now();
+        writeln!(server, "expire").unwrap();
+        server.flush().unwrap();
+        let relisted = |stats: &SourceStats| stats.lists(Kind::Service) >= 2 && stats.lists(Kind::EndpointSlice) >= 2;
+        while !relisted(&stats) {
+            if let Ok(Some(change)) = tokio::time::timeout(Duration::from_millis(100), rx.recv()).await {
+                state.apply(change);
+            }
+        }
+        while let Ok(change) = rx.try_recv() {
+            state.apply(change);
+        }
+        println!(
+            "{n:>7} services  {mode:<12} relist       {:>7.2} s  peak heap above the settled state {:>5.0} MiB (settled {:.0} MiB)",
+            start.elapsed().as_secs_f64(),
+            mib(PEAK.load(Ordering::Relaxed) - settled),
+            mib(settled - heap_before)
+        );
+        assert_eq!(state.services().count(), n, "every Service still there");
+    }
+    source.abort();
+}
+
+fn arg(args: &[String], name: &str) -> Option<String> {
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned()
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let n: usize = arg(&args, "--services").map_or(10_000, |s| s.parse().unwrap());
+    let mode = arg(&args, "--mode").unwrap_or_else(|| "streaming".into());
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    match args.first().map(String::as_str) {
+        Some("bytes") => bytes(n),
+        Some("serve") => runtime.block_on(serve(n)),
+        Some("load") => runtime.block_on(load(&arg(&args, "--server").expect("--server URL"), &mode, n, None)),
+        Some("list") => {
+            // The server in a child process, so its memory and allocations are not counted here.
+            let exe = std::env::current_exe().unwrap();
+            let mut child = std::process::Command::new(exe)
+                .args(["serve", "--services", &n.to_string()])
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            let mut url = String::new();
+            std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut url).unwrap();
+            let mut stdin = child.stdin.take();
+            runtime.block_on(load(url.trim(), &mode, n, stdin.as_mut()));
+            drop(stdin);
+            child.wait().unwrap();
+        }
+        _ => eprintln!(
+            "usage: source_bench bytes|list|serve|load [--services N] [--mode streaming|watch-cache|paginated] [--server URL]"
+        ),
+    }
+}
