@@ -24,6 +24,8 @@ impl ChangeCounts {
             Change::Applied(object) => (object.kind(), vec![object.key()]),
             Change::Deleted(kind, key) => (*kind, vec![key.clone()]),
             Change::Replaced(kind, objects) => (*kind, objects.iter().map(|object| object.key()).collect()),
+            // The end of a streamed listing: its objects were counted as they came.
+            Change::Synced(kind) => (*kind, Vec::new()),
         };
         match kind {
             Kind::EndpointSlice => {
