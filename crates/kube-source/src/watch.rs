@@ -44,9 +44,9 @@ pub enum ListMode {
     /// on, for the life of the process.
     #[default]
     Streaming,
-    /// A list from the API server's watch cache (`resourceVersion=0`), then a watch. The watch
-    /// cache answers in one response (it ignores `limit`); an API server without one pages it by
-    /// 500.
+    /// A list from the API server's watch cache (`resourceVersion=0`, no `limit`: the watch
+    /// cache would ignore it), then a watch. Answered in one response, which kube-rs decodes
+    /// whole: fast, but the whole list exists at once as raw objects while it is converted.
     WatchCache,
     /// A consistent list (`resourceVersion` unset) paginated by this many objects a request,
     /// then a watch. Each page is a request under the client rate limit.

@@ -262,7 +262,11 @@ async fn the_client_rate_limit_counts_requests_so_a_streaming_start_is_not_throt
     // 22 requests: 4 from the burst, 18 at 10 per second.
     assert!(paginated >= Duration::from_millis(1700), "pages were not rate limited: {paginated:?}");
 
+    // A streaming start is one request per kind, within the burst: nothing waits for a token.
     let (streaming, streamed) = rate_limited_start(ListMode::Streaming).await;
-    assert_eq!(streaming.server.list_count(Kind::Service), 0);
-    assert!(streamed < Duration::from_millis(1500), "a streaming start was throttled: {streamed:?}");
+    for kind in Kind::ALL {
+        assert_eq!(streaming.server.list_count(kind), 0, "{kind}");
+        assert_eq!(streaming.server.watch_count(kind), 1, "{kind}");
+    }
+    assert!(streamed < paginated, "a streaming start was throttled: {streamed:?} (paginated: {paginated:?})");
 }
