@@ -205,3 +205,27 @@ async fn the_periodic_sync_is_a_check_and_the_plan_is_rebuilt_only_hourly() {
     p.check();
     assert_eq!(rec.calls(), [Call::Full(1), Call::Verify(1), Call::Full(1)], "a full sync once an hour");
 }
+
+/// With the default `minSyncPeriod` of 1 s, changes arriving one per second each find a sync
+/// token: none waits for the bucket, with or without periodic checks in between.
+#[tokio::test(start_paused = true)]
+async fn a_change_a_second_never_waits_for_the_token_bucket() {
+    let rec = Recorder::default();
+    let mut p = proxier(&rec);
+    p.pacing.min_sync_period = Duration::from_secs(1);
+    p.pacing.sync_period = Duration::from_secs(30);
+    p.tokens = SyncTokens::full(&p.pacing);
+    p.apply(Change::Replaced(Kind::Service, vec![]));
+    p.apply(Change::Replaced(Kind::EndpointSlice, vec![]));
+    assert!(p.sync());
+    for i in 0..100 {
+        tokio::time::advance(Duration::from_millis(1000)).await;
+        if i % 30 == 29 {
+            p.check();
+        }
+        p.apply(Change::Applied(service(&format!("s{i}"), &format!("198.18.128.{}", i + 1))));
+        let now = Instant::now();
+        assert_eq!(p.next_sync_at(now), now, "change {i} waits");
+        assert!(p.sync());
+    }
+}
