@@ -179,9 +179,9 @@ fn status_kib(status: &str, field: &str) -> anyhow::Result<f64> {
         .with_context(|| format!("no {field} in /proc/<pid>/status"))
 }
 
-/// The sum of every sample of metric `name` in kproxy's `/metrics` (run inside the node
-/// namespace); `None` when kproxy does not answer.
-pub fn metric(ns: &Netns, name: &str) -> Option<f64> {
+/// The sum of the samples of metric `name` whose labels include `label` (`key="value"`) in
+/// kproxy's `/metrics` (run inside the node namespace); `None` when kproxy does not answer.
+pub fn metric(ns: &Netns, name: &str, label: &str) -> Option<f64> {
     let addr: SocketAddr = METRICS.parse().ok()?;
     let text = ns
         .run_in(move || -> std::io::Result<String> {
@@ -194,15 +194,20 @@ pub fn metric(ns: &Netns, name: &str) -> Option<f64> {
         })
         .ok()?
         .ok()?;
-    sum_samples(&text, name)
+    sum_samples(&text, name, label)
 }
 
-/// Sums the samples of `name` (any labels) in Prometheus text.
-fn sum_samples(text: &str, name: &str) -> Option<f64> {
+/// Sums the samples of `name` whose labels include `label` in Prometheus text.
+fn sum_samples(text: &str, name: &str, label: &str) -> Option<f64> {
     let mut found = None;
     for line in text.lines().filter(|l| !l.starts_with('#')) {
         let Some(rest) = line.strip_prefix(name) else { continue };
-        if !(rest.starts_with('{') || rest.starts_with(' ')) {
+        let labels = match rest.strip_prefix('{') {
+            Some(inner) => inner.split_once('}').map_or("", |(l, _)| l),
+            None if rest.starts_with(' ') => "",
+            None => continue,
+        };
+        if !labels.split(',').any(|l| l == label) {
             continue;
         }
         if let Some(v) = rest.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) {
@@ -223,10 +228,12 @@ mod tests {
     }
 
     #[test]
-    fn samples_of_a_family_are_summed_across_labels() {
-        let text =
-            "# TYPE x_count counter\nx_count{ip_family=\"IPv4\"} 3\nx_count{ip_family=\"IPv6\"} 2\nx_count_total 9\n";
-        assert_eq!(sum_samples(text, "x_count"), Some(5.0));
-        assert_eq!(sum_samples(text, "y"), None);
+    fn samples_are_chosen_by_label() {
+        let v4 = "ip_family=\"IPv4\"";
+        let text = "# TYPE x_count counter\nx_count{ip_family=\"IPv4\",a=\"b\"} 3\nx_count{ip_family=\"IPv6\"} 2\n\
+                    x_count_total{ip_family=\"IPv4\"} 9\n";
+        assert_eq!(sum_samples(text, "x_count", v4), Some(3.0));
+        assert_eq!(sum_samples(text, "x_count", "ip_family=\"IPv6\""), Some(2.0));
+        assert_eq!(sum_samples(text, "y", v4), None);
     }
 }

@@ -18,6 +18,8 @@ use super::kproxy::{self, Kproxy};
 use super::objects::{self, ENDPOINTS, Shape, TARGET_PORT};
 use super::traffic::{self, ConnectionRates, Prober};
 
+/// The real pod's port for connections straight to it (the Service's is `TARGET_PORT`).
+const DIRECT_PORT: u16 = 8081;
 /// How often the kernel is polled while waiting for the first sync.
 const START_POLL: Duration = Duration::from_millis(5);
 /// How often the kernel is polled while waiting for one change.
@@ -93,18 +95,26 @@ struct Sandbox {
     api: Api,
     web: std::sync::Arc<kproxy_testbed::Pod>,
     client: std::sync::Arc<kproxy_testbed::Pod>,
+    prober: std::sync::Arc<kproxy_testbed::Pod>,
     tb: Testbed,
 }
 
 pub fn measure(n: usize, args: &DaemonArgs, binary: &Path, log_dir: &Path) -> anyhow::Result<SizeResult> {
     let tb = Testbed::new()?;
     let web = tb.add_pod("web", Where::Node)?;
-    web.serve(&[(Proto::Tcp, TARGET_PORT)])?;
+    // The Service's port, and one for connections straight to the pod: were they the same, a
+    // ClusterIP connection's reply tuple (pod:port → client:p) would meet the conntrack entry
+    // of an earlier direct connection from the same client port, and NAT would have to find
+    // the client another port, a cost that is the benchmark's, not kproxy's.
+    web.serve(&[(Proto::Tcp, TARGET_PORT), (Proto::Tcp, DIRECT_PORT)])?;
     let client = tb.add_pod("client", Where::Node)?;
-    // Room for the connection-rate phases (closed connections' ports are reused after TIME_WAIT).
+    // Room for the connection-rate phases.
     client.netns().sysctl("net.ipv4.ip_local_port_range", "1024 65535")?;
+    // The restart prober has an address of its own, so none of its connections meets a
+    // conntrack entry of the rate phases.
+    let prober = tb.add_pod("prober", Where::Node)?;
     let api = Api::start(tb.node(), n, web.ipv4().into())?;
-    let sandbox = Sandbox { api, tb, web, client };
+    let sandbox = Sandbox { api, web, client, prober, tb };
     let (endpoints, dual_stack) = counts(n);
 
     let run_dir = log_dir.join(format!("kproxy-bench-daemon-{}-{n}", std::process::id()));
@@ -142,7 +152,7 @@ pub fn measure(n: usize, args: &DaemonArgs, binary: &Path, log_dir: &Path) -> an
     let service: SocketAddr = (IpAddr::from(objects::cluster_ip_v4(0)), objects::service_port(0)).into();
     let rates = traffic::connection_rates(
         sandbox.client.netns(),
-        (web_ip, TARGET_PORT).into(),
+        (web_ip, DIRECT_PORT).into(),
         service,
         sandbox.web.name(),
         Duration::from_secs(args.rate_phase),
@@ -193,7 +203,7 @@ fn counts(n: usize) -> (usize, usize) {
 }
 
 fn full_syncs(sandbox: &Sandbox) -> Option<f64> {
-    kproxy::metric(sandbox.tb.node(), "kubeproxy_sync_full_proxy_rules_duration_seconds_count")
+    full_syncs_in(sandbox.tb.node())
 }
 
 /// The ClusterIP keys (`address . tcp . port . slot` for every slot) the first sync must have
@@ -402,8 +412,9 @@ fn make_changes(sandbox: &Sandbox, n: usize, args: &DaemonArgs, daemon: &mut Kpr
     Ok(changes)
 }
 
+/// Full syncs kproxy has reported (counted in the IPv4 family: each sync counts once per family).
 fn full_syncs_in(node: &Netns) -> Option<f64> {
-    kproxy::metric(node, "kubeproxy_sync_full_proxy_rules_duration_seconds_count")
+    kproxy::metric(node, "kubeproxy_sync_full_proxy_rules_duration_seconds_count", "ip_family=\"IPv4\"")
 }
 
 struct Restart {
@@ -425,7 +436,7 @@ fn restart_gap(
     service: SocketAddr,
     start_s: f64,
 ) -> anyhow::Result<Restart> {
-    let prober = Prober::start(sandbox.client.netns(), service, sandbox.web.name(), PROBE_INTERVAL)?;
+    let prober = Prober::start(sandbox.prober.netns(), service, sandbox.web.name(), PROBE_INTERVAL)?;
     std::thread::sleep(PROBE_MARGIN);
     let killed = prober.started.elapsed();
     let kill_at = Instant::now();
