@@ -4,6 +4,8 @@
 //! and real TCP connections from a pod. What each figure times is in `docs/benchmarks.md`.
 
 mod api;
+mod changes;
+mod first_sync;
 mod kernel;
 mod kproxy;
 mod objects;

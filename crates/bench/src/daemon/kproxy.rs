@@ -179,9 +179,15 @@ fn status_kib(status: &str, field: &str) -> anyhow::Result<f64> {
         .with_context(|| format!("no {field} in /proc/<pid>/status"))
 }
 
+/// Full syncs kproxy has reported, from its `/metrics` (counted in the IPv4 family: each sync
+/// counts once per family).
+pub fn full_syncs(ns: &Netns) -> Option<f64> {
+    metric(ns, "kubeproxy_sync_full_proxy_rules_duration_seconds_count", "ip_family=\"IPv4\"")
+}
+
 /// The sum of the samples of metric `name` whose labels include `label` (`key="value"`) in
 /// kproxy's `/metrics` (run inside the node namespace); `None` when kproxy does not answer.
-pub fn metric(ns: &Netns, name: &str, label: &str) -> Option<f64> {
+fn metric(ns: &Netns, name: &str, label: &str) -> Option<f64> {
     let addr: SocketAddr = METRICS.parse().ok()?;
     let text = ns
         .run_in(move || -> std::io::Result<String> {
