@@ -17,6 +17,17 @@ fn build_kproxy() -> PathBuf {
     let profile_dir = bench.parent().expect("target profile directory");
     let mut cargo = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
     cargo.args(["build", "--quiet", "-p", "kproxy"]);
+    // The variables cargo sets for a test would make this build differ from one run from a
+    // shell (and relink kproxy each time): keep only what locates the toolchain and target.
+    cargo.env_clear();
+    for (key, value) in std::env::vars_os() {
+        let keep = key.to_str().is_some_and(|k| {
+            matches!(k, "PATH" | "HOME" | "CARGO_HOME" | "RUSTUP_HOME" | "RUSTUP_TOOLCHAIN" | "CARGO_TARGET_DIR")
+        });
+        if keep {
+            cargo.env(key, value);
+        }
+    }
     match profile_dir.file_name().and_then(|n| n.to_str()) {
         Some("debug") => {}
         Some("release") => {
