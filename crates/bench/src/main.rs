@@ -1,13 +1,16 @@
-//! `kproxy-bench`: how long kproxy's nftables dataplane takes to program clusters of 1k–100k
-//! services, next to what the kernel itself charges and to upstream's ruleset shape.
+//! `kproxy-bench`: how long kproxy's nftables dataplane alone takes to program clusters of
+//! 1k–100k services, next to one `nft -f` of the same ruleset and to upstream's ruleset shape;
+//! and `kproxy-bench daemon`, the real `kproxy` binary end to end ([`daemon`]).
 //!
-//! Each size runs in a fresh child process (so its peak RSS is its own) and in fresh network
-//! namespaces: (1) full sync over netlink, (2) 50 one-endpoint changes, (3) peak RSS of the
-//! process after those — then, outside the measured process state, (4) the kernel floor: the
-//! same final ruleset as text loaded by one `nft -f`, (5) upstream's shape of the same cluster
-//! loaded by `nft -f` (capped: it is quadratic).
+//! The dataplane-only run (no subcommand): each size runs in a fresh child process (so its peak
+//! RSS is its own) and in fresh network namespaces: (1) full sync over netlink, (2) 50
+//! one-endpoint changes, (3) peak RSS of the process after those — then, outside the measured
+//! process state, (4) the same final ruleset as text loaded by one `nft -f` (nft's parsing
+//! included), (5) upstream's shape of the same cluster loaded by `nft -f` (capped: it is
+//! quadratic).
 
 mod cluster;
+mod daemon;
 mod measure;
 mod report;
 mod upstream;
@@ -18,11 +21,27 @@ use std::process::{Command, ExitCode};
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-use clap::Parser;
+use clap::{Parser, Subcommand};
 
-/// Benchmark kproxy's nftables sync at scale (root; uses fresh network namespaces).
-#[derive(Debug, Clone, Parser)]
-#[command(name = "kproxy-bench")]
+/// Benchmarks of kproxy (root; they use fresh network namespaces). Without a subcommand: the
+/// nftables dataplane alone, in this process, at scale.
+#[derive(Debug, Parser)]
+#[command(name = "kproxy-bench", args_conflicts_with_subcommands = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Bench>,
+    #[command(flatten)]
+    args: Args,
+}
+
+#[derive(Debug, Subcommand)]
+enum Bench {
+    /// The real kproxy daemon end to end: fake API server, kernel, traffic.
+    Daemon(daemon::DaemonArgs),
+}
+
+/// The dataplane-only benchmark's options.
+#[derive(Debug, Clone, clap::Args)]
 pub struct Args {
     /// Cluster sizes, in services.
     #[arg(long, value_delimiter = ',', default_value = "1000,10000,50000,100000")]
@@ -52,7 +71,18 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
         .init();
-    let mut args = Args::parse();
+    let cli = Cli::parse();
+    if let Some(Bench::Daemon(daemon_args)) = &cli.command {
+        return match daemon::main(daemon_args) {
+            Ok(true) => ExitCode::SUCCESS,
+            Ok(false) => ExitCode::from(2),
+            Err(e) => {
+                eprintln!("kproxy-bench daemon: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let mut args = cli.args;
     if args.quick {
         args.changes = args.changes.min(10);
         args.upstream_max = 0;

@@ -45,7 +45,7 @@ pub struct SizeResult {
     pub change_ops: usize,
     /// Peak RSS of the process after full sync and changes (VmHWM), MiB.
     pub peak_rss_mib: f64,
-    /// The same final ruleset as text through one `nft -f`, seconds.
+    /// The same final ruleset as text through one `nft -f` (nft's parsing included), seconds.
     pub floor_s: f64,
     /// Upstream's shape through one `nft -f`.
     pub upstream: UpstreamLoad,
@@ -148,7 +148,7 @@ pub fn run(size: usize, args: &Args) -> anyhow::Result<SizeResult> {
 
     let text = NftablesDataplane::new(Recording::default(), Config::default()).render_initial(&final_plan).render();
     let floor_ns = Netns::new("bench-floor")?;
-    let floor_s = nft_load(&floor_ns, &text, Duration::from_secs(1800))?.context("kernel floor timed out")?;
+    let floor_s = nft_load(&floor_ns, &text, Duration::from_secs(1800))?.context("the nft -f load timed out")?;
     drop(text);
     drop(floor_ns);
 

@@ -1,0 +1,110 @@
+//! `kproxy-bench daemon`: the real `kproxy` binary, end to end. It runs in the node namespace of
+//! a sandbox (nftables mode, its defaults), against the in-process fake API server serving a
+//! realistic cluster, and is measured only from the outside: the kernel over netlink, `/proc`,
+//! and real TCP connections from a pod. What each figure times is in `docs/benchmarks.md`.
+
+mod api;
+mod changes;
+mod first_sync;
+mod kernel;
+mod kproxy;
+mod objects;
+mod report;
+mod run;
+mod traffic;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context as _;
+
+/// Benchmark the kproxy daemon end to end (root; builds its own network namespaces).
+#[derive(Debug, Clone, clap::Args)]
+pub struct DaemonArgs {
+    /// Cluster sizes, in Services (each with an EndpointSlice of 5 endpoints; 10% dual-stack).
+    #[arg(long, value_delimiter = ',', default_value = "1000,10000,100000")]
+    pub services: Vec<usize>,
+    /// The kproxy binary (default: `kproxy` next to this executable, e.g. target/release/kproxy).
+    #[arg(long)]
+    pub kproxy: Option<PathBuf>,
+    /// Seconds of the idle window whose CPU use is reported.
+    #[arg(long, default_value_t = 300)]
+    pub idle: u64,
+    /// Endpoint changes whose programming latency is reported, made one per `--change-interval-ms`.
+    #[arg(long, default_value_t = 100)]
+    pub changes: usize,
+    /// Milliseconds between two timed changes.
+    #[arg(long, default_value_t = 1000)]
+    pub change_interval_ms: u64,
+    /// Changes in all: the timed ones first, the rest as a burst at `--burst-per-second`;
+    /// RSS is read again after them.
+    #[arg(long, default_value_t = 1000)]
+    pub total_changes: usize,
+    /// Pace of the burst of changes that follows the timed ones.
+    #[arg(long, default_value_t = 50.0)]
+    pub burst_per_second: f64,
+    /// Seconds per phase of the connection-rate comparison (4 phases, alternating).
+    #[arg(long, default_value_t = 5)]
+    pub rate_phase: u64,
+    /// Give up when the first sync has not reached the kernel after this many seconds.
+    #[arg(long, default_value_t = 900)]
+    pub start_timeout: u64,
+    /// Also write the results as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Where kproxy's logs go (one file per size and start).
+    #[arg(long)]
+    pub log_dir: Option<PathBuf>,
+}
+
+impl DaemonArgs {
+    pub fn change_interval(&self) -> Duration {
+        Duration::from_millis(self.change_interval_ms)
+    }
+
+    fn binary(&self) -> anyhow::Result<PathBuf> {
+        let path = match &self.kproxy {
+            Some(p) => p.clone(),
+            None => std::env::current_exe()?.with_file_name("kproxy"),
+        };
+        anyhow::ensure!(
+            path.is_file(),
+            "no kproxy binary at {} (build it: cargo build --release -p kproxy, or pass --kproxy)",
+            path.display()
+        );
+        Ok(path)
+    }
+}
+
+/// Runs every size; prints the report; true when every target of the issue was met.
+pub fn main(args: &DaemonArgs) -> anyhow::Result<bool> {
+    anyhow::ensure!(
+        kproxy_testbed::kernel::is_root(),
+        "kproxy-bench daemon needs root (it creates network namespaces)"
+    );
+    let binary = args.binary()?;
+    for &n in &args.services {
+        anyhow::ensure!(
+            (2..=objects::MAX_SERVICES).contains(&n),
+            "--services {n}: between 2 and {} (unique ClusterIPs in the test ranges)",
+            objects::MAX_SERVICES
+        );
+    }
+    let log_dir = args.log_dir.clone().unwrap_or_else(std::env::temp_dir);
+    std::fs::create_dir_all(&log_dir).with_context(|| format!("{}", log_dir.display()))?;
+    let mut results = Vec::new();
+    for &n in &args.services {
+        eprintln!("kproxy-bench daemon: {n} services ...");
+        let result = run::measure(n, args, &binary, &log_dir).with_context(|| format!("{n} services"))?;
+        eprintln!("kproxy-bench daemon: {n} services done: {}", serde_json::to_string(&result).unwrap_or_default());
+        results.push(result);
+        if let Some(path) = &args.json {
+            std::fs::write(path, serde_json::to_string_pretty(&results)?)
+                .with_context(|| format!("{}", path.display()))?;
+        }
+    }
+    let command: Vec<String> = std::env::args().collect();
+    let (text, all_met) = report::render(&command.join(" "), args, &binary, &results);
+    print!("{text}");
+    Ok(all_met)
+}

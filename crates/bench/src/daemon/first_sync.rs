@@ -1,0 +1,85 @@
+//! Start → first sync, seen in the kernel: the hooked base chains of both tables, then every
+//! Service's ClusterIP endpoints.
+
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use kproxy_testbed::Netns;
+
+use super::kernel::{self, KernelProbe};
+use super::kproxy::Kproxy;
+use super::objects::{self, ENDPOINTS, Shape};
+
+/// How often the kernel is polled while waiting for the first sync.
+const START_POLL: Duration = Duration::from_millis(5);
+/// Services whose keys are looked up while waiting for the first sync.
+const START_SAMPLES: usize = 64;
+
+/// The ClusterIP keys (`address . tcp . port . slot` for every slot) the first sync must have
+/// put in the endpoints maps: every Service but the affinity ones, whose endpoints are rules.
+fn expected_keys(n: usize) -> Vec<(IpAddr, Vec<u8>)> {
+    let mut keys = Vec::new();
+    for i in (0..n).filter(|i| !Shape::of(*i).affinity) {
+        let port = objects::service_port(i);
+        let slots = if i == 0 { 1 } else { ENDPOINTS as u32 };
+        let mut ips: Vec<IpAddr> = vec![objects::cluster_ip_v4(i).into()];
+        if Shape::of(i).dual_stack && i > 0 {
+            ips.push(objects::cluster_ip_v6(i).into());
+        }
+        for ip in ips {
+            keys.extend((0..slots).map(|slot| (ip, kernel::endpoint_key(ip, port, slot))));
+        }
+    }
+    keys
+}
+
+/// Whether every expected key is in the kernel (one dump of the map per family).
+fn all_programmed(probe: &mut KernelProbe, expected: &[(IpAddr, Vec<u8>)]) -> anyhow::Result<bool> {
+    let v4 = probe.map_keys(objects::cluster_ip_v4(0).into(), kernel::CLUSTER_TCP_ENDPOINTS)?;
+    let v6 = probe.map_keys(objects::cluster_ip_v6(0).into(), kernel::CLUSTER_TCP_ENDPOINTS)?;
+    Ok(expected.iter().all(|(ip, key)| if ip.is_ipv4() { v4.contains(key) } else { v6.contains(key) }))
+}
+
+/// Waits until the first sync is in the kernel; returns the seconds since kproxy was spawned
+/// and whether full listings (rather than the sampled lookups) decided it.
+pub fn wait(node: &Netns, n: usize, daemon: &mut Kproxy, timeout_s: u64) -> anyhow::Result<(f64, bool)> {
+    let expected = expected_keys(n);
+    // Evenly spread samples, the last Service included.
+    let step = (expected.len() / START_SAMPLES).max(1);
+    let mut samples: Vec<(IpAddr, Vec<u8>)> = expected.iter().step_by(step).cloned().collect();
+    samples.extend(expected.last().cloned());
+    let started = daemon.started;
+    let deadline = started + Duration::from_secs(timeout_s);
+    let v4: IpAddr = objects::cluster_ip_v4(0).into();
+    let v6: IpAddr = objects::cluster_ip_v6(0).into();
+    node.run_in(|| -> anyhow::Result<(f64, bool)> {
+        let mut probe = KernelProbe::open()?;
+        let live = |probe: &mut KernelProbe| -> anyhow::Result<bool> {
+            if !(probe.chain_exists(v4, kernel::HOOKED_CHAIN)? && probe.chain_exists(v6, kernel::HOOKED_CHAIN)?) {
+                return Ok(false);
+            }
+            for (ip, key) in &samples {
+                if probe.element_data(*ip, kernel::CLUSTER_TCP_ENDPOINTS, key)?.is_none() {
+                    return Ok(false);
+                }
+            }
+            Ok(true)
+        };
+        let mut by_listing = false;
+        loop {
+            anyhow::ensure!(daemon.alive(), "kproxy exited before its first sync");
+            anyhow::ensure!(Instant::now() < deadline, "no first sync in the kernel after {timeout_s} s");
+            if !by_listing && live(&mut probe)? {
+                let at = started.elapsed().as_secs_f64();
+                if all_programmed(&mut probe, &expected)? {
+                    return Ok((at, false));
+                }
+                by_listing = true;
+            }
+            if by_listing && live(&mut probe)? && all_programmed(&mut probe, &expected)? {
+                return Ok((started.elapsed().as_secs_f64(), true));
+            }
+            std::thread::sleep(START_POLL);
+        }
+    })?
+}

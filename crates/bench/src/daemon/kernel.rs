@@ -1,0 +1,200 @@
+//! What the kernel holds, asked over nf_tables netlink from the node namespace: the benchmark's
+//! only witness of what kproxy programmed (never kproxy's log or metrics).
+//!
+//! A poll must cost microseconds at any scale, so the hot probes are point lookups: one chain by
+//! name (`NFT_MSG_GETCHAIN`), one map element by key (`NFT_MSG_GETSETELEM` without a dump,
+//! what `nft get element` sends). Only the completeness check after the first sync dumps a
+//! whole map.
+
+use std::collections::HashSet;
+use std::io;
+use std::net::IpAddr;
+
+use kproxy_nft_netlink::parse::{MapData, element_key, map_data};
+use kproxy_nft_netlink::socket::{NfSocket, messages};
+use kproxy_nft_netlink::sys::*;
+use kproxy_nft_netlink::wire::{Attrs, MsgBuf};
+use netlink_sys::protocols::NETLINK_NETFILTER;
+use netlink_sys::{Socket, SocketAddr};
+
+/// kproxy's table name (both families).
+pub const TABLE: &str = "kproxy";
+/// A hooked base chain of kproxy's tables: it exists only once the ruleset is live.
+pub const HOOKED_CHAIN: &str = "nat-prerouting";
+/// The map holding the endpoints of ClusterIPs (cluster traffic policy, TCP), keyed by
+/// `address . proto . port . slot` (`crates/nftables/src/ruleset/pick.rs`).
+pub const CLUSTER_TCP_ENDPOINTS: &str = "cluster-tcp-endpoints";
+
+/// nf_tables family of an address.
+fn nfproto_of(ip: IpAddr) -> u8 {
+    if ip.is_ipv4() { NFPROTO_IPV4 } else { NFPROTO_IPV6 }
+}
+
+/// The key of slot `slot` of the TCP destination `ip:port` in an endpoints map.
+pub fn endpoint_key(ip: IpAddr, port: u16, slot: u32) -> Vec<u8> {
+    // Text in the renderer's own syntax, encoded by the executor's parser: the same bytes kproxy sends.
+    element_key(&format!("{ip} . tcp . {port} . {slot:#x}")).map(|k| k.start).unwrap_or_default()
+}
+
+/// The data of an endpoints-map element pointing at `ip:port`.
+pub fn endpoint_data(ip: IpAddr, port: u16) -> Vec<u8> {
+    match map_data(&format!("{ip} . {port}")) {
+        Ok(MapData::Value(v)) => v,
+        _ => Vec::new(),
+    }
+}
+
+/// Point lookups and map dumps on one netlink socket, in the namespace of the thread that opened it.
+#[derive(Debug)]
+pub struct KernelProbe {
+    sock: Socket,
+    dumper: NfSocket,
+    buf: Vec<u8>,
+    seq: u32,
+}
+
+impl KernelProbe {
+    /// Opens the sockets in the calling thread's network namespace.
+    pub fn open() -> io::Result<Self> {
+        let mut sock = Socket::new(NETLINK_NETFILTER)?;
+        sock.bind_auto()?;
+        sock.connect(&SocketAddr::new(0, 0))?;
+        sock.set_ext_ack(true)?;
+        Ok(Self { sock, dumper: NfSocket::open()?, buf: Vec::with_capacity(1 << 16), seq: 0 })
+    }
+
+    /// Sends one request and returns the payload (after `nfgenmsg`) of its answer, or `None`
+    /// when the kernel answered `ENOENT` (no such table, chain, set or element).
+    fn get(&mut self, msg: u16, family: u8, attrs: impl FnOnce(&mut MsgBuf)) -> io::Result<Option<Vec<u8>>> {
+        self.seq = self.seq.wrapping_add(1);
+        let seq = self.seq;
+        let mut m = MsgBuf::new();
+        m.begin_nft(msg, NLM_F_REQUEST | NLM_F_ACK, seq, family);
+        attrs(&mut m);
+        m.end();
+        self.sock.send(m.bytes(), 0)?;
+        let mut answer = None;
+        loop {
+            self.buf.clear();
+            self.sock.recv(&mut self.buf, 0)?;
+            for reply in messages(&self.buf) {
+                if reply.seq != seq {
+                    continue;
+                }
+                if reply.kind == NLMSG_ERROR {
+                    let code = reply.payload.get(..4).and_then(|b| b.try_into().ok()).map(i32::from_ne_bytes);
+                    return match code {
+                        Some(0) => Ok(answer),
+                        Some(e) if -e == libc_enoent() => Ok(None),
+                        Some(e) => Err(io::Error::from_raw_os_error(-e)),
+                        None => Err(io::Error::other("truncated netlink error")),
+                    };
+                }
+                answer = Some(reply.payload.get(4..).unwrap_or(&[]).to_vec());
+            }
+        }
+    }
+
+    /// Whether `chain` exists in kproxy's table of `family_of`'s family.
+    pub fn chain_exists(&mut self, family_of: IpAddr, chain: &str) -> io::Result<bool> {
+        let answer = self.get(NFT_MSG_GETCHAIN, nfproto_of(family_of), |m| {
+            m.put_str(NFTA_CHAIN_TABLE, TABLE);
+            m.put_str(NFTA_CHAIN_NAME, chain);
+        })?;
+        Ok(answer.is_some())
+    }
+
+    /// The data of the element `key` of map `set` in kproxy's table of `family_of`'s family.
+    pub fn element_data(&mut self, family_of: IpAddr, set: &str, key: &[u8]) -> io::Result<Option<Vec<u8>>> {
+        let answer = self.get(NFT_MSG_GETSETELEM, nfproto_of(family_of), |m| {
+            m.put_str(NFTA_SET_ELEM_LIST_TABLE, TABLE);
+            m.put_str(NFTA_SET_ELEM_LIST_SET, set);
+            let list = m.begin_nest(NFTA_SET_ELEM_LIST_ELEMENTS);
+            let elem = m.begin_nest(NFTA_LIST_ELEM);
+            let k = m.begin_nest(NFTA_SET_ELEM_KEY);
+            m.put(NFTA_DATA_VALUE, key);
+            m.end_nest(k);
+            m.end_nest(elem);
+            m.end_nest(list);
+        })?;
+        Ok(answer.and_then(|payload| element_of(&payload).and_then(|(_, data)| data)))
+    }
+
+    /// Whether some slot `0..slots` of `ip:port` in the cluster TCP endpoints map points at `want`.
+    pub fn endpoint_in_slots(&mut self, ip: IpAddr, port: u16, slots: u32, want: &[u8]) -> io::Result<bool> {
+        for slot in 0..slots {
+            let data = self.element_data(ip, CLUSTER_TCP_ENDPOINTS, &endpoint_key(ip, port, slot))?;
+            if data.as_deref() == Some(want) {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// Every key of map `set` in kproxy's table of `family_of`'s family (one dump).
+    pub fn map_keys(&mut self, family_of: IpAddr, set: &str) -> io::Result<HashSet<Vec<u8>>> {
+        let mut keys = HashSet::new();
+        let set_name = set.to_owned();
+        let result = self.dumper.dump(
+            NFT_MSG_GETSETELEM,
+            nfproto_of(family_of),
+            move |m| {
+                m.put_str(NFTA_SET_ELEM_LIST_TABLE, TABLE);
+                m.put_str(NFTA_SET_ELEM_LIST_SET, &set_name);
+            },
+            |payload| {
+                if let Some(list) = Attrs(payload).find(|a| a.kind == NFTA_SET_ELEM_LIST_ELEMENTS) {
+                    for elem in list.nested().filter(|a| a.kind == NFTA_LIST_ELEM) {
+                        if let Some(key) = elem_key(elem.data) {
+                            keys.insert(key);
+                        }
+                    }
+                }
+            },
+        );
+        match result {
+            Ok(()) => Ok(keys),
+            // No table or map yet: no keys.
+            Err(e) if e.raw_os_error() == Some(libc_enoent()) => Ok(HashSet::new()),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+const fn libc_enoent() -> i32 {
+    2
+}
+
+/// The value bytes of attribute `kind` (a nest holding `NFTA_DATA_VALUE`) of an element.
+fn value_of(elem: &[u8], kind: u16) -> Option<Vec<u8>> {
+    let nest = Attrs(elem).find(|a| a.kind == kind)?;
+    nest.nested().find(|a| a.kind == NFTA_DATA_VALUE).map(|a| a.data.to_vec())
+}
+
+fn elem_key(elem: &[u8]) -> Option<Vec<u8>> {
+    value_of(elem, NFTA_SET_ELEM_KEY)
+}
+
+/// The first element of a `NEWSETELEM` answer: its key and data.
+fn element_of(payload: &[u8]) -> Option<(Vec<u8>, Option<Vec<u8>>)> {
+    let list = Attrs(payload).find(|a| a.kind == NFTA_SET_ELEM_LIST_ELEMENTS)?;
+    let elem = list.nested().find(|a| a.kind == NFTA_LIST_ELEM)?;
+    Some((elem_key(elem.data)?, value_of(elem.data, NFTA_SET_ELEM_DATA)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_and_data_are_padded_concatenations() {
+        let key = endpoint_key("198.19.0.1".parse().unwrap_or(IpAddr::from([0; 4])), 80, 3);
+        // address, protocol (6, padded), port (big-endian, padded), slot (host order).
+        let mut want = vec![198, 19, 0, 1, 6, 0, 0, 0, 0, 80, 0, 0];
+        want.extend_from_slice(&3u32.to_ne_bytes());
+        assert_eq!(key, want);
+        let data = endpoint_data("198.18.32.7".parse().unwrap_or(IpAddr::from([0; 4])), 8080);
+        assert_eq!(data, vec![198, 18, 32, 7, 0x1f, 0x90, 0, 0]);
+        assert_eq!(endpoint_key("fd00:96::1".parse().unwrap_or(IpAddr::from([0; 4])), 80, 0).len(), 28);
+    }
+}

@@ -1,0 +1,120 @@
+#![allow(clippy::expect_used, clippy::unwrap_used)] // a panic is a test failure
+//! The daemon benchmark at a small scale (200 Services, a 3 s idle window, 12 changes at one per
+//! second and a burst of 28): a kernel
+//! test (root, in namespaces the benchmark creates) that the benchmark measures every figure
+//! and that the figures are sane. It builds the current `kproxy` binary first, in this test's
+//! profile, so it never measures a stale one.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use kproxy_testbed::kernel::require_root;
+use serde_json::Value;
+
+/// `cargo build -p kproxy` in the profile this test was built in; the binary's path.
+fn build_kproxy() -> PathBuf {
+    let bench = PathBuf::from(env!("CARGO_BIN_EXE_kproxy-bench"));
+    let profile_dir = bench.parent().expect("target profile directory");
+    let mut cargo = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    cargo.args(["build", "--quiet", "-p", "kproxy"]);
+    // The variables cargo sets for a test would make this build differ from one run from a
+    // shell (and relink kproxy each time): keep only what locates the toolchain and target.
+    cargo.env_clear();
+    for (key, value) in std::env::vars_os() {
+        let keep = key.to_str().is_some_and(|k| {
+            matches!(k, "PATH" | "HOME" | "CARGO_HOME" | "RUSTUP_HOME" | "RUSTUP_TOOLCHAIN" | "CARGO_TARGET_DIR")
+        });
+        if keep {
+            cargo.env(key, value);
+        }
+    }
+    match profile_dir.file_name().and_then(|n| n.to_str()) {
+        Some("debug") => {}
+        Some("release") => {
+            cargo.arg("--release");
+        }
+        Some(other) => {
+            cargo.args(["--profile", other]);
+        }
+        None => panic!("unexpected target directory {}", profile_dir.display()),
+    }
+    let status = cargo.status().expect("running cargo build -p kproxy");
+    assert!(status.success(), "cargo build -p kproxy failed");
+    let kproxy = profile_dir.join("kproxy");
+    assert!(kproxy.is_file(), "no {}", kproxy.display());
+    kproxy
+}
+
+fn f(v: &Value, key: &str) -> f64 {
+    v[key].as_f64().unwrap_or_else(|| panic!("{key} missing in {v}"))
+}
+
+#[test]
+fn a_small_daemon_run_sees_every_change_and_measures_every_figure() {
+    if !require_root() {
+        return;
+    }
+    let kproxy = build_kproxy();
+    let dir = std::env::temp_dir().join(format!("kproxy-bench-daemon-smoke-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("results.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_kproxy-bench"))
+        .arg("daemon")
+        .args(["--services", "200", "--idle", "3", "--changes", "12", "--change-interval-ms", "1000"])
+        .args(["--total-changes", "40", "--burst-per-second", "50", "--rate-phase", "1", "--start-timeout", "60"])
+        .arg("--kproxy")
+        .arg(&kproxy)
+        .arg("--json")
+        .arg(&json)
+        .arg("--log-dir")
+        .arg(&dir)
+        .output()
+        .expect("running kproxy-bench daemon");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // Targets are judged at 100k Services only, so a small run exits 0 whatever it measured.
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let results: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let [r] = results.as_slice() else { panic!("one size expected: {results:?}") };
+
+    assert_eq!(f(r, "services"), 200.0);
+    // Service 0 has the one real pod; 199 have 5 endpoints; the dual-stack ones 5 more.
+    let dual = f(r, "dual_stack");
+    assert_eq!(dual, 20.0, "services 3, 13, …, 193");
+    assert_eq!(f(r, "endpoints"), 1.0 + 199.0 * 5.0 + dual * 5.0);
+    assert!(f(r, "object_bytes") > 200.0 * 2000.0, "realistic objects are kilobytes each: {r}");
+
+    let start = f(r, "start_s");
+    assert!(start > 0.0 && start < 60.0, "start {start}");
+    // Every change reached the kernel, each with a positive latency below the give-up time.
+    assert_eq!(f(r, "changes_timed"), 12.0);
+    let timed = r["change_ms"].as_array().unwrap();
+    assert_eq!(timed.len(), 12, "every timed change observed: {r}");
+    assert!(timed.iter().all(|v| v.as_f64().is_some_and(|ms| ms > 0.0 && ms < 30_000.0)), "{r}");
+    // The burst: every changed Service's final endpoints reached the kernel.
+    assert_eq!(f(r, "burst_changes"), 28.0);
+    let settled = f(r, "burst_settled_ms");
+    assert!(settled > 0.0 && settled < 30_000.0, "{r}");
+    assert_eq!(f(r, "changes_total"), 40.0);
+    assert_eq!(f(r, "changes_observed"), 40.0, "{r}");
+
+    assert!(f(r, "idle_s") >= 3.0);
+    let cpu = f(r, "idle_cpu_pct");
+    assert!((0.0..=200.0).contains(&cpu), "idle CPU {cpu}");
+    let (steady, peak, after) = (f(r, "rss_steady_mib"), f(r, "rss_peak_mib"), f(r, "rss_after_changes_mib"));
+    assert!(steady > 1.0 && after > 1.0 && peak >= steady.max(after), "RSS {steady} {peak} {after}");
+
+    // Traffic flowed both ways, without failures.
+    let rates = &r["rates"];
+    assert!(f(rates, "direct") > 10.0 && f(rates, "cluster_ip") > 10.0, "{rates}");
+    assert_eq!(f(rates, "failed"), 0.0, "{rates}");
+    // The prober reached the pod through the ClusterIP before the kill: the path works; what
+    // failed afterwards is the measured gap.
+    assert!(f(r, "restart_attempts") > 100.0, "{r}");
+    assert_eq!(f(r, "restart_failed_before_kill"), 0.0, "{r}");
+    assert!(f(r, "restart_synced_after_s") > 0.0);
+
+    assert!(stdout.lines().any(|l| l.starts_with("| 200 |")), "{stdout}");
+    assert!(stdout.contains("Targets of #14 at 200 Services"), "{stdout}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
