@@ -10,10 +10,12 @@ use std::collections::HashSet;
 use std::io;
 use std::net::IpAddr;
 
-use kproxy_nft_netlink::parse::{MapData, element_key, map_data};
+use kproxy_nft_model::{Key, MapData as ModelData, Value};
+use kproxy_nft_netlink::lower::{MapData, element_key, map_data};
 use kproxy_nft_netlink::socket::{NfSocket, messages};
 use kproxy_nft_netlink::sys::*;
 use kproxy_nft_netlink::wire::{Attrs, MsgBuf};
+use kproxy_state::Protocol;
 use netlink_sys::protocols::NETLINK_NETFILTER;
 use netlink_sys::{Socket, SocketAddr};
 
@@ -32,13 +34,14 @@ fn nfproto_of(ip: IpAddr) -> u8 {
 
 /// The key of slot `slot` of the TCP destination `ip:port` in an endpoints map.
 pub fn endpoint_key(ip: IpAddr, port: u16, slot: u32) -> Vec<u8> {
-    // Text in the renderer's own syntax, encoded by the executor's parser: the same bytes kproxy sends.
-    element_key(&format!("{ip} . tcp . {port} . {slot:#x}")).map(|k| k.start).unwrap_or_default()
+    // The renderer's key, lowered by the executor: the same bytes kproxy sends.
+    let key = Key(vec![Value::Addr(ip), Value::Proto(Protocol::Tcp), Value::Port(port), Value::Int(slot)]);
+    element_key(&key).map(|k| k.start).unwrap_or_default()
 }
 
 /// The data of an endpoints-map element pointing at `ip:port`.
 pub fn endpoint_data(ip: IpAddr, port: u16) -> Vec<u8> {
-    match map_data(&format!("{ip} . {port}")) {
+    match map_data(&ModelData::Value(Key(vec![Value::Addr(ip), Value::Port(port)]))) {
         Ok(MapData::Value(v)) => v,
         _ => Vec::new(),
     }
