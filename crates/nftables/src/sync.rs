@@ -253,11 +253,12 @@ impl<F: FnMut(Transaction, usize) -> Result<(), ExecError>> Stream<F> {
         }
     }
 
-    fn finish(mut self) -> Result<SyncReport, ExecError> {
+    /// Applies what is left; the report and the number of transactions applied.
+    fn finish(mut self) -> Result<(SyncReport, usize), ExecError> {
         self.flush();
         match self.failed {
             Some(e) => Err(e),
-            None => Ok(self.report),
+            None => Ok((self.report, self.parts)),
         }
     }
 }
@@ -425,9 +426,8 @@ impl<E: Executor> NftablesDataplane<E> {
             Ok(())
         });
         let families = cold_start(&self.config, plan, &mut |op| stream.push(op));
-        let parts = stream.parts;
         match stream.finish() {
-            Ok(report) => {
+            Ok((report, parts)) => {
                 tracing::info!(transactions = parts, ops = report.ops, "nftables cold start applied");
                 self.families = families;
                 self.in_sync = true;
