@@ -375,16 +375,19 @@ async fn start_servers(
             Err(e) => hard_fail("metrics server", e)?,
         }
     }
-    // kube-proxy binds health-check node ports on the nodePortAddresses; for `primary` the node IP
-    // is only known once the Node arrives, so kproxy listens on every address (same answer on each).
-    // --dry-run has no side effects: no health-check node port is opened.
+    // Health-check node ports follow the plan's nodePortAddresses (the observer moves them once
+    // the addresses are known, e.g. `primary` once the Node arrives). --dry-run opens none.
     let hc = (!config.dry_run)
         .then(|| Arc::new(ServiceHealthServer::new(HealthCheckBind::AllAddresses, health.clone(), metrics.clone())));
     let conntrack = if config.dry_run {
         None
     } else {
         match kproxy_conntrack::Reconciler::new() {
-            Ok(r) => Some(r),
+            Ok(mut r) => {
+                // Recognises UDP NodePort entries on every local address, not just the node IP.
+                r.set_local_addresses(node::local_addresses());
+                Some(r)
+            }
             Err(e) => {
                 warn!(error = %e, "no conntrack netlink socket: stale UDP entries will not be cleaned");
                 None

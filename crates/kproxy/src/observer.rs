@@ -6,8 +6,8 @@ use std::time::SystemTime;
 
 use tokio::time::Instant;
 
-use kproxy_plan::{ExternalPolicy, NoEndpointsVerdict};
-use kproxy_servers::{Metrics, ProxyHealth, ServiceHealthServer, TrafficPolicyKind};
+use kproxy_plan::{ExternalPolicy, NoEndpointsVerdict, NodePortAddresses};
+use kproxy_servers::{HealthCheckBind, Metrics, ProxyHealth, ServiceHealthServer, TrafficPolicyKind};
 use kproxy_state::{IpFamily, ObjectError, ObjectKey};
 use tokio::sync::mpsc;
 use tracing::warn;
@@ -15,8 +15,24 @@ use tracing::warn;
 use crate::change_metrics::ChangeCounts;
 use crate::proxier::{SyncObserver, Synced};
 
-/// Health-check node ports and their local endpoint counts, as of one sync.
-type HealthCheckUpdate = (HashMap<ObjectKey, u16>, HashMap<ObjectKey, usize>);
+/// Where health-check node ports listen, the ports and their local endpoint counts, as of one
+/// sync.
+type HealthCheckUpdate = (HealthCheckBind, HashMap<ObjectKey, u16>, HashMap<ObjectKey, usize>);
+
+/// Health-check node ports listen where NodePorts are served, as upstream: every address when
+/// some family serves them on all local addresses, else the addresses `nodePortAddresses` match.
+fn health_check_bind(plan: &kproxy_plan::Plan) -> HealthCheckBind {
+    let mut addresses = Vec::new();
+    for family in plan.families.values() {
+        match &family.node.nodeport_addresses {
+            NodePortAddresses::AllLocal => return HealthCheckBind::AllAddresses,
+            NodePortAddresses::Only(only) => addresses.extend(only.iter().copied()),
+        }
+    }
+    addresses.sort();
+    addresses.dedup();
+    HealthCheckBind::Addresses(addresses)
+}
 
 /// Feeds health, metrics and the health-check node port server from the sync loop.
 pub struct DaemonObserver {
@@ -68,11 +84,12 @@ impl DaemonObserver {
         let Sinks { node_name, families, health, metrics, health_check_server: server, conntrack, mode, accel } = sinks;
         let (tx, mut rx) = mpsc::unbounded_channel::<HealthCheckUpdate>();
         tokio::spawn(async move {
-            while let Some((ports, endpoints)) = rx.recv().await {
+            while let Some((bind, ports, endpoints)) = rx.recv().await {
                 let Some(server) = &server else {
-                    tracing::info!(?ports, "--dry-run: health-check node ports not opened");
+                    tracing::info!(?ports, ?bind, "--dry-run: health-check node ports not opened");
                     continue;
                 };
+                server.set_bind(bind).await;
                 for failure in server.sync_services(&ports).await {
                     warn!(service = %failure.service, port = failure.port, error = %failure.error, "cannot open health-check node port");
                 }
@@ -210,7 +227,7 @@ impl SyncObserver for DaemonObserver {
             }
         }
 
-        let update = (ports, endpoints);
+        let update = (health_check_bind(plan), ports, endpoints);
         if self.last_health_checks.as_ref() != Some(&update) {
             self.last_health_checks = Some(update.clone());
             let _ = self.health_checks.send(update);
