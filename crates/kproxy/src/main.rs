@@ -10,6 +10,7 @@ mod dataplane;
 mod demo;
 mod families;
 mod node;
+mod node_addresses;
 mod observer;
 mod plan_table;
 mod policy;
@@ -248,6 +249,9 @@ fn serve(runtime: &tokio::runtime::Runtime, config: ProxyConfig) -> anyhow::Resu
             }
         };
         let (mut observer, _servers) = start_servers(&config, &name, families).await?;
+        // One owner of the node's addresses, followed over rtnetlink: the planner (through the
+        // sync loop) and the conntrack reconciler (through the observer) read it.
+        observer.follow_node_addresses(node_addresses::follow());
         // Flowtable devices follow the node's links (rtnetlink events, rate-limited).
         let _link_watcher = match observer.accelerator() {
             Some(accel) => match kproxy_accel::LinkWatcher::spawn(accel, kproxy_accel::WatchOptions::default()) {
@@ -383,11 +387,7 @@ async fn start_servers(
         None
     } else {
         match kproxy_conntrack::Reconciler::new() {
-            Ok(mut r) => {
-                // Recognises UDP NodePort entries on every local address, not just the node IP.
-                r.set_local_addresses(node::local_addresses());
-                Some(r)
-            }
+            Ok(r) => Some(r),
             Err(e) => {
                 warn!(error = %e, "no conntrack netlink socket: stale UDP entries will not be cleaned");
                 None
@@ -442,7 +442,12 @@ fn spawn_proxier<D: kproxy_plan::Dataplane + 'static>(
     // API watch, /healthz and the health-check ports never wait for one.
     let runtime = tokio::runtime::Handle::current();
     tokio::task::spawn_blocking(move || {
-        runtime.block_on(Proxier::new(planner, dataplane, observer, pacing).run(events));
+        let addresses = observer.node_addresses();
+        let mut proxier = Proxier::new(planner, dataplane, observer, pacing);
+        if let Some(addresses) = addresses {
+            proxier = proxier.follow_local_addresses(addresses);
+        }
+        runtime.block_on(proxier.run(events));
     })
 }
 

@@ -53,6 +53,8 @@ pub struct DaemonObserver {
     changes: ChangeCounts,
     /// The iptables dataplane's rule counts (iptables mode only).
     iptables_rules: Option<kproxy_iptables::RuleCounter>,
+    /// The node's interface addresses (`crate::node_addresses`).
+    node_addresses: Option<tokio::sync::watch::Receiver<Vec<std::net::IpAddr>>>,
 }
 
 /// The accelerator, shared with the link watcher that refreshes its flowtable devices.
@@ -111,11 +113,23 @@ impl DaemonObserver {
             accel_failing: false,
             changes: ChangeCounts::default(),
             iptables_rules: None,
+            node_addresses: None,
         }
     }
 }
 
 impl DaemonObserver {
+    /// Follows the node's addresses: the conntrack reconciler gets them at each sync, and
+    /// [`DaemonObserver::node_addresses`] hands them to the sync loop.
+    pub fn follow_node_addresses(&mut self, addresses: tokio::sync::watch::Receiver<Vec<std::net::IpAddr>>) {
+        self.node_addresses = Some(addresses);
+    }
+
+    /// A receiver of the node's addresses, when followed.
+    pub fn node_addresses(&self) -> Option<tokio::sync::watch::Receiver<Vec<std::net::IpAddr>>> {
+        self.node_addresses.clone()
+    }
+
     /// Exports the iptables dataplane's rule counts after each sync.
     pub fn count_iptables_rules(&mut self, counter: kproxy_iptables::RuleCounter) {
         self.iptables_rules = Some(counter);
@@ -194,6 +208,10 @@ impl SyncObserver for DaemonObserver {
             self.metrics.set_no_local_endpoints(*family, TrafficPolicyKind::External, external_drop);
         }
         if let Some(reconciler) = self.conntrack.as_mut() {
+            if let Some(addresses) = self.node_addresses.as_mut() {
+                // Recognises UDP NodePort entries on every local address, not just the node IP.
+                reconciler.set_local_addresses(addresses.borrow_and_update().clone());
+            }
             for (family, fam) in &plan.families {
                 // A dump and a few deletes over netlink (the sync loop has its own thread).
                 match reconciler.reconcile(fam) {
