@@ -66,7 +66,7 @@ fn health_check_port_answers_on_node_port_addresses_only() {
     );
 
     let on_node_ip: SocketAddr = format!("198.18.0.2:{HEALTH_CHECK_PORT}").parse().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(15);
+    let deadline = Instant::now() + support::START;
     let answer = loop {
         let answer = tb.external().run_in(move || support::http_get(on_node_ip, "/healthz")).unwrap();
         if answer.as_ref().is_some_and(|(status, _)| *status == 200) || Instant::now() > deadline {

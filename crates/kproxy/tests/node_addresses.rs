@@ -8,7 +8,6 @@ mod support;
 
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
-use std::time::Duration;
 
 use kproxy_state::Kind;
 use kproxy_testbed::{ProbeResult, Proto, Testbed, Where};
@@ -59,12 +58,12 @@ fn node_port_on_an_address_added_later_is_served(mode: &str) {
     let answered = |got: &ProbeResult| matches!(got, ProbeResult::Answered { backend, .. } if backend == "web-b");
 
     let primary: SocketAddr = "198.18.0.2:30080".parse().unwrap();
-    let got = support::answered_by(tb.external(), primary, "web-b", Duration::from_secs(15));
+    let got = support::answered_by(tb.external(), primary, "web-b", support::START);
     assert!(answered(&got), "{mode}: the node IP serves the NodePort: {got:?}");
 
     tb.node().ip(["addr", "add", "198.18.0.4/24", "dev", "eth0"]).unwrap();
     let added: SocketAddr = "198.18.0.4:30080".parse().unwrap();
-    let got = support::answered_by(tb.external(), added, "web-b", Duration::from_secs(5));
+    let got = support::answered_by(tb.external(), added, "web-b", support::CHANGE);
     assert!(answered(&got), "{mode}: the address added inside nodePortAddresses serves it: {got:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
