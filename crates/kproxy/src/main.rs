@@ -10,6 +10,7 @@ mod dataplane;
 mod demo;
 mod families;
 mod node;
+mod node_addresses;
 mod observer;
 mod plan_table;
 mod policy;
@@ -248,6 +249,9 @@ fn serve(runtime: &tokio::runtime::Runtime, config: ProxyConfig) -> anyhow::Resu
             }
         };
         let (mut observer, _servers) = start_servers(&config, &name, families).await?;
+        // One owner of the node's addresses, followed over rtnetlink: the planner (through the
+        // sync loop) and the conntrack reconciler (through the observer) read it.
+        observer.follow_node_addresses(node_addresses::follow());
         // Flowtable devices follow the node's links (rtnetlink events, rate-limited).
         let _link_watcher = match observer.accelerator() {
             Some(accel) => match kproxy_accel::LinkWatcher::spawn(accel, kproxy_accel::WatchOptions::default()) {
@@ -375,9 +379,8 @@ async fn start_servers(
             Err(e) => hard_fail("metrics server", e)?,
         }
     }
-    // kube-proxy binds health-check node ports on the nodePortAddresses; for `primary` the node IP
-    // is only known once the Node arrives, so kproxy listens on every address (same answer on each).
-    // --dry-run has no side effects: no health-check node port is opened.
+    // Health-check node ports follow the plan's nodePortAddresses (the observer moves them once
+    // the addresses are known, e.g. `primary` once the Node arrives). --dry-run opens none.
     let hc = (!config.dry_run)
         .then(|| Arc::new(ServiceHealthServer::new(HealthCheckBind::AllAddresses, health.clone(), metrics.clone())));
     let conntrack = if config.dry_run {
@@ -439,7 +442,12 @@ fn spawn_proxier<D: kproxy_plan::Dataplane + 'static>(
     // API watch, /healthz and the health-check ports never wait for one.
     let runtime = tokio::runtime::Handle::current();
     tokio::task::spawn_blocking(move || {
-        runtime.block_on(Proxier::new(planner, dataplane, observer, pacing).run(events));
+        let addresses = observer.node_addresses();
+        let mut proxier = Proxier::new(planner, dataplane, observer, pacing);
+        if let Some(addresses) = addresses {
+            proxier = proxier.follow_local_addresses(addresses);
+        }
+        runtime.block_on(proxier.run(events));
     })
 }
 

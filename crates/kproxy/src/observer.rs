@@ -6,8 +6,8 @@ use std::time::SystemTime;
 
 use tokio::time::Instant;
 
-use kproxy_plan::{ExternalPolicy, NoEndpointsVerdict};
-use kproxy_servers::{Metrics, ProxyHealth, ServiceHealthServer, TrafficPolicyKind};
+use kproxy_plan::{ExternalPolicy, NoEndpointsVerdict, NodePortAddresses};
+use kproxy_servers::{HealthCheckBind, Metrics, ProxyHealth, ServiceHealthServer, TrafficPolicyKind};
 use kproxy_state::{IpFamily, ObjectError, ObjectKey};
 use tokio::sync::mpsc;
 use tracing::warn;
@@ -15,8 +15,24 @@ use tracing::warn;
 use crate::change_metrics::ChangeCounts;
 use crate::proxier::{SyncObserver, Synced};
 
-/// Health-check node ports and their local endpoint counts, as of one sync.
-type HealthCheckUpdate = (HashMap<ObjectKey, u16>, HashMap<ObjectKey, usize>);
+/// Where health-check node ports listen, the ports and their local endpoint counts, as of one
+/// sync.
+type HealthCheckUpdate = (HealthCheckBind, HashMap<ObjectKey, u16>, HashMap<ObjectKey, usize>);
+
+/// Health-check node ports listen where NodePorts are served, as upstream: every address when
+/// some family serves them on all local addresses, else the addresses `nodePortAddresses` match.
+fn health_check_bind(plan: &kproxy_plan::Plan) -> HealthCheckBind {
+    let mut addresses = Vec::new();
+    for family in plan.families.values() {
+        match &family.node.nodeport_addresses {
+            NodePortAddresses::AllLocal => return HealthCheckBind::AllAddresses,
+            NodePortAddresses::Only(only) => addresses.extend(only.iter().copied()),
+        }
+    }
+    addresses.sort();
+    addresses.dedup();
+    HealthCheckBind::Addresses(addresses)
+}
 
 /// Feeds health, metrics and the health-check node port server from the sync loop.
 pub struct DaemonObserver {
@@ -37,6 +53,8 @@ pub struct DaemonObserver {
     changes: ChangeCounts,
     /// The iptables dataplane's rule counts (iptables mode only).
     iptables_rules: Option<kproxy_iptables::RuleCounter>,
+    /// The node's interface addresses (`crate::node_addresses`).
+    node_addresses: Option<tokio::sync::watch::Receiver<Vec<std::net::IpAddr>>>,
 }
 
 /// The accelerator, shared with the link watcher that refreshes its flowtable devices.
@@ -68,11 +86,12 @@ impl DaemonObserver {
         let Sinks { node_name, families, health, metrics, health_check_server: server, conntrack, mode, accel } = sinks;
         let (tx, mut rx) = mpsc::unbounded_channel::<HealthCheckUpdate>();
         tokio::spawn(async move {
-            while let Some((ports, endpoints)) = rx.recv().await {
+            while let Some((bind, ports, endpoints)) = rx.recv().await {
                 let Some(server) = &server else {
-                    tracing::info!(?ports, "--dry-run: health-check node ports not opened");
+                    tracing::info!(?ports, ?bind, "--dry-run: health-check node ports not opened");
                     continue;
                 };
+                server.set_bind(bind).await;
                 for failure in server.sync_services(&ports).await {
                     warn!(service = %failure.service, port = failure.port, error = %failure.error, "cannot open health-check node port");
                 }
@@ -94,11 +113,23 @@ impl DaemonObserver {
             accel_failing: false,
             changes: ChangeCounts::default(),
             iptables_rules: None,
+            node_addresses: None,
         }
     }
 }
 
 impl DaemonObserver {
+    /// Follows the node's addresses: the conntrack reconciler gets them at each sync, and
+    /// [`DaemonObserver::node_addresses`] hands them to the sync loop.
+    pub fn follow_node_addresses(&mut self, addresses: tokio::sync::watch::Receiver<Vec<std::net::IpAddr>>) {
+        self.node_addresses = Some(addresses);
+    }
+
+    /// A receiver of the node's addresses, when followed.
+    pub fn node_addresses(&self) -> Option<tokio::sync::watch::Receiver<Vec<std::net::IpAddr>>> {
+        self.node_addresses.clone()
+    }
+
     /// Exports the iptables dataplane's rule counts after each sync.
     pub fn count_iptables_rules(&mut self, counter: kproxy_iptables::RuleCounter) {
         self.iptables_rules = Some(counter);
@@ -177,6 +208,10 @@ impl SyncObserver for DaemonObserver {
             self.metrics.set_no_local_endpoints(*family, TrafficPolicyKind::External, external_drop);
         }
         if let Some(reconciler) = self.conntrack.as_mut() {
+            if let Some(addresses) = self.node_addresses.as_mut() {
+                // Recognises UDP NodePort entries on every local address, not just the node IP.
+                reconciler.set_local_addresses(addresses.borrow_and_update().clone());
+            }
             for (family, fam) in &plan.families {
                 // A dump and a few deletes over netlink (the sync loop has its own thread).
                 match reconciler.reconcile(fam) {
@@ -210,7 +245,7 @@ impl SyncObserver for DaemonObserver {
             }
         }
 
-        let update = (ports, endpoints);
+        let update = (health_check_bind(plan), ports, endpoints);
         if self.last_health_checks.as_ref() != Some(&update) {
             self.last_health_checks = Some(update.clone());
             let _ = self.health_checks.send(update);

@@ -120,6 +120,8 @@ pub struct Proxier<D, O> {
     pending: bool,
     /// After a failed sync: when to retry if no new event comes first (upstream: syncPeriod).
     retry_at: Option<Instant>,
+    /// The node's interface addresses, when followed ([`Proxier::follow_local_addresses`]).
+    local_addresses: Option<tokio::sync::watch::Receiver<Vec<std::net::IpAddr>>>,
 }
 
 impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
@@ -138,7 +140,28 @@ impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
             tokens: SyncTokens::full(&pacing),
             pending: false,
             retry_at: None,
+            local_addresses: None,
         }
+    }
+
+    /// Replans whenever the node's interface addresses change (`crate::node_addresses`).
+    pub fn follow_local_addresses(mut self, addresses: tokio::sync::watch::Receiver<Vec<std::net::IpAddr>>) -> Self {
+        self.local_addresses = Some(addresses);
+        self
+    }
+
+    /// The next change of the followed addresses; never, when they are not followed or their
+    /// owner stopped.
+    async fn next_local_addresses(
+        addresses: &mut Option<tokio::sync::watch::Receiver<Vec<std::net::IpAddr>>>,
+    ) -> Vec<std::net::IpAddr> {
+        let Some(rx) = addresses else { return std::future::pending().await };
+        if rx.changed().await.is_err() {
+            // The owner stopped: nothing will change any more.
+            *addresses = None;
+            return std::future::pending().await;
+        }
+        rx.borrow_and_update().clone()
     }
 
     /// Applies one source event.
@@ -283,6 +306,13 @@ impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
                 event = events.recv() => match event {
                     Some(change) => self.apply(change),
                     None => return self,
+                },
+                addresses = Self::next_local_addresses(&mut self.local_addresses) => {
+                    if self.planner.set_local_addresses(addresses) {
+                        info!("node addresses changed: replanning");
+                        self.needs_full_sync = true;
+                        self.pending = true;
+                    }
                 },
                 _ = tokio::time::sleep(wait) => {
                     if !self.pending && !self.needs_full_sync && self.retry_at.is_none() && self.ready() {

@@ -8,7 +8,6 @@ mod support;
 
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
-use std::time::Duration;
 
 use kproxy_state::Kind;
 use kproxy_testbed::{ProbeResult, Proto, Testbed, Where};
@@ -81,13 +80,13 @@ fn kubeadm_configmap_keeps_node_ports_on_secondary_addresses_and_localhost() {
     );
 
     let primary: SocketAddr = format!("198.18.0.2:{NODE_PORT}").parse().unwrap();
-    let got = support::answered_by(tb.external(), primary, "web-b", Duration::from_secs(15));
+    let got = support::answered_by(tb.external(), primary, "web-b", support::START);
     assert!(matches!(&got, ProbeResult::Answered { backend, .. } if backend == "web-b"), "primary: {got:?}");
     let secondary: SocketAddr = format!("{SECONDARY}:{NODE_PORT}").parse().unwrap();
-    let got = support::answered_by(tb.external(), secondary, "web-b", Duration::from_secs(5));
+    let got = support::answered_by(tb.external(), secondary, "web-b", support::CHANGE);
     assert!(matches!(&got, ProbeResult::Answered { backend, .. } if backend == "web-b"), "secondary: {got:?}");
     let localhost: SocketAddr = format!("127.0.0.1:{NODE_PORT}").parse().unwrap();
-    let got = support::answered_by(tb.node(), localhost, "web-b", Duration::from_secs(5));
+    let got = support::answered_by(tb.node(), localhost, "web-b", support::CHANGE);
     assert!(matches!(&got, ProbeResult::Answered { backend, .. } if backend == "web-b"), "127.0.0.1: {got:?}");
 
     let _ = std::fs::remove_dir_all(&dir);

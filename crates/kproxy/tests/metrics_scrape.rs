@@ -6,7 +6,7 @@
 
 mod support;
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use kproxy_state::Kind;
 use serde_json::{Value, json};
@@ -89,7 +89,7 @@ fn scripted_sequence(mode: &str) -> String {
 
     // Initial lists: 2 slices, 2 Services (and the Node, which counts for neither).
     let (endpoint_total, service_total) = (2.0 + 3.0 + 1.0, 2.0 + 3.0);
-    let text = kproxy.scrape_until(Duration::from_secs(10), |text| {
+    let text = kproxy.scrape_until(support::CHANGE, |text| {
         value(text, "kubeproxy_sync_proxy_rules_endpoint_changes_total") == Some(endpoint_total)
             && value(text, "kubeproxy_sync_proxy_rules_service_changes_total") == Some(service_total)
             && value(text, "kubeproxy_sync_proxy_rules_service_changes_pending") == Some(0.0)

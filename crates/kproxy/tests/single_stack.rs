@@ -66,12 +66,12 @@ fn run(mode: &str, ipv6: bool) -> String {
             .unwrap(),
     );
     let dest: SocketAddr = "198.18.128.10:80".parse().unwrap();
-    let got = support::answered_by(tb.external(), dest, "web-b", Duration::from_secs(15));
+    let got = support::answered_by(tb.external(), dest, "web-b", support::START);
     assert!(matches!(&got, ProbeResult::Answered { backend, .. } if backend == "web-b"), "{mode}: {got:?}");
     // The packets flow as soon as the rules are in; the metrics follow right after the sync.
     let metrics: SocketAddr = "127.0.0.1:10249".parse().unwrap();
     let synced = "kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=\"IPv4\"}";
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let deadline = std::time::Instant::now() + support::CHANGE;
     let text = loop {
         let text = tb.node().run_in(move || support::http_get(metrics, "/metrics")).unwrap().unwrap().1;
         if text.contains(synced) || std::time::Instant::now() > deadline {

@@ -35,6 +35,16 @@ impl Planner {
         &self.policy
     }
 
+    /// The node's interface addresses changed (`nodePortAddresses` CIDRs resolve against them);
+    /// returns whether they differ from the ones planned with, i.e. whether to replan.
+    pub fn set_local_addresses(&mut self, mut addresses: Vec<IpAddr>) -> bool {
+        addresses.sort();
+        addresses.dedup();
+        let changed = addresses != self.node.local_addresses;
+        self.node.local_addresses = addresses;
+        changed
+    }
+
     /// The plan for the whole state.
     pub fn build(&self, state: &ClusterState) -> Plan {
         let mut plan = Plan::default();

@@ -58,7 +58,8 @@ pub struct BindFailure {
 /// Serves one health-check node port per Service.
 #[derive(Debug)]
 pub struct ServiceHealthServer {
-    bind: HealthCheckBind,
+    /// Where ports are opened; changed (ports reopened) by [`ServiceHealthServer::set_bind`].
+    bind: std::sync::Mutex<HealthCheckBind>,
     shared: Arc<Shared>,
     open: tokio::sync::Mutex<BTreeMap<ObjectKey, Instance>>,
 }
@@ -81,7 +82,7 @@ impl ServiceHealthServer {
     /// A server with no ports open yet.
     pub fn new(bind: HealthCheckBind, health: Arc<ProxyHealth>, metrics: Metrics) -> Self {
         Self {
-            bind,
+            bind: std::sync::Mutex::new(bind),
             shared: Arc::new(Shared { health, metrics, endpoints: RwLock::new(HashMap::new()) }),
             open: tokio::sync::Mutex::new(BTreeMap::new()),
         }
@@ -133,6 +134,31 @@ impl ServiceHealthServer {
         failures
     }
 
+    /// Moves the health-check ports to `bind` (the node addresses `nodePortAddresses` now
+    /// match): when it differs, every open port is closed, and the next
+    /// [`ServiceHealthServer::sync_services`] opens them on the new addresses. Returns whether it
+    /// changed.
+    pub async fn set_bind(&self, bind: HealthCheckBind) -> bool {
+        let mut open = self.open.lock().await;
+        {
+            let mut current = self.bind.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if *current == bind {
+                return false;
+            }
+            tracing::info!(from = ?*current, to = ?bind, "health check node ports move");
+            *current = bind;
+        }
+        for (name, instance) in std::mem::take(&mut *open) {
+            self.endpoints_mut().remove(&name);
+            for server in instance.servers {
+                if let Err(error) = server.shutdown().await {
+                    tracing::warn!(service = %name, %error, "health check server ended badly");
+                }
+            }
+        }
+        true
+    }
+
     /// Sets the local ready endpoint count of each open Service; open Services missing from the
     /// map have none. Counts for Services without an open port are ignored.
     pub async fn sync_endpoints(&self, local_endpoints: &HashMap<ObjectKey, usize>) {
@@ -160,7 +186,8 @@ impl ServiceHealthServer {
 
     async fn open_instance(&self, name: &ObjectKey, port: u16) -> Result<Vec<RunningServer>, ServeError> {
         let router = service_router(self.shared.clone(), name.clone());
-        let addresses: Vec<SocketAddr> = match &self.bind {
+        let bind = self.bind.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        let addresses: Vec<SocketAddr> = match &bind {
             HealthCheckBind::AllAddresses => {
                 let dual_stack = SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), port);
                 match listen(dual_stack) {

@@ -188,3 +188,24 @@ async fn closing_a_port_also_drops_its_open_connections() {
         Ok(n) => panic!("closed health check still answered: {:?}", String::from_utf8_lossy(&rest[..n])),
     }
 }
+
+#[tokio::test]
+async fn ports_move_when_the_bind_addresses_change() {
+    let f = fixture();
+    let port = free_port();
+    let services = HashMap::from([(svc("web"), port)]);
+    assert!(f.server.sync_services(&services).await.is_empty());
+    assert_eq!(f.server.listening().await[&svc("web")], vec![at(port)]);
+
+    // nodePortAddresses now match no address: the port closes and stays closed.
+    assert!(f.server.set_bind(HealthCheckBind::Addresses(Vec::new())).await);
+    assert!(f.server.sync_services(&services).await.is_empty());
+    assert_eq!(f.server.listening().await[&svc("web")], Vec::<SocketAddr>::new());
+    assert!(get(at(port), "/healthz").await.is_err(), "nothing listens any more");
+
+    // Back on loopback: open again; the same bind again changes nothing.
+    assert!(f.server.set_bind(HealthCheckBind::Addresses(vec![LOCALHOST])).await);
+    assert!(!f.server.set_bind(HealthCheckBind::Addresses(vec![LOCALHOST])).await);
+    assert!(f.server.sync_services(&services).await.is_empty());
+    assert_eq!(get(at(port), "/healthz").await.unwrap().status, 503);
+}

@@ -81,7 +81,7 @@ impl DryRun {
     /// Waits for the first IPv4 sync; panics if it does not come.
     pub fn wait_synced(&self) -> String {
         let synced = "kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=\"IPv4\"}";
-        let text = self.scrape_until(Duration::from_secs(15), |text| value(text, synced).is_some());
+        let text = self.scrape_until(START, |text| value(text, synced).is_some());
         assert!(value(&text, synced).is_some(), "kproxy never synced:\n{text}");
         text
     }
@@ -104,6 +104,12 @@ pub fn write_kubeconfig(dir: &std::path::Path, url: &str) -> PathBuf {
 pub fn api_in(ns: &kproxy_testbed::Netns) -> Api {
     ns.run_in(Api::start).unwrap()
 }
+
+/// How long kproxy may take from start to its first sync. Generous: a waiting test returns at
+/// the first success, and in the guest kernel (a debug build under TCG) 16 s were measured.
+pub const START: Duration = Duration::from_secs(60);
+/// How long a change may take to reach the kernel (a full sync took 9 s in the guest).
+pub const CHANGE: Duration = Duration::from_secs(30);
 
 /// A loopback address with a port that was free a moment ago.
 pub fn free_port() -> SocketAddr {

@@ -546,3 +546,21 @@ fn udp_ports_list_every_serving_endpoint_whatever_policy_topology_or_termination
     let web = only_port(&planner(ProxyPolicy::default()).build(&state(basic_cluster())), IpFamily::V4, "web");
     assert!(web.serving_endpoints.is_empty(), "TCP flows are never cleaned, so TCP ports carry none");
 }
+
+#[test]
+fn new_local_addresses_are_resolved_by_the_next_plan() {
+    let st = state(basic_cluster());
+    let policy = ProxyPolicy {
+        nodeport_addresses: vec![NodePortAddress::Cidr("192.0.2.0/24".parse().unwrap())],
+        ..Default::default()
+    };
+    let mut planner = planner(policy);
+    assert!(planner.set_local_addresses(vec![ip("192.0.2.7"), ip("198.18.0.2")]));
+    assert!(!planner.set_local_addresses(vec![ip("198.18.0.2"), ip("192.0.2.7")]), "same set, other order");
+    assert!(planner.set_local_addresses(vec![ip("192.0.2.9"), ip("192.0.2.7"), ip("198.18.0.2")]));
+    let plan = planner.build(&st);
+    assert_eq!(
+        plan.families[&IpFamily::V4].node.nodeport_addresses,
+        NodePortAddresses::Only(vec![ip("192.0.2.7"), ip("192.0.2.9")])
+    );
+}

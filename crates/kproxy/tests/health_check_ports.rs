@@ -1,0 +1,86 @@
+//! Health-check node ports listen where NodePorts are served (`nodePortAddresses`), as
+//! upstream, not on every address: the real binary in a sandbox whose node has a second address
+//! outside nodePortAddresses; the health check answers on the node IP and not on the other.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers: a panic is a test failure
+
+mod support;
+
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kproxy_state::Kind;
+use kproxy_testbed::{Proto, Testbed, Where};
+use serde_json::json;
+
+const HEALTH_CHECK_PORT: u16 = 31000;
+
+#[test]
+fn health_check_port_answers_on_node_port_addresses_only() {
+    if !kproxy_testbed::kernel::require_root() {
+        return;
+    }
+    let tb = Testbed::new().unwrap();
+    let pod = tb.add_pod("web-a", Where::Node).unwrap();
+    pod.serve(&[(Proto::Tcp, 8080)]).unwrap();
+    tb.node().ip(["addr", "add", "198.18.0.4/24", "dev", "eth0"]).unwrap();
+    let api = support::api_in(tb.node());
+    api.server.apply(
+        Kind::Node,
+        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"},
+               "spec": {"podCIDRs": ["198.18.16.0/24"]},
+               "status": {"addresses": [{"type": "InternalIP", "address": "198.18.0.2"}]}}),
+    );
+    api.server.apply(
+        Kind::Service,
+        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"namespace": "demo", "name": "lb"},
+               "spec": {"type": "LoadBalancer", "clusterIP": "198.18.128.10", "clusterIPs": ["198.18.128.10"],
+                        "externalTrafficPolicy": "Local", "healthCheckNodePort": HEALTH_CHECK_PORT,
+                        "ports": [{"name": "p", "port": 80, "protocol": "TCP", "targetPort": 8080, "nodePort": 30080}]},
+               "status": {"loadBalancer": {"ingress": [{"ip": "203.0.113.10"}]}}}),
+    );
+    api.server.apply(
+        Kind::EndpointSlice,
+        json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+               "metadata": {"namespace": "demo", "name": "lb-1", "labels": {"kubernetes.io/service-name": "lb"}},
+               "addressType": "IPv4",
+               "endpoints": [{"addresses": [pod.ipv4().to_string()], "nodeName": "node-a",
+                              "conditions": {"ready": true}}],
+               "ports": [{"name": "p", "port": 8080, "protocol": "TCP"}]}),
+    );
+    let dir = std::env::temp_dir().join(format!("kproxy-hc-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let kubeconfig = support::write_kubeconfig(&dir, &api.server.url());
+    let _kproxy = support::KillOnDrop(
+        Command::new("ip")
+            .args(["netns", "exec", tb.node().name(), env!("CARGO_BIN_EXE_kproxy")])
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .args(["--proxy-mode=iptables", "--nodeport-addresses=198.18.0.2/32", "--hostname-override=node-a"])
+            .args(["--detect-local-mode=NodeCIDR", "--conntrack-max-per-core=0"])
+            .args(["--conntrack-tcp-timeout-established=0", "--conntrack-tcp-timeout-close-wait=0"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap(),
+    );
+
+    let on_node_ip: SocketAddr = format!("198.18.0.2:{HEALTH_CHECK_PORT}").parse().unwrap();
+    let deadline = Instant::now() + support::START;
+    let answer = loop {
+        let answer = tb.external().run_in(move || support::http_get(on_node_ip, "/healthz")).unwrap();
+        if answer.as_ref().is_some_and(|(status, _)| *status == 200) || Instant::now() > deadline {
+            break answer;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let (status, body) = answer.expect("the health check answers on the node IP");
+    assert_eq!(status, 200, "one local endpoint: {body}");
+    let body: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(body["localEndpoints"], 1, "{body}");
+
+    let elsewhere: SocketAddr = format!("198.18.0.4:{HEALTH_CHECK_PORT}").parse().unwrap();
+    let other = tb.external().run_in(move || support::http_get(elsewhere, "/healthz")).unwrap();
+    assert!(other.is_none(), "the health check must not answer outside nodePortAddresses: {other:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

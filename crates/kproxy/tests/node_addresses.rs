@@ -1,0 +1,85 @@
+//! Node addresses are followed: an address added to the node after start, inside the
+//! `nodePortAddresses` CIDR, serves NodePorts within seconds (it was never served before: the
+//! addresses were read once at start). The real binary, a fake API server, packets.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers: a panic is a test failure
+
+mod support;
+
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+
+use kproxy_state::Kind;
+use kproxy_testbed::{ProbeResult, Proto, Testbed, Where};
+use serde_json::json;
+
+fn node_port_on_an_address_added_later_is_served(mode: &str) {
+    let tb = Testbed::new().unwrap();
+    let pod = tb.add_pod("web-b", Where::Node2).unwrap();
+    pod.serve(&[(Proto::Tcp, 8080)]).unwrap();
+    let api = support::api_in(tb.node());
+    api.server.apply(
+        Kind::Node,
+        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"},
+               "spec": {"podCIDRs": ["198.18.16.0/24"]},
+               "status": {"addresses": [{"type": "InternalIP", "address": "198.18.0.2"}]}}),
+    );
+    api.server.apply(
+        Kind::Service,
+        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"namespace": "demo", "name": "web"},
+               "spec": {"type": "NodePort", "clusterIP": "198.18.128.10", "clusterIPs": ["198.18.128.10"],
+                        "ports": [{"name": "p", "port": 80, "protocol": "TCP", "targetPort": 8080, "nodePort": 30080}]}}),
+    );
+    api.server.apply(
+        Kind::EndpointSlice,
+        json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+               "metadata": {"namespace": "demo", "name": "web-1", "labels": {"kubernetes.io/service-name": "web"}},
+               "addressType": "IPv4",
+               "endpoints": [{"addresses": [pod.ipv4().to_string()], "nodeName": "node-b",
+                              "conditions": {"ready": true}}],
+               "ports": [{"name": "p", "port": 8080, "protocol": "TCP"}]}),
+    );
+    let dir = std::env::temp_dir().join(format!("kproxy-addrs-{mode}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let kubeconfig = support::write_kubeconfig(&dir, &api.server.url());
+    let _kproxy = support::KillOnDrop(
+        Command::new("ip")
+            .args(["netns", "exec", tb.node().name(), env!("CARGO_BIN_EXE_kproxy")])
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .arg(format!("--proxy-mode={mode}"))
+            .args(["--nodeport-addresses=198.18.0.0/24", "--hostname-override=node-a", "--detect-local-mode=NodeCIDR"])
+            .args(["--conntrack-max-per-core=0", "--conntrack-tcp-timeout-established=0"])
+            .arg("--conntrack-tcp-timeout-close-wait=0")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap(),
+    );
+    let answered = |got: &ProbeResult| matches!(got, ProbeResult::Answered { backend, .. } if backend == "web-b");
+
+    let primary: SocketAddr = "198.18.0.2:30080".parse().unwrap();
+    let got = support::answered_by(tb.external(), primary, "web-b", support::START);
+    assert!(answered(&got), "{mode}: the node IP serves the NodePort: {got:?}");
+
+    tb.node().ip(["addr", "add", "198.18.0.4/24", "dev", "eth0"]).unwrap();
+    let added: SocketAddr = "198.18.0.4:30080".parse().unwrap();
+    let got = support::answered_by(tb.external(), added, "web-b", support::CHANGE);
+    assert!(answered(&got), "{mode}: the address added inside nodePortAddresses serves it: {got:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn nftables_mode_serves_node_ports_on_an_address_added_later() {
+    if !kproxy_testbed::kernel::require_root() {
+        return;
+    }
+    node_port_on_an_address_added_later_is_served("nftables");
+}
+
+#[test]
+fn iptables_mode_serves_node_ports_on_an_address_added_later() {
+    if !kproxy_testbed::kernel::require_root() {
+        return;
+    }
+    node_port_on_an_address_added_later_is_served("iptables");
+}
