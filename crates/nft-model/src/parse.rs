@@ -193,6 +193,47 @@ fn stmt(t: &mut Tokens<'_>) -> Result<Stmt, ParseError> {
     }
     let word = t.next()?;
     Ok(match word {
+        "ct" if t.peek() == Some("mark") => {
+            t.pos += 1;
+            if t.optional("set") {
+                for want in ["ct", "mark", "or"] {
+                    t.expect(want)?;
+                }
+                return Ok(Stmt::CtMarkOr(t.number()?));
+            }
+            t.expect("and")?;
+            let mask = t.number()?;
+            let op = match t.next()? {
+                "==" => CmpOp::Eq,
+                "!=" => CmpOp::Neq,
+                other => return Err(t.err(other)),
+            };
+            Stmt::CtMarkAnd { mask, op, value: t.number()? }
+        }
+        "meta" if t.peek() == Some("mark") => {
+            t.pos += 1;
+            t.expect("set")?;
+            let key = t.concat()?;
+            t.expect("map")?;
+            Stmt::MarkSetMap { key, map: t.set_ref()? }
+        }
+        "meta" if t.peek() == Some("l4proto") && t.toks.get(t.pos + 1) == Some(&"{") => {
+            t.pos += 2;
+            let mut protos = Vec::new();
+            loop {
+                let w = t.next()?;
+                let (name, more) = match w.strip_suffix(',') {
+                    Some(name) => (name, true),
+                    None => (w, false),
+                };
+                protos.push(protocol(name).ok_or_else(|| t.err(name))?);
+                if !more {
+                    break;
+                }
+            }
+            t.expect("}")?;
+            Stmt::L4ProtoIn(protos)
+        }
         "ct" => match (t.next()?, t.next()?) {
             ("state", "new") => Stmt::CtState(CtState::New),
             ("state", "established") => Stmt::CtState(CtState::Established),
@@ -451,6 +492,7 @@ pub fn op(line: &str) -> Result<Op, ParseError> {
             };
             let value = match v {
                 None => None,
+                Some(v) if v.starts_with("0x") => Some(MapData::Value(key(v)?)),
                 Some(v) if v.starts_with("goto") || v.starts_with("jump") || !v.contains(['.', ':']) => {
                     Some(MapData::Verdict(verdict(v)?))
                 }

@@ -95,6 +95,13 @@ pub enum Expr {
         /// Destination register.
         dreg: u32,
     },
+    /// Set a conntrack key from a register.
+    CtSet {
+        /// `NFT_CT_*`.
+        key: u32,
+        /// Source register.
+        sreg: u32,
+    },
     /// `reg = (reg & mask) ^ xor`.
     Bitwise {
         /// Register (source and destination).
@@ -204,7 +211,7 @@ impl Expr {
         match self {
             Expr::Payload { .. } => "payload",
             Expr::Meta { .. } | Expr::MetaSet { .. } => "meta",
-            Expr::Ct { .. } => "ct",
+            Expr::Ct { .. } | Expr::CtSet { .. } => "ct",
             Expr::Bitwise { .. } => "bitwise",
             Expr::Cmp { .. } => "cmp",
             Expr::Lookup { .. } => "lookup",
@@ -257,6 +264,10 @@ impl Expr {
             Expr::Ct { key, dreg } => {
                 m.put_be32(NFTA_CT_KEY, *key);
                 m.put_be32(NFTA_CT_DREG, *dreg);
+            }
+            Expr::CtSet { key, sreg } => {
+                m.put_be32(NFTA_CT_KEY, *key);
+                m.put_be32(NFTA_CT_SREG, *sreg);
             }
             Expr::Bitwise { reg, mask, xor, explicit_op } => {
                 m.put_be32(NFTA_BITWISE_SREG, *reg);

@@ -248,11 +248,7 @@ impl Typeof {
 /// nest per field (`SUB_TYPE` = its `expr_types` id, `SUB_DATA` = its own attributes). A
 /// concatenation declared by type names has no fields here.
 pub fn concat_udata(exprs: &[TypeofExpr]) -> Vec<u8> {
-    fn put(out: &mut Vec<u8>, kind: u8, value: &[u8]) {
-        out.push(kind);
-        out.push(value.len() as u8);
-        out.extend_from_slice(value);
-    }
+    let put = put_tlv;
     let mut fields = Vec::new();
     for (i, e) in exprs.iter().enumerate() {
         let mut own = Vec::new();
@@ -268,6 +264,26 @@ pub fn concat_udata(exprs: &[TypeofExpr]) -> Vec<u8> {
     // EXPR_CONCAT
     put(&mut out, 0, &13u32.to_ne_bytes());
     put(&mut out, 1, &fields);
+    out
+}
+
+/// One user data attribute: kind, length, value.
+pub fn put_tlv(out: &mut Vec<u8>, kind: u8, value: &[u8]) {
+    out.push(kind);
+    out.push(value.len() as u8);
+    out.extend_from_slice(value);
+}
+
+/// nft's user data for a single expression: `TYPEOF_EXPR` = its `expr_types` id and
+/// `TYPEOF_DATA` = its own attributes.
+pub fn single_udata(e: TypeofExpr) -> Vec<u8> {
+    let mut own = Vec::new();
+    for (kind, v) in e.udata() {
+        put_tlv(&mut own, kind, &v.to_ne_bytes());
+    }
+    let mut out = Vec::new();
+    put_tlv(&mut out, 0, &e.etype().to_ne_bytes());
+    put_tlv(&mut out, 1, &own);
     out
 }
 
@@ -480,18 +496,55 @@ impl SetInfo for NoSets {
     }
 }
 
+/// The name every anonymous set is created with: the kernel fills in a number, and rules find
+/// the set by the id it had in the batch.
+pub const ANON_SET_NAME: &str = "__set%d";
+
+/// An anonymous constant set a rule looks constants up in (`meta l4proto { tcp, udp }`), as nft
+/// creates it in the same batch just before the rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AnonSet {
+    /// What the looked-up value is, as recorded in the set's user data.
+    pub key: TypeofExpr,
+    /// Byte order of the key (`BYTEORDER_HOST_ENDIAN` = 1 for `meta` keys).
+    pub byteorder: u32,
+    /// Each element's key bytes, in the order written.
+    pub elements: Vec<Vec<u8>>,
+}
+
+impl AnonSet {
+    /// The set's user data: key byte order, and the key's `typeof` expression.
+    pub fn udata(&self) -> Vec<u8> {
+        let mut u = Vec::new();
+        put_tlv(&mut u, NFTNL_UDATA_SET_KEYBYTEORDER, &self.byteorder.to_ne_bytes());
+        put_tlv(&mut u, NFTNL_UDATA_SET_KEY_TYPEOF, &single_udata(self.key));
+        u
+    }
+}
+
+/// A rule lowered: its expressions, and the anonymous sets its lookups of [`ANON_SET_NAME`]
+/// refer to, in the order of those lookups.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Lowered {
+    /// The expressions.
+    pub exprs: Vec<Expr>,
+    /// Anonymous sets to create before the rule.
+    pub anon_sets: Vec<AnonSet>,
+}
+
 /// Lowers a rule of a table of `family` to expressions.
-pub fn rule(family: IpFamily, rule: &Rule, sets: &dyn SetInfo) -> Result<Vec<Expr>, LowerError> {
-    let mut l = Lowering { family, out: Vec::new(), sets, l4protos: Vec::new() };
+pub fn rule(family: IpFamily, rule: &Rule, sets: &dyn SetInfo) -> Result<Lowered, LowerError> {
+    let mut l = Lowering { family, out: Vec::new(), sets, l4protos: Vec::new(), anon_sets: Vec::new() };
     for stmt in rule.stmts() {
         l.stmt(stmt)?;
     }
-    Ok(l.out)
+    Ok(Lowered { exprs: l.out, anon_sets: l.anon_sets })
 }
 
 struct Lowering<'a> {
     family: IpFamily,
     out: Vec<Expr>,
+    anon_sets: Vec<AnonSet>,
     sets: &'a dyn SetInfo,
     /// The protocols of the rule's `meta l4proto P` matches so far: they satisfy (or, if they
     /// differ, contradict) the protocol dependency of a later `dnat ... map`.
@@ -639,8 +692,51 @@ impl Lowering<'_> {
                 self.out.push(Expr::Reject { kind: 0, code });
             }
             Stmt::Verdict(v) => self.out.push(Expr::Verdict(verdict(v))),
-            Stmt::L4ProtoIn(_) | Stmt::CtMarkAnd { .. } | Stmt::CtMarkOr(_) | Stmt::MarkSetMap { .. } => {
-                return Err(LowerError::new(format!("`{stmt}` (not lowered yet)")));
+            Stmt::L4ProtoIn(protos) => {
+                self.out.push(Sel::L4Proto.load(NFT_REG_1, 1));
+                self.out.push(Expr::Lookup {
+                    sreg: NFT_REG_1,
+                    set: ANON_SET_NAME.to_owned(),
+                    set_id: None,
+                    dreg: None,
+                    invert: false,
+                });
+                self.anon_sets.push(AnonSet {
+                    key: TypeofExpr::Meta { key: NFT_META_L4PROTO },
+                    byteorder: 1,
+                    elements: protos.iter().map(|p| vec![proto_number(*p)]).collect(),
+                });
+            }
+            Stmt::CtMarkAnd { mask, op, value } => {
+                self.out.push(Expr::Ct { key: NFT_CT_MARK, dreg: NFT_REG_1 });
+                self.out.push(Expr::Bitwise {
+                    reg: NFT_REG_1,
+                    mask: mask.to_ne_bytes().to_vec(),
+                    xor: vec![0; 4],
+                    explicit_op: true,
+                });
+                self.out.push(Expr::Cmp { sreg: NFT_REG_1, op: cmp_op(*op), data: value.to_ne_bytes().to_vec() });
+            }
+            Stmt::CtMarkOr(bits) => {
+                self.out.push(Expr::Ct { key: NFT_CT_MARK, dreg: NFT_REG_1 });
+                self.out.push(Expr::Bitwise {
+                    reg: NFT_REG_1,
+                    mask: (!bits).to_ne_bytes().to_vec(),
+                    xor: bits.to_ne_bytes().to_vec(),
+                    explicit_op: true,
+                });
+                self.out.push(Expr::CtSet { key: NFT_CT_MARK, sreg: NFT_REG_1 });
+            }
+            Stmt::MarkSetMap { key, map } => {
+                self.load_key(key, false)?;
+                self.out.push(Expr::Lookup {
+                    sreg: NFT_REG_1,
+                    set: map.clone(),
+                    set_id: None,
+                    dreg: Some(NFT_REG_1),
+                    invert: false,
+                });
+                self.out.push(Expr::MetaSet { key: NFT_META_MARK, sreg: NFT_REG_1 });
             }
         }
         Ok(())
@@ -815,7 +911,7 @@ mod tests {
     }
 
     fn lower(family: IpFamily, text: &str, maps: impl Fn(&str) -> Option<Option<u8>>) -> Result<Vec<Expr>, LowerError> {
-        rule(family, &parse::rule(text).unwrap(), &Maps(maps))
+        rule(family, &parse::rule(text).unwrap(), &Maps(maps)).map(|l| l.exprs)
     }
 
     #[test]

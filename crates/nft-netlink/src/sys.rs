@@ -81,6 +81,10 @@ pub const NFTNL_UDATA_SET_DATA_TYPEOF: u8 = 4;
 pub const NFTNL_UDATA_SET_DATA_INTERVAL: u8 = 6;
 pub const NFTNL_UDATA_SET_COMMENT: u8 = 7;
 
+/// `NFT_SET_ANONYMOUS`: a set bound to the one rule that uses it.
+pub const NFT_SET_ANONYMOUS: u32 = 0x1;
+/// `NFT_SET_CONSTANT`: elements never change after creation.
+pub const NFT_SET_CONSTANT: u32 = 0x2;
 pub const NFT_SET_INTERVAL: u32 = 0x4;
 /// `NFT_SET_CONCAT`: ranges in a concatenation (the pipapo backend).
 pub const NFT_SET_CONCAT: u32 = 0x80;
@@ -131,6 +135,8 @@ pub const NFT_META_L4PROTO: u32 = 16;
 
 pub const NFTA_CT_DREG: u16 = 1;
 pub const NFTA_CT_KEY: u16 = 2;
+pub const NFTA_CT_SREG: u16 = 4;
+pub const NFT_CT_MARK: u32 = 3;
 pub const NFT_CT_STATE: u32 = 0;
 pub const NFT_CT_STATUS: u32 = 2;
 

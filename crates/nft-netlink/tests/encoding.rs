@@ -12,6 +12,8 @@ const COMMANDS: &str = include_str!("fixtures/nft-commands.nft");
 const MNL: &str = include_str!("fixtures/nft-commands.mnl.hex");
 const LATER: &str = include_str!("fixtures/nft-commands-later.nft");
 const LATER_MNL: &str = include_str!("fixtures/nft-commands-later.mnl.hex");
+const IPVS: &str = include_str!("fixtures/nft-commands-ipvs.nft");
+const IPVS_MNL: &str = include_str!("fixtures/nft-commands-ipvs.mnl.hex");
 
 /// A fixture command as a typed operation; it must render back to the same text, so the bytes
 /// `nft` sent for the text are the bytes expected for the operation.
@@ -25,6 +27,15 @@ fn op(line: &str) -> Op {
 fn every_message_matches_what_nft_sends() {
     let (compared, elems) = compare(COMMANDS, MNL);
     assert!(compared > 150 && elems > 30, "{compared} {elems}");
+}
+
+/// The statements only the IPVS auxiliary table uses: packet marks from maps whose data is
+/// `mark`, conntrack mark tests and updates, and `meta l4proto { ... }`, which nft sends as an
+/// anonymous constant set created just before its rule (numbered after every named set).
+#[test]
+fn the_ipvs_auxiliary_table_statements_match_what_nft_sends() {
+    let (compared, elems) = compare(IPVS, IPVS_MNL);
+    assert_eq!((compared, elems), (30, 5));
 }
 
 /// A batch after the first: its rules read maps the encoder has not seen declared, which the
