@@ -23,5 +23,5 @@ pub mod transaction;
 pub use exec::{ExecError, Executor, NftCommand, Recording};
 pub use expr::{CmpOp, CtState, CtStatus, Field, NatKind, Reject, Rule, Stmt, Value, Verdict};
 pub use set::{DataType, Element, ElementData, Key, MapData, SetDef, SetFlag, SetType};
-pub use table::{Chain, ChainType, Hook, HookPoint, TableFamily, TableRef};
+pub use table::{Chain, ChainType, Flowtable, Hook, HookPoint, TableFamily, TableRef};
 pub use transaction::{Op, OpCounts, Transaction};

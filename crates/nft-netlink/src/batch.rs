@@ -40,6 +40,7 @@ pub fn nfproto(f: TableFamily) -> u8 {
     match f {
         TableFamily::Ip => NFPROTO_IPV4,
         TableFamily::Ip6 => NFPROTO_IPV6,
+        TableFamily::Inet => NFPROTO_INET,
     }
 }
 
@@ -172,7 +173,7 @@ impl Encoder {
             }
             Op::AddRule { table, chain, rule } => {
                 let sets = BatchSets { enc: self, table };
-                let lowered = lower::rule(table.family.ip_family(), rule, &sets)?;
+                let lowered = lower::rule(table.family, rule, &sets)?;
                 let mut exprs = lowered.exprs;
                 let mut anon_ids = Vec::new();
                 for anon in &lowered.anon_sets {
@@ -208,9 +209,36 @@ impl Encoder {
             }
             Op::AddElement(t, e) => self.element(t, e, true)?,
             Op::DeleteElement(t, e) => self.element(t, e, false)?,
+            Op::AddFlowtable(t, ft) => {
+                self.begin(NFT_MSG_NEWFLOWTABLE, NLM_F_CREATE, nfproto(t.family));
+                self.flowtable_hook(t, &ft.name, ft.priority, &ft.devices);
+                self.buf.put_be32(NFTA_FLOWTABLE_FLAGS, if ft.counter { NFT_FLOWTABLE_COUNTER } else { 0 });
+            }
+            Op::DeleteFlowtableDevices { table, name, devices } => {
+                self.begin(NFT_MSG_DELFLOWTABLE, 0, nfproto(table.family));
+                self.flowtable_hook(table, name, 0, devices);
+            }
         }
         self.buf.end();
         Ok(())
+    }
+
+    /// A flowtable's table, name and ingress hook with its devices, which nft sends in the
+    /// reverse of the order they are written in.
+    fn flowtable_hook(&mut self, t: &TableRef, name: &str, priority: i32, devices: &[String]) {
+        self.buf.put_str(NFTA_FLOWTABLE_TABLE, &t.name);
+        self.buf.put_str(NFTA_FLOWTABLE_NAME, name);
+        let hook = self.buf.begin_nest(NFTA_FLOWTABLE_HOOK);
+        self.buf.put_be32(NFTA_FLOWTABLE_HOOK_NUM, NF_NETDEV_INGRESS);
+        self.buf.put_be32(NFTA_FLOWTABLE_HOOK_PRIORITY, priority as u32);
+        if !devices.is_empty() {
+            let devs = self.buf.begin_nest(NFTA_FLOWTABLE_HOOK_DEVS);
+            for d in devices.iter().rev() {
+                self.buf.put_str(NFTA_DEVICE_NAME, &d.replace(['"', '\\'], ""));
+            }
+            self.buf.end_nest(devs);
+        }
+        self.buf.end_nest(hook);
     }
 
     fn add_chain(&mut self, t: &TableRef, chain: &Chain) -> Result<(), LowerError> {

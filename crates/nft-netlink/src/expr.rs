@@ -195,6 +195,13 @@ pub enum Expr {
         /// `NF_NAT_RANGE_*` flags.
         flags: u32,
     },
+    /// `counter` (the kernel starts it at zero).
+    Counter,
+    /// `flow add @flowtable`.
+    FlowOffload {
+        /// Flowtable name.
+        flowtable: String,
+    },
     /// `update @set { key }`.
     DynsetUpdate {
         /// Set name.
@@ -223,6 +230,8 @@ impl Expr {
             Expr::Masq { .. } => "masq",
             Expr::Nat { .. } => "nat",
             Expr::DynsetUpdate { .. } => "dynset",
+            Expr::Counter => "counter",
+            Expr::FlowOffload { .. } => "flow_offload",
         }
     }
 
@@ -341,6 +350,8 @@ impl Expr {
                     m.put_be32(NFTA_NAT_FLAGS, *flags);
                 }
             }
+            Expr::Counter => {}
+            Expr::FlowOffload { flowtable } => m.put_str(NFTA_FLOW_TABLE_NAME, flowtable),
             Expr::DynsetUpdate { set, set_id, sreg } => {
                 m.put_be32(NFTA_DYNSET_SREG_KEY, *sreg);
                 m.put_be32(NFTA_DYNSET_OP, NFT_DYNSET_OP_UPDATE);

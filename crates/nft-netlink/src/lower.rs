@@ -11,7 +11,8 @@
 use std::net::IpAddr;
 
 use kproxy_nft_model::{
-    CmpOp, Field, Key, MapData as ModelData, NatKind as ModelNat, Reject, Rule, Stmt, Value, Verdict as ModelVerdict,
+    CmpOp, Field, Key, MapData as ModelData, NatKind as ModelNat, Reject, Rule, Stmt, TableFamily, Value,
+    Verdict as ModelVerdict,
 };
 use kproxy_state::{IpFamily, Protocol};
 
@@ -533,8 +534,15 @@ pub struct Lowered {
 }
 
 /// Lowers a rule of a table of `family` to expressions.
-pub fn rule(family: IpFamily, rule: &Rule, sets: &dyn SetInfo) -> Result<Lowered, LowerError> {
-    let mut l = Lowering { family, out: Vec::new(), sets, l4protos: Vec::new(), anon_sets: Vec::new() };
+pub fn rule(family: TableFamily, rule: &Rule, sets: &dyn SetInfo) -> Result<Lowered, LowerError> {
+    let mut l = Lowering {
+        table: family,
+        nfproto_match: None,
+        out: Vec::new(),
+        sets,
+        l4protos: Vec::new(),
+        anon_sets: Vec::new(),
+    };
     for stmt in rule.stmts() {
         l.stmt(stmt)?;
     }
@@ -542,7 +550,10 @@ pub fn rule(family: IpFamily, rule: &Rule, sets: &dyn SetInfo) -> Result<Lowered
 }
 
 struct Lowering<'a> {
-    family: IpFamily,
+    table: TableFamily,
+    /// In an `inet` table, the address family a `meta nfproto` match of the rule established
+    /// (nft adds one before the first statement that reads an address).
+    nfproto_match: Option<IpFamily>,
     out: Vec<Expr>,
     anon_sets: Vec<AnonSet>,
     sets: &'a dyn SetInfo,
@@ -559,15 +570,33 @@ fn cmp_op(op: CmpOp) -> u32 {
 }
 
 impl Lowering<'_> {
-    fn nfproto(&self) -> u8 {
-        match self.family {
-            IpFamily::V4 => NFPROTO_IPV4,
-            IpFamily::V6 => NFPROTO_IPV6,
+    /// The address family of the rule's packets: the table's, or in an `inet` table the one
+    /// the rule matched.
+    fn family(&self) -> Result<IpFamily, LowerError> {
+        self.table.ip_family().or(self.nfproto_match).ok_or_else(|| {
+            LowerError::new("a statement of one address family in an inet table, before any address match")
+        })
+    }
+
+    fn nfproto(&self) -> Result<u8, LowerError> {
+        Ok(nfproto_of(self.family()?))
+    }
+
+    /// In an `inet` table, the `meta nfproto` match nft puts before the first statement that
+    /// reads an address of a family.
+    fn nfproto_dependency(&mut self, stmt: &Stmt) {
+        if self.table != TableFamily::Inet || self.nfproto_match.is_some() {
+            return;
+        }
+        if let Some(family) = address_family(stmt) {
+            self.out.push(Expr::Meta { key: NFT_META_NFPROTO, dreg: NFT_REG_1 });
+            self.out.push(Expr::Cmp { sreg: NFT_REG_1, op: NFT_CMP_EQ, data: vec![nfproto_of(family)] });
+            self.nfproto_match = Some(family);
         }
     }
 
     fn check_family(&self, ip: IpAddr) -> Result<(), LowerError> {
-        match (self.family, ip) {
+        match (self.family()?, ip) {
             (IpFamily::V4, IpAddr::V4(_)) | (IpFamily::V6, IpAddr::V6(_)) => Ok(()),
             _ => Err(LowerError::new(format!("the address {ip} in a table of the other family"))),
         }
@@ -575,7 +604,7 @@ impl Lowering<'_> {
 
     fn field(&self, field: Field) -> Result<Sel, LowerError> {
         if let Field::Saddr(f) | Field::Daddr(f) = field
-            && f != self.family
+            && f != self.family()?
         {
             return Err(LowerError::new(format!("`{field}` in a table of the other family")));
         }
@@ -595,6 +624,7 @@ impl Lowering<'_> {
     }
 
     fn stmt(&mut self, stmt: &Stmt) -> Result<(), LowerError> {
+        self.nfproto_dependency(stmt);
         match stmt {
             Stmt::Cmp { field, op, value } => self.cmp(*field, *op, value)?,
             Stmt::IifName { op, name } => {
@@ -672,11 +702,11 @@ impl Lowering<'_> {
                 if *fully_random {
                     flags |= NF_NAT_RANGE_PROTO_RANDOM_FULLY;
                 }
-                let family = self.nfproto();
+                let family = self.nfproto()?;
                 self.out.push(Expr::Nat { kind: nat_kind(*kind), family, addr_reg: NFT_REG_1, proto_reg, flags });
             }
             Stmt::NatMap { kind, family, key, map } => {
-                if *family != self.family {
+                if *family != self.family()? {
                     return Err(LowerError::new("a nat map of the other family"));
                 }
                 self.nat_map(*kind, key, map)?;
@@ -688,10 +718,18 @@ impl Lowering<'_> {
             Stmt::Reject(Reject::TcpReset) => self.out.push(Expr::Reject { kind: 1, code: 0 }),
             Stmt::Reject(Reject::PortUnreachable) => {
                 // ICMP port unreachable / ICMPv6 port unreachable.
-                let code = if self.family == IpFamily::V4 { 3 } else { 4 };
+                let code = if self.family()? == IpFamily::V4 { 3 } else { 4 };
                 self.out.push(Expr::Reject { kind: 0, code });
             }
             Stmt::Verdict(v) => self.out.push(Expr::Verdict(verdict(v))),
+            Stmt::CtPacketsGt(n) => {
+                // The host-order counter is compared in network order, as nft does for `>`.
+                self.out.push(Expr::Ct { key: NFT_CT_PKTS, dreg: NFT_REG_1 });
+                self.out.push(Expr::ByteorderHton { reg: NFT_REG_1, len: 8, size: 8 });
+                self.out.push(Expr::Cmp { sreg: NFT_REG_1, op: NFT_CMP_GT, data: n.to_be_bytes().to_vec() });
+            }
+            Stmt::Counter => self.out.push(Expr::Counter),
+            Stmt::FlowAdd(flowtable) => self.out.push(Expr::FlowOffload { flowtable: flowtable.clone() }),
             Stmt::L4ProtoIn(protos) => {
                 self.out.push(Sel::L4Proto.load(NFT_REG_1, 1));
                 self.out.push(Expr::Lookup {
@@ -785,8 +823,8 @@ impl Lowering<'_> {
             dreg: Some(NFT_REG_1),
             invert: false,
         });
-        let addr_units = if self.family == IpFamily::V4 { 1 } else { 4 };
-        let family = self.nfproto();
+        let addr_units = if self.family()? == IpFamily::V4 { 1 } else { 4 };
+        let family = self.nfproto()?;
         self.out.push(Expr::Nat {
             kind: nat_kind(kind),
             family,
@@ -873,6 +911,30 @@ impl Lowering<'_> {
     }
 }
 
+fn nfproto_of(family: IpFamily) -> u8 {
+    match family {
+        IpFamily::V4 => NFPROTO_IPV4,
+        IpFamily::V6 => NFPROTO_IPV6,
+    }
+}
+
+/// The address family whose header a statement reads, if any.
+fn address_family(stmt: &Stmt) -> Option<IpFamily> {
+    let fields: &[Field] = match stmt {
+        Stmt::Cmp { field, .. } => std::slice::from_ref(field),
+        Stmt::Lookup { key, .. }
+        | Stmt::Vmap { key, .. }
+        | Stmt::Update { key, .. }
+        | Stmt::NatMap { key, .. }
+        | Stmt::MarkSetMap { key, .. } => key,
+        _ => &[],
+    };
+    fields.iter().find_map(|f| match f {
+        Field::Saddr(family) | Field::Daddr(family) => Some(*family),
+        _ => None,
+    })
+}
+
 fn nat_kind(k: ModelNat) -> NatKind {
     match k {
         ModelNat::Snat => NatKind::Snat,
@@ -911,7 +973,7 @@ mod tests {
     }
 
     fn lower(family: IpFamily, text: &str, maps: impl Fn(&str) -> Option<Option<u8>>) -> Result<Vec<Expr>, LowerError> {
-        rule(family, &parse::rule(text).unwrap(), &Maps(maps)).map(|l| l.exprs)
+        rule(family.into(), &parse::rule(text).unwrap(), &Maps(maps)).map(|l| l.exprs)
     }
 
     #[test]
