@@ -11,10 +11,10 @@ use std::collections::BTreeSet;
 
 use kproxy_plan::{Plan, PlanDelta};
 
-use crate::config::{AccelConfig, TABLE};
+use crate::config::AccelConfig;
 use crate::elements::{ElementChanges, ElementIndex, PortKey, elements_of};
 use crate::error::AccelError;
-use crate::exec::NftRunner;
+use crate::exec::AccelKernel;
 use crate::links;
 use crate::ruleset::{self, CHAIN_OFFLOAD};
 use crate::view::{OffloadedConnection, ServiceAcceleration};
@@ -32,10 +32,11 @@ pub struct SyncReport {
     pub deleted: usize,
 }
 
-/// The fast-path controller for one network namespace.
+/// The fast-path controller for one network namespace. What the kernel holds is known from
+/// what was applied (kept here), never read back on a sync.
 #[derive(Debug)]
-pub struct Accelerator<R: NftRunner> {
-    runner: R,
+pub struct Accelerator<K: AccelKernel> {
+    kernel: K,
     config: AccelConfig,
     /// Acceleration is on in the plan (`NodePlan::acceleration`).
     enabled: bool,
@@ -53,12 +54,12 @@ pub struct Accelerator<R: NftRunner> {
     counted_before: u64,
 }
 
-impl<R: NftRunner> Accelerator<R> {
+impl<K: AccelKernel> Accelerator<K> {
     /// A controller that has not touched the kernel yet; the first sync creates the table (and
     /// replaces any copy a previous run left behind).
-    pub fn new(runner: R, config: AccelConfig) -> Self {
+    pub fn new(kernel: K, config: AccelConfig) -> Self {
         Accelerator {
-            runner,
+            kernel,
             config,
             enabled: false,
             desired: ElementIndex::default(),
@@ -72,13 +73,13 @@ impl<R: NftRunner> Accelerator<R> {
     }
 
     /// The executor (tests inspect what was applied).
-    pub fn runner(&self) -> &R {
-        &self.runner
+    pub fn kernel(&self) -> &K {
+        &self.kernel
     }
 
     /// The executor, mutably.
-    pub fn runner_mut(&mut self) -> &mut R {
-        &mut self.runner
+    pub fn kernel_mut(&mut self) -> &mut K {
+        &mut self.kernel
     }
 
     /// The configuration.
@@ -158,8 +159,8 @@ impl<R: NftRunner> Accelerator<R> {
         if !self.table_present || self.needs_recreate {
             return self.recreate();
         }
-        let script = ruleset::element_updates(&self.pending.added, &self.pending.removed);
-        if let Err(error) = self.runner.apply(&script) {
+        let tx = ruleset::element_updates(&self.pending.added, &self.pending.removed);
+        if let Err(error) = self.kernel.apply(&tx) {
             self.needs_recreate = true;
             return Err(error);
         }
@@ -180,9 +181,8 @@ impl<R: NftRunner> Accelerator<R> {
     fn recreate(&mut self) -> Result<SyncReport, AccelError> {
         self.bank_counter();
         let devices = links::eligible_links()?;
-        let mut script = format!("add table inet {TABLE}\n");
-        script.push_str(&ruleset::create_table(&self.config, &devices, self.desired.elements(), true));
-        if let Err(error) = self.runner.apply(&script) {
+        let tx = ruleset::create_table(&self.config, &devices, self.desired.elements());
+        if let Err(error) = self.kernel.apply(&tx) {
             self.needs_recreate = true;
             return Err(error);
         }
@@ -202,8 +202,7 @@ impl<R: NftRunner> Accelerator<R> {
 
     fn remove_table(&mut self) -> Result<(), AccelError> {
         self.bank_counter();
-        let script = format!("add table inet {TABLE}\n{}", ruleset::delete_table());
-        if let Err(error) = self.runner.apply(&script) {
+        if let Err(error) = self.kernel.apply(&ruleset::delete_table()) {
             self.needs_recreate = true;
             return Err(error);
         }
@@ -232,7 +231,7 @@ impl<R: NftRunner> Accelerator<R> {
         if added.is_empty() && gone.is_empty() {
             return Ok(false);
         }
-        if let Err(error) = self.runner.apply(&ruleset::device_updates(&added, &removed)) {
+        if let Err(error) = self.kernel.apply(&ruleset::device_updates(&added, &removed)) {
             // The kernel's device list is not what we think (or a link vanished meanwhile):
             // start over from the links as they are on the next sync.
             self.needs_recreate = true;
@@ -271,11 +270,8 @@ impl<R: NftRunner> Accelerator<R> {
     }
 
     fn read_counter(&mut self) -> u64 {
-        match self.runner.list_json(&["chain", "inet", TABLE, CHAIN_OFFLOAD]) {
-            Ok(json) => crate::view::offload_counter(&json).unwrap_or_else(|| {
-                tracing::warn!("no counter in the fast-path chain listing");
-                0
-            }),
+        match self.kernel.counted_packets(&ruleset::table(), CHAIN_OFFLOAD) {
+            Ok(packets) => packets,
             Err(error) => {
                 tracing::warn!(%error, "cannot read the fast-path counter");
                 0
@@ -285,8 +281,8 @@ impl<R: NftRunner> Accelerator<R> {
 }
 
 /// `--cleanup`: removes the fast-path table if present, without any state.
-pub fn cleanup(runner: &mut impl NftRunner) -> Result<(), AccelError> {
-    runner.apply(&format!("add table inet {TABLE}\n{}", ruleset::delete_table()))
+pub fn cleanup(kernel: &mut impl AccelKernel) -> Result<(), AccelError> {
+    kernel.apply(&ruleset::delete_table())
 }
 
 /// Acceleration is on when the plan says so for any family (the switch is node-wide).

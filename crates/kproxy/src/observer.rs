@@ -36,7 +36,7 @@ pub struct DaemonObserver {
 }
 
 /// The accelerator, shared with the link watcher that refreshes its flowtable devices.
-pub type SharedAccelerator = Arc<std::sync::Mutex<kproxy_accel::Accelerator<kproxy_accel::NftBinary>>>;
+pub type SharedAccelerator = Arc<std::sync::Mutex<kproxy_accel::Accelerator<kproxy_accel::NetlinkExecutor>>>;
 
 /// What the daemon observer feeds.
 pub struct Sinks {
