@@ -271,7 +271,11 @@ impl<K: AccelKernel> Accelerator<K> {
 
     fn read_counter(&mut self) -> u64 {
         match self.kernel.counted_packets(&ruleset::table(), CHAIN_OFFLOAD) {
-            Ok(packets) => packets,
+            Ok(Some(packets)) => packets,
+            Ok(None) => {
+                tracing::warn!("no counter in the fast-path chain");
+                0
+            }
             Err(error) => {
                 tracing::warn!(%error, "cannot read the fast-path counter");
                 0

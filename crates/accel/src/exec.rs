@@ -12,8 +12,9 @@ use crate::error::AccelError;
 pub trait AccelKernel: Send {
     /// Applies `tx` as one atomic batch.
     fn apply(&mut self, tx: &Transaction) -> Result<(), AccelError>;
-    /// The packets counted by the `counter` statements of `chain`'s rules.
-    fn counted_packets(&mut self, table: &TableRef, chain: &str) -> Result<u64, AccelError>;
+    /// The packets counted by the `counter` statements of `chain`'s rules; `None` when the
+    /// chain has no counter.
+    fn counted_packets(&mut self, table: &TableRef, chain: &str) -> Result<Option<u64>, AccelError>;
 }
 
 impl AccelKernel for NetlinkExecutor {
@@ -21,7 +22,7 @@ impl AccelKernel for NetlinkExecutor {
         Executor::apply(self, tx).map_err(AccelError::from)
     }
 
-    fn counted_packets(&mut self, table: &TableRef, chain: &str) -> Result<u64, AccelError> {
+    fn counted_packets(&mut self, table: &TableRef, chain: &str) -> Result<Option<u64>, AccelError> {
         kproxy_nft_netlink::counters::chain_packets(self, table, chain).map_err(AccelError::Netlink)
     }
 }
@@ -48,7 +49,7 @@ impl AccelKernel for RecordingKernel {
         Ok(())
     }
 
-    fn counted_packets(&mut self, _table: &TableRef, _chain: &str) -> Result<u64, AccelError> {
-        Ok(self.packets)
+    fn counted_packets(&mut self, _table: &TableRef, _chain: &str) -> Result<Option<u64>, AccelError> {
+        Ok(Some(self.packets))
     }
 }

@@ -41,6 +41,9 @@ pub use exec::{AccelKernel, RecordingKernel};
 /// The executor the daemon applies the fast path with.
 pub use kproxy_nft_netlink::NetlinkExecutor;
 pub use links::{LinkEvents, eligible_links};
-pub use ruleset::{CHAIN_CLASSIFY, CHAIN_OFFLOAD, SET_NODEPORTS, SET_VIPS_V4, SET_VIPS_V6, table};
+pub use ruleset::{
+    CHAIN_CLASSIFY, CHAIN_OFFLOAD, SET_NODEPORTS, SET_VIPS_V4, SET_VIPS_V6, create_table, device_updates,
+    element_updates, table,
+};
 pub use view::{OffloadedConnection, ServiceAcceleration, offloaded_connections, parse_offloaded};
 pub use watcher::{LinkWatcher, WatchOptions};

@@ -14,11 +14,11 @@ use crate::wire::{Attr, Attrs};
 /// `NFTA_COUNTER_PACKETS` (a big-endian u64).
 const NFTA_COUNTER_PACKETS: u16 = 2;
 
-/// The packets counted by every `counter` statement of the rules of `chain`, added up. A
-/// missing table or chain is an error (`ENOENT`).
-pub fn chain_packets(exec: &mut NetlinkExecutor, table: &TableRef, chain: &str) -> io::Result<u64> {
+/// The packets counted by every `counter` statement of the rules of `chain`, added up; `None`
+/// when the chain has no counter (a missing table or chain dumps as no rules).
+pub fn chain_packets(exec: &mut NetlinkExecutor, table: &TableRef, chain: &str) -> io::Result<Option<u64>> {
     let sock = exec.socket()?;
-    let mut total = 0u64;
+    let mut total: Option<u64> = None;
     let (table_name, chain_name) = (table.name.clone(), chain.to_owned());
     sock.dump(
         NFT_MSG_GETRULE,
@@ -27,13 +27,17 @@ pub fn chain_packets(exec: &mut NetlinkExecutor, table: &TableRef, chain: &str) 
             m.put_str(NFTA_RULE_TABLE, &table_name);
             m.put_str(NFTA_RULE_CHAIN, &chain_name);
         },
-        |rule| total = total.saturating_add(rule_packets(rule)),
+        |rule| {
+            for packets in rule_packets(rule) {
+                total = Some(total.unwrap_or(0).saturating_add(packets));
+            }
+        },
     )?;
     Ok(total)
 }
 
-/// The packets of the counters of one rule message's expressions.
-fn rule_packets(rule: &[u8]) -> u64 {
+/// The packets of each counter among one rule message's expressions.
+fn rule_packets(rule: &[u8]) -> Vec<u64> {
     let exprs = Attrs(rule).filter(|a| a.kind == NFTA_RULE_EXPRESSIONS).flat_map(|a| a.nested());
     exprs
         .filter_map(|elem| {
@@ -41,7 +45,7 @@ fn rule_packets(rule: &[u8]) -> u64 {
             let data = elem.nested().find(|a| a.kind == NFTA_EXPR_DATA)?;
             (name == "counter").then(|| be64(data.nested().find(|a| a.kind == NFTA_COUNTER_PACKETS)?))?
         })
-        .sum()
+        .collect()
 }
 
 fn be64(a: Attr<'_>) -> Option<u64> {
@@ -76,7 +80,7 @@ mod tests {
         m.end_nest(exprs);
         m.end();
         let payload = crate::socket::messages(m.bytes()).next().unwrap().payload[4..].to_vec();
-        assert_eq!(rule_packets(&payload), 42);
-        assert_eq!(rule_packets(&[]), 0);
+        assert_eq!(rule_packets(&payload), vec![42]);
+        assert_eq!(rule_packets(&[]), Vec::<u64>::new());
     }
 }
