@@ -8,6 +8,7 @@
 //! ([`Accelerator::refresh_devices`], driven by [`crate::LinkWatcher`]).
 
 use std::collections::BTreeSet;
+use std::time::Instant;
 
 use kproxy_plan::{Plan, PlanDelta};
 
@@ -17,6 +18,7 @@ use crate::error::AccelError;
 use crate::exec::AccelKernel;
 use crate::links;
 use crate::ruleset::{self, CHAIN_OFFLOAD};
+use crate::support::Backoff;
 use crate::view::{OffloadedConnection, ServiceAcceleration};
 
 /// What one sync did.
@@ -30,6 +32,8 @@ pub struct SyncReport {
     pub added: usize,
     /// Set elements deleted.
     pub deleted: usize,
+    /// Nothing was tried: the kernel has no flowtables, or a failed batch waits out its backoff.
+    pub skipped: bool,
 }
 
 /// The fast-path controller for one network namespace. What the kernel holds is known from
@@ -52,6 +56,10 @@ pub struct Accelerator<K: AccelKernel> {
     devices: BTreeSet<String>,
     /// Connections counted by tables that have since been deleted (the metric is monotonic).
     counted_before: u64,
+    /// Whether the kernel has flowtables; probed at the first sync.
+    supported: Option<bool>,
+    /// When a failed batch is tried again.
+    backoff: Backoff,
 }
 
 impl<K: AccelKernel> Accelerator<K> {
@@ -69,7 +77,33 @@ impl<K: AccelKernel> Accelerator<K> {
             needs_recreate: true,
             devices: BTreeSet::new(),
             counted_before: 0,
+            supported: None,
+            backoff: Backoff::default(),
         }
+    }
+
+    /// Whether the kernel has flowtables (`None` before the first sync probed it): the gauge
+    /// `kproxy_acceleration_supported`.
+    pub fn supported(&self) -> Option<bool> {
+        self.supported
+    }
+
+    /// Probes the kernel once, saying what it found in one log line.
+    fn probe_once(&mut self) -> Result<bool, AccelError> {
+        if let Some(supported) = self.supported {
+            return Ok(supported);
+        }
+        let supported = self.kernel.probe_flowtables()?;
+        if supported {
+            tracing::info!("services acceleration available: the kernel has flowtables");
+        } else {
+            tracing::warn!(
+                "services acceleration unavailable: the kernel has no flowtables (nf_flow_table, \
+                 nft_flow_offload); Services that opt in stay on the regular path"
+            );
+        }
+        self.supported = Some(supported);
+        Ok(supported)
     }
 
     /// The executor (tests inspect what was applied).
@@ -147,6 +181,26 @@ impl<K: AccelKernel> Accelerator<K> {
     }
 
     fn reconcile(&mut self) -> Result<SyncReport, AccelError> {
+        if !self.probe_once()? {
+            // Nothing can be installed, so nothing was: there is no table to maintain.
+            self.pending = ElementChanges::default();
+            return Ok(SyncReport { skipped: true, ..SyncReport::default() });
+        }
+        if (self.needs_recreate || !self.table_present) && !self.backoff.ready(Instant::now()) {
+            return Ok(SyncReport { skipped: true, ..SyncReport::default() });
+        }
+        let result = self.reconcile_now();
+        match &result {
+            Ok(_) => self.backoff.succeeded(),
+            Err(error) => {
+                let wait = self.backoff.failed(Instant::now());
+                tracing::debug!(%error, failures = self.backoff.failures(), ?wait, "fast-path batch failed");
+            }
+        }
+        result
+    }
+
+    fn reconcile_now(&mut self) -> Result<SyncReport, AccelError> {
         let want_table = self.enabled && !self.desired.is_empty();
         if !want_table {
             if !self.table_present && !self.needs_recreate {

@@ -15,6 +15,10 @@ pub trait AccelKernel: Send {
     /// The packets counted by the `counter` statements of `chain`'s rules; `None` when the
     /// chain has no counter.
     fn counted_packets(&mut self, table: &TableRef, chain: &str) -> Result<Option<u64>, AccelError>;
+    /// Whether the kernel has flowtables ([`crate::support::probe`]).
+    fn probe_flowtables(&mut self) -> Result<bool, AccelError> {
+        crate::support::probe(self)
+    }
 }
 
 impl AccelKernel for NetlinkExecutor {
@@ -34,13 +38,17 @@ pub struct RecordingKernel {
     pub applied: Vec<Transaction>,
     /// Fail the next `apply` (then reset).
     pub fail_next: bool,
+    /// Fail every `apply` while set.
+    pub failing: bool,
+    /// Answer the flowtable probe with "not supported" (probes are not recorded).
+    pub no_flowtables: bool,
     /// What `counted_packets` answers.
     pub packets: u64,
 }
 
 impl AccelKernel for RecordingKernel {
     fn apply(&mut self, tx: &Transaction) -> Result<(), AccelError> {
-        if std::mem::take(&mut self.fail_next) {
+        if std::mem::take(&mut self.fail_next) || self.failing {
             return Err(AccelError::Apply(kproxy_nft_model::ExecError::Injected));
         }
         if !tx.is_empty() {
@@ -51,5 +59,9 @@ impl AccelKernel for RecordingKernel {
 
     fn counted_packets(&mut self, _table: &TableRef, _chain: &str) -> Result<Option<u64>, AccelError> {
         Ok(Some(self.packets))
+    }
+
+    fn probe_flowtables(&mut self) -> Result<bool, AccelError> {
+        Ok(!self.no_flowtables)
     }
 }

@@ -30,6 +30,7 @@ mod exec;
 pub mod harness;
 mod links;
 mod ruleset;
+mod support;
 mod view;
 mod watcher;
 
@@ -45,5 +46,6 @@ pub use ruleset::{
     CHAIN_CLASSIFY, CHAIN_OFFLOAD, SET_NODEPORTS, SET_VIPS_V4, SET_VIPS_V6, create_table, device_updates,
     element_updates, table,
 };
+pub use support::{Backoff, PROBE_TABLE, probe, probe_transaction};
 pub use view::{OffloadedConnection, ServiceAcceleration, offloaded_connections, parse_offloaded};
 pub use watcher::{LinkWatcher, WatchOptions};

@@ -272,3 +272,16 @@ fn the_table_lists_the_same_over_netlink_and_as_nft_text() {
     assert!(!listed.contains("acc-a"), "acc-a left the flowtable: {listed}");
     assert_eq!(serde_json::to_string_pretty(&over_netlink).unwrap(), serde_json::to_string_pretty(&as_text).unwrap());
 }
+
+/// The flowtable probe answers what the kernel has (on the host: no flowtables; in the guest:
+/// flowtables) and leaves nothing behind either way.
+#[test]
+fn the_probe_answers_whether_the_kernel_has_flowtables_and_leaves_nothing() {
+    if !kernel::require_root() {
+        return;
+    }
+    let ns = kproxy_testbed::Netns::new("accprobe").unwrap();
+    let supported = ns.run_in(|| kproxy_accel::probe(&mut kproxy_accel::NetlinkExecutor::new())).unwrap().unwrap();
+    assert_eq!(supported, kernel::KernelFeature::Flowtable.is_available());
+    assert_eq!(ns.exec_ok("nft", &["list", "ruleset"]).unwrap().trim(), "");
+}

@@ -133,3 +133,41 @@ fn acceleration_switched_off_means_no_table() {
     assert!(report.removed && !accel.is_active());
     assert!(applied(&accel).iter().all(|b| !b.contains("flowtable")), "{:?}", applied(&accel));
 }
+
+#[test]
+fn a_kernel_without_flowtables_gets_nothing_and_is_asked_once() {
+    let (mut world, delta) =
+        World::new(true, vec![service_object("fast", FAST_VIP, Some(FAST_NODE_PORT), Hint::Field)]);
+    let mut accel = accelerator();
+    accel.kernel_mut().no_flowtables = true;
+    assert_eq!(accel.supported(), None);
+    let report = accel.sync(&world.plan, &delta).unwrap();
+    assert!(report.skipped && !accel.is_active(), "{report:?}");
+    assert_eq!(accel.supported(), Some(false));
+    // Later syncs neither retry nor probe again: the answer is kept even if the kernel changed.
+    accel.kernel_mut().no_flowtables = false;
+    let delta = world.apply(service_object("slow", SLOW_VIP, None, Hint::Field));
+    assert!(accel.sync(&world.plan, &delta).unwrap().skipped);
+    assert_eq!(accel.supported(), Some(false));
+    assert!(applied(&accel).is_empty(), "{:?}", applied(&accel));
+}
+
+#[test]
+fn a_failing_batch_is_retried_with_backoff_not_at_every_sync() {
+    let (world, delta) = World::new(true, vec![service_object("fast", FAST_VIP, Some(FAST_NODE_PORT), Hint::Field)]);
+    let mut accel = accelerator();
+    accel.kernel_mut().failing = true;
+    assert!(accel.sync(&world.plan, &delta).is_err());
+    // The first retry is immediate (a transient error is repaired by the next sync) ...
+    assert!(accel.sync(&world.plan, &PlanDelta::default()).is_err());
+    // ... then the batch waits: syncs in between try nothing.
+    for _ in 0..3 {
+        assert!(accel.sync(&world.plan, &PlanDelta::default()).unwrap().skipped);
+    }
+    accel.kernel_mut().failing = false;
+    assert!(accel.sync(&world.plan, &PlanDelta::default()).unwrap().skipped);
+    assert!(applied(&accel).is_empty());
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let report = accel.sync(&world.plan, &PlanDelta::default()).unwrap();
+    assert!(report.recreated && accel.is_active(), "{report:?}");
+}

@@ -167,6 +167,7 @@ struct Inner {
     masquerade_current: Mutex<Vec<MasqueradeLabels>>,
     healthcheck_bind_failures: Counter,
     accelerated_connections: Counter,
+    acceleration_supported: Gauge,
 }
 
 fn family_labels(family: IpFamily) -> FamilyLabels {
@@ -350,6 +351,12 @@ impl Metrics {
             "Connections of opted-in Services offloaded to the flowtable",
             accelerated_connections.clone(),
         );
+        let acceleration_supported = Gauge::default();
+        registry.register(
+            "kproxy_acceleration_supported",
+            "1 when the kernel has flowtables for Services acceleration; 0 when it has none or has not been probed yet",
+            acceleration_supported.clone(),
+        );
 
         Self {
             inner: Arc::new(Inner {
@@ -380,6 +387,7 @@ impl Metrics {
                 masquerade_current: Mutex::new(Vec::new()),
                 healthcheck_bind_failures,
                 accelerated_connections,
+                acceleration_supported,
             }),
         }
     }
@@ -523,6 +531,11 @@ impl Metrics {
         if total > current {
             self.inner.accelerated_connections.inc_by(total - current);
         }
+    }
+
+    /// Sets `kproxy_acceleration_supported`: whether the kernel has flowtables.
+    pub fn set_acceleration_supported(&self, supported: bool) {
+        self.inner.acceleration_supported.set(i64::from(supported));
     }
 
     /// A health-check node port could not be opened.

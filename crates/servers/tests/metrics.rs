@@ -86,6 +86,7 @@ const COMMON: &[(&str, &str, &[&str])] = &[
     ("kproxy_masquerade_policy_info", "gauge", &["ip_family", "no_masquerade_cidrs", "source"]),
     ("kproxy_service_healthcheck_bind_failures_total", "counter", &[]),
     ("kubeproxy_accelerated_connections_count_total", "counter", &[]),
+    ("kproxy_acceleration_supported", "gauge", &[]),
 ];
 
 const NFTABLES_ONLY: &[(&str, &str, &[&str])] = &[
