@@ -8,15 +8,17 @@
 //! ([`Accelerator::refresh_devices`], driven by [`crate::LinkWatcher`]).
 
 use std::collections::BTreeSet;
+use std::time::Instant;
 
 use kproxy_plan::{Plan, PlanDelta};
 
-use crate::config::{AccelConfig, TABLE};
+use crate::config::AccelConfig;
 use crate::elements::{ElementChanges, ElementIndex, PortKey, elements_of};
 use crate::error::AccelError;
-use crate::exec::NftRunner;
+use crate::exec::AccelKernel;
 use crate::links;
 use crate::ruleset::{self, CHAIN_OFFLOAD};
+use crate::support::Backoff;
 use crate::view::{OffloadedConnection, ServiceAcceleration};
 
 /// What one sync did.
@@ -30,12 +32,15 @@ pub struct SyncReport {
     pub added: usize,
     /// Set elements deleted.
     pub deleted: usize,
+    /// Nothing was tried: the kernel has no flowtables, or a failed batch waits out its backoff.
+    pub skipped: bool,
 }
 
-/// The fast-path controller for one network namespace.
+/// The fast-path controller for one network namespace. What the kernel holds is known from
+/// what was applied (kept here), never read back on a sync.
 #[derive(Debug)]
-pub struct Accelerator<R: NftRunner> {
-    runner: R,
+pub struct Accelerator<K: AccelKernel> {
+    kernel: K,
     config: AccelConfig,
     /// Acceleration is on in the plan (`NodePlan::acceleration`).
     enabled: bool,
@@ -51,14 +56,18 @@ pub struct Accelerator<R: NftRunner> {
     devices: BTreeSet<String>,
     /// Connections counted by tables that have since been deleted (the metric is monotonic).
     counted_before: u64,
+    /// Whether the kernel has flowtables; probed at the first sync.
+    supported: Option<bool>,
+    /// When a failed batch is tried again.
+    backoff: Backoff,
 }
 
-impl<R: NftRunner> Accelerator<R> {
+impl<K: AccelKernel> Accelerator<K> {
     /// A controller that has not touched the kernel yet; the first sync creates the table (and
     /// replaces any copy a previous run left behind).
-    pub fn new(runner: R, config: AccelConfig) -> Self {
+    pub fn new(kernel: K, config: AccelConfig) -> Self {
         Accelerator {
-            runner,
+            kernel,
             config,
             enabled: false,
             desired: ElementIndex::default(),
@@ -68,17 +77,43 @@ impl<R: NftRunner> Accelerator<R> {
             needs_recreate: true,
             devices: BTreeSet::new(),
             counted_before: 0,
+            supported: None,
+            backoff: Backoff::default(),
         }
     }
 
+    /// Whether the kernel has flowtables (`None` before the first sync probed it): the gauge
+    /// `kproxy_acceleration_supported`.
+    pub fn supported(&self) -> Option<bool> {
+        self.supported
+    }
+
+    /// Probes the kernel once, saying what it found in one log line.
+    fn probe_once(&mut self) -> Result<bool, AccelError> {
+        if let Some(supported) = self.supported {
+            return Ok(supported);
+        }
+        let supported = self.kernel.probe_flowtables()?;
+        if supported {
+            tracing::info!("services acceleration available: the kernel has flowtables");
+        } else {
+            tracing::warn!(
+                "services acceleration unavailable: the kernel has no flowtables (nf_flow_table, \
+                 nft_flow_offload); Services that opt in stay on the regular path"
+            );
+        }
+        self.supported = Some(supported);
+        Ok(supported)
+    }
+
     /// The executor (tests inspect what was applied).
-    pub fn runner(&self) -> &R {
-        &self.runner
+    pub fn kernel(&self) -> &K {
+        &self.kernel
     }
 
     /// The executor, mutably.
-    pub fn runner_mut(&mut self) -> &mut R {
-        &mut self.runner
+    pub fn kernel_mut(&mut self) -> &mut K {
+        &mut self.kernel
     }
 
     /// The configuration.
@@ -146,6 +181,26 @@ impl<R: NftRunner> Accelerator<R> {
     }
 
     fn reconcile(&mut self) -> Result<SyncReport, AccelError> {
+        if !self.probe_once()? {
+            // Nothing can be installed, so nothing was: there is no table to maintain.
+            self.pending = ElementChanges::default();
+            return Ok(SyncReport { skipped: true, ..SyncReport::default() });
+        }
+        if (self.needs_recreate || !self.table_present) && !self.backoff.ready(Instant::now()) {
+            return Ok(SyncReport { skipped: true, ..SyncReport::default() });
+        }
+        let result = self.reconcile_now();
+        match &result {
+            Ok(_) => self.backoff.succeeded(),
+            Err(error) => {
+                let wait = self.backoff.failed(Instant::now());
+                tracing::debug!(%error, failures = self.backoff.failures(), ?wait, "fast-path batch failed");
+            }
+        }
+        result
+    }
+
+    fn reconcile_now(&mut self) -> Result<SyncReport, AccelError> {
         let want_table = self.enabled && !self.desired.is_empty();
         if !want_table {
             if !self.table_present && !self.needs_recreate {
@@ -158,8 +213,8 @@ impl<R: NftRunner> Accelerator<R> {
         if !self.table_present || self.needs_recreate {
             return self.recreate();
         }
-        let script = ruleset::element_updates(&self.pending.added, &self.pending.removed);
-        if let Err(error) = self.runner.apply(&script) {
+        let tx = ruleset::element_updates(&self.pending.added, &self.pending.removed);
+        if let Err(error) = self.kernel.apply(&tx) {
             self.needs_recreate = true;
             return Err(error);
         }
@@ -180,9 +235,8 @@ impl<R: NftRunner> Accelerator<R> {
     fn recreate(&mut self) -> Result<SyncReport, AccelError> {
         self.bank_counter();
         let devices = links::eligible_links()?;
-        let mut script = format!("add table inet {TABLE}\n");
-        script.push_str(&ruleset::create_table(&self.config, &devices, self.desired.elements(), true));
-        if let Err(error) = self.runner.apply(&script) {
+        let tx = ruleset::create_table(&self.config, &devices, self.desired.elements());
+        if let Err(error) = self.kernel.apply(&tx) {
             self.needs_recreate = true;
             return Err(error);
         }
@@ -202,8 +256,7 @@ impl<R: NftRunner> Accelerator<R> {
 
     fn remove_table(&mut self) -> Result<(), AccelError> {
         self.bank_counter();
-        let script = format!("add table inet {TABLE}\n{}", ruleset::delete_table());
-        if let Err(error) = self.runner.apply(&script) {
+        if let Err(error) = self.kernel.apply(&ruleset::delete_table()) {
             self.needs_recreate = true;
             return Err(error);
         }
@@ -232,7 +285,7 @@ impl<R: NftRunner> Accelerator<R> {
         if added.is_empty() && gone.is_empty() {
             return Ok(false);
         }
-        if let Err(error) = self.runner.apply(&ruleset::device_updates(&added, &removed)) {
+        if let Err(error) = self.kernel.apply(&ruleset::device_updates(&added, &removed)) {
             // The kernel's device list is not what we think (or a link vanished meanwhile):
             // start over from the links as they are on the next sync.
             self.needs_recreate = true;
@@ -271,11 +324,12 @@ impl<R: NftRunner> Accelerator<R> {
     }
 
     fn read_counter(&mut self) -> u64 {
-        match self.runner.list_json(&["chain", "inet", TABLE, CHAIN_OFFLOAD]) {
-            Ok(json) => crate::view::offload_counter(&json).unwrap_or_else(|| {
-                tracing::warn!("no counter in the fast-path chain listing");
+        match self.kernel.counted_packets(&ruleset::table(), CHAIN_OFFLOAD) {
+            Ok(Some(packets)) => packets,
+            Ok(None) => {
+                tracing::warn!("no counter in the fast-path chain");
                 0
-            }),
+            }
             Err(error) => {
                 tracing::warn!(%error, "cannot read the fast-path counter");
                 0
@@ -285,8 +339,8 @@ impl<R: NftRunner> Accelerator<R> {
 }
 
 /// `--cleanup`: removes the fast-path table if present, without any state.
-pub fn cleanup(runner: &mut impl NftRunner) -> Result<(), AccelError> {
-    runner.apply(&format!("add table inet {TABLE}\n{}", ruleset::delete_table()))
+pub fn cleanup(kernel: &mut impl AccelKernel) -> Result<(), AccelError> {
+    kernel.apply(&ruleset::delete_table())
 }
 
 /// Acceleration is on when the plan says so for any family (the switch is node-wide).

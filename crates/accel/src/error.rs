@@ -11,16 +11,11 @@ pub enum AccelError {
         /// Cause.
         source: std::io::Error,
     },
-    /// `nft` rejected a batch; nothing of it was applied.
-    #[error("nft rejected the fast-path batch: {stderr}")]
-    Rejected {
-        /// What nft said.
-        stderr: String,
-        /// The batch, for the debug log.
-        script: String,
-    },
+    /// The kernel refused a transaction, or it could not be sent; transactions are atomic.
+    #[error("fast-path transaction: {0}")]
+    Apply(#[from] kproxy_nft_model::ExecError),
     /// A netlink socket failed.
-    #[error("rtnetlink: {0}")]
+    #[error("netlink: {0}")]
     Netlink(#[from] std::io::Error),
     /// The kernel sent something that could not be decoded.
     #[error("undecodable {what}: {detail}")]

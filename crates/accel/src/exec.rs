@@ -1,100 +1,67 @@
-//! How the fast path's batches reach the kernel: `nft -f -` today, behind a small trait so the
-//! netlink executor can replace it. The nftables dataplane's `Transaction` model has no `inet`
-//! tables or flowtables, hence this separate, text-based one.
+//! How the fast path reaches the kernel: transactions of the typed nf_tables model, applied by
+//! the netlink executor the nftables dataplane uses (no `nft` process), and the one value read
+//! back, the packets the offload rule counted.
 
-use std::io::Write as _;
-use std::process::{Command, Stdio};
+use kproxy_nft_model::{Executor, TableRef, Transaction};
+use kproxy_nft_netlink::NetlinkExecutor;
 
 use crate::error::AccelError;
 
-/// Runs nft batches and listings in the network namespace of the calling thread.
-pub trait NftRunner: Send {
-    /// Applies `script` (nft -f syntax) as one atomic batch.
-    fn apply(&mut self, script: &str) -> Result<(), AccelError>;
-    /// `nft -j list <what>`: the JSON listing (`what` e.g. `["chain", "inet", "t", "c"]`).
-    fn list_json(&mut self, what: &[&str]) -> Result<String, AccelError>;
-}
-
-/// The `nft` binary.
-#[derive(Debug, Clone)]
-pub struct NftBinary {
-    program: String,
-}
-
-impl Default for NftBinary {
-    fn default() -> Self {
-        NftBinary { program: "nft".to_owned() }
+/// Applies the fast path's transactions and reads its counter, in the network namespace of the
+/// calling thread.
+pub trait AccelKernel: Send {
+    /// Applies `tx` as one atomic batch.
+    fn apply(&mut self, tx: &Transaction) -> Result<(), AccelError>;
+    /// The packets counted by the `counter` statements of `chain`'s rules; `None` when the
+    /// chain has no counter.
+    fn counted_packets(&mut self, table: &TableRef, chain: &str) -> Result<Option<u64>, AccelError>;
+    /// Whether the kernel has flowtables ([`crate::support::probe`]).
+    fn probe_flowtables(&mut self) -> Result<bool, AccelError> {
+        crate::support::probe(self)
     }
 }
 
-impl NftRunner for NftBinary {
-    fn apply(&mut self, script: &str) -> Result<(), AccelError> {
-        if script.is_empty() {
-            return Ok(());
-        }
-        let spawn = |source| AccelError::Spawn { program: self.program.clone(), source };
-        let mut child = Command::new(&self.program)
-            .args(["-f", "-"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(spawn)?;
-        if let Some(mut stdin) = child.stdin.take() {
-            stdin.write_all(script.as_bytes()).map_err(spawn)?;
-        }
-        let output = child.wait_with_output().map_err(spawn)?;
-        if output.status.success() {
-            return Ok(());
-        }
-        Err(AccelError::Rejected {
-            stderr: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
-            script: script.to_owned(),
-        })
+impl AccelKernel for NetlinkExecutor {
+    fn apply(&mut self, tx: &Transaction) -> Result<(), AccelError> {
+        Executor::apply(self, tx).map_err(AccelError::from)
     }
 
-    fn list_json(&mut self, what: &[&str]) -> Result<String, AccelError> {
-        let output = Command::new(&self.program)
-            .arg("-j")
-            .arg("list")
-            .args(what)
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|source| AccelError::Spawn { program: self.program.clone(), source })?;
-        if output.status.success() {
-            Ok(String::from_utf8_lossy(&output.stdout).into_owned())
-        } else {
-            Err(AccelError::Rejected {
-                stderr: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
-                script: format!("list {}", what.join(" ")),
-            })
-        }
+    fn counted_packets(&mut self, table: &TableRef, chain: &str) -> Result<Option<u64>, AccelError> {
+        kproxy_nft_netlink::counters::chain_packets(self, table, chain).map_err(AccelError::Netlink)
     }
 }
 
-/// Records batches instead of applying them (unit tests, dry runs).
+/// Records transactions instead of applying them (unit tests, dry runs).
 #[derive(Debug, Clone, Default)]
-pub struct RecordingRunner {
-    /// Every batch applied, in order.
-    pub applied: Vec<String>,
+pub struct RecordingKernel {
+    /// Every non-empty transaction applied, in order.
+    pub applied: Vec<Transaction>,
     /// Fail the next `apply` (then reset).
     pub fail_next: bool,
-    /// What `list_json` answers.
-    pub listing: String,
+    /// Fail every `apply` while set.
+    pub failing: bool,
+    /// Answer the flowtable probe with "not supported" (probes are not recorded).
+    pub no_flowtables: bool,
+    /// What `counted_packets` answers.
+    pub packets: u64,
 }
 
-impl NftRunner for RecordingRunner {
-    fn apply(&mut self, script: &str) -> Result<(), AccelError> {
-        if std::mem::take(&mut self.fail_next) {
-            return Err(AccelError::Rejected { stderr: "injected failure".into(), script: script.to_owned() });
+impl AccelKernel for RecordingKernel {
+    fn apply(&mut self, tx: &Transaction) -> Result<(), AccelError> {
+        if std::mem::take(&mut self.fail_next) || self.failing {
+            return Err(AccelError::Apply(kproxy_nft_model::ExecError::Injected));
         }
-        if !script.is_empty() {
-            self.applied.push(script.to_owned());
+        if !tx.is_empty() {
+            self.applied.push(tx.clone());
         }
         Ok(())
     }
 
-    fn list_json(&mut self, _what: &[&str]) -> Result<String, AccelError> {
-        Ok(self.listing.clone())
+    fn counted_packets(&mut self, _table: &TableRef, _chain: &str) -> Result<Option<u64>, AccelError> {
+        Ok(Some(self.packets))
+    }
+
+    fn probe_flowtables(&mut self) -> Result<bool, AccelError> {
+        Ok(!self.no_flowtables)
     }
 }

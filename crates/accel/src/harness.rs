@@ -19,7 +19,7 @@ use kproxy_testbed::topology::{CLUSTER_CIDR_V4, CLUSTER_CIDR_V6, NODE_IP_V4, NOD
 use kproxy_testbed::{Netns, NsThread, Pod, Testbed, Where};
 use serde_json::json;
 
-use crate::{AccelConfig, Accelerator, LinkWatcher, NftBinary, WatchOptions};
+use crate::{AccelConfig, Accelerator, LinkWatcher, NetlinkExecutor, WatchOptions};
 
 /// ClusterIP of the opted-in Service.
 pub const FAST_VIP: Ipv4Addr = Ipv4Addr::new(198, 18, 128, 20);
@@ -54,8 +54,9 @@ impl ProxyMode {
 
     fn dataplane(self) -> Box<dyn Dataplane> {
         match self {
+            // The daemon's executor: nf_tables netlink, no `nft` process.
             ProxyMode::Nftables => Box::new(kproxy_nftables::NftablesDataplane::new(
-                kproxy_nftables::NftCommand::new(),
+                NetlinkExecutor::new(),
                 kproxy_nftables::Config::default(),
             )),
             ProxyMode::Iptables => Box::new(kproxy_iptables::IptablesDataplane::new(
@@ -114,7 +115,7 @@ pub struct Cluster {
     watcher: Option<LinkWatcher>,
     sink: Option<Sink>,
     /// The fast path (shared with the link watcher).
-    pub accel: Arc<Mutex<Accelerator<NftBinary>>>,
+    pub accel: Arc<Mutex<Accelerator<NetlinkExecutor>>>,
     dataplane: Box<dyn Dataplane>,
     planner: Planner,
     state: ClusterState,
@@ -173,7 +174,7 @@ impl Cluster {
         node_ns
             .run_in(|| dataplane.partial_sync(&plan, &delta).map_err(|e| e.to_string()))
             .map_err(|e| e.to_string())??;
-        let mut accelerator = Accelerator::new(NftBinary::default(), config);
+        let mut accelerator = Accelerator::new(NetlinkExecutor::new(), config);
         node_ns.run_in(|| accelerator.sync(&plan, &delta)).map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
         Ok(Cluster {
             watcher: None,

@@ -13,7 +13,6 @@ use std::process::{Command, Stdio};
 
 use kproxy_plan::ServicePortName;
 use kproxy_state::{IpFamily, Protocol};
-use serde_json::Value;
 
 use crate::elements::ElementIndex;
 use crate::error::AccelError;
@@ -62,15 +61,6 @@ pub(crate) fn group_by_service(index: &ElementIndex, offloaded: &[OffloadedConne
             offloaded_connections,
         })
         .collect()
-}
-
-/// The packets counter of the counting rule in `nft -j list chain …` output.
-pub(crate) fn offload_counter(json: &str) -> Option<u64> {
-    let value: Value = serde_json::from_str(json).ok()?;
-    value["nftables"]
-        .as_array()?
-        .iter()
-        .find_map(|item| item["rule"]["expr"].as_array()?.iter().find_map(|expr| expr["counter"]["packets"].as_u64()))
 }
 
 /// The offloaded connections of both families in the calling thread's network namespace
@@ -129,14 +119,5 @@ mod tests {
         assert_eq!(parse_offloaded(&line.replace("[OFFLOAD] ", "[ASSURED] ")), None);
         let udp = "udp      17 src=fd00:18::10 dst=fd00:96::10 sport=5000 dport=53 src=fd00:10:17::a dst=fd00:18::10 sport=53 dport=5000 [OFFLOAD] mark=0 use=2";
         assert_eq!(parse_offloaded(udp).map(|c| c.port), Some(53));
-    }
-
-    #[test]
-    fn the_counting_rule_is_found_in_the_listing() {
-        let json = r#"{"nftables": [{"metainfo": {"version": "1.0.6"}}, {"chain": {"name": "fastpath-offload"}},
-            {"rule": {"expr": [{"match": {"op": "==", "left": {"&": [{"ct": {"key": "mark"}}, 1048576]}, "right": 0}}, {"return": null}]}},
-            {"rule": {"expr": [{"mangle": {}}, {"counter": {"packets": 42, "bytes": 60000}}, {"flow": {"op": "add", "flowtable": "@fastpath"}}]}}]}"#;
-        assert_eq!(offload_counter(json), Some(42));
-        assert_eq!(offload_counter("not json"), None);
     }
 }

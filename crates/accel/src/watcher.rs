@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use crate::accelerator::Accelerator;
 use crate::error::AccelError;
-use crate::exec::NftRunner;
+use crate::exec::AccelKernel;
 use crate::links::LinkEvents;
 
 /// Pacing of device refreshes.
@@ -38,8 +38,8 @@ pub struct LinkWatcher {
 impl LinkWatcher {
     /// Subscribes to link events in the calling thread's network namespace and starts the
     /// watcher thread (which inherits that namespace, so the `nft` it runs acts there too).
-    pub fn spawn<R: NftRunner + 'static>(
-        accelerator: Arc<Mutex<Accelerator<R>>>,
+    pub fn spawn<K: AccelKernel + 'static>(
+        accelerator: Arc<Mutex<Accelerator<K>>>,
         options: WatchOptions,
     ) -> Result<LinkWatcher, AccelError> {
         let mut events = LinkEvents::subscribe()?;

@@ -203,3 +203,85 @@ fn turning_acceleration_off_removes_the_table_and_on_restores_it() {
     assert!(cluster.ruleset().contains(TABLE));
     tcp_transfer(&cluster, FAST_VIP.into(), SERVICE_PORT, true);
 }
+
+/// `nft -j list ruleset` without handles, element lists sorted.
+fn listing(ns: &kproxy_testbed::Netns) -> serde_json::Value {
+    fn normalize(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::Object(m) => {
+                m.remove("handle");
+                m.remove("metainfo");
+                m.values_mut().for_each(normalize);
+                if let Some(serde_json::Value::Array(elems)) = m.get_mut("elem") {
+                    elems.sort_by_key(|e| e.to_string());
+                }
+            }
+            serde_json::Value::Array(a) => a.iter_mut().for_each(normalize),
+            _ => {}
+        }
+    }
+    let mut v = serde_json::from_str(&ns.exec_ok("nft", &["-j", "list", "ruleset"]).unwrap()).unwrap();
+    normalize(&mut v);
+    v
+}
+
+/// The table's transactions mean the same over netlink (the daemon's path) and as their nft
+/// text: created, its devices changed and elements removed both ways, each in a namespace of
+/// its own, the listings are identical.
+#[test]
+fn the_table_lists_the_same_over_netlink_and_as_nft_text() {
+    use kproxy_accel::{Element, NetlinkExecutor, create_table, device_updates, element_updates};
+    use kproxy_nft_model::{Executor, NftCommand, Transaction};
+    use kproxy_state::Protocol;
+
+    if !ready(ProxyMode::Nftables) {
+        return;
+    }
+    let elements = [
+        Element::Vip { protocol: Protocol::Tcp, address: FAST_VIP.into(), port: SERVICE_PORT },
+        Element::Vip { protocol: Protocol::Udp, address: "fd00:96::10".parse().unwrap(), port: 53 },
+        Element::NodePort { protocol: Protocol::Tcp, port: FAST_NODE_PORT },
+    ];
+    let names = |n: &[&str]| n.iter().map(|s| (*s).to_owned()).collect::<std::collections::BTreeSet<_>>();
+    let txs: Vec<Transaction> = vec![
+        create_table(&AccelConfig::default(), &names(&["acc-a", "acc-b"]), &elements),
+        device_updates(&names(&["acc-c"]), &names(&["acc-a"])),
+        element_updates(&[], &elements[..1]),
+    ];
+    let run = |role: &str, exec: &mut (dyn Executor + Send)| {
+        let ns = kproxy_testbed::Netns::new(role).unwrap();
+        ns.ip(["link", "add", "acc-a", "type", "veth", "peer", "name", "acc-b"]).unwrap();
+        ns.ip(["link", "add", "acc-c", "type", "veth", "peer", "name", "acc-d"]).unwrap();
+        for link in ["acc-a", "acc-b", "acc-c", "acc-d"] {
+            ns.ip(["link", "set", link, "up"]).unwrap();
+        }
+        ns.run_in(|| {
+            for tx in &txs {
+                exec.apply(tx).unwrap_or_else(|e| panic!("{e}\n{tx}"));
+            }
+        })
+        .unwrap();
+        listing(&ns)
+    };
+    let over_netlink = run("accnl", &mut NetlinkExecutor::new());
+    let as_text = run("acctext", &mut NftCommand::new());
+    let listed = over_netlink.to_string();
+    for needle in ["fastpath", "acc-b", "acc-c", "flow", "fd00:96::10", "counter"] {
+        assert!(listed.contains(needle), "{needle} not listed: {listed}");
+    }
+    assert!(!listed.contains("acc-a"), "acc-a left the flowtable: {listed}");
+    assert_eq!(serde_json::to_string_pretty(&over_netlink).unwrap(), serde_json::to_string_pretty(&as_text).unwrap());
+}
+
+/// The flowtable probe answers what the kernel has (on the host: no flowtables; in the guest:
+/// flowtables) and leaves nothing behind either way.
+#[test]
+fn the_probe_answers_whether_the_kernel_has_flowtables_and_leaves_nothing() {
+    if !kernel::require_root() {
+        return;
+    }
+    let ns = kproxy_testbed::Netns::new("accprobe").unwrap();
+    let supported = ns.run_in(|| kproxy_accel::probe(&mut kproxy_accel::NetlinkExecutor::new())).unwrap().unwrap();
+    assert_eq!(supported, kernel::KernelFeature::Flowtable.is_available());
+    assert_eq!(ns.exec_ok("nft", &["list", "ruleset"]).unwrap().trim(), "");
+}

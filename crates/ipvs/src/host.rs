@@ -1,5 +1,6 @@
 //! The edge between the dataplane's logic and the kernel: IPVS, the dummy interface, sysctls
-//! and the auxiliary nftables table. [`KernelHost`] talks to the kernel of the network
+//! and the auxiliary nftables table (over nf_tables netlink, the executor of the nftables
+//! dataplane; no `nft` process). [`KernelHost`] talks to the kernel of the network
 //! namespace of the thread that first uses it; [`crate::FakeHost`] is an in-memory kernel that
 //! records what would be sent.
 
@@ -7,7 +8,8 @@ use std::net::IpAddr;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use kproxy_nftables::{Executor, NftCommand, Transaction};
+use kproxy_nft_model::{Executor, Transaction};
+use kproxy_nft_netlink::NetlinkExecutor;
 use netlink_sys::protocols::{NETLINK_GENERIC, NETLINK_ROUTE};
 
 use crate::error::Error;
@@ -53,12 +55,12 @@ pub trait Host: Send {
 }
 
 /// The real kernel, through netlink sockets opened on first use (in the calling thread's
-/// network namespace), `/proc/sys` and `nft -f -`.
+/// network namespace) and `/proc/sys`.
 #[derive(Debug, Default)]
 pub struct KernelHost {
     genl: Option<(Client, u16)>,
     route: Option<Client>,
-    nft: NftCommand,
+    nft: NetlinkExecutor,
 }
 
 impl KernelHost {

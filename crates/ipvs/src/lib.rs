@@ -10,7 +10,8 @@
 //! the VIPs.
 //!
 //! - [`IpvsDataplane`]: `new(host, config)`, `sync(plan, delta)`, `cleanup()`.
-//! - [`KernelHost`] talks netlink ([`genl`] for IPVS, [`rtnl`] for the interface) and `nft`;
+//! - [`KernelHost`] talks netlink: [`genl`] for IPVS, [`rtnl`] for the interface, nf_tables
+//!   (`kproxy-nft-netlink`) for the auxiliary table;
 //!   [`FakeHost`] is an in-memory kernel for tests and dry runs.
 //! - [`cleanup()`]: `kproxy --cleanup` without a dataplane.
 

@@ -163,7 +163,7 @@ fn cleanup(config: &ProxyConfig) -> anyhow::Result<()> {
     );
     step(
         "the services acceleration table",
-        kproxy_accel::cleanup(&mut kproxy_accel::NftBinary::default()).map_err(|e| e.to_string()),
+        kproxy_accel::cleanup(&mut kproxy_accel::NetlinkExecutor::new()).map_err(|e| e.to_string()),
     );
     let backend = kproxy_iptables::backend::detect();
     step(
@@ -398,7 +398,7 @@ async fn start_servers(
         let accel_config =
             kproxy_accel::AccelConfig { packet_threshold: config.acceleration.packet_threshold, ..Default::default() };
         Arc::new(std::sync::Mutex::new(kproxy_accel::Accelerator::new(
-            kproxy_accel::NftBinary::default(),
+            kproxy_accel::NetlinkExecutor::new(),
             accel_config,
         )))
     });

@@ -58,7 +58,7 @@ pub struct DaemonObserver {
 }
 
 /// The accelerator, shared with the link watcher that refreshes its flowtable devices.
-pub type SharedAccelerator = Arc<std::sync::Mutex<kproxy_accel::Accelerator<kproxy_accel::NftBinary>>>;
+pub type SharedAccelerator = Arc<std::sync::Mutex<kproxy_accel::Accelerator<kproxy_accel::NetlinkExecutor>>>;
 
 /// What the daemon observer feeds.
 pub struct Sinks {
@@ -226,20 +226,25 @@ impl SyncObserver for DaemonObserver {
         if let Some(accel) = &self.accel {
             let mut accel = accel.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             // The first sync also removes whatever a previous run left when acceleration is now off.
-            let result =
-                if self.accel_synced { accel.sync(plan, delta).map(|_| ()) } else { accel.full_sync(plan).map(|_| ()) };
+            let result = if self.accel_synced { accel.sync(plan, delta) } else { accel.full_sync(plan) };
+            if let Some(supported) = accel.supported() {
+                self.metrics.set_acceleration_supported(supported);
+            }
             match result {
-                Ok(()) => {
+                // Skipped: a kernel without flowtables (said once at the probe), or a failed
+                // batch waiting out its backoff (the failure streak goes on).
+                Ok(report) if report.skipped => self.accel_synced = true,
+                Ok(_) => {
                     self.accel_synced = true;
                     self.accel_failing = false;
                     if accel.is_active() {
                         self.metrics.set_accelerated_connections(accel.accelerated_connections_total());
                     }
                 }
-                // Once per failure streak: a kernel without nf_flow_table fails every sync.
+                // Once per failure streak.
                 Err(e) if !self.accel_failing => {
                     self.accel_failing = true;
-                    warn!(error = %e, "services acceleration sync failed (does the kernel have nf_flow_table?); retrying at every sync")
+                    warn!(error = %e, "services acceleration sync failed; retrying with backoff")
                 }
                 Err(e) => tracing::debug!(error = %e, "services acceleration sync failed again"),
             }

@@ -362,6 +362,12 @@ pub enum Stmt {
         /// `fully-random` port allocation.
         fully_random: bool,
     },
+    /// `ct packets > N`: the connection has exchanged more than N packets (both directions).
+    CtPacketsGt(u64),
+    /// `counter`: counts the packets and bytes that reach it.
+    Counter,
+    /// `flow add @FLOWTABLE`: hands the connection to a flowtable.
+    FlowAdd(String),
     /// `reject ...`.
     Reject(Reject),
     /// A verdict.
@@ -471,6 +477,9 @@ impl fmt::Display for Stmt {
             }
             Stmt::Masquerade { fully_random: true } => f.write_str("masquerade fully-random"),
             Stmt::Masquerade { fully_random: false } => f.write_str("masquerade"),
+            Stmt::CtPacketsGt(n) => write!(f, "ct packets > {n}"),
+            Stmt::Counter => f.write_str("counter"),
+            Stmt::FlowAdd(ft) => write!(f, "flow add @{ft}"),
             Stmt::Reject(Reject::PortUnreachable) => f.write_str("reject"),
             Stmt::Reject(Reject::TcpReset) => f.write_str("reject with tcp reset"),
             Stmt::Verdict(v) => write!(f, "{v}"),

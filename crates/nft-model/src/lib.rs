@@ -25,5 +25,5 @@ pub use exec::{ExecError, Executor, NftCommand, Recording};
 pub use expr::{CmpOp, CtState, CtStatus, Field, NatKind, Reject, Rule, Stmt, Value, Verdict};
 pub use listing::{Listings, TableListing};
 pub use set::{DataType, Element, ElementData, Key, MapData, SetDef, SetFlag, SetType};
-pub use table::{Chain, ChainType, Hook, HookPoint, TableFamily, TableRef};
+pub use table::{Chain, ChainType, Flowtable, Hook, HookPoint, TableFamily, TableRef};
 pub use transaction::{Op, OpCounts, Transaction};

@@ -10,7 +10,7 @@ use kproxy_state::{IpFamily, Protocol};
 
 use crate::expr::{CmpOp, CtState, CtStatus, Field, NatKind, Reject, Rule, Stmt, Value, Verdict};
 use crate::set::{DataType, Element, Key, MapData, SetDef, SetFlag, SetType};
-use crate::table::{Chain, ChainType, Hook, HookPoint, TableFamily, TableRef};
+use crate::table::{Chain, ChainType, Flowtable, Hook, HookPoint, TableFamily, TableRef};
 use crate::transaction::Op;
 
 /// Text the parser does not read.
@@ -193,6 +193,58 @@ fn stmt(t: &mut Tokens<'_>) -> Result<Stmt, ParseError> {
     }
     let word = t.next()?;
     Ok(match word {
+        "ct" if t.peek() == Some("mark") => {
+            t.pos += 1;
+            if t.optional("set") {
+                for want in ["ct", "mark", "or"] {
+                    t.expect(want)?;
+                }
+                return Ok(Stmt::CtMarkOr(t.number()?));
+            }
+            t.expect("and")?;
+            let mask = t.number()?;
+            let op = match t.next()? {
+                "==" => CmpOp::Eq,
+                "!=" => CmpOp::Neq,
+                other => return Err(t.err(other)),
+            };
+            Stmt::CtMarkAnd { mask, op, value: t.number()? }
+        }
+        "meta" if t.peek() == Some("mark") => {
+            t.pos += 1;
+            t.expect("set")?;
+            let key = t.concat()?;
+            t.expect("map")?;
+            Stmt::MarkSetMap { key, map: t.set_ref()? }
+        }
+        "meta" if t.peek() == Some("l4proto") && t.toks.get(t.pos + 1) == Some(&"{") => {
+            t.pos += 2;
+            let mut protos = Vec::new();
+            loop {
+                let w = t.next()?;
+                let (name, more) = match w.strip_suffix(',') {
+                    Some(name) => (name, true),
+                    None => (w, false),
+                };
+                protos.push(protocol(name).ok_or_else(|| t.err(name))?);
+                if !more {
+                    break;
+                }
+            }
+            t.expect("}")?;
+            Stmt::L4ProtoIn(protos)
+        }
+        "ct" if t.peek() == Some("packets") => {
+            t.pos += 1;
+            t.expect(">")?;
+            let n = t.next()?;
+            Stmt::CtPacketsGt(n.parse().map_err(|_| t.err(n))?)
+        }
+        "counter" => Stmt::Counter,
+        "flow" => {
+            t.expect("add")?;
+            Stmt::FlowAdd(t.set_ref()?)
+        }
         "ct" => match (t.next()?, t.next()?) {
             ("state", "new") => Stmt::CtState(CtState::New),
             ("state", "established") => Stmt::CtState(CtState::Established),
@@ -314,6 +366,7 @@ fn table(family: &str, name: &str, line: &str) -> Result<TableRef, ParseError> {
     let family = match family {
         "ip" => TableFamily::Ip,
         "ip6" => TableFamily::Ip6,
+        "inet" => TableFamily::Inet,
         other => return Err(ParseError { what: other.to_owned(), text: line.to_owned() }),
     };
     Ok(TableRef { family, name: name.to_owned() })
@@ -451,6 +504,7 @@ pub fn op(line: &str) -> Result<Op, ParseError> {
             };
             let value = match v {
                 None => None,
+                Some(v) if v.starts_with("0x") => Some(MapData::Value(key(v)?)),
                 Some(v) if v.starts_with("goto") || v.starts_with("jump") || !v.contains(['.', ':']) => {
                     Some(MapData::Verdict(verdict(v)?))
                 }
@@ -459,6 +513,29 @@ pub fn op(line: &str) -> Result<Op, ParseError> {
             let e = Element { set: name()?, key: key(k)?, value };
             if verb == "add" { Op::AddElement(t, e) } else { Op::DeleteElement(t, e) }
         }
+        ("add", "flowtable") => {
+            let mut ft = Flowtable { name: name()?, priority: 0, devices: vec![], counter: false };
+            for item in block(line) {
+                let words: Vec<&str> = item.split_whitespace().collect();
+                match words.as_slice() {
+                    ["hook", "ingress", "priority", p] => ft.priority = p.parse().map_err(|_| err(p))?,
+                    ["devices", "=", ..] => ft.devices = devices(&item),
+                    ["counter"] => ft.counter = true,
+                    _ => return Err(err(&item)),
+                }
+            }
+            Op::AddFlowtable(t, ft)
+        }
+        ("delete", "flowtable") => {
+            let item = block(line).into_iter().next().ok_or_else(|| err("devices"))?;
+            Op::DeleteFlowtableDevices { table: t, name: name()?, devices: devices(&item) }
+        }
         _ => return Err(err(line)),
     })
+}
+
+/// `devices = { "a", "b" }`.
+fn devices(item: &str) -> Vec<String> {
+    let inner = item.split_once('{').map_or("", |(_, rest)| rest.trim_end_matches('}'));
+    inner.split(',').map(unquote).filter(|d| !d.is_empty()).collect()
 }

@@ -9,6 +9,8 @@ pub enum TableFamily {
     Ip,
     /// `ip6`
     Ip6,
+    /// `inet`: IPv4 and IPv6 in one table (the acceleration table).
+    Inet,
 }
 
 impl TableFamily {
@@ -17,14 +19,16 @@ impl TableFamily {
         match self {
             TableFamily::Ip => "ip",
             TableFamily::Ip6 => "ip6",
+            TableFamily::Inet => "inet",
         }
     }
 
-    /// The IP family of the table's packets.
-    pub fn ip_family(self) -> kproxy_state::IpFamily {
+    /// The IP family of the table's packets; `None` for `inet`, which sees both.
+    pub fn ip_family(self) -> Option<kproxy_state::IpFamily> {
         match self {
-            TableFamily::Ip => kproxy_state::IpFamily::V4,
-            TableFamily::Ip6 => kproxy_state::IpFamily::V6,
+            TableFamily::Ip => Some(kproxy_state::IpFamily::V4),
+            TableFamily::Ip6 => Some(kproxy_state::IpFamily::V6),
+            TableFamily::Inet => None,
         }
     }
 }
@@ -147,4 +151,25 @@ impl Chain {
     pub fn base(name: impl Into<String>, kind: ChainType, hook: HookPoint, priority: i32) -> Self {
         Chain { name: name.into(), hook: Some(Hook { kind, hook, priority }) }
     }
+}
+
+/// A flowtable: established connections that a rule hands to it (`flow add @NAME`) are
+/// forwarded between its devices at the ingress hook, past the rest of netfilter.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Flowtable {
+    /// Name.
+    pub name: String,
+    /// Priority at the ingress hook (`0` is `filter`).
+    pub priority: i32,
+    /// The devices whose ingress it hooks.
+    pub devices: Vec<String>,
+    /// `counter`: conntrack's packet and byte counters keep counting offloaded packets.
+    pub counter: bool,
+}
+
+/// The devices of a flowtable as nft writes them: `"eth0", "eth1"`, quoted (names may hold
+/// characters nft would otherwise parse; quotes and backslashes, which nft cannot escape, are
+/// dropped).
+pub fn device_list(devices: &[String]) -> String {
+    devices.iter().map(|d| format!("\"{}\"", d.replace(['"', '\\'], ""))).collect::<Vec<_>>().join(", ")
 }

@@ -4,7 +4,7 @@ use std::fmt::{self, Write as _};
 
 use crate::expr::Rule;
 use crate::set::{Element, SetDef};
-use crate::table::{Chain, TableRef};
+use crate::table::{Chain, Flowtable, TableRef, device_list};
 
 /// One operation of a transaction.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -59,6 +59,17 @@ pub enum Op {
     AddElement(TableRef, Element),
     /// Delete an element (the value is ignored).
     DeleteElement(TableRef, Element),
+    /// Create a flowtable, or register the devices an existing one lacks (Linux 5.13+).
+    AddFlowtable(TableRef, Flowtable),
+    /// Unregister devices from a flowtable, leaving it and its other devices in place.
+    DeleteFlowtableDevices {
+        /// Table.
+        table: TableRef,
+        /// Flowtable.
+        name: String,
+        /// The devices to unregister.
+        devices: Vec<String>,
+    },
 }
 
 /// Operation counts by kind, for tests and metrics.
@@ -74,6 +85,8 @@ pub struct OpCounts {
     pub sets: usize,
     /// Elements added or deleted.
     pub elements: usize,
+    /// Flowtable operations.
+    pub flowtables: usize,
 }
 
 impl std::ops::AddAssign for OpCounts {
@@ -83,6 +96,7 @@ impl std::ops::AddAssign for OpCounts {
         self.rules += o.rules;
         self.sets += o.sets;
         self.elements += o.elements;
+        self.flowtables += o.flowtables;
     }
 }
 
@@ -140,6 +154,7 @@ impl Transaction {
                 Op::AddRule { .. } => c.rules += 1,
                 Op::AddSet(..) | Op::FlushSet { .. } | Op::DeleteSet { .. } => c.sets += 1,
                 Op::AddElement(..) | Op::DeleteElement(..) => c.elements += 1,
+                Op::AddFlowtable(..) | Op::DeleteFlowtableDevices { .. } => c.flowtables += 1,
             }
         }
         c
@@ -195,6 +210,20 @@ fn render_op(out: &mut String, op: &Op) -> fmt::Result {
         Op::DeleteSet { table, name, is_map } => write!(out, "delete {} {table} {name}", set_keyword(*is_map)),
         Op::AddElement(t, e) => write!(out, "add element {t} {} {e}", e.set),
         Op::DeleteElement(t, e) => write!(out, "delete element {t} {} {{ {} }}", e.set, e.key),
+        Op::AddFlowtable(t, ft) => {
+            write!(out, "add flowtable {t} {} {{ hook ingress priority {};", ft.name, ft.priority)?;
+            if !ft.devices.is_empty() {
+                write!(out, " devices = {{ {} }};", device_list(&ft.devices))?;
+            }
+            if ft.counter {
+                out.push_str(" counter;");
+            }
+            out.push_str(" }");
+            Ok(())
+        }
+        Op::DeleteFlowtableDevices { table, name, devices } => {
+            write!(out, "delete flowtable {table} {name} {{ devices = {{ {} }}; }}", device_list(devices))
+        }
     }
 }
 

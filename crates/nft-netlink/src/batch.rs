@@ -40,12 +40,15 @@ pub fn nfproto(f: TableFamily) -> u8 {
     match f {
         TableFamily::Ip => NFPROTO_IPV4,
         TableFamily::Ip6 => NFPROTO_IPV6,
+        TableFamily::Inet => NFPROTO_INET,
     }
 }
 
 /// What a map's elements map to.
 enum SetData {
     Verdict,
+    /// A packet mark (host byte order).
+    Mark,
     /// Data declared by `typeof` expressions (`ip daddr . th dport`).
     Typeof(Typeof),
 }
@@ -63,8 +66,10 @@ fn set_userdata(key: &KeyType, key_typeof: Option<&Typeof>, data: Option<&SetDat
     // data of kproxy's maps: verdicts or concatenations).
     let key_order: u32 = if key.is_concat() { 0 } else { 2 };
     tlv(NFTNL_UDATA_SET_KEYBYTEORDER, &key_order.to_ne_bytes());
-    if data.is_some() {
-        tlv(NFTNL_UDATA_SET_DATABYTEORDER, &0u32.to_ne_bytes());
+    if let Some(d) = data {
+        // BYTEORDER_HOST_ENDIAN for marks.
+        let order: u32 = if matches!(d, SetData::Mark) { 1 } else { 0 };
+        tlv(NFTNL_UDATA_SET_DATABYTEORDER, &order.to_ne_bytes());
     }
     if key.is_concat() {
         let exprs = key_typeof.map(|t| t.0.as_slice()).unwrap_or_default();
@@ -91,6 +96,8 @@ struct Encoder {
     msg_ops: Vec<u32>,
     set_ids: HashMap<(TableRef, String), u32>,
     next_set_id: u32,
+    /// The id of the next anonymous set: nft numbers them after every named set of the batch.
+    next_anon_id: u32,
     index: u32,
     /// Data maps declared by `typeof` in this batch, with the protocol match their data implies
     /// for the rules that read them.
@@ -166,10 +173,16 @@ impl Encoder {
             }
             Op::AddRule { table, chain, rule } => {
                 let sets = BatchSets { enc: self, table };
-                let mut exprs = lower::rule(table.family.ip_family(), rule, &sets)?;
+                let lowered = lower::rule(table.family, rule, &sets)?;
+                let mut exprs = lowered.exprs;
+                let mut anon_ids = Vec::new();
+                for anon in &lowered.anon_sets {
+                    anon_ids.push(self.anon_set(table, anon));
+                }
+                let mut anon_ids = anon_ids.into_iter();
                 for e in &mut exprs {
                     if let Expr::Lookup { set, set_id, .. } | Expr::DynsetUpdate { set, set_id, .. } = e {
-                        *set_id = self.set_id(table, set);
+                        *set_id = if set == lower::ANON_SET_NAME { anon_ids.next() } else { self.set_id(table, set) };
                     }
                 }
                 self.begin(NFT_MSG_NEWRULE, NLM_F_CREATE | NLM_F_APPEND, nfproto(table.family));
@@ -196,9 +209,36 @@ impl Encoder {
             }
             Op::AddElement(t, e) => self.element(t, e, true)?,
             Op::DeleteElement(t, e) => self.element(t, e, false)?,
+            Op::AddFlowtable(t, ft) => {
+                self.begin(NFT_MSG_NEWFLOWTABLE, NLM_F_CREATE, nfproto(t.family));
+                self.flowtable_hook(t, &ft.name, ft.priority, &ft.devices);
+                self.buf.put_be32(NFTA_FLOWTABLE_FLAGS, if ft.counter { NFT_FLOWTABLE_COUNTER } else { 0 });
+            }
+            Op::DeleteFlowtableDevices { table, name, devices } => {
+                self.begin(NFT_MSG_DELFLOWTABLE, 0, nfproto(table.family));
+                self.flowtable_hook(table, name, 0, devices);
+            }
         }
         self.buf.end();
         Ok(())
+    }
+
+    /// A flowtable's table, name and ingress hook with its devices, which nft sends in the
+    /// reverse of the order they are written in.
+    fn flowtable_hook(&mut self, t: &TableRef, name: &str, priority: i32, devices: &[String]) {
+        self.buf.put_str(NFTA_FLOWTABLE_TABLE, &t.name);
+        self.buf.put_str(NFTA_FLOWTABLE_NAME, name);
+        let hook = self.buf.begin_nest(NFTA_FLOWTABLE_HOOK);
+        self.buf.put_be32(NFTA_FLOWTABLE_HOOK_NUM, NF_NETDEV_INGRESS);
+        self.buf.put_be32(NFTA_FLOWTABLE_HOOK_PRIORITY, priority as u32);
+        if !devices.is_empty() {
+            let devs = self.buf.begin_nest(NFTA_FLOWTABLE_HOOK_DEVS);
+            for d in devices.iter().rev() {
+                self.buf.put_str(NFTA_DEVICE_NAME, &d.replace(['"', '\\'], ""));
+            }
+            self.buf.end_nest(devs);
+        }
+        self.buf.end_nest(hook);
     }
 
     fn add_chain(&mut self, t: &TableRef, chain: &Chain) -> Result<(), LowerError> {
@@ -223,6 +263,7 @@ impl Encoder {
                 let data = match data {
                     None => None,
                     Some(kproxy_nft_model::DataType::Verdict) => Some(SetData::Verdict),
+                    Some(kproxy_nft_model::DataType::Mark) => Some(SetData::Mark),
                     Some(other) => return Err(LowerError { what: format!("map data of type {other}") }),
                 };
                 (KeyType(key), None, data)
@@ -267,6 +308,11 @@ impl Encoder {
             Some(SetData::Verdict) => {
                 self.buf.put_be32(NFTA_SET_DATA_TYPE, NFT_DATA_VERDICT);
                 self.buf.put_be32(NFTA_SET_DATA_LEN, 0);
+            }
+            Some(SetData::Mark) => {
+                // nft's TYPE_MARK, a 32-bit host-order integer.
+                self.buf.put_be32(NFTA_SET_DATA_TYPE, 19);
+                self.buf.put_be32(NFTA_SET_DATA_LEN, 4);
             }
             Some(SetData::Typeof(t)) => {
                 let d = t.key_type();
@@ -318,6 +364,37 @@ impl Encoder {
             self.buf.end_nest(list);
         }
         Ok(())
+    }
+
+    /// Creates an anonymous constant set with its elements, as nft does just before the rule
+    /// that uses it (two messages); returns its id.
+    fn anon_set(&mut self, t: &TableRef, anon: &lower::AnonSet) -> u32 {
+        self.next_anon_id += 1;
+        let id = self.next_anon_id;
+        let key = anon.key.datatype();
+        self.begin(NFT_MSG_NEWSET, NLM_F_CREATE, nfproto(t.family));
+        self.buf.put_str(NFTA_SET_TABLE, &t.name);
+        self.buf.put_str(NFTA_SET_NAME, lower::ANON_SET_NAME);
+        self.buf.put_be32(NFTA_SET_FLAGS, NFT_SET_ANONYMOUS | NFT_SET_CONSTANT);
+        self.buf.put_be32(NFTA_SET_KEY_TYPE, key.id());
+        self.buf.put_be32(NFTA_SET_KEY_LEN, key.byte_len());
+        self.buf.put_be32(NFTA_SET_ID, id);
+        let n = self.buf.begin_nest(NFTA_SET_DESC);
+        self.buf.put_be32(NFTA_SET_DESC_SIZE, anon.elements.len() as u32);
+        self.buf.end_nest(n);
+        self.buf.put(NFTA_SET_USERDATA, &anon.udata());
+        self.buf.end();
+        self.begin(NFT_MSG_NEWSETELEM, NLM_F_CREATE, nfproto(t.family));
+        self.buf.put_str(NFTA_SET_ELEM_LIST_TABLE, &t.name);
+        self.buf.put_str(NFTA_SET_ELEM_LIST_SET, lower::ANON_SET_NAME);
+        self.buf.put_be32(NFTA_SET_ELEM_LIST_SET_ID, id);
+        let list = self.buf.begin_nest(NFTA_SET_ELEM_LIST_ELEMENTS);
+        for (i, key) in anon.elements.iter().enumerate() {
+            self.elem(i as u16 + 1, key, None, false);
+        }
+        self.buf.end_nest(list);
+        self.buf.end();
+        id
     }
 
     /// The element list's table and set; additions to a set created in the same batch also
@@ -400,6 +477,7 @@ impl Batch {
             msg_ops: Vec::with_capacity(tx.len()),
             set_ids: HashMap::new(),
             next_set_id: 0,
+            next_anon_id: tx.ops().iter().filter(|op| matches!(op, Op::AddSet(..))).count() as u32,
             index: 0,
             intervals: HashMap::new(),
             range_sets: HashSet::new(),

@@ -31,12 +31,6 @@ impl NetlinkExecutor {
             slot => Ok(slot.insert(NfSocket::open()?)),
         }
     }
-
-    fn next_seq(&mut self, messages: usize) -> u32 {
-        let first = self.seq.wrapping_add(1);
-        self.seq = self.seq.wrapping_add(messages as u32 + 2);
-        first
-    }
 }
 
 impl Executor for NetlinkExecutor {
@@ -44,13 +38,13 @@ impl Executor for NetlinkExecutor {
         if tx.is_empty() {
             return Ok(());
         }
-        // Interval elements and interval sets may take two messages.
-        let first = self.next_seq(tx.len() * 2);
-        let batch = Batch::encode(tx, first).map_err(|e| ExecError::Unsupported {
+        let batch = Batch::encode(tx, self.seq.wrapping_add(1)).map_err(|e| ExecError::Unsupported {
             index: e.index,
             op: e.op,
             reason: e.source.to_string(),
         })?;
+        // An operation may take several messages (interval elements, anonymous sets).
+        self.seq = batch.end_seq();
         let sock = self.socket().map_err(ExecError::Netlink)?;
         let replies = sock.send_batch(&batch).map_err(|e| {
             // The socket's state is unknown after an I/O error: start afresh next time.

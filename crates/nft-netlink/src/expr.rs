@@ -95,6 +95,13 @@ pub enum Expr {
         /// Destination register.
         dreg: u32,
     },
+    /// Set a conntrack key from a register.
+    CtSet {
+        /// `NFT_CT_*`.
+        key: u32,
+        /// Source register.
+        sreg: u32,
+    },
     /// `reg = (reg & mask) ^ xor`.
     Bitwise {
         /// Register (source and destination).
@@ -188,6 +195,13 @@ pub enum Expr {
         /// `NF_NAT_RANGE_*` flags.
         flags: u32,
     },
+    /// `counter` (the kernel starts it at zero).
+    Counter,
+    /// `flow add @flowtable`.
+    FlowOffload {
+        /// Flowtable name.
+        flowtable: String,
+    },
     /// `update @set { key }`.
     DynsetUpdate {
         /// Set name.
@@ -204,7 +218,7 @@ impl Expr {
         match self {
             Expr::Payload { .. } => "payload",
             Expr::Meta { .. } | Expr::MetaSet { .. } => "meta",
-            Expr::Ct { .. } => "ct",
+            Expr::Ct { .. } | Expr::CtSet { .. } => "ct",
             Expr::Bitwise { .. } => "bitwise",
             Expr::Cmp { .. } => "cmp",
             Expr::Lookup { .. } => "lookup",
@@ -216,6 +230,8 @@ impl Expr {
             Expr::Masq { .. } => "masq",
             Expr::Nat { .. } => "nat",
             Expr::DynsetUpdate { .. } => "dynset",
+            Expr::Counter => "counter",
+            Expr::FlowOffload { .. } => "flow_offload",
         }
     }
 
@@ -257,6 +273,10 @@ impl Expr {
             Expr::Ct { key, dreg } => {
                 m.put_be32(NFTA_CT_KEY, *key);
                 m.put_be32(NFTA_CT_DREG, *dreg);
+            }
+            Expr::CtSet { key, sreg } => {
+                m.put_be32(NFTA_CT_KEY, *key);
+                m.put_be32(NFTA_CT_SREG, *sreg);
             }
             Expr::Bitwise { reg, mask, xor, explicit_op } => {
                 m.put_be32(NFTA_BITWISE_SREG, *reg);
@@ -330,6 +350,8 @@ impl Expr {
                     m.put_be32(NFTA_NAT_FLAGS, *flags);
                 }
             }
+            Expr::Counter => {}
+            Expr::FlowOffload { flowtable } => m.put_str(NFTA_FLOW_TABLE_NAME, flowtable),
             Expr::DynsetUpdate { set, set_id, sreg } => {
                 m.put_be32(NFTA_DYNSET_SREG_KEY, *sreg);
                 m.put_be32(NFTA_DYNSET_OP, NFT_DYNSET_OP_UPDATE);

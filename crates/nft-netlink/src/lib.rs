@@ -22,6 +22,7 @@
 //!   detection on full resyncs.
 
 pub mod batch;
+pub mod counters;
 pub mod executor;
 pub mod expr;
 pub mod listing;

@@ -11,7 +11,8 @@
 use std::net::IpAddr;
 
 use kproxy_nft_model::{
-    CmpOp, Field, Key, MapData as ModelData, NatKind as ModelNat, Reject, Rule, Stmt, Value, Verdict as ModelVerdict,
+    CmpOp, Field, Key, MapData as ModelData, NatKind as ModelNat, Reject, Rule, Stmt, TableFamily, Value,
+    Verdict as ModelVerdict,
 };
 use kproxy_state::{IpFamily, Protocol};
 
@@ -248,11 +249,7 @@ impl Typeof {
 /// nest per field (`SUB_TYPE` = its `expr_types` id, `SUB_DATA` = its own attributes). A
 /// concatenation declared by type names has no fields here.
 pub fn concat_udata(exprs: &[TypeofExpr]) -> Vec<u8> {
-    fn put(out: &mut Vec<u8>, kind: u8, value: &[u8]) {
-        out.push(kind);
-        out.push(value.len() as u8);
-        out.extend_from_slice(value);
-    }
+    let put = put_tlv;
     let mut fields = Vec::new();
     for (i, e) in exprs.iter().enumerate() {
         let mut own = Vec::new();
@@ -268,6 +265,26 @@ pub fn concat_udata(exprs: &[TypeofExpr]) -> Vec<u8> {
     // EXPR_CONCAT
     put(&mut out, 0, &13u32.to_ne_bytes());
     put(&mut out, 1, &fields);
+    out
+}
+
+/// One user data attribute: kind, length, value.
+pub fn put_tlv(out: &mut Vec<u8>, kind: u8, value: &[u8]) {
+    out.push(kind);
+    out.push(value.len() as u8);
+    out.extend_from_slice(value);
+}
+
+/// nft's user data for a single expression: `TYPEOF_EXPR` = its `expr_types` id and
+/// `TYPEOF_DATA` = its own attributes.
+pub fn single_udata(e: TypeofExpr) -> Vec<u8> {
+    let mut own = Vec::new();
+    for (kind, v) in e.udata() {
+        put_tlv(&mut own, kind, &v.to_ne_bytes());
+    }
+    let mut out = Vec::new();
+    put_tlv(&mut out, 0, &e.etype().to_ne_bytes());
+    put_tlv(&mut out, 1, &own);
     out
 }
 
@@ -480,18 +497,65 @@ impl SetInfo for NoSets {
     }
 }
 
+/// The name every anonymous set is created with: the kernel fills in a number, and rules find
+/// the set by the id it had in the batch.
+pub const ANON_SET_NAME: &str = "__set%d";
+
+/// An anonymous constant set a rule looks constants up in (`meta l4proto { tcp, udp }`), as nft
+/// creates it in the same batch just before the rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AnonSet {
+    /// What the looked-up value is, as recorded in the set's user data.
+    pub key: TypeofExpr,
+    /// Byte order of the key (`BYTEORDER_HOST_ENDIAN` = 1 for `meta` keys).
+    pub byteorder: u32,
+    /// Each element's key bytes, in the order written.
+    pub elements: Vec<Vec<u8>>,
+}
+
+impl AnonSet {
+    /// The set's user data: key byte order, and the key's `typeof` expression.
+    pub fn udata(&self) -> Vec<u8> {
+        let mut u = Vec::new();
+        put_tlv(&mut u, NFTNL_UDATA_SET_KEYBYTEORDER, &self.byteorder.to_ne_bytes());
+        put_tlv(&mut u, NFTNL_UDATA_SET_KEY_TYPEOF, &single_udata(self.key));
+        u
+    }
+}
+
+/// A rule lowered: its expressions, and the anonymous sets its lookups of [`ANON_SET_NAME`]
+/// refer to, in the order of those lookups.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Lowered {
+    /// The expressions.
+    pub exprs: Vec<Expr>,
+    /// Anonymous sets to create before the rule.
+    pub anon_sets: Vec<AnonSet>,
+}
+
 /// Lowers a rule of a table of `family` to expressions.
-pub fn rule(family: IpFamily, rule: &Rule, sets: &dyn SetInfo) -> Result<Vec<Expr>, LowerError> {
-    let mut l = Lowering { family, out: Vec::new(), sets, l4protos: Vec::new() };
+pub fn rule(family: TableFamily, rule: &Rule, sets: &dyn SetInfo) -> Result<Lowered, LowerError> {
+    let mut l = Lowering {
+        table: family,
+        nfproto_match: None,
+        out: Vec::new(),
+        sets,
+        l4protos: Vec::new(),
+        anon_sets: Vec::new(),
+    };
     for stmt in rule.stmts() {
         l.stmt(stmt)?;
     }
-    Ok(l.out)
+    Ok(Lowered { exprs: l.out, anon_sets: l.anon_sets })
 }
 
 struct Lowering<'a> {
-    family: IpFamily,
+    table: TableFamily,
+    /// In an `inet` table, the address family a `meta nfproto` match of the rule established
+    /// (nft adds one before the first statement that reads an address).
+    nfproto_match: Option<IpFamily>,
     out: Vec<Expr>,
+    anon_sets: Vec<AnonSet>,
     sets: &'a dyn SetInfo,
     /// The protocols of the rule's `meta l4proto P` matches so far: they satisfy (or, if they
     /// differ, contradict) the protocol dependency of a later `dnat ... map`.
@@ -506,15 +570,33 @@ fn cmp_op(op: CmpOp) -> u32 {
 }
 
 impl Lowering<'_> {
-    fn nfproto(&self) -> u8 {
-        match self.family {
-            IpFamily::V4 => NFPROTO_IPV4,
-            IpFamily::V6 => NFPROTO_IPV6,
+    /// The address family of the rule's packets: the table's, or in an `inet` table the one
+    /// the rule matched.
+    fn family(&self) -> Result<IpFamily, LowerError> {
+        self.table.ip_family().or(self.nfproto_match).ok_or_else(|| {
+            LowerError::new("a statement of one address family in an inet table, before any address match")
+        })
+    }
+
+    fn nfproto(&self) -> Result<u8, LowerError> {
+        Ok(nfproto_of(self.family()?))
+    }
+
+    /// In an `inet` table, the `meta nfproto` match nft puts before the first statement that
+    /// reads an address of a family.
+    fn nfproto_dependency(&mut self, stmt: &Stmt) {
+        if self.table != TableFamily::Inet || self.nfproto_match.is_some() {
+            return;
+        }
+        if let Some(family) = address_family(stmt) {
+            self.out.push(Expr::Meta { key: NFT_META_NFPROTO, dreg: NFT_REG_1 });
+            self.out.push(Expr::Cmp { sreg: NFT_REG_1, op: NFT_CMP_EQ, data: vec![nfproto_of(family)] });
+            self.nfproto_match = Some(family);
         }
     }
 
     fn check_family(&self, ip: IpAddr) -> Result<(), LowerError> {
-        match (self.family, ip) {
+        match (self.family()?, ip) {
             (IpFamily::V4, IpAddr::V4(_)) | (IpFamily::V6, IpAddr::V6(_)) => Ok(()),
             _ => Err(LowerError::new(format!("the address {ip} in a table of the other family"))),
         }
@@ -522,7 +604,7 @@ impl Lowering<'_> {
 
     fn field(&self, field: Field) -> Result<Sel, LowerError> {
         if let Field::Saddr(f) | Field::Daddr(f) = field
-            && f != self.family
+            && f != self.family()?
         {
             return Err(LowerError::new(format!("`{field}` in a table of the other family")));
         }
@@ -542,6 +624,7 @@ impl Lowering<'_> {
     }
 
     fn stmt(&mut self, stmt: &Stmt) -> Result<(), LowerError> {
+        self.nfproto_dependency(stmt);
         match stmt {
             Stmt::Cmp { field, op, value } => self.cmp(*field, *op, value)?,
             Stmt::IifName { op, name } => {
@@ -619,11 +702,11 @@ impl Lowering<'_> {
                 if *fully_random {
                     flags |= NF_NAT_RANGE_PROTO_RANDOM_FULLY;
                 }
-                let family = self.nfproto();
+                let family = self.nfproto()?;
                 self.out.push(Expr::Nat { kind: nat_kind(*kind), family, addr_reg: NFT_REG_1, proto_reg, flags });
             }
             Stmt::NatMap { kind, family, key, map } => {
-                if *family != self.family {
+                if *family != self.family()? {
                     return Err(LowerError::new("a nat map of the other family"));
                 }
                 self.nat_map(*kind, key, map)?;
@@ -635,12 +718,63 @@ impl Lowering<'_> {
             Stmt::Reject(Reject::TcpReset) => self.out.push(Expr::Reject { kind: 1, code: 0 }),
             Stmt::Reject(Reject::PortUnreachable) => {
                 // ICMP port unreachable / ICMPv6 port unreachable.
-                let code = if self.family == IpFamily::V4 { 3 } else { 4 };
+                let code = if self.family()? == IpFamily::V4 { 3 } else { 4 };
                 self.out.push(Expr::Reject { kind: 0, code });
             }
             Stmt::Verdict(v) => self.out.push(Expr::Verdict(verdict(v))),
-            Stmt::L4ProtoIn(_) | Stmt::CtMarkAnd { .. } | Stmt::CtMarkOr(_) | Stmt::MarkSetMap { .. } => {
-                return Err(LowerError::new(format!("`{stmt}` (not lowered yet)")));
+            Stmt::CtPacketsGt(n) => {
+                // The host-order counter is compared in network order, as nft does for `>`.
+                self.out.push(Expr::Ct { key: NFT_CT_PKTS, dreg: NFT_REG_1 });
+                self.out.push(Expr::ByteorderHton { reg: NFT_REG_1, len: 8, size: 8 });
+                self.out.push(Expr::Cmp { sreg: NFT_REG_1, op: NFT_CMP_GT, data: n.to_be_bytes().to_vec() });
+            }
+            Stmt::Counter => self.out.push(Expr::Counter),
+            Stmt::FlowAdd(flowtable) => self.out.push(Expr::FlowOffload { flowtable: flowtable.clone() }),
+            Stmt::L4ProtoIn(protos) => {
+                self.out.push(Sel::L4Proto.load(NFT_REG_1, 1));
+                self.out.push(Expr::Lookup {
+                    sreg: NFT_REG_1,
+                    set: ANON_SET_NAME.to_owned(),
+                    set_id: None,
+                    dreg: None,
+                    invert: false,
+                });
+                self.anon_sets.push(AnonSet {
+                    key: TypeofExpr::Meta { key: NFT_META_L4PROTO },
+                    byteorder: 1,
+                    elements: protos.iter().map(|p| vec![proto_number(*p)]).collect(),
+                });
+            }
+            Stmt::CtMarkAnd { mask, op, value } => {
+                self.out.push(Expr::Ct { key: NFT_CT_MARK, dreg: NFT_REG_1 });
+                self.out.push(Expr::Bitwise {
+                    reg: NFT_REG_1,
+                    mask: mask.to_ne_bytes().to_vec(),
+                    xor: vec![0; 4],
+                    explicit_op: true,
+                });
+                self.out.push(Expr::Cmp { sreg: NFT_REG_1, op: cmp_op(*op), data: value.to_ne_bytes().to_vec() });
+            }
+            Stmt::CtMarkOr(bits) => {
+                self.out.push(Expr::Ct { key: NFT_CT_MARK, dreg: NFT_REG_1 });
+                self.out.push(Expr::Bitwise {
+                    reg: NFT_REG_1,
+                    mask: (!bits).to_ne_bytes().to_vec(),
+                    xor: bits.to_ne_bytes().to_vec(),
+                    explicit_op: true,
+                });
+                self.out.push(Expr::CtSet { key: NFT_CT_MARK, sreg: NFT_REG_1 });
+            }
+            Stmt::MarkSetMap { key, map } => {
+                self.load_key(key, false)?;
+                self.out.push(Expr::Lookup {
+                    sreg: NFT_REG_1,
+                    set: map.clone(),
+                    set_id: None,
+                    dreg: Some(NFT_REG_1),
+                    invert: false,
+                });
+                self.out.push(Expr::MetaSet { key: NFT_META_MARK, sreg: NFT_REG_1 });
             }
         }
         Ok(())
@@ -689,8 +823,8 @@ impl Lowering<'_> {
             dreg: Some(NFT_REG_1),
             invert: false,
         });
-        let addr_units = if self.family == IpFamily::V4 { 1 } else { 4 };
-        let family = self.nfproto();
+        let addr_units = if self.family()? == IpFamily::V4 { 1 } else { 4 };
+        let family = self.nfproto()?;
         self.out.push(Expr::Nat {
             kind: nat_kind(kind),
             family,
@@ -777,6 +911,30 @@ impl Lowering<'_> {
     }
 }
 
+fn nfproto_of(family: IpFamily) -> u8 {
+    match family {
+        IpFamily::V4 => NFPROTO_IPV4,
+        IpFamily::V6 => NFPROTO_IPV6,
+    }
+}
+
+/// The address family whose header a statement reads, if any.
+fn address_family(stmt: &Stmt) -> Option<IpFamily> {
+    let fields: &[Field] = match stmt {
+        Stmt::Cmp { field, .. } => std::slice::from_ref(field),
+        Stmt::Lookup { key, .. }
+        | Stmt::Vmap { key, .. }
+        | Stmt::Update { key, .. }
+        | Stmt::NatMap { key, .. }
+        | Stmt::MarkSetMap { key, .. } => key,
+        _ => &[],
+    };
+    fields.iter().find_map(|f| match f {
+        Field::Saddr(family) | Field::Daddr(family) => Some(*family),
+        _ => None,
+    })
+}
+
 fn nat_kind(k: ModelNat) -> NatKind {
     match k {
         ModelNat::Snat => NatKind::Snat,
@@ -815,7 +973,7 @@ mod tests {
     }
 
     fn lower(family: IpFamily, text: &str, maps: impl Fn(&str) -> Option<Option<u8>>) -> Result<Vec<Expr>, LowerError> {
-        rule(family, &parse::rule(text).unwrap(), &Maps(maps))
+        rule(family.into(), &parse::rule(text).unwrap(), &Maps(maps)).map(|l| l.exprs)
     }
 
     #[test]

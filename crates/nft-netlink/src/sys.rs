@@ -17,6 +17,8 @@ pub const NFNL_MSG_BATCH_BEGIN: u16 = 0x10;
 pub const NFNL_MSG_BATCH_END: u16 = 0x11;
 pub const NFNL_SUBSYS_NFTABLES: u16 = 10;
 pub const NFPROTO_UNSPEC: u8 = 0;
+/// `NFPROTO_INET`: the `inet` table family.
+pub const NFPROTO_INET: u8 = 1;
 pub const NFPROTO_IPV4: u8 = 2;
 pub const NFPROTO_IPV6: u8 = 10;
 
@@ -38,6 +40,21 @@ pub const NFT_MSG_NEWGEN: u16 = 15;
 pub const NFT_MSG_GETGEN: u16 = 16;
 /// `NFTA_GEN_ID`: the generation, big endian.
 pub const NFTA_GEN_ID: u16 = 1;
+pub const NFT_MSG_NEWFLOWTABLE: u16 = 22;
+pub const NFT_MSG_DELFLOWTABLE: u16 = 24;
+pub const NFTA_FLOWTABLE_TABLE: u16 = 1;
+pub const NFTA_FLOWTABLE_NAME: u16 = 2;
+pub const NFTA_FLOWTABLE_HOOK: u16 = 3;
+pub const NFTA_FLOWTABLE_FLAGS: u16 = 7;
+pub const NFTA_FLOWTABLE_HOOK_NUM: u16 = 1;
+pub const NFTA_FLOWTABLE_HOOK_PRIORITY: u16 = 2;
+pub const NFTA_FLOWTABLE_HOOK_DEVS: u16 = 3;
+pub const NFTA_DEVICE_NAME: u16 = 1;
+/// `NFT_FLOWTABLE_COUNTER`: offloaded packets keep conntrack's counters moving.
+pub const NFT_FLOWTABLE_COUNTER: u32 = 0x2;
+/// `NF_NETDEV_INGRESS`: the one hook flowtables attach to.
+pub const NF_NETDEV_INGRESS: u32 = 0;
+pub const NFTA_FLOW_TABLE_NAME: u16 = 1;
 
 pub const NFTA_TABLE_NAME: u16 = 1;
 pub const NFTA_TABLE_FLAGS: u16 = 2;
@@ -85,6 +102,10 @@ pub const NFTNL_UDATA_SET_DATA_TYPEOF: u8 = 4;
 pub const NFTNL_UDATA_SET_DATA_INTERVAL: u8 = 6;
 pub const NFTNL_UDATA_SET_COMMENT: u8 = 7;
 
+/// `NFT_SET_ANONYMOUS`: a set bound to the one rule that uses it.
+pub const NFT_SET_ANONYMOUS: u32 = 0x1;
+/// `NFT_SET_CONSTANT`: elements never change after creation.
+pub const NFT_SET_CONSTANT: u32 = 0x2;
 pub const NFT_SET_INTERVAL: u32 = 0x4;
 /// `NFT_SET_CONCAT`: ranges in a concatenation (the pipapo backend).
 pub const NFT_SET_CONCAT: u32 = 0x80;
@@ -132,9 +153,13 @@ pub const NFTA_META_SREG: u16 = 3;
 pub const NFT_META_MARK: u32 = 3;
 pub const NFT_META_IIFNAME: u32 = 6;
 pub const NFT_META_L4PROTO: u32 = 16;
+pub const NFT_META_NFPROTO: u32 = 15;
 
 pub const NFTA_CT_DREG: u16 = 1;
 pub const NFTA_CT_KEY: u16 = 2;
+pub const NFTA_CT_SREG: u16 = 4;
+pub const NFT_CT_MARK: u32 = 3;
+pub const NFT_CT_PKTS: u32 = 14;
 pub const NFT_CT_STATE: u32 = 0;
 pub const NFT_CT_STATUS: u32 = 2;
 
@@ -151,6 +176,7 @@ pub const NFTA_CMP_OP: u16 = 2;
 pub const NFTA_CMP_DATA: u16 = 3;
 pub const NFT_CMP_EQ: u32 = 0;
 pub const NFT_CMP_NEQ: u32 = 1;
+pub const NFT_CMP_GT: u32 = 4;
 
 pub const NFTA_LOOKUP_SET: u16 = 1;
 pub const NFTA_LOOKUP_SREG: u16 = 2;

@@ -12,6 +12,10 @@ const COMMANDS: &str = include_str!("fixtures/nft-commands.nft");
 const MNL: &str = include_str!("fixtures/nft-commands.mnl.hex");
 const LATER: &str = include_str!("fixtures/nft-commands-later.nft");
 const LATER_MNL: &str = include_str!("fixtures/nft-commands-later.mnl.hex");
+const IPVS: &str = include_str!("fixtures/nft-commands-ipvs.nft");
+const IPVS_MNL: &str = include_str!("fixtures/nft-commands-ipvs.mnl.hex");
+const ACCEL: &str = include_str!("fixtures/nft-commands-accel.nft");
+const ACCEL_MNL: &str = include_str!("fixtures/nft-commands-accel.mnl.hex");
 
 /// A fixture command as a typed operation; it must render back to the same text, so the bytes
 /// `nft` sent for the text are the bytes expected for the operation.
@@ -25,6 +29,25 @@ fn op(line: &str) -> Op {
 fn every_message_matches_what_nft_sends() {
     let (compared, elems) = compare(COMMANDS, MNL);
     assert!(compared > 150 && elems > 30, "{compared} {elems}");
+}
+
+/// The statements only the IPVS auxiliary table uses: packet marks from maps whose data is
+/// `mark`, conntrack mark tests and updates, and `meta l4proto { ... }`, which nft sends as an
+/// anonymous constant set created just before its rule (numbered after every named set).
+#[test]
+fn the_ipvs_auxiliary_table_statements_match_what_nft_sends() {
+    let (compared, elems) = compare(IPVS, IPVS_MNL);
+    assert_eq!((compared, elems), (30, 5));
+}
+
+/// The acceleration table: an `inet` table (an address match first matches `meta nfproto`),
+/// a flowtable created without and with devices, device removal, `ct packets >`, `counter`,
+/// `flow add`. Captured on a kernel without nf_flow_table: nft prints the batch before the
+/// kernel refuses it.
+#[test]
+fn the_acceleration_table_matches_what_nft_sends() {
+    let (compared, elems) = compare(ACCEL, ACCEL_MNL);
+    assert_eq!((compared, elems), (19, 3));
 }
 
 /// A batch after the first: its rules read maps the encoder has not seen declared, which the

@@ -219,6 +219,7 @@ struct Inner {
     accelerated_connections: Counter,
     drift_repairs: Counter,
     feature_enabled: Family<FeatureLabels, Gauge>,
+    acceleration_supported: Gauge,
 }
 
 fn family_labels(family: IpFamily) -> FamilyLabels {
@@ -408,6 +409,12 @@ impl Metrics {
             "Connections of opted-in Services offloaded to the flowtable",
             accelerated_connections.clone(),
         );
+        let acceleration_supported = Gauge::default();
+        registry.register(
+            "kproxy_acceleration_supported",
+            "1 when the kernel has flowtables for Services acceleration; 0 when it has none or has not been probed yet",
+            acceleration_supported.clone(),
+        );
 
         // What every Kubernetes component exports.
         registry.register_collector(Box::new(crate::process_metrics::ProcessCollector));
@@ -456,6 +463,7 @@ impl Metrics {
                 accelerated_connections,
                 drift_repairs,
                 feature_enabled,
+                acceleration_supported,
             }),
         }
     }
@@ -612,6 +620,11 @@ impl Metrics {
             let labels = FeatureLabels { name: name.to_owned(), stage: stage.to_owned() };
             self.inner.feature_enabled.get_or_create(&labels).set(i64::from(enabled));
         }
+    }
+
+    /// Sets `kproxy_acceleration_supported`: whether the kernel has flowtables.
+    pub fn set_acceleration_supported(&self, supported: bool) {
+        self.inner.acceleration_supported.set(i64::from(supported));
     }
 
     /// A health-check node port could not be opened.

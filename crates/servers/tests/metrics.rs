@@ -111,6 +111,7 @@ const COMMON: &[(&str, &str, &[&str])] = &[
         ],
     ),
     ("kubernetes_feature_enabled", "gauge", &["name", "stage"]),
+    ("kproxy_acceleration_supported", "gauge", &[]),
 ];
 
 const NFTABLES_ONLY: &[(&str, &str, &[&str])] = &[
