@@ -7,7 +7,6 @@
 mod support;
 
 use std::net::SocketAddr;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use kproxy_state::Kind;
@@ -49,21 +48,18 @@ fn health_check_port_answers_on_node_port_addresses_only() {
                               "conditions": {"ready": true}}],
                "ports": [{"name": "p", "port": 8080, "protocol": "TCP"}]}),
     );
-    let dir = std::env::temp_dir().join(format!("kproxy-hc-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let kubeconfig = support::write_kubeconfig(&dir, &api.server.url());
-    let _kproxy = support::KillOnDrop(
-        Command::new("ip")
-            .args(["netns", "exec", tb.node().name(), env!("CARGO_BIN_EXE_kproxy")])
-            .arg(format!("--kubeconfig={}", kubeconfig.display()))
-            .args(["--proxy-mode=iptables", "--nodeport-addresses=198.18.0.2/32", "--hostname-override=node-a"])
-            .args(["--detect-local-mode=NodeCIDR", "--conntrack-max-per-core=0"])
-            .args(["--conntrack-tcp-timeout-established=0", "--conntrack-tcp-timeout-close-wait=0"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap(),
-    );
+    let args: Vec<String> = [
+        "--proxy-mode=iptables",
+        "--nodeport-addresses=198.18.0.2/32",
+        "--hostname-override=node-a",
+        "--detect-local-mode=NodeCIDR",
+        "--conntrack-max-per-core=0",
+        "--conntrack-tcp-timeout-established=0",
+        "--conntrack-tcp-timeout-close-wait=0",
+    ]
+    .map(String::from)
+    .to_vec();
+    let (_kproxy, dir) = support::kproxy_in(tb.node().name(), &api.server.url(), &"hc".to_owned(), &args);
 
     let on_node_ip: SocketAddr = format!("198.18.0.2:{HEALTH_CHECK_PORT}").parse().unwrap();
     let deadline = Instant::now() + support::START;

@@ -7,7 +7,6 @@
 mod support;
 
 use std::net::SocketAddr;
-use std::process::{Command, Stdio};
 
 use kproxy_state::Kind;
 use kproxy_testbed::{ProbeResult, Proto, Testbed, Where};
@@ -39,22 +38,17 @@ fn node_port_on_an_address_added_later_is_served(mode: &str) {
                               "conditions": {"ready": true}}],
                "ports": [{"name": "p", "port": 8080, "protocol": "TCP"}]}),
     );
-    let dir = std::env::temp_dir().join(format!("kproxy-addrs-{mode}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let kubeconfig = support::write_kubeconfig(&dir, &api.server.url());
-    let _kproxy = support::KillOnDrop(
-        Command::new("ip")
-            .args(["netns", "exec", tb.node().name(), env!("CARGO_BIN_EXE_kproxy")])
-            .arg(format!("--kubeconfig={}", kubeconfig.display()))
-            .arg(format!("--proxy-mode={mode}"))
-            .args(["--nodeport-addresses=198.18.0.0/24", "--hostname-override=node-a", "--detect-local-mode=NodeCIDR"])
-            .args(["--conntrack-max-per-core=0", "--conntrack-tcp-timeout-established=0"])
-            .arg("--conntrack-tcp-timeout-close-wait=0")
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap(),
-    );
+    let args: Vec<String> = [
+        format!("--proxy-mode={mode}"),
+        "--nodeport-addresses=198.18.0.0/24".into(),
+        "--hostname-override=node-a".into(),
+        "--detect-local-mode=NodeCIDR".into(),
+        "--conntrack-max-per-core=0".into(),
+        "--conntrack-tcp-timeout-established=0".into(),
+        "--conntrack-tcp-timeout-close-wait=0".into(),
+    ]
+    .to_vec();
+    let (_kproxy, dir) = support::kproxy_in(tb.node().name(), &api.server.url(), &format!("addrs-{mode}"), &args);
     let answered = |got: &ProbeResult| matches!(got, ProbeResult::Answered { backend, .. } if backend == "web-b");
 
     let primary: SocketAddr = "198.18.0.2:30080".parse().unwrap();

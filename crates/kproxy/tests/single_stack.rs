@@ -7,7 +7,6 @@
 mod support;
 
 use std::net::SocketAddr;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use kproxy_state::Kind;
@@ -45,26 +44,18 @@ fn run(mode: &str, ipv6: bool) -> String {
                               "conditions": {"ready": true}}],
                "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]}),
     );
-    let dir = std::env::temp_dir().join(format!("kproxy-stack-{mode}-{ipv6}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let kubeconfig = support::write_kubeconfig(&dir, &api.server.url());
-    let _kproxy = support::KillOnDrop(
-        Command::new("ip")
-            .args(["netns", "exec", tb.node().name(), env!("CARGO_BIN_EXE_kproxy")])
-            .arg(format!("--kubeconfig={}", kubeconfig.display()))
-            .arg(format!("--proxy-mode={mode}"))
-            .args([
-                "--hostname-override=node-a",
-                "--metrics-bind-address=127.0.0.1:10249",
-                "--detect-local-mode=NodeCIDR",
-            ])
-            .args(["--conntrack-max-per-core=0", "--conntrack-tcp-timeout-established=0"])
-            .arg("--conntrack-tcp-timeout-close-wait=0")
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap(),
-    );
+    let args: Vec<String> = [
+        format!("--proxy-mode={mode}"),
+        "--hostname-override=node-a".into(),
+        "--metrics-bind-address=127.0.0.1:10249".into(),
+        "--detect-local-mode=NodeCIDR".into(),
+        "--conntrack-max-per-core=0".into(),
+        "--conntrack-tcp-timeout-established=0".into(),
+        "--conntrack-tcp-timeout-close-wait=0".into(),
+    ]
+    .to_vec();
+    let (_kproxy, dir) =
+        support::kproxy_in(tb.node().name(), &api.server.url(), &format!("stack-{mode}-{ipv6}"), &args);
     let dest: SocketAddr = "198.18.128.10:80".parse().unwrap();
     let got = support::answered_by(tb.external(), dest, "web-b", support::START);
     assert!(matches!(&got, ProbeResult::Answered { backend, .. } if backend == "web-b"), "{mode}: {got:?}");

@@ -136,6 +136,26 @@ pub fn value(text: &str, series: &str) -> Option<f64> {
 /// A child process killed (and reaped) on drop.
 pub struct KillOnDrop(pub Child);
 
+/// The real `kproxy` in namespace `ns`, against the API server at `url` (a kubeconfig written to
+/// a directory of its own, named by `tag`, returned for the caller to remove), with `args`;
+/// killed when dropped.
+pub fn kproxy_in(ns: &str, url: &str, tag: &str, args: &[String]) -> (KillOnDrop, PathBuf) {
+    let dir = std::env::temp_dir().join(format!("kproxy-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let kubeconfig = write_kubeconfig(&dir, url);
+    let child = KillOnDrop(
+        std::process::Command::new("ip")
+            .args(["netns", "exec", ns, env!("CARGO_BIN_EXE_kproxy")])
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .args(args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .unwrap(),
+    );
+    (child, dir)
+}
+
 impl Drop for KillOnDrop {
     fn drop(&mut self) {
         let _ = self.0.kill();
