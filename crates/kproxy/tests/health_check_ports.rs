@@ -59,7 +59,7 @@ fn health_check_port_answers_on_node_port_addresses_only() {
     ]
     .map(String::from)
     .to_vec();
-    let (_kproxy, dir) = support::kproxy_in(tb.node().name(), &api.server.url(), &"hc".to_owned(), &args);
+    let (_kproxy, dir) = support::kproxy_in(tb.node().name(), &api.server.url(), "hc", &args);
 
     let on_node_ip: SocketAddr = format!("198.18.0.2:{HEALTH_CHECK_PORT}").parse().unwrap();
     let deadline = Instant::now() + support::START;
