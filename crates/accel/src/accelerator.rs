@@ -88,8 +88,10 @@ impl<K: AccelKernel> Accelerator<K> {
         self.supported
     }
 
-    /// Probes the kernel once, saying what it found in one log line.
-    fn probe_once(&mut self) -> Result<bool, AccelError> {
+    /// Probes the kernel once, saying what it found in one log line. The daemon calls it before
+    /// its first sync, so the probe's scratch commit comes before the nftables dataplane's
+    /// first commit and does not make its first periodic check list the tables.
+    pub fn probe_once(&mut self) -> Result<bool, AccelError> {
         if let Some(supported) = self.supported {
             return Ok(supported);
         }

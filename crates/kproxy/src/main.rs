@@ -397,10 +397,12 @@ async fn start_servers(
     let accel = (!config.dry_run).then(|| {
         let accel_config =
             kproxy_accel::AccelConfig { packet_threshold: config.acceleration.packet_threshold, ..Default::default() };
-        Arc::new(std::sync::Mutex::new(kproxy_accel::Accelerator::new(
-            kproxy_accel::NetlinkExecutor::new(),
-            accel_config,
-        )))
+        let mut accel = kproxy_accel::Accelerator::new(kproxy_accel::NetlinkExecutor::new(), accel_config);
+        // Before the first sync (see `probe_once`); a failure is retried at the first sync.
+        if let Err(e) = accel.probe_once() {
+            tracing::warn!(error = %e, "probing the kernel for flowtables failed; retrying at the first sync");
+        }
+        Arc::new(std::sync::Mutex::new(accel))
     });
     let observer = DaemonObserver::new(Sinks {
         node_name: node_name.to_owned(),

@@ -15,8 +15,20 @@ fn attr_str(payload: &[u8], kind: u16) -> Option<String> {
 }
 
 /// Lists `table` with four dumps (chains, rules, sets, then the elements of each static set).
-/// A missing table lists as empty.
+/// A missing table lists as empty (the kernel answers dumps filtered by it with `ENOENT`).
 pub fn list_table(exec: &mut NetlinkExecutor, table: &TableRef) -> io::Result<TableListing> {
+    match dump_table(exec, table) {
+        Err(e) if e.raw_os_error() == Some(libc_enoent()) => Ok(TableListing::default()),
+        other => other,
+    }
+}
+
+/// `ENOENT`.
+fn libc_enoent() -> i32 {
+    nix::errno::Errno::ENOENT as i32
+}
+
+fn dump_table(exec: &mut NetlinkExecutor, table: &TableRef) -> io::Result<TableListing> {
     let family = nfproto(table.family);
     let sock = exec.socket()?;
     let mut l = TableListing::default();

@@ -400,6 +400,8 @@ impl<E: Executor> NftablesDataplane<E> {
             one.push(op);
             after.apply(&one);
         });
+        // The adoption rewrites everything its tables hold (see `cold_start`).
+        self.applied.generation = self.exec.generation().ok().flatten();
         match self.applied.apply(&mut self.exec, &tx) {
             Ok(()) => {
                 tracing::info!(ops = report.ops, tables = existing.len(), "nftables tables adopted in one transaction");
@@ -417,6 +419,9 @@ impl<E: Executor> NftablesDataplane<E> {
 
     /// Builds the tables as a stream of bounded transactions, base chains last.
     fn cold_start(&mut self, plan: &Plan) -> Result<SyncReport, SyncError> {
+        // The cold start decides everything its tables hold: the generation before it is as
+        // good a starting point as one a check established.
+        self.applied.generation = self.exec.generation().ok().flatten();
         let exec = &mut self.exec;
         let applied = &mut self.applied;
         let mut stream = Stream::new(self.config.cold_start_chunk_ops, |tx: Transaction, part| {
