@@ -136,27 +136,9 @@ fn transactions() -> Vec<Transaction> {
     dp.host().nft.clone()
 }
 
-/// `nft -j list ruleset` without handles, element lists sorted.
+/// The namespace's ruleset, comparable (see [`kproxy_testbed::nft_listing`]).
 fn listing(ns: &Netns) -> Value {
-    let out = ns.exec_ok("nft", &["-j", "list", "ruleset"]).unwrap();
-    let mut v: Value = serde_json::from_str(&out).unwrap();
-    normalize(&mut v);
-    v
-}
-
-fn normalize(v: &mut Value) {
-    match v {
-        Value::Object(m) => {
-            m.remove("handle");
-            m.remove("metainfo");
-            m.values_mut().for_each(normalize);
-            if let Some(Value::Array(elems)) = m.get_mut("elem") {
-                elems.sort_by_key(|e| e.to_string());
-            }
-        }
-        Value::Array(a) => a.iter_mut().for_each(normalize),
-        _ => {}
-    }
+    kproxy_testbed::nft_listing(ns).unwrap()
 }
 
 fn apply_all<E: Executor>(exec: &mut E, txs: &[Transaction]) {
