@@ -25,12 +25,7 @@ fn health_check_port_answers_on_node_port_addresses_only() {
     pod.serve(&[(Proto::Tcp, 8080)]).unwrap();
     tb.node().ip(["addr", "add", "198.18.0.4/24", "dev", "eth0"]).unwrap();
     let api = support::api_in(tb.node());
-    api.server.apply(
-        Kind::Node,
-        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"},
-               "spec": {"podCIDRs": ["198.18.16.0/24"]},
-               "status": {"addresses": [{"type": "InternalIP", "address": "198.18.0.2"}]}}),
-    );
+    support::apply_node_a(&api.server);
     api.server.apply(
         Kind::Service,
         json!({"apiVersion": "v1", "kind": "Service", "metadata": {"namespace": "demo", "name": "lb"},
@@ -39,15 +34,7 @@ fn health_check_port_answers_on_node_port_addresses_only() {
                         "ports": [{"name": "p", "port": 80, "protocol": "TCP", "targetPort": 8080, "nodePort": 30080}]},
                "status": {"loadBalancer": {"ingress": [{"ip": "203.0.113.10"}]}}}),
     );
-    api.server.apply(
-        Kind::EndpointSlice,
-        json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-               "metadata": {"namespace": "demo", "name": "lb-1", "labels": {"kubernetes.io/service-name": "lb"}},
-               "addressType": "IPv4",
-               "endpoints": [{"addresses": [pod.ipv4().to_string()], "nodeName": "node-a",
-                              "conditions": {"ready": true}}],
-               "ports": [{"name": "p", "port": 8080, "protocol": "TCP"}]}),
-    );
+    support::apply_one_endpoint_slice(&api.server, "lb", "p", &pod.ipv4().to_string(), "node-a");
     let args: Vec<String> = [
         "--proxy-mode=iptables",
         "--nodeport-addresses=198.18.0.2/32",

@@ -29,12 +29,7 @@ fn kubeadm_configmap_keeps_node_ports_on_secondary_addresses_and_localhost() {
 
     let api = support::api_in(tb.node());
     let server = &api.server;
-    server.apply(
-        Kind::Node,
-        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"},
-               "spec": {"podCIDRs": ["198.18.16.0/24"]},
-               "status": {"addresses": [{"type": "InternalIP", "address": "198.18.0.2"}]}}),
-    );
+    support::apply_node_a(server);
     server.apply(
         Kind::Service,
         json!({"apiVersion": "v1", "kind": "Service", "metadata": {"namespace": "demo", "name": "web"},
@@ -42,15 +37,7 @@ fn kubeadm_configmap_keeps_node_ports_on_secondary_addresses_and_localhost() {
                         "ports": [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080,
                                    "nodePort": NODE_PORT}]}}),
     );
-    server.apply(
-        Kind::EndpointSlice,
-        json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-               "metadata": {"namespace": "demo", "name": "web-1", "labels": {"kubernetes.io/service-name": "web"}},
-               "addressType": "IPv4",
-               "endpoints": [{"addresses": [pod.ipv4().to_string()], "nodeName": "node-b",
-                              "conditions": {"ready": true}}],
-               "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]}),
-    );
+    support::apply_one_endpoint_slice(server, "web", "http", &pod.ipv4().to_string(), "node-b");
 
     let dir = std::env::temp_dir().join(format!("kproxy-kubeadm-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

@@ -17,27 +17,14 @@ fn node_port_on_an_address_added_later_is_served(mode: &str) {
     let pod = tb.add_pod("web-b", Where::Node2).unwrap();
     pod.serve(&[(Proto::Tcp, 8080)]).unwrap();
     let api = support::api_in(tb.node());
-    api.server.apply(
-        Kind::Node,
-        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"},
-               "spec": {"podCIDRs": ["198.18.16.0/24"]},
-               "status": {"addresses": [{"type": "InternalIP", "address": "198.18.0.2"}]}}),
-    );
+    support::apply_node_a(&api.server);
     api.server.apply(
         Kind::Service,
         json!({"apiVersion": "v1", "kind": "Service", "metadata": {"namespace": "demo", "name": "web"},
                "spec": {"type": "NodePort", "clusterIP": "198.18.128.10", "clusterIPs": ["198.18.128.10"],
                         "ports": [{"name": "p", "port": 80, "protocol": "TCP", "targetPort": 8080, "nodePort": 30080}]}}),
     );
-    api.server.apply(
-        Kind::EndpointSlice,
-        json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-               "metadata": {"namespace": "demo", "name": "web-1", "labels": {"kubernetes.io/service-name": "web"}},
-               "addressType": "IPv4",
-               "endpoints": [{"addresses": [pod.ipv4().to_string()], "nodeName": "node-b",
-                              "conditions": {"ready": true}}],
-               "ports": [{"name": "p", "port": 8080, "protocol": "TCP"}]}),
-    );
+    support::apply_one_endpoint_slice(&api.server, "web", "p", &pod.ipv4().to_string(), "node-b");
     let args: Vec<String> = [
         format!("--proxy-mode={mode}"),
         "--nodeport-addresses=198.18.0.0/24".into(),

@@ -23,27 +23,14 @@ fn run(mode: &str, ipv6: bool) -> String {
         tb.node().exec_ok("sysctl", &["-q", "-w", "net.ipv6.conf.all.disable_ipv6=1"]).unwrap();
     }
     let api = support::api_in(tb.node());
-    api.server.apply(
-        Kind::Node,
-        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"},
-               "spec": {"podCIDRs": ["198.18.16.0/24"]},
-               "status": {"addresses": [{"type": "InternalIP", "address": "198.18.0.2"}]}}),
-    );
+    support::apply_node_a(&api.server);
     api.server.apply(
         Kind::Service,
         json!({"apiVersion": "v1", "kind": "Service", "metadata": {"namespace": "demo", "name": "web"},
                "spec": {"clusterIP": "198.18.128.10", "clusterIPs": ["198.18.128.10"],
                         "ports": [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080}]}}),
     );
-    api.server.apply(
-        Kind::EndpointSlice,
-        json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-               "metadata": {"namespace": "demo", "name": "web-1", "labels": {"kubernetes.io/service-name": "web"}},
-               "addressType": "IPv4",
-               "endpoints": [{"addresses": [pod.ipv4().to_string()], "nodeName": "node-b",
-                              "conditions": {"ready": true}}],
-               "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]}),
-    );
+    support::apply_one_endpoint_slice(&api.server, "web", "http", &pod.ipv4().to_string(), "node-b");
     let args: Vec<String> = [
         format!("--proxy-mode={mode}"),
         "--hostname-override=node-a".into(),

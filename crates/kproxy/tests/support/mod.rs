@@ -10,6 +10,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use kproxy_kube_source::fake::FakeApiServer;
+use kproxy_state::Kind;
+use serde_json::json;
 
 /// The fake API server and the runtime it runs on.
 pub struct Api {
@@ -181,4 +183,28 @@ pub fn answered_by(
         }
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// Node `node-a` (InternalIP 198.18.0.2, pod CIDR 198.18.16.0/24), the node kproxy runs as.
+pub fn apply_node_a(server: &FakeApiServer) {
+    server.apply(
+        Kind::Node,
+        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"},
+               "spec": {"podCIDRs": ["198.18.16.0/24"]},
+               "status": {"addresses": [{"type": "InternalIP", "address": "198.18.0.2"}]}}),
+    );
+}
+
+/// EndpointSlice `<service>-1` in `demo`: one ready IPv4 endpoint `ip` on `node`, TCP port
+/// `port_name` = 8080.
+pub fn apply_one_endpoint_slice(server: &FakeApiServer, service: &str, port_name: &str, ip: &str, node: &str) {
+    server.apply(
+        Kind::EndpointSlice,
+        json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+               "metadata": {"namespace": "demo", "name": format!("{service}-1"),
+                            "labels": {"kubernetes.io/service-name": service}},
+               "addressType": "IPv4",
+               "endpoints": [{"addresses": [ip], "nodeName": node, "conditions": {"ready": true}}],
+               "ports": [{"name": port_name, "port": 8080, "protocol": "TCP"}]}),
+    );
 }
