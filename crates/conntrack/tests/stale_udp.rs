@@ -12,17 +12,30 @@ mod common;
 
 use common::*;
 
-#[test]
-fn replaced_endpoint_is_reached_after_one_reconcile() {
-    if !kernel_tests_enabled("replaced_endpoint_is_reached_after_one_reconcile") {
-        return;
-    }
-    let t = Topology::new("repl");
+/// Two UDP echo endpoints, A and B, the service routed to A, and a client whose flow is on A.
+struct FlowOnA {
+    t: Topology,
+    a: UdpEcho,
+    _b: UdpEcho,
+    client: UdpClient,
+}
+
+fn flow_on_a(tag: &str) -> FlowOnA {
+    let t = Topology::new(tag);
     let a = UdpEcho::start(&t.pod_a, "198.18.2.2:8053", "A");
     let _b = UdpEcho::start(&t.pod_b, "198.18.3.2:8053", "B");
     t.route_service_to(POD_A);
     let client = UdpClient::new(&t.client, 40000);
     assert_eq!(client.probe(), reply("A"));
+    FlowOnA { t, a, _b, client }
+}
+
+#[test]
+fn replaced_endpoint_is_reached_after_one_reconcile() {
+    if !kernel_tests_enabled("replaced_endpoint_is_reached_after_one_reconcile") {
+        return;
+    }
+    let FlowOnA { t, a, _b, client } = flow_on_a("repl");
 
     // The endpoint is replaced: the dataplane now sends new flows to B.
     t.route_service_to(POD_B);
@@ -51,12 +64,7 @@ fn replaced_endpoint_whose_pod_is_gone_stops_blackholing() {
     if !kernel_tests_enabled("replaced_endpoint_whose_pod_is_gone_stops_blackholing") {
         return;
     }
-    let t = Topology::new("gone");
-    let a = UdpEcho::start(&t.pod_a, "198.18.2.2:8053", "A");
-    let _b = UdpEcho::start(&t.pod_b, "198.18.3.2:8053", "B");
-    t.route_service_to(POD_A);
-    let client = UdpClient::new(&t.client, 40000);
-    assert_eq!(client.probe(), reply("A"));
+    let FlowOnA { t, a, _b, client } = flow_on_a("gone");
 
     // Pod A is deleted (its interface with it) and B replaces it.
     drop(a);
@@ -80,12 +88,7 @@ fn service_scaled_to_zero_and_back() {
     if !kernel_tests_enabled("service_scaled_to_zero_and_back") {
         return;
     }
-    let t = Topology::new("zero");
-    let a = UdpEcho::start(&t.pod_a, "198.18.2.2:8053", "A");
-    let _b = UdpEcho::start(&t.pod_b, "198.18.3.2:8053", "B");
-    t.route_service_to(POD_A);
-    let client = UdpClient::new(&t.client, 40000);
-    assert_eq!(client.probe(), reply("A"));
+    let FlowOnA { t, a, _b, client } = flow_on_a("zero");
     let mut reconciler = t.reconciler();
     assert_eq!(reconciler.reconcile(&plan(Some(&[POD_A]))).unwrap().deleted, 0, "A is a serving endpoint");
 
@@ -175,12 +178,7 @@ fn udp_flow_to_a_terminating_endpoint_drains_until_it_stops_serving() {
     if !kernel_tests_enabled("udp_flow_to_a_terminating_endpoint_drains_until_it_stops_serving") {
         return;
     }
-    let t = Topology::new("drain");
-    let a = UdpEcho::start(&t.pod_a, "198.18.2.2:8053", "A");
-    let _b = UdpEcho::start(&t.pod_b, "198.18.3.2:8053", "B");
-    t.route_service_to(POD_A);
-    let client = UdpClient::new(&t.client, 40000);
-    assert_eq!(client.probe(), reply("A"));
+    let FlowOnA { t, a, _b, client } = flow_on_a("drain");
 
     // A is terminating but still serving; B is ready, so new flows go to B only.
     t.route_service_to(POD_B);
