@@ -163,11 +163,6 @@ impl SyncObserver for DaemonObserver {
             // As upstream: changes from before kproxy started are not its programming latency.
             .filter(|(_, t)| *t >= self.started)
             .collect();
-        for &family in &self.families {
-            self.health.updated(family);
-            self.metrics.set_last_sync_timestamp(family, now);
-            self.metrics.observe_sync(family, full, took);
-        }
         for (family, trigger) in triggers {
             self.metrics.observe_network_programming_since(family, trigger, now);
         }
@@ -254,6 +249,13 @@ impl SyncObserver for DaemonObserver {
         if self.last_health_checks.as_ref() != Some(&update) {
             self.last_health_checks = Some(update.clone());
             let _ = self.health_checks.send(update);
+        }
+        // Last, so that a scrape which sees this sync's timestamp also sees everything the
+        // sync published above (readers such as tests and dashboards key on it).
+        for &family in &self.families {
+            self.health.updated(family);
+            self.metrics.set_last_sync_timestamp(family, now);
+            self.metrics.observe_sync(family, full, took);
         }
     }
 
