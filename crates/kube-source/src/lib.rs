@@ -33,5 +33,6 @@ mod watch;
 pub use client::{DEFAULT_BURST, DEFAULT_QPS, client, client_from_config};
 pub use error::Error;
 pub use rate_limit::{RateLimit, RateLimitLayer};
+pub use raw::{Malformed, decode};
 pub use stats::SourceStats;
 pub use watch::{DEFAULT_LABEL_SELECTOR, KubeSourceOptions, ListMode, RetryBackoff, run};

@@ -102,10 +102,24 @@ pub(crate) fn api_resource(kind: Kind) -> ApiResource {
 /// An object that could not be converted, with enough context to log it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("malformed {kind} {key}: {reason}")]
-pub(crate) struct Malformed {
-    pub(crate) kind: Kind,
-    pub(crate) key: ObjectKey,
-    pub(crate) reason: String,
+pub struct Malformed {
+    /// The kind the object was listed or watched as.
+    pub kind: Kind,
+    /// Its namespace and name, as far as the metadata could be read.
+    pub key: ObjectKey,
+    /// What is wrong, starting with the field path when one is at fault.
+    pub reason: String,
+}
+
+/// Decodes one object of `kind` from the JSON the API server sent, exactly as a list page or a
+/// watch event is decoded (lenient read, then strict conversion). The entry point for fuzzing.
+pub fn decode(kind: Kind, json: &[u8]) -> Result<Object, Malformed> {
+    let raw: RawObject = serde_json::from_slice(json).map_err(|e| Malformed {
+        kind,
+        key: ObjectKey::default(),
+        reason: format!("not a JSON object: {e}"),
+    })?;
+    to_object(kind, raw)
 }
 
 /// Converts a raw object into the typed object of `kind`.
