@@ -251,10 +251,10 @@ fn apply(value: &mut Value, mutation: JsonMutation) {
                     map.remove(&last);
                 }
                 Some(Value::Array(items)) => {
-                    if let Ok(i) = last.parse::<usize>() {
-                        if i < items.len() {
-                            items.remove(i);
-                        }
+                    if let Ok(i) = last.parse::<usize>()
+                        && i < items.len()
+                    {
+                        items.remove(i);
                     }
                 }
                 _ => {}
