@@ -134,10 +134,10 @@ proptest! {
                 argv.push(format!("{flag}={value}"));
             }
         }
-        if let Ok(cli) = Cli::try_parse_from(&argv) {
-            if let Err(e) = kproxy_config::resolve(&cli.flags) {
-                prop_assert!(!e.to_string().is_empty());
-            }
+        if let Ok(cli) = Cli::try_parse_from(&argv)
+            && let Err(e) = kproxy_config::resolve(&cli.flags)
+        {
+            prop_assert!(!e.to_string().is_empty());
         }
     }
 }
