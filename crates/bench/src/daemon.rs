@@ -3,15 +3,15 @@
 //! realistic cluster, and is measured only from the outside: the kernel over netlink, `/proc`,
 //! and real TCP connections from a pod. What each figure times is in `docs/benchmarks.md`.
 
-mod api;
+pub(crate) mod api;
 mod changes;
-mod first_sync;
-mod kernel;
-mod kproxy;
-mod objects;
+pub(crate) mod first_sync;
+pub(crate) mod kernel;
+pub(crate) mod kproxy;
+pub(crate) mod objects;
 mod report;
 mod run;
-mod traffic;
+pub(crate) mod traffic;
 
 use std::path::PathBuf;
 use std::time::Duration;

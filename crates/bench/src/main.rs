@@ -11,6 +11,7 @@
 
 mod cluster;
 mod daemon;
+mod faults;
 mod measure;
 mod report;
 mod upstream;
@@ -38,6 +39,8 @@ struct Cli {
 enum Bench {
     /// The real kproxy daemon end to end: fake API server, kernel, traffic.
     Daemon(daemon::DaemonArgs),
+    /// API server faults injected into the real kproxy daemon at scale.
+    Faults(faults::FaultArgs),
 }
 
 /// The dataplane-only benchmark's options.
@@ -78,6 +81,16 @@ fn main() -> ExitCode {
             Ok(false) => ExitCode::from(2),
             Err(e) => {
                 eprintln!("kproxy-bench daemon: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    if let Some(Bench::Faults(fault_args)) = &cli.command {
+        return match faults::main(fault_args) {
+            Ok(true) => ExitCode::SUCCESS,
+            Ok(false) => ExitCode::from(2),
+            Err(e) => {
+                eprintln!("kproxy-bench faults: {e:#}");
                 ExitCode::FAILURE
             }
         };

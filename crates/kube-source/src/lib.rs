@@ -27,6 +27,7 @@ mod error;
 pub mod fake;
 mod rate_limit;
 mod raw;
+mod retry;
 mod stats;
 mod watch;
 

@@ -16,6 +16,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
 use crate::raw::{RawObject, api_resource, to_object};
+use crate::retry::{LastError, RecoveryBackoff};
 use crate::stats::SourceStats;
 
 /// Upstream's informer selector for Services and EndpointSlices: objects that belong to another
@@ -25,10 +26,11 @@ pub const DEFAULT_LABEL_SELECTOR: &str = "!service.kubernetes.io/service-proxy-n
 /// How long a failed watcher waits before it retries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum RetryBackoff {
-    /// kube-runtime's default, taken from client-go's reflector: 0.8 s doubling up to 30 s, with
-    /// jitter, reset after two quiet minutes.
+    /// client-go's reflector backoff (0.8 s doubling up to 30 s, with jitter) where the API
+    /// server may be overloaded, quick retries where a retry costs it nothing (see
+    /// `crates/kube-source/src/retry.rs`): converges within seconds of the server's recovery.
     #[default]
-    ClientGo,
+    Recovery,
     /// A fixed delay (tests).
     Fixed(Duration),
 }
@@ -100,7 +102,16 @@ type KindEvent = (Kind, WatchEvent);
 
 fn with_backoff(events: impl Stream<Item = WatchEvent> + Send + 'static, backoff: RetryBackoff) -> WatchEvents {
     match backoff {
-        RetryBackoff::ClientGo => events.default_backoff().boxed(),
+        RetryBackoff::Recovery => {
+            let last_error = LastError::new();
+            let seen = last_error.clone();
+            let events = events.inspect(move |event| {
+                if let Err(error) = event {
+                    seen.record(error);
+                }
+            });
+            events.backoff(RecoveryBackoff::new(last_error)).boxed()
+        }
         RetryBackoff::Fixed(delay) => events.backoff(FixedBackoff(delay)).boxed(),
     }
 }

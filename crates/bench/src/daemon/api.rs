@@ -83,6 +83,12 @@ impl Api {
         Ok(Api { server, _runtime: runtime, stop, bookmarks: Some(bookmarks), object_bytes })
     }
 
+    /// The runtime the server runs on, for its async controls (stop, restart, dropping
+    /// connections).
+    pub fn runtime(&self) -> &tokio::runtime::Runtime {
+        &self._runtime
+    }
+
     /// Writes a kubeconfig pointing at the server.
     pub fn write_kubeconfig(&self, path: &Path) -> anyhow::Result<()> {
         let text = format!(

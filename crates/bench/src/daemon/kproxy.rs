@@ -89,7 +89,7 @@ impl Kproxy {
     }
 
     /// SIGKILL, and waits for it to be gone.
-    pub fn kill(mut self) -> anyhow::Result<()> {
+    pub fn kill(&mut self) -> anyhow::Result<()> {
         self.child.kill().context("killing kproxy")?;
         self.child.wait().context("waiting for kproxy")?;
         Ok(())

@@ -90,7 +90,8 @@ pub fn fresh_endpoint(k: usize) -> Ipv4Addr {
     Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 18, 48, 0)) + (k % 4096) as u32)
 }
 
-fn name(i: usize) -> (String, String) {
+/// The namespace and name of Service `i`.
+pub fn name(i: usize) -> (String, String) {
     if i == 0 { (WEB.0.to_owned(), WEB.1.to_owned()) } else { (format!("ns-{}", i / 1000), format!("svc-{i}")) }
 }
 
@@ -213,11 +214,16 @@ pub fn initial_endpoints(i: usize, v6: bool, web_pod: (IpAddr, &str)) -> Endpoin
         .collect()
 }
 
+/// The name of Service `i`'s EndpointSlice of one family.
+pub fn slice_name(i: usize, v6: bool) -> String {
+    format!("{}-{}", name(i).1, if v6 { "x7k2q" } else { "b4m9z" })
+}
+
 /// The EndpointSlice of Service `i` in one family, as the endpointslice controller writes it.
 pub fn slice(i: usize, v6: bool, endpoints: &Endpoints, trigger: &str) -> Value {
     let (namespace, service) = name(i);
     let family = if v6 { "IPv6" } else { "IPv4" };
-    let slice_name = format!("{service}-{}", if v6 { "x7k2q" } else { "b4m9z" });
+    let slice_name = slice_name(i, v6);
     let eps: Vec<Value> = endpoints
         .iter()
         .enumerate()

@@ -202,7 +202,7 @@ struct Restart {
 /// started again, until the new kproxy has reported its first full sync plus a margin.
 fn restart_gap(
     sandbox: &Sandbox,
-    daemon: Kproxy,
+    mut daemon: Kproxy,
     binary: &Path,
     kproxy_args: &[String],
     log: &Path,

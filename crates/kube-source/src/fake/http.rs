@@ -48,6 +48,12 @@ pub(crate) async fn handle(store: Arc<Mutex<Store>>, request: Request<Incoming>)
     if lock(&store).unserved.contains(&kind) {
         return Ok(status(StatusCode::NOT_FOUND, "NotFound", "the server could not find the requested resource"));
     }
+    if lock(&store).forbidden.contains(&kind) {
+        let message = format!(
+            "{kind} is forbidden: User \"system:serviceaccount:kube-system:kube-proxy\" cannot list or watch it"
+        );
+        return Ok(status(StatusCode::FORBIDDEN, "Forbidden", &message));
+    }
     let selector = |name: &str| Selector::parse(query.get(name).map(String::as_str).unwrap_or_default());
     let filter = match (selector("labelSelector"), selector("fieldSelector")) {
         (Ok(labels), Ok(fields)) => Filter { labels, fields, namespace },

@@ -17,7 +17,8 @@
 //!
 //! A control handle adds, updates and deletes objects and injects the failures a real cluster
 //! has: bookmarks, expired watches, compaction, dropped connections, a server that stops and comes
-//! back on the same port, slow lists and slow events, and an API group that is not served.
+//! back on the same port, slow lists and slow events, an API group that is not served, and a
+//! kind the client is forbidden to read.
 //! [`objects`] builds objects shaped like a real cluster's (managedFields, labels, annotations).
 
 mod http;
@@ -133,6 +134,17 @@ impl FakeApiServer {
             store.unserved.remove(&kind);
         } else {
             store.unserved.insert(kind);
+        }
+    }
+
+    /// Answers requests for `kind` with `403 Forbidden`, as when the client's RBAC role lacks it
+    /// (e.g. revoked while kproxy runs), or serves it again.
+    pub fn set_forbidden(&self, kind: Kind, forbidden: bool) {
+        let mut store = lock(&self.store);
+        if forbidden {
+            store.forbidden.insert(kind);
+        } else {
+            store.forbidden.remove(&kind);
         }
     }
 

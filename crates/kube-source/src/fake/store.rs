@@ -115,6 +115,8 @@ pub(crate) struct Store {
     /// Watches from a resource version below this get `410 Gone`.
     pub(crate) compacted: u64,
     pub(crate) unserved: BTreeSet<Kind>,
+    /// Kinds answered with `403 Forbidden` (the client's RBAC role lacks them).
+    pub(crate) forbidden: BTreeSet<Kind>,
     pub(crate) list_delay: BTreeMap<Kind, Duration>,
     pub(crate) event_delay: Duration,
     pub(crate) lists: BTreeMap<Kind, usize>,
@@ -137,6 +139,7 @@ impl Store {
             history: Vec::new(),
             compacted: 0,
             unserved: BTreeSet::new(),
+            forbidden: BTreeSet::new(),
             list_delay: BTreeMap::new(),
             event_delay: Duration::ZERO,
             lists: BTreeMap::new(),

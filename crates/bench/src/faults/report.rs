@@ -1,0 +1,39 @@
+//! The faults table, in Markdown, as docs/reliability.md shows it.
+
+use std::fmt::Write as _;
+
+use super::FaultResult;
+
+/// Renders the results; true when every fault was served throughout and converged within 2 s of
+/// its end, and kproxy survived it.
+pub fn render(command: &str, n: usize, start_s: f64, results: &[FaultResult]) -> (String, bool) {
+    let mut out = String::new();
+    let _ = writeln!(out, "\n`{command}`\n");
+    let _ = writeln!(out, "{n} Services × 5 endpoints; first sync in the kernel {start_s:.2} s after the start.\n");
+    let _ = writeln!(
+        out,
+        "| fault | connections failed | unchanged Services missing from the kernel | changes during the fault | converged after the fault | RSS before → peak |"
+    );
+    let _ = writeln!(out, "|---|---|---|---|---|---|");
+    let mut all_good = true;
+    for r in results {
+        let converged = r.converged_ms.map_or("not within 180 s".to_owned(), |ms| format!("{ms:.0} ms"));
+        let good = r.failed == 0 && r.missing == 0 && r.alive && r.converged_ms.is_some_and(|ms| ms <= 2000.0);
+        all_good &= good;
+        let _ = writeln!(
+            out,
+            "| {}{} | {} of {} | {} of {} lookups | {} | {} | {:.0} → {:.0} MiB |",
+            r.fault,
+            if r.alive { "" } else { " (kproxy exited)" },
+            r.failed,
+            r.attempts,
+            r.missing,
+            r.lookups,
+            r.changes,
+            converged,
+            r.rss_before_mib,
+            r.rss_peak_mib,
+        );
+    }
+    (out, all_good)
+}

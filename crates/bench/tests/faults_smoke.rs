@@ -1,0 +1,54 @@
+#![allow(clippy::expect_used, clippy::unwrap_used)] // a panic is a test failure
+//! The API-server faults benchmark at a small scale (200 Services, 3 s outages): a kernel test
+//! (root, in namespaces the benchmark creates) that every fault is injected and survived — the
+//! unchanged Service answered and stayed in the kernel throughout, every change made during the
+//! fault reached the kernel afterwards, and kproxy kept running.
+
+mod support;
+
+use std::process::Command;
+
+use kproxy_testbed::kernel::require_root;
+use serde_json::Value;
+use support::build_kproxy;
+
+#[test]
+fn every_api_server_fault_is_survived_and_converges() {
+    if !require_root() {
+        return;
+    }
+    let kproxy = build_kproxy();
+    let dir = std::env::temp_dir().join(format!("kproxy-bench-faults-smoke-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("results.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_kproxy-bench"))
+        .arg("faults")
+        .args(["--services", "200", "--down-seconds", "3", "--slow-list-seconds", "3", "--forbidden-seconds", "3"])
+        .arg("--kproxy")
+        .arg(&kproxy)
+        .arg("--json")
+        .arg(&json)
+        .arg("--log-dir")
+        .arg(&dir)
+        .output()
+        .expect("running kproxy-bench faults");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // Exit 2 means a fault missed the 2 s convergence target: a debug build on a loaded
+    // machine may; that is judged on the release run in docs/reliability.md, not here.
+    assert!(matches!(out.status.code(), Some(0 | 2)), "{stdout}\n{stderr}");
+    let results: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(results.len(), 7, "{results:?}");
+    for r in &results {
+        let fault = r["fault"].as_str().unwrap();
+        assert!(r["attempts"].as_u64().unwrap() > 0 && r["lookups"].as_u64().unwrap() > 0, "{r}");
+        assert_eq!(r["failed"], 0, "connections to an unchanged Service failed during {fault}: {r}");
+        assert_eq!(r["missing"], 0, "an unchanged Service left the kernel during {fault}: {r}");
+        assert_eq!(r["changes"], 20, "{r}");
+        let converged = r["converged_ms"].as_f64();
+        assert!(converged.is_some_and(|ms| ms < 30_000.0), "the changes made during {fault} never arrived: {r}");
+        assert_eq!(r["alive"], true, "kproxy exited during {fault}: {r}");
+    }
+    assert!(stdout.contains("| API server down 3 s, changes meanwhile | 0 of "), "{stdout}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
