@@ -345,6 +345,7 @@ async fn start_servers(
         ProxyMode::Ipvs => DataplaneMode::Ipvs,
     };
     let metrics = kproxy_servers::Metrics::new(mode);
+    metrics.declare_families(&families);
     metrics.set_feature_gates(
         kproxy_config::feature_gates::effective(&config.feature_gates)
             .into_iter()

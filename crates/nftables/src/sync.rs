@@ -467,15 +467,22 @@ impl<E: Executor> NftablesDataplane<E> {
             let expected = self.applied.listings.get(table);
             let drift = Drift::between(listing, &expected);
             if !drift.is_empty() {
-                lines.extend(listing.drift(&expected).into_iter().map(|l| format!("{table}: {l}")));
-                drifted.push((table.clone(), listing.chains.is_empty(), drift));
+                let gone = listing.chains.is_empty();
+                if gone {
+                    // One line, not one per chain and set it held.
+                    lines.push(format!("{table}: the table is gone"));
+                } else {
+                    lines.extend(listing.drift(&expected).into_iter().map(|l| format!("{table}: {l}")));
+                }
+                drifted.push((table.clone(), gone, drift));
             }
         }
         if drifted.is_empty() {
             self.applied.generation = generation;
             return Ok(Verification::Clean);
         }
-        tracing::warn!(drift = ?lines, "kproxy's nftables tables were changed by someone else; repairing");
+        // The caller reports the repair (with the drift it is handed back).
+        tracing::debug!(drift = ?lines, "kproxy's nftables tables were changed by someone else; repairing");
         if drifted.iter().any(|(_, gone, _)| *gone) {
             // A table is gone: nothing to repair piecemeal.
             self.in_sync = false;

@@ -1,7 +1,7 @@
 #![allow(clippy::unwrap_used)]
 //! The periodic check costs nothing while nobody else touched kproxy's tables, and repairs only
 //! what someone else changed (through the Recording executor, which keeps a summary of what a
-//! kernel would hold; `crates/nft-netlink/tests/steady_state.rs` does the same on a real kernel).
+//! kernel would hold; `crates/nft-netlink/tests/kernel.rs` does the same on a real kernel, `crates/kproxy/tests/kernel_faults.rs` with the daemon).
 
 mod common;
 

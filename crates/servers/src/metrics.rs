@@ -532,6 +532,18 @@ impl Metrics {
         self.inner.nftables_sync_failures.get_or_create(&family_labels(family)).inc();
     }
 
+    /// Creates the per-family failure counters of `families` at zero, so that they are exported
+    /// (and `rate()` works) before the first failure.
+    pub fn declare_families(&self, families: &[IpFamily]) {
+        for &family in families {
+            let labels = family_labels(family);
+            let _ = self.inner.nftables_sync_failures.get_or_create(&labels);
+            let _ = self.inner.nftables_cleanup_failures.get_or_create(&labels);
+            let _ = self.inner.iptables_restore_failures.get_or_create(&labels);
+            let _ = self.inner.iptables_partial_restore_failures.get_or_create(&labels);
+        }
+    }
+
     /// Removing stale nftables chains for `family` failed.
     pub fn inc_nftables_cleanup_failure(&self, family: IpFamily) {
         self.inner.nftables_cleanup_failures.get_or_create(&family_labels(family)).inc();

@@ -1,0 +1,147 @@
+//! What other programs do to the kernel under a running kproxy (nftables mode): a map flushed and
+//! the whole table deleted by another tool are repaired at the next periodic check and counted;
+//! another process committing nf_tables batches in a loop does not stop kproxy's syncs, and
+//! kproxy leaves that process's table alone. The real binary, a fake API server, packets.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers: a panic is a test failure
+
+mod support;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use kproxy_state::Kind;
+use kproxy_testbed::{Netns, ProbeResult, Proto, Testbed, Where, probe};
+use serde_json::json;
+
+const CLUSTER_IP: &str = "198.18.128.10:80";
+const REPAIRS: &str = "kproxy_sync_proxy_rules_drift_repairs_total";
+const SYNC_FAILURES: &str = "kubeproxy_sync_proxy_rules_nftables_sync_failures";
+
+/// Sync failures of every family (exported at zero from the start).
+fn sync_failures(text: &str) -> f64 {
+    let series = format!("{SYNC_FAILURES}_total{{");
+    assert!(text.contains(&series), "sync failures not exported:\n{text}");
+    text.lines()
+        .filter(|line| line.starts_with(&series))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+fn scrape(node: &Netns, metrics: SocketAddr) -> String {
+    node.run_in(move || support::http_get(metrics, "/metrics").map(|(_, body)| body).unwrap_or_default()).unwrap()
+}
+
+/// Waits until the series reaches at least `at_least`; returns its value.
+fn metric_reaches(node: &Netns, metrics: SocketAddr, series: &str, at_least: f64) -> f64 {
+    let deadline = Instant::now() + support::CHANGE;
+    loop {
+        let value = support::value(&scrape(node, metrics), series).unwrap_or(0.0);
+        if value >= at_least || Instant::now() > deadline {
+            return value;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn answered_by(got: &ProbeResult, pod: &str) -> bool {
+    matches!(got, ProbeResult::Answered { backend, .. } if backend == pod)
+}
+
+#[test]
+fn damage_by_another_tool_is_repaired_at_the_next_check_and_a_concurrent_committer_is_left_alone() {
+    if !kproxy_testbed::kernel::require_root() {
+        return;
+    }
+    let tb = Testbed::new().unwrap();
+    let pods = [tb.add_pod("web-b", Where::Node2).unwrap(), tb.add_pod("web-c", Where::Node2).unwrap()];
+    for pod in &pods {
+        pod.serve(&[(Proto::Tcp, 8080)]).unwrap();
+    }
+    let client = tb.add_pod("client", Where::Node).unwrap();
+    let api = support::api_in(tb.node());
+    support::apply_node_a(&api.server);
+    api.server.apply(
+        Kind::Service,
+        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"namespace": "demo", "name": "web"},
+               "spec": {"clusterIP": "198.18.128.10", "clusterIPs": ["198.18.128.10"],
+                        "ports": [{"name": "p", "port": 80, "protocol": "TCP", "targetPort": 8080}]}}),
+    );
+    let endpoint = |pod: usize| {
+        support::apply_one_endpoint_slice(&api.server, "web", "p", &pods[pod].ipv4().to_string(), "node-b");
+    };
+    endpoint(0);
+    let metrics = support::free_port();
+    let args: Vec<String> = vec![
+        "--hostname-override=node-a".into(),
+        // The periodic check runs every sync period.
+        "--iptables-sync-period=2s".into(),
+        format!("--metrics-bind-address={metrics}"),
+        "--conntrack-max-per-core=0".into(),
+        "--conntrack-tcp-timeout-established=0".into(),
+        "--conntrack-tcp-timeout-close-wait=0".into(),
+    ];
+    let (_kproxy, dir) = support::kproxy_in(tb.node().name(), &api.server.url(), "kernel-faults", &args);
+    let service: SocketAddr = CLUSTER_IP.parse().unwrap();
+    let got = support::answered_by(client.netns(), service, "web-b", support::START);
+    assert!(answered_by(&got, "web-b"), "the ClusterIP answers once kproxy synced: {got:?}");
+    assert_eq!(support::value(&scrape(tb.node(), metrics), REPAIRS), Some(0.0), "nothing to repair yet");
+
+    // Another tool empties the ClusterIP dispatch map: the Service stops answering...
+    tb.node().nft("flush map ip kproxy service-ips").unwrap();
+    let got = probe(client.netns(), Proto::Tcp, service, Duration::from_millis(500)).unwrap();
+    assert!(!answered_by(&got, "web-b"), "the flushed map was kproxy's dispatch: {got:?}");
+    // ...until the next periodic check puts it back, and counts the repair.
+    let got = support::answered_by(client.netns(), service, "web-b", support::CHANGE);
+    assert!(answered_by(&got, "web-b"), "repaired after a flushed map: {got:?}");
+    assert!(metric_reaches(tb.node(), metrics, REPAIRS, 1.0) >= 1.0, "the repair was counted");
+
+    // Another tool deletes kproxy's whole table.
+    tb.node().nft("delete table ip kproxy").unwrap();
+    let got = support::answered_by(client.netns(), service, "web-b", support::CHANGE);
+    assert!(answered_by(&got, "web-b"), "rebuilt after the table was deleted: {got:?}");
+    assert!(metric_reaches(tb.node(), metrics, REPAIRS, 2.0) >= 2.0, "both repairs were counted");
+
+    // Another process commits batches to its own table in a loop while kproxy syncs changes.
+    tb.node().nft("add table ip bystander\nadd set ip bystander seen { type ipv4_addr; }").unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let commits = Arc::new(AtomicUsize::new(0));
+    let committer = {
+        let (stop, commits) = (stop.clone(), commits.clone());
+        let script = "add element ip bystander seen { 192.0.2.1 }\ndelete element ip bystander seen { 192.0.2.1 }";
+        let node = tb.node().name().to_owned();
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let status = std::process::Command::new("ip")
+                    .args(["netns", "exec", &node, "nft", "-f", "-"])
+                    .stdin(std::process::Stdio::piped())
+                    .spawn()
+                    .and_then(|mut child| {
+                        use std::io::Write as _;
+                        child.stdin.take().unwrap().write_all(script.as_bytes())?;
+                        child.wait()
+                    });
+                assert!(status.is_ok_and(|s| s.success()), "the bystander's own batch failed");
+                commits.fetch_add(1, Ordering::Relaxed);
+            }
+        })
+    };
+    let failures_before = sync_failures(&scrape(tb.node(), metrics));
+    for round in 0..6 {
+        let pod = (round + 1) % 2;
+        endpoint(pod);
+        let name = pods[pod].name();
+        let got = support::answered_by(client.netns(), service, name, support::CHANGE);
+        assert!(answered_by(&got, name), "change {round} reached the kernel during the concurrent commits: {got:?}");
+    }
+    stop.store(true, Ordering::Relaxed);
+    committer.join().unwrap();
+    assert!(commits.load(Ordering::Relaxed) > 5, "the bystander committed while kproxy synced");
+    let text = scrape(tb.node(), metrics);
+    assert_eq!(sync_failures(&text), failures_before, "no sync failed:\n{text}");
+    let bystander = tb.node().exec_ok("nft", &["list", "table", "ip", "bystander"]).unwrap();
+    assert!(bystander.contains("set seen"), "kproxy left the other table alone: {bystander}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
