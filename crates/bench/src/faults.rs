@@ -234,6 +234,7 @@ impl Sandbox {
         eprintln!("  fault: {name}");
         let service = (objects::cluster_ip_v4(0), objects::service_port(0)).into();
         let rss_before_mib = daemon.memory_mib()?.rss;
+        let pid_before = daemon.pid();
         let memory = daemon.watch_memory();
         let prober = Prober::start(self.prober.netns(), service, self.web.name(), PROBE_INTERVAL)?;
         let sampler = Sampler::start(self, churn)?;
@@ -244,8 +245,14 @@ impl Sandbox {
         let (lookups, missing) = sampler.stop()?;
         let probes = prober.stop()?;
         let alive = daemon.alive();
-        // After a restart fault: the old process's sampled peak, or the new one's high-water mark.
-        let rss_peak_mib = if alive { memory.stop().max(daemon.memory_mib()?.peak) } else { memory.stop() };
+        // The peak sampled during the fault; after a restart fault, the new process's
+        // high-water mark (its whole life is the fault window).
+        let sampled = memory.stop();
+        let rss_peak_mib = match (alive, daemon.pid() == pid_before) {
+            (true, true) => sampled.max(daemon.memory_mib()?.rss),
+            (true, false) => sampled.max(daemon.memory_mib()?.peak),
+            (false, _) => sampled,
+        };
         Ok(FaultResult {
             fault: name.to_owned(),
             attempts: probes.attempts.len(),
