@@ -11,7 +11,6 @@
 //!
 //! docs/reliability.md has the figures and the command that reproduces them.
 
-mod churn;
 mod report;
 
 use std::path::PathBuf;
@@ -24,12 +23,12 @@ use kproxy_state::Kind;
 use kproxy_testbed::{Proto, Testbed, Where};
 use serde::Serialize;
 
+use crate::churn::Churn;
 use crate::daemon::api::{Api, NODE_NAME};
 use crate::daemon::kproxy::{self, Kproxy};
 use crate::daemon::objects::{self, TARGET_PORT};
 use crate::daemon::traffic::Prober;
 use crate::daemon::{first_sync, kernel};
-use churn::Churn;
 
 /// How often the prober connects while a fault lasts.
 const PROBE_INTERVAL: Duration = Duration::from_millis(20);
@@ -247,7 +246,7 @@ impl Sandbox {
         let alive = daemon.alive();
         // The peak sampled during the fault; after a restart fault, the new process's
         // high-water mark (its whole life is the fault window).
-        let sampled = memory.stop();
+        let sampled = memory.stop().rss;
         let rss_peak_mib = match (alive, daemon.pid() == pid_before) {
             (true, true) => sampled.max(daemon.memory_mib()?.rss),
             (true, false) => sampled.max(daemon.memory_mib()?.peak),

@@ -9,11 +9,13 @@
 //! included), (5) upstream's shape of the same cluster loaded by `nft -f` (capped: it is
 //! quadratic).
 
+mod churn;
 mod cluster;
 mod daemon;
 mod faults;
 mod measure;
 mod report;
+mod soak;
 mod upstream;
 
 use std::process::{Command, ExitCode};
@@ -41,6 +43,8 @@ enum Bench {
     Daemon(daemon::DaemonArgs),
     /// API server faults injected into the real kproxy daemon at scale.
     Faults(faults::FaultArgs),
+    /// Many changes over a long run: memory, descriptors, threads, kernel objects stay flat.
+    Soak(soak::SoakArgs),
 }
 
 /// The dataplane-only benchmark's options.
@@ -75,22 +79,19 @@ fn main() -> ExitCode {
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
         .init();
     let cli = Cli::parse();
-    if let Some(Bench::Daemon(daemon_args)) = &cli.command {
-        return match daemon::main(daemon_args) {
+    let subcommand = match &cli.command {
+        Some(Bench::Daemon(args)) => Some(("daemon", daemon::main(args))),
+        Some(Bench::Faults(args)) => Some(("faults", faults::main(args))),
+        Some(Bench::Soak(args)) => Some(("soak", soak::main(args))),
+        None => None,
+    };
+    if let Some((name, result)) = subcommand {
+        // 2: the run completed but missed a target.
+        return match result {
             Ok(true) => ExitCode::SUCCESS,
             Ok(false) => ExitCode::from(2),
             Err(e) => {
-                eprintln!("kproxy-bench daemon: {e:#}");
-                ExitCode::FAILURE
-            }
-        };
-    }
-    if let Some(Bench::Faults(fault_args)) = &cli.command {
-        return match faults::main(fault_args) {
-            Ok(true) => ExitCode::SUCCESS,
-            Ok(false) => ExitCode::from(2),
-            Err(e) => {
-                eprintln!("kproxy-bench faults: {e:#}");
+                eprintln!("kproxy-bench {name}: {e:#}");
                 ExitCode::FAILURE
             }
         };

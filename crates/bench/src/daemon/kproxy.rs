@@ -112,14 +112,15 @@ impl Kproxy {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let thread = std::thread::spawn(move || {
-            let mut peak: f64 = 0.0;
+            let mut seen = Memory { rss: 0.0, peak: 0.0 };
             while !flag.load(Ordering::Relaxed) {
                 if let Ok(m) = memory_mib(pid) {
-                    peak = peak.max(m.rss).max(m.peak);
+                    seen.rss = seen.rss.max(m.rss);
+                    seen.peak = seen.peak.max(m.rss).max(m.peak);
                 }
                 std::thread::sleep(Duration::from_millis(20));
             }
-            peak
+            seen
         });
         MemoryWatch { stop, thread }
     }
@@ -135,14 +136,15 @@ fn memory_mib(pid: u32) -> anyhow::Result<Memory> {
 #[derive(Debug)]
 pub struct MemoryWatch {
     stop: Arc<AtomicBool>,
-    thread: std::thread::JoinHandle<f64>,
+    thread: std::thread::JoinHandle<Memory>,
 }
 
 impl MemoryWatch {
-    /// The peak seen, MiB (the larger of the sampled `VmRSS` and `VmHWM`).
-    pub fn stop(self) -> f64 {
+    /// What was seen while watching, MiB: `rss`, the highest sampled `VmRSS` (the peak of the
+    /// watched window); `peak`, the larger of that and `VmHWM` (the process's life so far).
+    pub fn stop(self) -> Memory {
         self.stop.store(true, Ordering::Relaxed);
-        self.thread.join().unwrap_or(0.0)
+        self.thread.join().unwrap_or(Memory { rss: 0.0, peak: 0.0 })
     }
 }
 
@@ -187,7 +189,7 @@ pub fn full_syncs(ns: &Netns) -> Option<f64> {
 
 /// The sum of the samples of metric `name` whose labels include `label` (`key="value"`) in
 /// kproxy's `/metrics` (run inside the node namespace); `None` when kproxy does not answer.
-fn metric(ns: &Netns, name: &str, label: &str) -> Option<f64> {
+pub fn metric(ns: &Netns, name: &str, label: &str) -> Option<f64> {
     let addr: SocketAddr = METRICS.parse().ok()?;
     let text = ns
         .run_in(move || -> std::io::Result<String> {

@@ -133,7 +133,7 @@ pub fn measure(n: usize, args: &DaemonArgs, binary: &Path, log_dir: &Path) -> an
         changes::make(sandbox.tb.node(), &sandbox.api.server, sandbox.web.ipv4().into(), n, args, &mut daemon)?;
     std::thread::sleep(Duration::from_secs(1));
     let memory = daemon.memory_mib()?;
-    let rss_peak_mib = memory_watch.stop().max(memory.peak);
+    let rss_peak_mib = memory_watch.stop().peak.max(memory.peak);
     eprintln!("  {} of {} changes observed; RSS {:.0} MiB", changes.observed, changes.total, memory.rss);
 
     let web_ip: IpAddr = sandbox.web.ipv4().into();

@@ -1,5 +1,5 @@
-//! The changes made at the API server while a fault lasts, and the check that the kernel shows
-//! them all. Services are split by index so that what changes never meets what is watched for
+//! Changes made at the API server (by the faults and soak benchmarks), and the check that the
+//! kernel shows them all. Services are split by index so that what changes never meets what is watched for
 //! staying put: endpoint changes go to Services `i ≡ 1 (mod 4)`, deletions to `i ≡ 2`, new
 //! Services get indexes from `n` up, and the untouched sample is `i ≡ 0` (affinity Services,
 //! whose endpoints are rules rather than map elements, are all `≡ 3`).
