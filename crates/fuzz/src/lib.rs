@@ -8,8 +8,12 @@
 //!
 //! Why proptest and not cargo-fuzz: cargo-fuzz needs a nightly toolchain and libFuzzer, which CI
 //! does not have; proptest runs on stable inside `cargo test`, shrinks a failure to a minimal
-//! input and records it in `proptest-regressions/`. The CI run uses proptest's default case count;
-//! the long run sets `PROPTEST_CASES` (see docs/reliability.md).
+//! input and records it in `proptest-regressions/`.
+//!
+//! Each target has a `decode_*` property (the decoder alone, with the checks on what it reports)
+//! and, where the decoder feeds the planner, a `pipeline_*` property (the same inputs carried on
+//! through cluster state, planner and nftables renderer). CI runs proptest's default case count;
+//! the long run sets `PROPTEST_CASES` and filters by prefix (docs/reliability.md).
 
 use proptest::prelude::*;
 use serde_json::{Map, Value};

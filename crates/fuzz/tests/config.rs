@@ -25,7 +25,8 @@ fn fixture(name: &str) -> String {
 }
 
 fn resolve_file(content: &[u8], name: &str) {
-    let dir = tempfile::tempdir().unwrap();
+    let shm = Path::new("/dev/shm");
+    let dir = if shm.is_dir() { tempfile::tempdir_in(shm).unwrap() } else { tempfile::tempdir().unwrap() };
     let path = dir.path().join(name);
     std::fs::write(&path, content).unwrap();
     let cli = Cli::try_parse_from(["kproxy", "--config", path.to_str().unwrap()]).unwrap();
@@ -100,7 +101,7 @@ const FLAG_VALUES: &[&str] = &[
 
 proptest! {
     #[test]
-    fn an_edited_config_file_resolves_or_is_refused_naming_the_file(
+    fn decode_an_edited_config_file_resolves_or_is_refused_naming_the_file(
         (name, text) in proptest::sample::select(vec!["kubeadm.yaml", "ipvs.yaml", "tuned.json"])
             .prop_flat_map(|name| (Just(name), mutated_text(fixture(name))))
     ) {
@@ -108,14 +109,14 @@ proptest! {
     }
 
     #[test]
-    fn a_restructured_config_file_resolves_or_is_refused_naming_the_file(
+    fn decode_a_restructured_config_file_resolves_or_is_refused_naming_the_file(
         value in mutated_json(serde_json::from_str(&fixture("tuned.json")).unwrap())
     ) {
         resolve_file(value.to_string().as_bytes(), "tuned.json");
     }
 
     #[test]
-    fn any_command_line_resolves_or_is_refused(
+    fn decode_any_command_line_resolves_or_is_refused(
         args in proptest::collection::vec(
             (proptest::sample::select(flag_names()), proptest::sample::select(FLAG_VALUES), any::<bool>()),
             0..6,
