@@ -68,8 +68,10 @@ impl Churn {
         let trigger = kproxy_servers::rfc3339_nano(Some(std::time::SystemTime::now()));
         let web = (self.web_pod, NODE_NAME);
 
-        // Not an affinity Service: its endpoints are rules, not map elements.
-        let i = (self.next_created..).find(|i| !Shape::of(*i).affinity).unwrap_or(self.next_created);
+        // Not an affinity Service (its endpoints are rules, not map elements), nor one with a
+        // health-check node port (deletions never remove one, so listeners would only grow).
+        let plain = |i: &usize| !Shape::of(*i).affinity && !Shape::of(*i).etp_local;
+        let i = (self.next_created..).find(plain).unwrap_or(self.next_created);
         self.next_created = i + 1;
         server.apply(Kind::Service, objects::service(i));
         server
