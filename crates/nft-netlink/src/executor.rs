@@ -31,6 +31,11 @@ impl NetlinkExecutor {
             slot => Ok(slot.insert(NfSocket::open()?)),
         }
     }
+
+    /// Drops the socket; the next use opens a new one.
+    pub fn reset_socket(&mut self) {
+        self.sock = None;
+    }
 }
 
 impl Executor for NetlinkExecutor {

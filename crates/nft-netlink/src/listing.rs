@@ -14,13 +14,43 @@ fn attr_str(payload: &[u8], kind: u16) -> Option<String> {
     Attrs(payload).find(|a| a.kind == kind).map(|a| a.str())
 }
 
+/// How many times a listing is tried when another process commits while it is read.
+const LISTING_ATTEMPTS: usize = 5;
+
 /// Lists `table` with four dumps (chains, rules, sets, then the elements of each static set).
 /// A missing table lists as empty (the kernel answers dumps filtered by it with `ENOENT`).
+///
+/// The dumps are separate requests, so a commit by another process between them (or during one:
+/// the kernel flags the dump `NLM_F_DUMP_INTR`) would give a summary of no single ruleset, and
+/// the periodic check would "repair" drift that is not there. So the ruleset generation is read
+/// before and after, and a listing that straddles a commit, or an interrupted or overrun dump
+/// (`ENOBUFS`), is read again.
 pub fn list_table(exec: &mut NetlinkExecutor, table: &TableRef) -> io::Result<TableListing> {
-    match dump_table(exec, table) {
-        Err(e) if e.raw_os_error() == Some(libc_enoent()) => Ok(TableListing::default()),
-        other => other,
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let before = exec.socket()?.generation()?;
+        let listing = match dump_table(exec, table) {
+            Err(e) if e.raw_os_error() == Some(libc_enoent()) => Ok(TableListing::default()),
+            other => other,
+        };
+        let retry = match &listing {
+            Ok(_) => exec.socket()?.generation()? != before,
+            Err(e) => is_transient(e),
+        };
+        if !retry || attempt == LISTING_ATTEMPTS {
+            return listing;
+        }
+        if listing.is_err() {
+            // An overrun socket may still hold the rest of the broken dump: start afresh.
+            exec.reset_socket();
+        }
     }
+}
+
+/// A dump worth reading again: interrupted by a commit, or overrun (`ENOBUFS`).
+fn is_transient(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::Interrupted || e.raw_os_error() == Some(nix::errno::Errno::ENOBUFS as i32)
 }
 
 /// `ENOENT`.

@@ -93,7 +93,15 @@ impl NfSocket {
     fn recv_some(&mut self) -> io::Result<()> {
         self.recv.clear();
         self.recv.reserve(RECV_CHUNK);
-        self.sock.recv(&mut self.recv, 0)?;
+        loop {
+            match self.sock.recv(&mut self.recv, 0) {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                other => {
+                    other?;
+                    break;
+                }
+            }
+        }
         Ok(())
     }
 
@@ -165,7 +173,9 @@ impl NfSocket {
     }
 
     /// Runs one `NLM_F_DUMP` request and calls `each` with every reply message's payload
-    /// (after `nfgenmsg`).
+    /// (after `nfgenmsg`). A dump the kernel flags as interrupted by a concurrent change
+    /// (`NLM_F_DUMP_INTR`) is read to its end and then reported as
+    /// [`io::ErrorKind::Interrupted`]: what `each` saw may be inconsistent.
     pub fn dump(
         &mut self,
         msg: u16,
@@ -178,10 +188,15 @@ impl NfSocket {
         attrs(&mut m);
         m.end();
         self.sock.send(m.bytes(), 0)?;
+        let mut interrupted = false;
         loop {
             self.recv_some()?;
             for reply in messages(&self.recv) {
+                interrupted |= reply.flags & NLM_F_DUMP_INTR != 0;
                 match reply.kind {
+                    NLMSG_DONE if interrupted => {
+                        return Err(io::Error::new(io::ErrorKind::Interrupted, "the dump met a concurrent change"));
+                    }
                     NLMSG_DONE => return Ok(()),
                     NLMSG_ERROR => {
                         let code = reply.payload.get(..4).and_then(|b| b.try_into().ok()).map(i32::from_ne_bytes);

@@ -630,3 +630,58 @@ fn a_restart_adopts_the_live_table_in_one_transaction_without_deleting_it() {
     // And it keeps following the kernel from there: nobody committed since its adoption.
     assert_eq!(ns.run_in(|| restarted.verify(&after).unwrap()).unwrap(), kproxy_nftables::Verification::Untouched);
 }
+
+#[test]
+fn a_listing_taken_while_another_process_commits_to_the_table_is_one_ruleset() {
+    if !require_root() {
+        return;
+    }
+    let ns = Netns::new("nlconsistent").unwrap();
+    let table = TableRef { family: TableFamily::Ip, name: "shared".into() };
+    // A chain and a set, and another process that adds (then removes) a rule and an element
+    // together, in single transactions: any one ruleset has both or neither.
+    ns.nft("add table ip shared\nadd chain ip shared c\nadd set ip shared s { type ipv4_addr; }\nadd element ip shared s { 192.0.2.1 }")
+        .unwrap();
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let commits = Arc::new(AtomicUsize::new(0));
+    let committer = {
+        let (commits, name) = (commits.clone(), ns.name().to_owned());
+        std::thread::spawn(move || {
+            let add = "add rule ip shared c counter\nadd element ip shared s { 192.0.2.2 }";
+            let remove = "flush chain ip shared c\ndelete element ip shared s { 192.0.2.2 }";
+            while commits.load(Ordering::Relaxed) < 60 {
+                for script in [add, remove] {
+                    let out = std::process::Command::new("ip")
+                        .args(["netns", "exec", &name, "nft", script])
+                        .output()
+                        .unwrap();
+                    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+                    commits.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        })
+    };
+    // List back to back for as long as the other process commits.
+    let listings = ns
+        .run_in(|| {
+            let mut exec = NetlinkExecutor::new();
+            let mut listings = Vec::new();
+            while commits.load(Ordering::Relaxed) < 60 {
+                listings.push(list_table(&mut exec, &table).unwrap());
+            }
+            listings
+        })
+        .unwrap();
+    committer.join().unwrap();
+    assert!(listings.len() > 60, "listings were taken throughout: {}", listings.len());
+    let mut seen = std::collections::BTreeSet::new();
+    for listing in &listings {
+        let state = (listing.chains.get("c").copied(), listing.sets.get("s").copied().flatten());
+        assert!(
+            matches!(state, (Some(0), Some(1)) | (Some(1), Some(2))),
+            "a listing mixed two rulesets (rules in c, elements in s): {state:?}"
+        );
+        seen.insert(state);
+    }
+    assert_eq!(seen.len(), 2, "both rulesets were listed: {seen:?}");
+}
