@@ -26,3 +26,22 @@ pub async fn client(cc: &ClientConnection) -> anyhow::Result<kube::Client> {
     tracing::info!(master, "API server from --master");
     Ok(kproxy_kube_source::client_from_config(config, cc.qps, cc.burst, &cc.content_type)?)
 }
+
+/// The API source's counters, as the metrics exporter reads them.
+#[derive(Debug)]
+pub struct ApiSourceCounters(pub std::sync::Arc<kproxy_kube_source::SourceStats>);
+
+impl kproxy_servers::SourceCounters for ApiSourceCounters {
+    fn counts(&self) -> Vec<kproxy_servers::SourceCount> {
+        kproxy_state::Kind::ALL
+            .into_iter()
+            .map(|kind| kproxy_servers::SourceCount {
+                kind: kind.to_string(),
+                malformed: self.0.malformed_objects(kind),
+                watch_errors: self.0.watch_errors(kind),
+                lists: self.0.lists(kind),
+                events: self.0.events(kind),
+            })
+            .collect()
+    }
+}

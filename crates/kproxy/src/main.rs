@@ -230,25 +230,28 @@ fn serve(runtime: &tokio::runtime::Runtime, config: ProxyConfig) -> anyhow::Resu
             burst: proxier::DEFAULT_BURST,
         };
         let (tx, rx) = mpsc::channel::<Change>(1024);
-        let source = match &config.source {
+        let (source, source_counters) = match &config.source {
             SourceSelection::Manifests(dir) => {
                 let dir = dir.clone();
-                tokio::spawn(async move {
+                let task = tokio::spawn(async move {
                     let result = kproxy_source::manifest::watch(dir, tx, |e| warn!("{e}")).await;
                     if let Err(e) = result {
                         error!("manifest source stopped: {e}");
                     }
-                })
+                });
+                (task, None)
             }
             SourceSelection::KubernetesApi => {
                 let client =
                     api_client::client(&config.client_connection).await.context("connecting to the Kubernetes API")?;
                 let stats = std::sync::Arc::new(kproxy_kube_source::SourceStats::new());
                 let options = kproxy_kube_source::KubeSourceOptions::new(name.clone());
-                tokio::spawn(kproxy_kube_source::run(client, options, tx, stats))
+                let counters: std::sync::Arc<dyn kproxy_servers::SourceCounters> =
+                    std::sync::Arc::new(api_client::ApiSourceCounters(stats.clone()));
+                (tokio::spawn(kproxy_kube_source::run(client, options, tx, stats)), Some(counters))
             }
         };
-        let (mut observer, _servers) = start_servers(&config, &name, families).await?;
+        let (mut observer, _servers) = start_servers(&config, &name, families, source_counters).await?;
         // One owner of the node's addresses, followed over rtnetlink: the planner (through the
         // sync loop) and the conntrack reconciler (through the observer) read it.
         observer.follow_node_addresses(node_addresses::follow());
@@ -334,6 +337,7 @@ async fn start_servers(
     config: &ProxyConfig,
     node_name: &str,
     families: Vec<kproxy_state::IpFamily>,
+    source_counters: Option<std::sync::Arc<dyn kproxy_servers::SourceCounters>>,
 ) -> anyhow::Result<(DaemonObserver, Vec<kproxy_servers::RunningServer>)> {
     use kproxy_servers::{DataplaneMode, HealthCheckBind, MetricsServerInfo, ProxyHealth, ServiceHealthServer};
     use std::sync::Arc;
@@ -346,6 +350,9 @@ async fn start_servers(
     };
     let metrics = kproxy_servers::Metrics::new(mode);
     metrics.declare_families(&families);
+    if let Some(counters) = source_counters {
+        metrics.set_source(counters);
+    }
     metrics.set_feature_gates(
         kproxy_config::feature_gates::effective(&config.feature_gates)
             .into_iter()

@@ -85,6 +85,11 @@ fn scripted_sequence(mode: &str) -> String {
     api.server.delete(Kind::EndpointSlice, "demo", "dns-1").unwrap();
     api.server.apply(Kind::Service, service("web", "198.18.128.10", 81, "TCP"));
     api.server.apply(Kind::Service, service("extra", "198.18.128.12", 80, "TCP"));
+    // Unreadable (skipped by the source, counted there), then readable but invalid (skipped by
+    // the state): both in the Services' watch, in this order.
+    let garbled = serde_json::json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"namespace": "demo", "name": "garbled"}, "spec": {"ports": "eighty"}});
+    api.server.apply(Kind::Service, garbled);
     api.server.apply(Kind::Service, service("broken", "not-an-ip", 80, "TCP"));
 
     // Initial lists: 2 slices, 2 Services (and the Node, which counts for neither).
@@ -108,6 +113,10 @@ fn scripted_sequence(mode: &str) -> String {
     expect("kubeproxy_sync_proxy_rules_service_changes_pending", 0.0);
     expect("kubeproxy_proxy_healthz_total{code=\"200\"}", 2.0);
     expect("kproxy_invalid_objects_total{kind=\"Service\"}", 1.0);
+    expect("kproxy_source_malformed_objects_total{kind=\"Service\"}", 1.0);
+    expect("kproxy_source_malformed_objects_total{kind=\"EndpointSlice\"}", 0.0);
+    assert!(value(&text, "kproxy_source_lists_total{kind=\"EndpointSlice\"}").unwrap_or(0.0) >= 1.0, "{text}");
+    assert!(value(&text, "kproxy_source_events_total{kind=\"Service\"}").unwrap_or(0.0) >= 3.0, "{text}");
     expect("kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family=\"IPv4\",traffic_policy=\"internal\"}", 0.0);
     expect("kubernetes_feature_enabled{name=\"KubeProxyDrainingTerminatingNodes\",stage=\"\"}", 1.0);
     expect("kubernetes_feature_enabled{name=\"KubeProxyNFTablesLocalhostNodePorts\",stage=\"ALPHA\"}", 0.0);

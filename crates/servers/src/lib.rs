@@ -20,6 +20,7 @@ mod metrics_server;
 mod process_metrics;
 mod server;
 mod service_health;
+mod source_metrics;
 mod timefmt;
 
 pub use clock::{Clock, FakeClock, SystemClock};
@@ -35,4 +36,5 @@ pub use server::RunningServer;
 pub use service_health::{
     BindFailure, ENDPOINT_WEIGHT_HEADER, HealthCheckBind, ServiceHealthServer, service_health_body,
 };
+pub use source_metrics::{SourceCount, SourceCounters};
 pub use timefmt::{parse_rfc3339, rfc3339_nano};

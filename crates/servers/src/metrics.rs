@@ -88,8 +88,8 @@ struct CodeLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct KindLabels {
-    kind: String,
+pub(crate) struct KindLabels {
+    pub(crate) kind: String,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -220,6 +220,7 @@ struct Inner {
     drift_repairs: Counter,
     feature_enabled: Family<FeatureLabels, Gauge>,
     acceleration_supported: Gauge,
+    source: crate::source_metrics::SourceSlot,
 }
 
 fn family_labels(family: IpFamily) -> FamilyLabels {
@@ -416,6 +417,9 @@ impl Metrics {
             acceleration_supported.clone(),
         );
 
+        let source = crate::source_metrics::SourceSlot::default();
+        registry.register_collector(Box::new(crate::source_metrics::SourceCollector(source.clone())));
+
         // What every Kubernetes component exports.
         registry.register_collector(Box::new(crate::process_metrics::ProcessCollector));
         let build_info = Family::<BuildInfoLabels, Gauge>::default();
@@ -464,6 +468,7 @@ impl Metrics {
                 drift_repairs,
                 feature_enabled,
                 acceleration_supported,
+                source,
             }),
         }
     }
@@ -530,6 +535,12 @@ impl Metrics {
     /// An nftables transaction for `family` failed.
     pub fn inc_nftables_sync_failure(&self, family: IpFamily) {
         self.inner.nftables_sync_failures.get_or_create(&family_labels(family)).inc();
+    }
+
+    /// Plugs in the source of cluster state, whose counts are exported from then on as
+    /// `kproxy_source_*_total{kind}`.
+    pub fn set_source(&self, source: std::sync::Arc<dyn crate::SourceCounters>) {
+        *self.inner.source.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(source);
     }
 
     /// Creates the per-family failure counters of `families` at zero, so that they are exported
