@@ -106,9 +106,16 @@ impl Churn {
         self.made += count;
     }
 
-    /// Waits until the kernel shows every pending change; the time since `since`, ms, or `None`
-    /// after `timeout`.
-    pub fn wait_converged(&mut self, node: &Netns, since: Instant, timeout: Duration) -> anyhow::Result<Option<f64>> {
+    /// Waits until the kernel shows every pending change and holds the endpoint map keys
+    /// `present` (e.g. of unchanged Services, after someone damaged the table); the time since
+    /// `since`, ms, or `None` after `timeout`.
+    pub fn wait_converged(
+        &mut self,
+        node: &Netns,
+        since: Instant,
+        timeout: Duration,
+        present: &[(IpAddr, Vec<u8>)],
+    ) -> anyhow::Result<Option<f64>> {
         let pending = std::mem::take(&mut self.pending);
         node.run_in(move || -> anyhow::Result<Option<f64>> {
             let mut probe = KernelProbe::open()?;
@@ -121,7 +128,14 @@ impl Churn {
                     }
                 }
                 left = still;
-                if left.is_empty() {
+                let mut all_present = true;
+                for (ip, key) in present {
+                    if probe.element_data(*ip, kernel::CLUSTER_TCP_ENDPOINTS, key)?.is_none() {
+                        all_present = false;
+                        break;
+                    }
+                }
+                if left.is_empty() && all_present {
                     return Ok(Some(since.elapsed().as_secs_f64() * 1000.0));
                 }
                 std::thread::sleep(POLL);

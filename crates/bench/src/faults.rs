@@ -57,6 +57,9 @@ pub struct FaultArgs {
     /// How long EndpointSlices are forbidden (403) while kproxy runs.
     #[arg(long, default_value_t = 20)]
     pub forbidden_seconds: u64,
+    /// kproxy's `syncPeriod` (its periodic check), seconds: what repairs damage by others.
+    #[arg(long, default_value_t = 30)]
+    pub sync_period: u64,
     /// Also write the results as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -83,6 +86,9 @@ pub struct FaultResult {
     pub rss_peak_mib: f64,
     /// Whether kproxy was still running at the end.
     pub alive: bool,
+    /// Another program damaged kproxy's rules: connections fail until the periodic check
+    /// repairs them, and "converged" is the time to that repair.
+    pub damage: bool,
 }
 
 /// The sandbox of one run: namespaces, the real pod behind Service 0, the prober, the API server.
@@ -127,7 +133,9 @@ pub fn main(args: &FaultArgs) -> anyhow::Result<bool> {
     api.write_kubeconfig(&kubeconfig)?;
     let log = run_dir.join("kproxy.log");
     eprintln!("  kproxy log: {}", log.display());
-    let sandbox = Sandbox { api, web, prober, tb, binary, args: kproxy::args(&kubeconfig, NODE_NAME), log, n };
+    let mut kproxy_args = kproxy::args(&kubeconfig, NODE_NAME);
+    kproxy_args.push(format!("--iptables-sync-period={}s", args.sync_period));
+    let sandbox = Sandbox { api, web, prober, tb, binary, args: kproxy_args, log, n };
 
     let mut daemon = sandbox.start()?;
     let (start_s, _) = first_sync::wait(sandbox.tb.node(), n, &mut daemon, 900)?;
@@ -183,11 +191,26 @@ pub fn main(args: &FaultArgs) -> anyhow::Result<bool> {
         churn.apply(&server, 20);
         Ok(())
     })?);
+    // Other programs and the kernel.
+    let node = sandbox.tb.node();
+    let fault = "another process commits nf_tables batches in a loop (its own table) while changes arrive";
+    record(sandbox.fault(fault, &mut daemon, &mut churn, |churn, _| {
+        server.set_served(Kind::ServiceCidr, true);
+        let committer = Committer::start(node)?;
+        churn.apply(&server, 20);
+        std::thread::sleep(Duration::from_secs(5));
+        committer.stop()
+    })?);
+    let mut deleted = sandbox.fault("another tool deletes kproxy's table", &mut daemon, &mut churn, |_, _| {
+        node.nft("delete table ip kproxy")?;
+        Ok(())
+    })?;
+    deleted.damage = true;
+    record(deleted);
     // Restarts: kill -9 and start again with a fault at start; the kernel keeps the old rules.
     let slow = Duration::from_secs(args.slow_list_seconds);
     let fault = format!("restart with a {} s EndpointSlice list", args.slow_list_seconds);
     record(sandbox.fault(&fault, &mut daemon, &mut churn, |churn, daemon| {
-        server.set_served(Kind::ServiceCidr, true);
         server.set_list_delay(Kind::EndpointSlice, slow);
         churn.apply(&server, 20);
         sandbox.restart(daemon)?;
@@ -211,7 +234,8 @@ pub fn main(args: &FaultArgs) -> anyhow::Result<bool> {
         std::fs::write(path, serde_json::to_string_pretty(&results)?).with_context(|| format!("{}", path.display()))?;
     }
     let command: Vec<String> = std::env::args().collect();
-    let (text, all_good) = report::render(&command.join(" "), n, start_s, &results);
+    let repair_within = Duration::from_secs(args.sync_period + 5);
+    let (text, all_good) = report::render(&command.join(" "), n, start_s, repair_within, &results);
     print!("{text}");
     Ok(all_good)
 }
@@ -236,11 +260,12 @@ impl Sandbox {
         let pid_before = daemon.pid();
         let memory = daemon.watch_memory();
         let prober = Prober::start(self.prober.netns(), service, self.web.name(), PROBE_INTERVAL)?;
-        let sampler = Sampler::start(self, churn)?;
+        let untouched = churn.untouched_keys(self.n, SAMPLES);
+        let sampler = Sampler::start(self, untouched.clone())?;
         let changes_before = churn.made();
         inject(churn, daemon)?;
         let ended = Instant::now();
-        let converged_ms = churn.wait_converged(self.tb.node(), ended, CONVERGE_TIMEOUT)?;
+        let converged_ms = churn.wait_converged(self.tb.node(), ended, CONVERGE_TIMEOUT, &untouched)?;
         let (lookups, missing) = sampler.stop()?;
         let probes = prober.stop()?;
         let alive = daemon.alive();
@@ -263,6 +288,7 @@ impl Sandbox {
             rss_before_mib,
             rss_peak_mib,
             alive,
+            damage: false,
         })
     }
 
@@ -282,8 +308,7 @@ struct Sampler {
 }
 
 impl Sampler {
-    fn start(sandbox: &Sandbox, churn: &Churn) -> anyhow::Result<Sampler> {
-        let keys = churn.untouched_keys(sandbox.n, SAMPLES);
+    fn start(sandbox: &Sandbox, keys: Vec<(std::net::IpAddr, Vec<u8>)>) -> anyhow::Result<Sampler> {
         let stop = Arc::new(AtomicBool::new(false));
         let lookups = Arc::new(AtomicUsize::new(0));
         let (flag, count) = (stop.clone(), lookups.clone());
@@ -308,5 +333,37 @@ impl Sampler {
         self.stop.store(true, Ordering::Relaxed);
         let missing = self.thread.join()??;
         Ok((self.lookups.load(Ordering::Relaxed), missing))
+    }
+}
+
+/// Another process committing batches to its own nf_tables table, as fast as `nft` goes.
+struct Committer {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<anyhow::Result<usize>>,
+}
+
+impl Committer {
+    fn start(node: &kproxy_testbed::Netns) -> anyhow::Result<Committer> {
+        node.nft("add table ip bystander\nadd set ip bystander seen { type ipv4_addr; }")?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let (flag, name) = (stop.clone(), node.name().to_owned());
+        let thread = std::thread::spawn(move || -> anyhow::Result<usize> {
+            let script = "add element ip bystander seen { 192.0.2.1 }\ndelete element ip bystander seen { 192.0.2.1 }";
+            let mut commits = 0;
+            while !flag.load(Ordering::Relaxed) {
+                let out = std::process::Command::new("ip").args(["netns", "exec", &name, "nft", script]).output()?;
+                anyhow::ensure!(out.status.success(), "the bystander's batch failed");
+                commits += 1;
+            }
+            Ok(commits)
+        });
+        Ok(Committer { stop, thread })
+    }
+
+    fn stop(self) -> anyhow::Result<()> {
+        self.stop.store(true, Ordering::Relaxed);
+        let commits = self.thread.join().map_err(|_| anyhow::anyhow!("the committer panicked"))??;
+        anyhow::ensure!(commits > 0, "the bystander never committed");
+        Ok(())
     }
 }

@@ -115,7 +115,7 @@ pub fn main(args: &SoakArgs) -> anyhow::Result<bool> {
             next += pace;
             churn.apply(&api.server, BATCH);
         }
-        let converged_ms = churn.wait_converged(tb.node(), Instant::now(), CHECKPOINT_TIMEOUT)?;
+        let converged_ms = churn.wait_converged(tb.node(), Instant::now(), CHECKPOINT_TIMEOUT, &[])?;
         // The real pod's Service moves to its other pod; a new connection must reach it.
         let to = &pods[(checkpoints.len() + 1) % 2];
         let trigger = kproxy_servers::rfc3339_nano(Some(std::time::SystemTime::now()));
