@@ -13,9 +13,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use kproxy_plan::explain::{Explanation, Host, Packet, explain};
 use kproxy_plan::{Dataplane, Plan, PlanDelta, Planner, Verified};
 use kproxy_state::{Change, ClusterState, Kind};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, info, warn};
 
 /// Something to do after each successful sync (health, conntrack, health-check servers).
@@ -104,6 +105,16 @@ impl SyncTokens {
     }
 }
 
+/// A question for the sync loop: what the plan now in the kernel does with one packet. The
+/// loop owns the plan, so it answers between syncs instead of publishing a copy at every sync.
+#[derive(Debug)]
+pub struct ExplainRequest {
+    /// The packet.
+    pub packet: Packet,
+    /// The answer; `None` while nothing has been synced.
+    pub reply: oneshot::Sender<Option<Explanation>>,
+}
+
 /// The proxier: owns the state, the plan and the dataplane.
 pub struct Proxier<D, O> {
     state: ClusterState,
@@ -122,6 +133,8 @@ pub struct Proxier<D, O> {
     retry_at: Option<Instant>,
     /// The node's interface addresses, when followed ([`Proxier::follow_local_addresses`]).
     local_addresses: Option<tokio::sync::watch::Receiver<Vec<std::net::IpAddr>>>,
+    /// `/debug/explain` questions, when answered ([`Proxier::answer_explain`]).
+    explain_requests: Option<mpsc::Receiver<ExplainRequest>>,
 }
 
 impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
@@ -141,7 +154,33 @@ impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
             pending: false,
             retry_at: None,
             local_addresses: None,
+            explain_requests: None,
         }
+    }
+
+    /// Answers [`ExplainRequest`]s from the plan of the last sync.
+    pub fn answer_explain(mut self, requests: mpsc::Receiver<ExplainRequest>) -> Self {
+        self.explain_requests = Some(requests);
+        self
+    }
+
+    /// The next question; never, when none are taken or their sender is gone.
+    async fn next_explain_request(requests: &mut Option<mpsc::Receiver<ExplainRequest>>) -> ExplainRequest {
+        let Some(rx) = requests else { return std::future::pending().await };
+        match rx.recv().await {
+            Some(request) => request,
+            None => {
+                *requests = None;
+                std::future::pending().await
+            }
+        }
+    }
+
+    /// What the plan of the last successful sync does with `packet`; `None` before any.
+    pub fn explain(&self, packet: &Packet) -> Option<Explanation> {
+        self.last_full_sync?;
+        let local_addresses = self.local_addresses.as_ref().map(|rx| rx.borrow().clone()).unwrap_or_default();
+        Some(explain(&self.plan, &Host { local_addresses }, packet))
     }
 
     /// Replans whenever the node's interface addresses change (`crate::node_addresses`).
@@ -306,6 +345,9 @@ impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
                 event = events.recv() => match event {
                     Some(change) => self.apply(change),
                     None => return self,
+                },
+                request = Self::next_explain_request(&mut self.explain_requests) => {
+                    let _ = request.reply.send(self.explain(&request.packet));
                 },
                 addresses = Self::next_local_addresses(&mut self.local_addresses) => {
                     if self.planner.set_local_addresses(addresses) {

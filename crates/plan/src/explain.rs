@@ -19,7 +19,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use ipnet::IpNet;
 use kproxy_state::{IpFamily, Protocol};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::model::{
     Endpoint as PlanEndpoint, ExternalPolicy, FamilyPlan, MasqueradeWhen, NoEndpointsVerdict, Plan, ServicePortPlan,
@@ -46,7 +46,7 @@ pub struct Host {
 }
 
 /// Who sent the packet, as the ruleset tells them apart.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum SourceKind {
     /// The node itself (a local address, loopback included).
@@ -57,8 +57,18 @@ pub enum SourceKind {
     Remote,
 }
 
+impl fmt::Display for SourceKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            SourceKind::Node => "the node itself",
+            SourceKind::LocalPod => "a local pod",
+            SourceKind::Remote => "remote",
+        })
+    }
+}
+
 /// Which kind of service address the destination is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum DestinationKind {
     /// A ClusterIP.
@@ -83,7 +93,7 @@ impl fmt::Display for DestinationKind {
 }
 
 /// What the node does with the packet.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Verdict {
     /// Translated to one of the endpoints.
@@ -108,7 +118,7 @@ impl fmt::Display for Verdict {
 }
 
 /// Why the source is, or is not, translated on the way to one endpoint.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", tag = "why")]
 pub enum SnatReason {
     /// The endpoint is the client itself: always source-NATed, or it would answer itself.
@@ -162,7 +172,7 @@ impl fmt::Display for SnatReason {
 }
 
 /// One endpoint the packet may go to.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Endpoint {
     /// `IP:PORT`.
     pub address: SocketAddr,
@@ -184,7 +194,7 @@ pub struct Endpoint {
 }
 
 /// `loadBalancerSourceRanges` as they apply to the packet.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SourceRanges {
     /// The ranges allowed (the LoadBalancer IPs too when the node IP is in a range).
     pub allowed: Vec<IpNet>,
@@ -193,7 +203,7 @@ pub struct SourceRanges {
 }
 
 /// What this node does with a packet, and why.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Explanation {
     /// The service port the destination belongs to, `ns/name:port` (`ns/name` when unnamed).
     pub service: Option<String>,

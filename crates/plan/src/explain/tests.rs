@@ -314,7 +314,9 @@ fn protocol_must_match_the_service_port() {
 #[test]
 fn json_has_the_documented_fields() {
     let p = plan(cluster_cidr(), web(json!({}), json!({}), &both()));
-    let v = serde_json::to_value(ask(&p, EXTERNAL_CLIENT, CIP)).unwrap();
+    let e = ask(&p, EXTERNAL_CLIENT, CIP);
+    let v = serde_json::to_value(&e).unwrap();
+    assert_eq!(serde_json::from_value::<Explanation>(v.clone()).unwrap(), e, "clients read back what was sent");
     assert_eq!(v["service"], "ns/web:http");
     assert_eq!(v["verdict"], "dnat");
     assert_eq!(v["endpoints"][0]["address"], "198.18.16.5:8080");
