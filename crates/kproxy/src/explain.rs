@@ -83,7 +83,7 @@ fn explain_offline(config: &ProxyConfig, state: &ClusterState, node: Option<Stri
     if name != here {
         context.local_addresses.clear();
     }
-    let host = Host { local_addresses: context.local_addresses.clone() };
+    let host = Host::of_node(state, &name, context.local_addresses.clone());
     let plan = Planner::new(crate::policy::proxy_policy(config), context).build(state);
     explain(&plan, &host, packet)
 }

@@ -179,8 +179,12 @@ impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
     /// What the plan of the last successful sync does with `packet`; `None` before any.
     pub fn explain(&self, packet: &Packet) -> Option<Explanation> {
         self.last_full_sync?;
-        let local_addresses = self.local_addresses.as_ref().map(|rx| rx.borrow().clone()).unwrap_or_default();
-        Some(explain(&self.plan, &Host { local_addresses }, packet))
+        let local_addresses = match &self.local_addresses {
+            Some(rx) => rx.borrow().clone(),
+            None => self.planner.node().local_addresses.clone(),
+        };
+        let host = Host::of_node(&self.state, &self.planner.node().name, local_addresses);
+        Some(explain(&self.plan, &host, packet))
     }
 
     /// Replans whenever the node's interface addresses change (`crate::node_addresses`).

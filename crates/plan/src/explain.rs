@@ -12,13 +12,14 @@
 //! address of the interface the packet leaves through, which is the node IP for remote
 //! endpoints on a typical node but not necessarily for local ones (see [`Endpoint::source_seen_certain`]).
 //! Pod traffic recognised by interface (`bridgeInterface`, `interfaceNamePrefix`) is recognised
-//! here by address: a source is a local pod when it is the address of a local endpoint.
+//! here by address: a source is a local pod when it is inside the Node's `podCIDRs` or is the
+//! address of a local endpoint.
 
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 
 use ipnet::IpNet;
-use kproxy_state::{IpFamily, Protocol};
+use kproxy_state::{ClusterState, IpFamily, Protocol};
 use serde::{Deserialize, Serialize};
 
 use crate::model::{
@@ -43,6 +44,17 @@ pub struct Host {
     /// Addresses of the node's interfaces: a packet from one of them is sent by the node
     /// itself, and NodePorts on `nodePortAddresses: all` listen on them.
     pub local_addresses: Vec<IpAddr>,
+    /// The Node's `spec.podCIDRs`: where interface-based detect-local (`bridgeInterface`,
+    /// `interfaceNamePrefix`) finds local pods, which the ruleset tells by interface.
+    pub pod_cidrs: Vec<IpNet>,
+}
+
+impl Host {
+    /// The node `name` of `state`, with these interface addresses.
+    pub fn of_node(state: &ClusterState, name: &str, local_addresses: Vec<IpAddr>) -> Self {
+        let pod_cidrs = state.node(name).map(|n| n.pod_cidrs.clone()).unwrap_or_default();
+        Host { local_addresses, pod_cidrs }
+    }
 }
 
 /// Who sent the packet, as the ruleset tells them apart.
@@ -352,7 +364,8 @@ pub fn source_kind(fam: &FamilyPlan, host: &Host, from: IpAddr) -> SourceKind {
         LocalTraffic::Undetectable => false,
         LocalTraffic::SourceCidrs(nets) => nets.iter().any(|n| n.contains(&from)),
         LocalTraffic::Interface(_) | LocalTraffic::InterfacePrefix(_) => {
-            fam.services.values().any(|p| p.reachable_endpoints().iter().any(|ep| ep.is_local && ep.ip == from))
+            host.pod_cidrs.iter().any(|n| n.contains(&from))
+                || fam.services.values().any(|p| p.reachable_endpoints().iter().any(|ep| ep.is_local && ep.ip == from))
         }
     };
     if local_pod { SourceKind::LocalPod } else { SourceKind::Remote }
