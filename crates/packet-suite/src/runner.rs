@@ -357,7 +357,16 @@ fn check(tb: &Testbed, plan: &Plan, state: &ClusterState, c: &Check, log: &mut S
     let client = client_ip(tb, &c.client, v6);
     let host = crate::prediction::host(tb, state)?;
     let prediction = crate::prediction::predict(plan, &host, client, c);
-    crate::prediction::check(tb, c, client, &prediction, &tally, probes, log)
+    let _ = writeln!(
+        log,
+        "  explain: {} to {:?}, masquerade {}, source seen {:?}: {}",
+        prediction.verdict,
+        prediction.endpoints.iter().map(|e| e.address).collect::<Vec<_>>(),
+        prediction.masquerade,
+        prediction.source_seen,
+        prediction.reason
+    );
+    crate::prediction::check(tb, c, client, &prediction, &tally, probes)
 }
 
 fn first_host_v4(net: ipnet::Ipv4Net) -> std::net::Ipv4Addr {

@@ -22,6 +22,10 @@ use ipnet::IpNet;
 use kproxy_state::{ClusterState, IpFamily, Protocol};
 use serde::{Deserialize, Serialize};
 
+mod agreement;
+
+pub use agreement::{Observed, Strictness};
+
 use crate::model::{
     Endpoint as PlanEndpoint, ExternalPolicy, FamilyPlan, MasqueradeWhen, NoEndpointsVerdict, Plan, ServicePortPlan,
 };

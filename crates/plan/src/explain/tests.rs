@@ -330,3 +330,41 @@ fn json_has_the_documented_fields() {
         (&Value::Null, &json!("none"), &Value::Null)
     );
 }
+
+fn observed(answered_by: &[&str], seen: &[&str], probes: usize, answered: usize, timed_out: usize) -> Observed {
+    Observed {
+        probes,
+        answered,
+        answered_by: answered_by.iter().map(|a| ip(a)).collect(),
+        seen_sources: seen.iter().map(|a| ip(a)).collect(),
+        refused: probes - answered - timed_out,
+        timed_out,
+    }
+}
+
+#[test]
+fn agreement_holds_only_for_predicted_endpoints_sources_and_verdicts() {
+    let p = plan(cluster_cidr(), web(json!({}), json!({}), &both()));
+    let e = ask(&p, LOCAL_CLIENT, CIP);
+    let strict = Strictness { silent: Default::default(), expect_coverage: true };
+    let client = ip(LOCAL_CLIENT);
+    assert_eq!(e.agrees_with(client, &observed(&[LOCAL_EP, REMOTE_EP], &[LOCAL_CLIENT], 6, 6, 0), &strict), Ok(()));
+    assert!(e.agrees_with(client, &observed(&[LOCAL_EP], &[LOCAL_CLIENT], 6, 6, 0), &strict).is_err(), "coverage");
+    assert!(e.agrees_with(client, &observed(&[LOCAL_EP, "198.18.17.99"], &[LOCAL_CLIENT], 6, 6, 0), &strict).is_err());
+    assert!(e.agrees_with(client, &observed(&[LOCAL_EP, REMOTE_EP], &[NODE_IP], 6, 6, 0), &strict).is_err(), "source");
+    assert!(e.agrees_with(client, &observed(&[LOCAL_EP, REMOTE_EP], &[LOCAL_CLIENT], 6, 4, 2), &strict).is_err());
+    // A silent endpoint (a node nobody hosts) explains timeouts and is not expected to answer.
+    let silent = Strictness { silent: [ip(REMOTE_EP)].into(), expect_coverage: true };
+    assert_eq!(e.agrees_with(client, &observed(&[LOCAL_EP], &[LOCAL_CLIENT], 6, 3, 3), &silent), Ok(()));
+
+    let masqueraded = ask(&p, EXTERNAL_CLIENT, CIP);
+    let from = ip(EXTERNAL_CLIENT);
+    let ok = observed(&[LOCAL_EP, REMOTE_EP], &[NODE_IP, "198.18.16.1"], 6, 6, 0);
+    assert_eq!(masqueraded.agrees_with(from, &ok, &strict), Ok(()), "MASQUERADE may pick any egress address");
+    let leaked = observed(&[LOCAL_EP, REMOTE_EP], &[EXTERNAL_CLIENT], 6, 6, 0);
+    assert!(masqueraded.agrees_with(from, &leaked, &strict).is_err());
+
+    let rejected = ask(&plan(cluster_cidr(), web(json!({}), json!({}), &[])), EXTERNAL_CLIENT, CIP);
+    assert_eq!(rejected.agrees_with(from, &observed(&[], &[], 6, 0, 0), &strict), Ok(()));
+    assert!(rejected.agrees_with(from, &observed(&[], &[], 6, 0, 6), &strict).is_err(), "timed out is no reject");
+}
