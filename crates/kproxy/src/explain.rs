@@ -123,7 +123,7 @@ fn load_from_api(config: &ProxyConfig, kubeconfig: Option<PathBuf>) -> anyhow::R
 }
 
 /// `GET /debug/explain` of a running kproxy.
-fn ask_server(server: &str, packet: &Packet) -> anyhow::Result<Explanation> {
+pub fn ask_server(server: &str, packet: &Packet) -> anyhow::Result<Explanation> {
     let addr = server
         .to_socket_addrs()
         .with_context(|| format!("--server {server}: want HOST:PORT"))?
