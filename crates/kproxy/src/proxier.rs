@@ -176,9 +176,12 @@ impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
         }
     }
 
-    /// What the plan of the last successful sync does with `packet`; `None` before any.
+    /// What the plan in the kernel does with `packet`; `None` before the first sync and after a
+    /// failed one (the kernel then holds an older plan than this one), until a sync succeeds.
     pub fn explain(&self, packet: &Packet) -> Option<Explanation> {
-        self.last_full_sync?;
+        if self.last_full_sync.is_none() || self.retry_at.is_some() {
+            return None;
+        }
         let local_addresses = match &self.local_addresses {
             Some(rx) => rx.borrow().clone(),
             None => self.planner.node().local_addresses.clone(),

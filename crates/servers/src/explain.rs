@@ -28,7 +28,7 @@ pub struct ExplainQuery {
 /// Why the daemon could not answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ExplainUnavailable {
-    /// Nothing is programmed yet (no sync so far).
+    /// No plan is known to be in the kernel: no sync so far, or the last one failed.
     NotSynced,
     /// The sync loop did not answer in time (a long sync, or it stopped).
     Busy,
@@ -72,7 +72,8 @@ pub async fn answer(explainer: &Explainer, raw_query: Option<&str>) -> (StatusCo
     match tokio::time::timeout(ANSWER_WITHIN, (explainer.0)(query)).await {
         Ok(Ok(value)) => (StatusCode::OK, value.to_string()),
         Ok(Err(ExplainUnavailable::NotSynced)) => {
-            (StatusCode::SERVICE_UNAVAILABLE, error_body("no rules are programmed yet: the first sync has not run"))
+            let why = "no plan is known to be in the kernel: the first sync has not run, or the last one failed";
+            (StatusCode::SERVICE_UNAVAILABLE, error_body(why))
         }
         Ok(Err(ExplainUnavailable::Busy)) | Err(_) => {
             (StatusCode::SERVICE_UNAVAILABLE, error_body("the sync loop did not answer in time; try again"))
