@@ -220,7 +220,11 @@ pub fn render(packet: &Packet, e: &Explanation) -> String {
             format!("{:.3}", ep.probability),
             format!("{}{}", if ep.local { "local" } else { "remote" }, if ep.ready { "" } else { ", terminating" }),
             if ep.masquerade { "yes".into() } else { "no".into() },
-            format!("{}{}", ep.source_seen, if ep.source_seen_certain { "" } else { " (egress address)" }),
+            match (ep.source_seen, ep.source_seen_certain) {
+                (Some(ip), true) => ip.to_string(),
+                (Some(ip), false) => format!("{ip} (egress address)"),
+                (None, _) => "egress address".to_owned(),
+            },
             ep.masquerade_reason.to_string(),
         ]
     }));

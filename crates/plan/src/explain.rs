@@ -202,8 +202,9 @@ pub struct Endpoint {
     pub masquerade: bool,
     /// Why (or why not).
     pub masquerade_reason: SnatReason,
-    /// The source address the endpoint sees.
-    pub source_seen: IpAddr,
+    /// The source address the endpoint sees; `None` when masqueraded on a node whose IP of the
+    /// family is unknown.
+    pub source_seen: Option<IpAddr>,
     /// False when the endpoint sees the address of the egress interface (MASQUERADE), which the
     /// plan does not know: `source_seen` is then the node IP, what remote endpoints usually see.
     pub source_seen_certain: bool,
@@ -227,7 +228,7 @@ pub struct Explanation {
     pub verdict: Verdict,
     /// The endpoints a new connection can go to, with their probabilities.
     pub endpoints: Vec<Endpoint>,
-    /// The packet is source-NATed (to every endpoint; see `endpoints` when they differ).
+    /// The packet is source-NATed to at least one of the endpoints (each says for itself).
     pub masquerade: bool,
     /// The source the endpoint sees, when every endpoint sees the same.
     pub source_seen: Option<IpAddr>,
@@ -324,7 +325,7 @@ pub fn explain(plan: &Plan, host: &Host, packet: &Packet) -> Explanation {
         .iter()
         .map(|ep| {
             let (masquerade, reason) = postrouting(fam, source, packet.from, ep, &marked);
-            let (source_seen, certain) = if masquerade { snat_address(fam) } else { (packet.from, true) };
+            let (source_seen, certain) = if masquerade { snat_address(fam) } else { (Some(packet.from), true) };
             Endpoint {
                 address: SocketAddr::new(ep.ip, ep.port),
                 probability: 1.0 / n as f64,
@@ -339,8 +340,8 @@ pub fn explain(plan: &Plan, host: &Host, packet: &Packet) -> Explanation {
         .collect();
     out.verdict = Verdict::Dnat;
     out.masquerade = out.endpoints.iter().any(|e| e.masquerade);
-    let first_seen = out.endpoints.first().map(|e| e.source_seen);
-    out.source_seen = first_seen.filter(|s| out.endpoints.iter().all(|e| e.source_seen == *s));
+    let first_seen = out.endpoints.first().and_then(|e| e.source_seen);
+    out.source_seen = first_seen.filter(|s| out.endpoints.iter().all(|e| e.source_seen == Some(*s)));
     out.acceleration_eligible = p.accelerate;
     let reasons: Vec<String> = {
         let mut r: Vec<String> = out.endpoints.iter().map(|e| e.masquerade_reason.to_string()).collect();
@@ -534,18 +535,10 @@ fn postrouting(
 }
 
 /// The source a masqueraded packet gets, and whether the plan knows it for sure.
-fn snat_address(fam: &FamilyPlan) -> (IpAddr, bool) {
-    match (&fam.node.snat.source, fam.node.node_ip) {
-        (SnatSource::NodeIp(ip), _) => (*ip, true),
-        (SnatSource::Masquerade, Some(ip)) => (ip, false),
-        (SnatSource::Masquerade, None) => (unspecified(fam.family), false),
-    }
-}
-
-fn unspecified(family: IpFamily) -> IpAddr {
-    match family {
-        IpFamily::V4 => IpAddr::from([0, 0, 0, 0]),
-        IpFamily::V6 => IpAddr::from([0u16; 8]),
+fn snat_address(fam: &FamilyPlan) -> (Option<IpAddr>, bool) {
+    match &fam.node.snat.source {
+        SnatSource::NodeIp(ip) => (Some(*ip), true),
+        SnatSource::Masquerade => (fam.node.node_ip, false),
     }
 }
 

@@ -77,7 +77,7 @@ impl Explanation {
             if self.source != SourceKind::Node && seen.contains(&client) {
                 return Err(format!("predicted masqueraded, the endpoints saw the client {client}"));
             }
-            let snat: BTreeSet<IpAddr> = eps.iter().map(|e| e.source_seen).collect();
+            let snat: BTreeSet<IpAddr> = eps.iter().filter_map(|e| e.source_seen).collect();
             if eps.iter().all(|e| e.source_seen_certain) && !seen.is_subset(&snat) {
                 return Err(format!("predicted the source {snat:?}, the endpoints saw {seen:?}"));
             }

@@ -368,3 +368,14 @@ fn agreement_holds_only_for_predicted_endpoints_sources_and_verdicts() {
     assert_eq!(rejected.agrees_with(from, &observed(&[], &[], 6, 0, 0), &strict), Ok(()));
     assert!(rejected.agrees_with(from, &observed(&[], &[], 6, 0, 6), &strict).is_err(), "timed out is no reject");
 }
+
+#[test]
+fn masquerade_on_a_node_without_a_known_ip_says_the_source_is_unknown() {
+    let mut changes = web(json!({}), json!({}), &both());
+    changes.remove(0); // no Node object: its IP is unknown
+    let p = plan(cluster_cidr(), changes);
+    let e = ask(&p, EXTERNAL_CLIENT, CIP);
+    assert!(e.masquerade);
+    assert_eq!(e.source_seen, None);
+    assert!(e.endpoints.iter().all(|ep| ep.source_seen.is_none() && !ep.source_seen_certain));
+}
