@@ -1,5 +1,7 @@
 #![allow(clippy::unwrap_used, clippy::panic)]
-//! Explain agrees with the ruleset: for random clusters and random packets, what
+//! Explain agrees with the ruleset: for random clusters, proxy policies (detect-local by CIDR,
+//! by interface or not at all, masqueradeAll, KEP-6246's noMasqueradeCIDRs and snatToNodeIP) and
+//! random packets, what
 //! `kproxy_plan::explain` says (verdict, endpoints, masquerade per endpoint) is what walking the
 //! rendered nftables table implies — the base chains in hook order, the dispatch maps, the shared
 //! and per-service chains, the endpoint maps, the filter checks and postrouting's masquerading
@@ -14,14 +16,17 @@ mod common;
 use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
 
-use common::generated::{Kernel, Table, plan, svc};
+use common::generated::{Kernel, Table, cluster_state, svc};
 use kproxy_nft_model::{CmpOp, Field, Key, MapData, NatKind, Stmt, Value, Verdict};
 use kproxy_nftables::{Config, NftablesDataplane, Recording};
 use kproxy_plan::explain::{self, Host, Packet};
+use kproxy_plan::{DetectLocal, NodeContext, Planner, ProxyPolicy};
 use kproxy_state::Protocol;
 use proptest::prelude::*;
 
 const NODE_IP: &str = "198.18.0.2";
+/// node-a's pod CIDR (its Node object's `podCIDRs`).
+const POD_CIDR: &str = "198.18.16.0/24";
 
 /// The packet as the chains see it, and what the walk has done to it.
 #[derive(Debug, Clone)]
@@ -32,6 +37,8 @@ struct Walk {
     dport: u16,
     /// Sent by the node itself (output hooks; `fib saddr type local`).
     from_node: bool,
+    /// The input interface (empty for the node's own packets).
+    iif: &'static str,
     /// The masquerade mark.
     marked: bool,
     /// DNAT targets reached so far by random draws.
@@ -105,6 +112,13 @@ fn run(table: &Table, chain: &str, w: &mut Walk) -> Flow {
             let matched = match stmt {
                 Stmt::Cmp { field, op, value } => cmp(*op, value_matches(value, &w.field(field))),
                 Stmt::FibLocal { saddr: true } => w.from_node,
+                Stmt::IifName { op, name } => {
+                    let eq = match name.strip_suffix('*') {
+                        Some(prefix) => w.iif.starts_with(prefix),
+                        None => w.iif == name,
+                    };
+                    cmp(*op, eq)
+                }
                 Stmt::FibLocal { saddr: false } => w.daddr == node_ip(),
                 Stmt::CtState(_) | Stmt::CtStatus(_) | Stmt::Counter | Stmt::Update { .. } => true,
                 Stmt::MarkOr(_) => {
@@ -189,8 +203,24 @@ fn verdict(table: &Table, v: &Verdict, w: &mut Walk) -> Option<Flow> {
 /// whether each endpoint's packet is source-NATed in postrouting.
 fn ruleset(table: &Table, from: IpAddr, to: SocketAddr, proto: Protocol) -> (End, Vec<(SocketAddr, bool)>) {
     let from_node = from == node_ip();
-    let mut w =
-        Walk { saddr: from, daddr: to.ip(), proto, dport: to.port(), from_node, marked: false, dnat: BTreeSet::new() };
+    // Pods of this node sit behind veth interfaces; everything else comes in through eth0.
+    let iif = if from_node {
+        ""
+    } else if POD_CIDR.parse::<ipnet::IpNet>().unwrap().contains(&from) {
+        "veth1"
+    } else {
+        "eth0"
+    };
+    let mut w = Walk {
+        saddr: from,
+        daddr: to.ip(),
+        proto,
+        dport: to.port(),
+        from_node,
+        iif,
+        marked: false,
+        dnat: BTreeSet::new(),
+    };
     let (pre, nat) = if from_node {
         ("filter-output-pre-dnat", "nat-output")
     } else {
@@ -256,15 +286,38 @@ fn destination() -> impl Strategy<Value = (u8, SocketAddr)> {
     })
 }
 
+/// The proxy configurations the property runs under: how pods are told apart, masqueradeAll,
+/// KEP-6246's no-masquerade CIDRs (node-a's pods, node-b's) and SNAT to the node IP.
+fn policy() -> impl Strategy<Value = ProxyPolicy> {
+    let detect = prop::sample::select(vec![0u8, 1, 2]).prop_map(|d| match d {
+        0 => DetectLocal::ClusterCidr(vec!["198.18.16.0/20".parse().unwrap()]),
+        1 => DetectLocal::InterfaceNamePrefix("veth".into()),
+        _ => DetectLocal::None,
+    });
+    let cidrs = prop::sample::select(vec![vec![], vec!["198.18.16.0/24"], vec!["198.18.17.0/24"]]);
+    (detect, any::<bool>(), cidrs, any::<bool>()).prop_map(|(detect_local, masquerade_all, cidrs, snat_to_node_ip)| {
+        ProxyPolicy {
+            detect_local,
+            masquerade_all,
+            no_masquerade_cidrs: cidrs.iter().map(|c| c.parse().unwrap()).collect(),
+            snat_to_node_ip,
+            ..ProxyPolicy::default()
+        }
+    })
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
     #[test]
     fn explain_agrees_with_the_rendered_ruleset(
         cluster in prop::collection::vec(proptest::option::of(svc()), 5),
+        policy in policy(),
         packets in prop::collection::vec((source(), destination(), any::<bool>()), 1..12),
     ) {
-        let plan = plan(&cluster);
+        let state = cluster_state(&cluster);
+        let node = NodeContext { name: "node-a".into(), ..NodeContext::default() };
+        let plan = Planner::new(policy, node).build(&state);
         let mut dp = NftablesDataplane::new(Recording::default(), Config::default());
         dp.full_sync(&plan).unwrap();
         let mut kernel = Kernel::default();
@@ -272,7 +325,7 @@ proptest! {
             kernel.apply(tx);
         }
         let table = kernel.0.iter().find(|(name, _)| name.starts_with("ip ")).map(|(_, t)| t).unwrap();
-        let host = Host { local_addresses: vec![node_ip()], pod_cidrs: Vec::new() };
+        let host = Host::of_node(&state, "node-a", vec![node_ip()]);
         for (from, (_, to), udp) in packets {
             let protocol = if udp { Protocol::Udp } else { Protocol::Tcp };
             let e = explain::explain(&plan, &host, &Packet { from, to, protocol });

@@ -121,7 +121,13 @@ pub fn svc() -> impl Strategy<Value = Svc> {
         })
 }
 
+/// The plan of `cluster` under the test cluster's default policy.
 pub fn plan(cluster: &[Option<Svc>]) -> Plan {
+    super::planner().build(&cluster_state(cluster))
+}
+
+/// The cluster state of `cluster` (node-a, node-b's endpoints, the services).
+pub fn cluster_state(cluster: &[Option<Svc>]) -> kproxy_state::ClusterState {
     let mut objects = vec![super::node()];
     for (i, s) in cluster.iter().enumerate() {
         let Some(s) = s else { continue };
@@ -173,5 +179,5 @@ pub fn plan(cluster: &[Option<Svc>]) -> Plan {
             json!(eps),
         ));
     }
-    super::planner().build(&super::state(objects))
+    super::state(objects)
 }
