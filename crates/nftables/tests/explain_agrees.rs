@@ -1,9 +1,8 @@
 #![allow(clippy::unwrap_used, clippy::panic)]
 //! Explain agrees with the ruleset: for random clusters, proxy policies (detect-local by CIDR,
 //! by interface or not at all, masqueradeAll, KEP-6246's noMasqueradeCIDRs and snatToNodeIP) and
-//! random packets, what
-//! `kproxy_plan::explain` says (verdict, endpoints, masquerade per endpoint) is what walking the
-//! rendered nftables table implies — the base chains in hook order, the dispatch maps, the shared
+//! random packets, what `kproxy_plan::explain` says (verdict, endpoints, masquerade per
+//! endpoint) is what walking the rendered nftables table implies — the base chains in hook order, the dispatch maps, the shared
 //! and per-service chains, the endpoint maps, the filter checks and postrouting's masquerading
 //! chain — evaluated on the strict kernel model the sync property uses.
 //!
