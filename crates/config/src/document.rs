@@ -59,6 +59,7 @@ pub(crate) struct Document {
     pub no_masquerade_cidrs: Option<Vec<String>>,
     #[serde(rename = "snatToNodeIP")]
     pub snat_to_node_ip: Option<bool>,
+    pub service_counters: Option<bool>,
     pub acceleration: Option<AccelerationDoc>,
 }
 

@@ -193,6 +193,12 @@ pub fn render(packet: &Packet, e: &Explanation) -> String {
     if let Some(t) = e.affinity_timeout_seconds {
         out.push_str(&format!("ClientIP affinity: later connections of this client stick to its endpoint for {t}s\n"));
     }
+    if let Some(c) = &e.connections {
+        out.push_str(&format!(
+            "new connections so far: {} served, {} rejected (no endpoints), {} dropped (no local endpoint), {} dropped by source ranges\n",
+            c.served, c.rejected_no_endpoints, c.dropped_no_local_endpoints, c.dropped_by_source_ranges
+        ));
+    }
     if e.verdict == kproxy_plan::explain::Verdict::Dnat {
         out.push_str(&format!(
             "acceleration: {}\n",

@@ -292,7 +292,8 @@ fn serve(runtime: &tokio::runtime::Runtime, config: ProxyConfig) -> anyhow::Resu
         let proxier_task = match (config.mode, config.dry_run) {
             (ProxyMode::Nftables, false) => {
                 let dp = NftablesDataplane::new(kproxy_nft_netlink::NetlinkExecutor::new(), nft_config(&config));
-                spawn_proxier(planner, dp, observer, pacing, rx, explain_rx)
+                let counters = config.service_counters.then(|| counter_reader(nft_config(&config)));
+                spawn_proxier(planner, dp, observer, pacing, rx, explain_rx, counters)
             }
             (ProxyMode::Nftables, true) => spawn_proxier(
                 planner,
@@ -301,6 +302,7 @@ fn serve(runtime: &tokio::runtime::Runtime, config: ProxyConfig) -> anyhow::Resu
                 pacing,
                 rx,
                 explain_rx,
+                None,
             ),
             (ProxyMode::Iptables, false) => {
                 let backend = kproxy_iptables::backend::detect();
@@ -308,21 +310,21 @@ fn serve(runtime: &tokio::runtime::Runtime, config: ProxyConfig) -> anyhow::Resu
                 let exec = kproxy_iptables::IptablesRestore::new(backend);
                 let dp = IptablesDataplane::new(exec, iptables_config(&config));
                 observer.count_iptables_rules(dp.rule_counter());
-                spawn_proxier(planner, dp, observer, pacing, rx, explain_rx)
+                spawn_proxier(planner, dp, observer, pacing, rx, explain_rx, None)
             }
             (ProxyMode::Iptables, true) => {
                 let dp = IptablesDataplane::new(dataplane::PrintRestores::default(), iptables_config(&config));
                 observer.count_iptables_rules(dp.rule_counter());
-                spawn_proxier(planner, dp, observer, pacing, rx, explain_rx)
+                spawn_proxier(planner, dp, observer, pacing, rx, explain_rx, None)
             }
             (ProxyMode::Ipvs, false) => {
                 let dp = kproxy_ipvs::IpvsDataplane::new(kproxy_ipvs::KernelHost::new(), ipvs_config(&config)?);
-                spawn_proxier(planner, dp, observer, pacing, rx, explain_rx)
+                spawn_proxier(planner, dp, observer, pacing, rx, explain_rx, None)
             }
             // The in-memory kernel records what would be programmed.
             (ProxyMode::Ipvs, true) => {
                 let dp = kproxy_ipvs::IpvsDataplane::new(kproxy_ipvs::FakeHost::new(), ipvs_config(&config)?);
-                spawn_proxier(planner, dp, observer, pacing, rx, explain_rx)
+                spawn_proxier(planner, dp, observer, pacing, rx, explain_rx, None)
             }
         };
         let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
@@ -469,6 +471,7 @@ fn spawn_proxier<D: kproxy_plan::Dataplane + 'static>(
     pacing: Pacing,
     events: mpsc::Receiver<Change>,
     explain_requests: mpsc::Receiver<proxier::ExplainRequest>,
+    counters: Option<proxier::CounterReader>,
 ) -> tokio::task::JoinHandle<()> {
     // Syncs block (netlink, `iptables-restore`, conntrack): run the loop on its own thread so the
     // API watch, /healthz and the health-check ports never wait for one.
@@ -476,6 +479,9 @@ fn spawn_proxier<D: kproxy_plan::Dataplane + 'static>(
     tokio::task::spawn_blocking(move || {
         let addresses = observer.node_addresses();
         let mut proxier = Proxier::new(planner, dataplane, observer, pacing).answer_explain(explain_requests);
+        if let Some(read) = counters {
+            proxier = proxier.count_services(read);
+        }
         if let Some(addresses) = addresses {
             proxier = proxier.follow_local_addresses(addresses);
         }
@@ -484,7 +490,24 @@ fn spawn_proxier<D: kproxy_plan::Dataplane + 'static>(
 }
 
 fn nft_config(config: &ProxyConfig) -> kproxy_nftables::Config {
-    kproxy_nftables::Config { masquerade_mark: config.masquerade_mark(), ..Default::default() }
+    kproxy_nftables::Config {
+        masquerade_mark: config.masquerade_mark(),
+        service_counters: config.service_counters,
+        ..Default::default()
+    }
+}
+
+/// Reads the per-Service counters of the nftables dataplane configured by `nft`, over a netlink
+/// socket of its own.
+fn counter_reader(nft: kproxy_nftables::Config) -> proxier::CounterReader {
+    let mut exec = kproxy_nft_netlink::NetlinkExecutor::new();
+    Box::new(move |plan| {
+        kproxy_nftables::counters::read(&nft, plan, |table, set, keys| {
+            let counts = kproxy_nft_netlink::counters::element_counters(&mut exec, table, set, keys)?;
+            Ok::<_, std::io::Error>(counts.into_iter().map(|c| c.map(|c| c.packets)).collect())
+        })
+        .map_err(|e| e.to_string())
+    })
 }
 
 fn ipvs_config(config: &ProxyConfig) -> anyhow::Result<kproxy_ipvs::Config> {

@@ -13,9 +13,12 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use kproxy_plan::explain::{Explanation, Host, Packet, explain};
-use kproxy_plan::{Dataplane, Plan, PlanDelta, Planner, Verified};
-use kproxy_state::{Change, ClusterState, Kind};
+use std::collections::HashMap;
+
+use kproxy_nftables::counters::ServicePortCounts;
+use kproxy_plan::explain::{ConnectionCounts, Explanation, Host, Packet, explain, service_port_label};
+use kproxy_plan::{Dataplane, Plan, PlanDelta, Planner, ServicePortName, Verified};
+use kproxy_state::{Change, ClusterState, IpFamily, Kind};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, info, warn};
 
@@ -34,6 +37,8 @@ pub trait SyncObserver: Send {
     /// The periodic check found kproxy's rules changed by someone else (each line says how) and
     /// repaired them.
     fn drift_repaired(&mut self, _drift: &[String]) {}
+    /// Per-Service counters were read.
+    fn counted(&mut self, _counts: &[ServicePortCounts]) {}
 }
 
 /// How often the plan is rebuilt from the state and fully synced, as upstream's nftables mode
@@ -115,6 +120,19 @@ pub struct ExplainRequest {
     pub reply: oneshot::Sender<Option<Explanation>>,
 }
 
+/// Reads the kernel's per-Service counters for a plan (see `kproxy_nftables::counters`).
+pub type CounterReader = Box<dyn FnMut(&Plan) -> Result<Vec<ServicePortCounts>, String> + Send>;
+
+/// How often per-Service counters are read and exported.
+pub const COUNTERS_PERIOD: Duration = Duration::from_secs(10);
+
+/// Per-Service counters: how to read them, and the last reading.
+struct Counting {
+    read: CounterReader,
+    last: HashMap<(IpFamily, ServicePortName), ConnectionCounts>,
+    next_at: Instant,
+}
+
 /// The proxier: owns the state, the plan and the dataplane.
 pub struct Proxier<D, O> {
     state: ClusterState,
@@ -135,6 +153,8 @@ pub struct Proxier<D, O> {
     local_addresses: Option<tokio::sync::watch::Receiver<Vec<std::net::IpAddr>>>,
     /// `/debug/explain` questions, when answered ([`Proxier::answer_explain`]).
     explain_requests: Option<mpsc::Receiver<ExplainRequest>>,
+    /// Per-Service counters, when on ([`Proxier::count_services`]).
+    counting: Option<Counting>,
 }
 
 impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
@@ -155,6 +175,38 @@ impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
             retry_at: None,
             local_addresses: None,
             explain_requests: None,
+            counting: None,
+        }
+    }
+
+    /// Reads per-Service counters with `read` every [`COUNTERS_PERIOD`] once synced, hands them
+    /// to the observer and adds them to explanations.
+    pub fn count_services(mut self, read: CounterReader) -> Self {
+        self.counting = Some(Counting { read, last: HashMap::new(), next_at: Instant::now() });
+        self
+    }
+
+    /// Waits until `due` (when counters are next read); forever when they are off.
+    async fn counters_due(due: Option<Instant>) {
+        match due {
+            Some(at) => tokio::time::sleep_until(at).await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Reads the counters (after the first sync: before it, the maps are not there).
+    fn count(&mut self) {
+        let Some(counting) = self.counting.as_mut() else { return };
+        counting.next_at = Instant::now() + COUNTERS_PERIOD;
+        if self.last_full_sync.is_none() {
+            return;
+        }
+        match (counting.read)(&self.plan) {
+            Ok(counts) => {
+                counting.last = counts.iter().map(|c| ((c.family, c.name.clone()), c.counts)).collect();
+                self.observer.counted(&counts);
+            }
+            Err(e) => warn!(error = %e, "reading the per-Service counters failed"),
         }
     }
 
@@ -187,7 +239,18 @@ impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
             None => self.planner.node().local_addresses.clone(),
         };
         let host = Host::of_node(&self.state, &self.planner.node().name, local_addresses);
-        Some(explain(&self.plan, &host, packet))
+        let mut answer = explain(&self.plan, &host, packet);
+        if let (Some(counting), Some(service)) = (&self.counting, &answer.service) {
+            let family = IpFamily::of(&packet.to.ip());
+            answer.connections = counting
+                .last
+                .iter()
+                .find(|((f, name), _)| {
+                    *f == family && name.protocol == packet.protocol && service_port_label(name) == *service
+                })
+                .map(|(_, counts)| *counts);
+        }
+        Some(answer)
     }
 
     /// Replans whenever the node's interface addresses change (`crate::node_addresses`).
@@ -353,6 +416,7 @@ impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
                     Some(change) => self.apply(change),
                     None => return self,
                 },
+                _ = Self::counters_due(self.counting.as_ref().map(|c| c.next_at)) => self.count(),
                 request = Self::next_explain_request(&mut self.explain_requests) => {
                     let _ = request.reply.send(self.explain(&request.packet));
                 },

@@ -270,3 +270,15 @@ impl fmt::Display for Element {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_counted_set_declares_its_counter() {
+        let counted = SetDef { counter: true, ..SetDef::of("dests", vec![DataType::Ipv4Addr]) };
+        assert!(counted.to_string().contains(" counter; }"), "{counted}");
+        assert!(!SetDef::of("dests", vec![DataType::Ipv4Addr]).to_string().contains("counter"));
+    }
+}

@@ -23,24 +23,22 @@
 use std::collections::HashMap;
 
 use kproxy_nft_model::{Key, TableRef};
+use kproxy_plan::explain::ConnectionCounts;
 use kproxy_plan::{NoEndpointsVerdict, Plan, ServicePortName, ServicePortPlan};
+use kproxy_state::IpFamily;
 
 use crate::ruleset::{Destination, skeleton};
 use crate::sync::{Config, ctx};
 
-/// The new connections of one service port, by what became of them.
+/// The new connections of one service port (of one family), by what became of them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServicePortCounts {
+    /// The family.
+    pub family: IpFamily,
     /// The service port.
     pub name: ServicePortName,
-    /// Sent to an endpoint (DNAT).
-    pub served: u64,
-    /// Rejected: the service has no endpoints.
-    pub rejected_no_endpoints: u64,
-    /// Dropped: a Local traffic policy without a local endpoint.
-    pub dropped_no_local_endpoints: u64,
-    /// Dropped by `loadBalancerSourceRanges`.
-    pub dropped_by_source_ranges: u64,
+    /// The counts.
+    pub counts: ConnectionCounts,
 }
 
 /// The destinations of a service port as the counted maps key them, each with whether it is a
@@ -89,13 +87,7 @@ pub fn read<E>(
         let no_endpoints_np = counted(skeleton::NO_ENDPOINT_NODEPORTS, &nodeport_keys)?;
         let firewall = counted(skeleton::FIREWALL_DESTS, &firewall_keys)?;
         for (p, dests) in ports {
-            let mut c = ServicePortCounts {
-                name: p.name.clone(),
-                served: 0,
-                rejected_no_endpoints: 0,
-                dropped_no_local_endpoints: 0,
-                dropped_by_source_ranges: 0,
-            };
+            let mut c = ConnectionCounts::default();
             for (d, firewalled) in dests {
                 let key = d.key();
                 let (dispatch, none) = match d {
@@ -120,7 +112,7 @@ pub fn read<E>(
                     c.dropped_by_source_ranges += seen.saturating_sub(reached_nat);
                 }
             }
-            out.push(c);
+            out.push(ServicePortCounts { family, name: p.name.clone(), counts: c });
         }
     }
     Ok(out)

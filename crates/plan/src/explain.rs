@@ -26,7 +26,8 @@ mod answer;
 
 pub use agreement::{Observed, Strictness};
 pub use answer::{
-    DestinationKind, Endpoint, Explanation, SnatReason, SourceKind, SourceRanges, Verdict, service_port_label,
+    ConnectionCounts, DestinationKind, Endpoint, Explanation, SnatReason, SourceKind, SourceRanges, Verdict,
+    service_port_label,
 };
 
 use crate::model::{
@@ -75,12 +76,12 @@ pub fn explain(plan: &Plan, host: &Host, packet: &Packet) -> Explanation {
         return unclaimed(fam, source, packet);
     };
     let mut out = Explanation {
-        service: Some(service_port_label(p)),
+        service: Some(service_port_label(&p.name)),
         destination: Some(kind),
         affinity_timeout_seconds: p.affinity_timeout,
         ..Explanation::untouched(source, String::new())
     };
-    let what = format!("{} {} {} of {}", packet.protocol, kind, packet.to, service_port_label(p));
+    let what = format!("{} {} {} of {}", packet.protocol, kind, packet.to, service_port_label(&p.name));
 
     // filter prerouting/output, before DNAT: the source-range firewall of LoadBalancer IPs.
     if kind == DestinationKind::LoadBalancerIp && !p.source_ranges.is_empty() {

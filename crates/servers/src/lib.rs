@@ -30,7 +30,8 @@ pub use explain::{ExplainQuery, ExplainResult, ExplainUnavailable, Explainer};
 pub use health::{FamilyHealth, HealthStatus, Probe, ProbeResponse, ProxyHealth};
 pub use healthz::{healthz_router, serve_healthz};
 pub use metrics::{
-    DataplaneMode, Exposition, Metrics, TrafficPolicyKind, network_programming_buckets, sync_duration_buckets,
+    DataplaneMode, Exposition, Metrics, ServiceConnections, TrafficPolicyKind, network_programming_buckets,
+    sync_duration_buckets,
 };
 pub use metrics_server::{CONFIGZ_GROUP, MetricsServerInfo, metrics_router, serve_metrics};
 pub use process_metrics::{ProcessCollector, ProcessSample};

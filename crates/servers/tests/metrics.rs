@@ -396,3 +396,31 @@ async fn debug_explain_hands_the_parsed_query_to_the_explainer_and_maps_its_fail
     let r = get(without.local_addr(), "/debug/explain?from=203.0.113.7&to=198.18.128.10:80").await.unwrap();
     assert_eq!(r.status, 404);
 }
+
+#[test]
+fn service_connections_follow_the_kernel_counts_across_a_counter_restart() {
+    use kproxy_servers::{Exposition, ServiceConnections};
+    let metrics = Metrics::new(DataplaneMode::Nftables);
+    let count = |total| ServiceConnections {
+        family: IpFamily::V4,
+        namespace: "demo".into(),
+        service: "web".into(),
+        port: "http".into(),
+        protocol: "tcp".into(),
+        verdict: "served",
+        total,
+    };
+    let series = "kproxy_service_new_connections_total{ip_family=\"IPv4\",namespace=\"demo\",service=\"web\",port=\"http\",protocol=\"tcp\",verdict=\"served\"}";
+    let value = |m: &Metrics| {
+        let text = m.encode(Exposition::PrometheusText).unwrap();
+        text.lines().find_map(|l| l.strip_prefix(series)?.trim().parse::<u64>().ok())
+    };
+    metrics.set_service_connections([count(0)]);
+    assert_eq!(value(&metrics), Some(0), "a counted port is exported from zero");
+    metrics.set_service_connections([count(7)]);
+    metrics.set_service_connections([count(10)]);
+    assert_eq!(value(&metrics), Some(10));
+    // The element was recreated: its counter restarted at 0 and has counted 3 since.
+    metrics.set_service_connections([count(3)]);
+    assert_eq!(value(&metrics), Some(13));
+}

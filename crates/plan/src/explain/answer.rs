@@ -7,7 +7,7 @@ use std::net::{IpAddr, SocketAddr};
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
-use crate::model::ServicePortPlan;
+use crate::model::ServicePortName;
 
 /// Who sent the packet, as the ruleset tells them apart.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -167,6 +167,20 @@ pub struct SourceRanges {
     pub source_allowed: bool,
 }
 
+/// New connections of one service port by what became of them, as the kernel counted them
+/// (per-Service counters, nftables mode, opt-in).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConnectionCounts {
+    /// Sent to an endpoint.
+    pub served: u64,
+    /// Rejected: the service has no endpoints.
+    pub rejected_no_endpoints: u64,
+    /// Dropped: a Local traffic policy without a local endpoint.
+    pub dropped_no_local_endpoints: u64,
+    /// Dropped by `loadBalancerSourceRanges`.
+    pub dropped_by_source_ranges: u64,
+}
+
 /// What this node does with a packet, and why.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Explanation {
@@ -192,6 +206,10 @@ pub struct Explanation {
     pub affinity_timeout_seconds: Option<u32>,
     /// Established connections are offloaded to the flowtable (KEP-4963), when the kernel has one.
     pub acceleration_eligible: bool,
+    /// The service port's new connections so far, when a running kproxy counts them
+    /// (`--service-counters`); absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connections: Option<ConnectionCounts>,
 }
 
 impl Explanation {
@@ -208,13 +226,13 @@ impl Explanation {
             source_ranges: None,
             affinity_timeout_seconds: None,
             acceleration_eligible: false,
+            connections: None,
         }
     }
 }
 
 /// How `ns/name:port` is spelled in explanations (upstream's spelling without the protocol).
-pub fn service_port_label(p: &ServicePortPlan) -> String {
-    let n = &p.name;
+pub fn service_port_label(n: &ServicePortName) -> String {
     if n.port.is_empty() {
         format!("{}/{}", n.namespace, n.service)
     } else {
