@@ -1,8 +1,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
-//! Per-Service counters in the kernel: with `service_counters` on, known connections to a
-//! served ClusterIP, a Service without endpoints, a LoadBalancer IP whose source ranges exclude
-//! the client and that Service's NodePort come back from the counted maps' elements as exactly
-//! that many served, rejected and range-dropped connections.
+//! Per-Service counters in the kernel: with `service_counters` on (over the tables of a kproxy
+//! that ran without), known connections to a served ClusterIP, a Service without endpoints, a
+//! LoadBalancer IP whose source ranges exclude the client and that Service's NodePort come back
+//! from the counted maps' elements as exactly that many served, rejected and range-dropped
+//! connections.
 
 use kproxy_nft_netlink::NetlinkExecutor;
 use kproxy_nft_netlink::counters::element_counters;
@@ -74,11 +75,14 @@ fn counters_count_served_rejected_and_range_dropped_connections_per_service_port
     let node =
         NodeContext { name: "node-a".into(), node_ip_override: Vec::new(), local_addresses: vec![NODE_IP_V4.into()] };
     let plan = Planner::new(policy, node).build(&state);
+    // A kproxy without counters ran before: turning them on takes over its tables.
+    let mut uncounted = tb.node().run_in(|| NftablesDataplane::new(NetlinkExecutor::new(), Config::default())).unwrap();
+    tb.node().run_in(|| uncounted.full_sync(&plan)).unwrap().unwrap();
     let mut dp = tb.node().run_in(|| NftablesDataplane::new(NetlinkExecutor::new(), config())).unwrap();
     tb.node().run_in(|| dp.partial_sync(&plan, &PlanDelta::between(&Plan::default(), &plan))).unwrap().unwrap();
 
-    let before = read(&tb, &plan);
-    assert!(before.iter().all(|c| c.counts == ConnectionCounts::default()), "{before:?}");
+    let initial = read(&tb, &plan);
+    assert!(initial.iter().all(|c| c.counts == ConnectionCounts::default()), "{initial:?}");
     let options = ProbeOptions::with_timeout(std::time::Duration::from_millis(500));
     let probe = |from: &kproxy_testbed::Netns, to: &str, n: usize| {
         probe_many(from, Proto::Tcp, to.parse().unwrap(), n, &options).unwrap()
