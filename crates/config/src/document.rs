@@ -7,8 +7,8 @@
 //!
 //! Parsing goes YAML/JSON → `serde_json::Value` → these types through `serde_path_to_error`, so a
 //! type error names its path (`iptables.syncPeriod: invalid duration "3x"`) whichever syntax the
-//! file used. kproxy's own extensions (`noMasqueradeCIDRs`, `snatToNodeIP`, `acceleration`) are
-//! fields of the same document.
+//! file used. kproxy's own extensions (`noMasqueradeCIDRs`, `snatToNodeIP`, `serviceCounters`,
+//! `acceleration`) are fields of the same document.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -59,6 +59,7 @@ pub(crate) struct Document {
     pub no_masquerade_cidrs: Option<Vec<String>>,
     #[serde(rename = "snatToNodeIP")]
     pub snat_to_node_ip: Option<bool>,
+    pub service_counters: Option<bool>,
     pub acceleration: Option<AccelerationDoc>,
 }
 

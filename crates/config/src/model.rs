@@ -342,6 +342,8 @@ pub struct ProxyConfig {
     pub no_masquerade_cidrs: Vec<IpNet>,
     /// KEP-6246 part 2: SNAT to the node's InternalIP instead of MASQUERADE.
     pub snat_to_node_ip: bool,
+    /// Per-Service counters of new connections by verdict (nftables mode only).
+    pub service_counters: bool,
     /// KEP-4963 flowtable fast path.
     pub acceleration: AccelerationConfig,
     /// Where cluster objects come from.
@@ -384,6 +386,7 @@ impl Default for ProxyConfig {
             config_sync_period: Duration::from_secs(15 * 60),
             no_masquerade_cidrs: Vec::new(),
             snat_to_node_ip: false,
+            service_counters: false,
             acceleration: AccelerationConfig::default(),
             source: SourceSelection::KubernetesApi,
             dry_run: false,

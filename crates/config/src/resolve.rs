@@ -368,6 +368,10 @@ fn apply_extension_flags(s: &mut Settings, f: &Flags) {
     if let Some(v) = f.snat_to_node_ip {
         s.snat_to_node_ip = v;
     }
+    if let Some(v) = f.service_counters {
+        s.service_counters = v;
+        s.set_by("serviceCounters", "--service-counters");
+    }
     if let Some(v) = f.acceleration {
         s.acceleration_enabled = v;
     }

@@ -87,6 +87,7 @@ pub(crate) struct Settings {
     pub port_range: String,
     pub no_masquerade_cidrs: Vec<String>,
     pub snat_to_node_ip: bool,
+    pub service_counters: bool,
     pub acceleration_enabled: bool,
     pub acceleration_packet_threshold: i64,
     /// Field path → the flag that set it, for error messages.
@@ -272,6 +273,7 @@ pub(crate) fn from_document(doc: Document) -> Settings {
         port_range: doc.port_range.unwrap_or_default(),
         no_masquerade_cidrs: doc.no_masquerade_cidrs.unwrap_or_default(),
         snat_to_node_ip: doc.snat_to_node_ip.unwrap_or(false),
+        service_counters: doc.service_counters.unwrap_or(false),
         acceleration_enabled: accel.enabled.unwrap_or(true),
         acceleration_packet_threshold: accel.packet_threshold.unwrap_or(DEFAULT_PACKET_THRESHOLD),
         raw_mode,

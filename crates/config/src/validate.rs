@@ -264,6 +264,9 @@ pub(crate) fn validate(s: &Settings, warnings: &mut Vec<String>) -> Result<Proxy
     } else {
         mode
     };
+    if s.service_counters && mode != ProxyMode::Nftables {
+        c.fail("serviceCounters", true, "per-Service counters are read from nftables maps: they need mode nftables");
+    }
     if mode == ProxyMode::Nftables {
         for (i, entry) in node_port_addresses.iter().enumerate() {
             if is_loopback_only(entry) {
@@ -350,6 +353,7 @@ pub(crate) fn validate(s: &Settings, warnings: &mut Vec<String>) -> Result<Proxy
         config_sync_period,
         no_masquerade_cidrs,
         snat_to_node_ip: s.snat_to_node_ip,
+        service_counters: s.service_counters,
         acceleration: AccelerationConfig {
             enabled: gates.acceleration.unwrap_or(s.acceleration_enabled),
             packet_threshold,

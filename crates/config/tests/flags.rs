@@ -243,6 +243,15 @@ fn extension_flags_without_a_file() {
 }
 
 #[test]
+fn service_counters_are_opt_in_and_only_for_nftables() {
+    assert!(!resolve_ok(&[]).service_counters);
+    assert!(resolve_ok(&["--service-counters"]).service_counters);
+    let refused = resolve(&["--service-counters", "--proxy-mode=iptables"]);
+    let error = refused.expect_err("counters are read from nftables maps").to_string();
+    assert!(error.contains("serviceCounters") && error.contains("--service-counters"), "{error}");
+}
+
+#[test]
 fn actions_follow_upstream_order() {
     assert_eq!(resolve_ok(&["--cleanup"]).action, Action::Cleanup);
     assert_eq!(resolve_ok(&["--init-only"]).action, Action::InitOnly);

@@ -179,17 +179,12 @@ pub fn render_port(
                 }
             }
         }
-        if !p.source_ranges.is_empty() && !p.load_balancer_ips.is_empty() {
+        let allowed = p.firewall_allowed_sources(node.node_ip);
+        if !allowed.is_empty() {
             for lb in &p.load_balancer_ips {
                 out.elements.push(elem(t::FIREWALL_DESTS, dest(lb, p.port), None));
-                for range in &p.source_ranges {
+                for range in &allowed {
                     out.elements.push(elem(t::FIREWALL_ALLOW, allow(lb, *range), None));
-                }
-                // Traffic from the node to its own LB IP may carry the LB IP as source.
-                if node.node_ip.is_some_and(|n| p.source_ranges.iter().any(|r| r.contains(&n))) {
-                    for src in &p.load_balancer_ips {
-                        out.elements.push(elem(t::FIREWALL_ALLOW, allow(lb, IpNet::from(*src)), None));
-                    }
                 }
             }
         }

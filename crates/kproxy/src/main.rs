@@ -1,13 +1,15 @@
 //! kproxy: a Kubernetes Service proxy, drop-in for kube-proxy.
 //!
 //! `kproxy [kube-proxy flags]` runs the proxy; `kproxy plan --manifests DIR` prints the plan;
-//! `kproxy demo` runs the live demo in a sandbox of network namespaces.
+//! `kproxy explain` says what a node does with one packet, and why; `kproxy demo` runs the live
+//! demo in a sandbox of network namespaces.
 
 mod api_client;
 mod change_metrics;
 mod columns;
 mod dataplane;
 mod demo;
+mod explain;
 mod families;
 mod node;
 mod node_addresses;
@@ -60,6 +62,9 @@ enum Command {
         #[arg(long)]
         node: Option<String>,
     },
+    /// What a node does with one packet, and why: from manifests, the API server, or a running
+    /// kproxy (`--server`).
+    Explain(explain::ExplainArgs),
     /// Live demo: network namespaces, kproxy on examples/, real traffic, a table; cleans up.
     Demo {
         /// Directory of YAML manifests to proxy.
@@ -103,6 +108,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     }
     match cli.command {
         Some(Command::Plan { manifests, output, node }) => return print_plan(&config, &manifests, output, node),
+        Some(Command::Explain(args)) => return explain::run(&config, args),
         Some(Command::Demo { manifests, mode }) => return demo::run(&manifests, &mode),
         None => {}
     }
@@ -201,6 +207,24 @@ fn print_plan(config: &ProxyConfig, dir: &Path, output: Output, node: Option<Str
     Ok(())
 }
 
+/// `/debug/explain` answered by the sync loop through `requests`.
+fn explainer(requests: mpsc::Sender<proxier::ExplainRequest>) -> kproxy_servers::Explainer {
+    use kproxy_servers::ExplainUnavailable;
+    kproxy_servers::Explainer::new(move |q: kproxy_servers::ExplainQuery| {
+        let requests = requests.clone();
+        async move {
+            let packet = kproxy_plan::explain::Packet { from: q.from, to: q.to, protocol: q.protocol };
+            let (reply, answer) = tokio::sync::oneshot::channel();
+            requests.send(proxier::ExplainRequest { packet, reply }).await.map_err(|_| ExplainUnavailable::Busy)?;
+            match answer.await {
+                Ok(Some(explanation)) => serde_json::to_value(explanation).map_err(|_| ExplainUnavailable::Busy),
+                Ok(None) => Err(ExplainUnavailable::NotSynced),
+                Err(_) => Err(ExplainUnavailable::Busy),
+            }
+        }
+    })
+}
+
 /// How long a stopping kproxy waits for work in flight. A sync in progress is not waited for:
 /// each one is atomic in the kernel (one nf_tables batch, one `iptables-restore` per table), so
 /// leaving mid-sync leaves the last committed ruleset, and a long sync (seconds at 50k Services)
@@ -251,7 +275,10 @@ fn serve(runtime: &tokio::runtime::Runtime, config: ProxyConfig) -> anyhow::Resu
                 (tokio::spawn(kproxy_kube_source::run(client, options, tx, stats)), Some(counters))
             }
         };
-        let (mut observer, _servers) = start_servers(&config, &name, families, source_counters).await?;
+        // `/debug/explain` questions go to the sync loop, which owns the plan.
+        let (explain_tx, explain_rx) = mpsc::channel::<proxier::ExplainRequest>(16);
+        let (mut observer, _servers) =
+            start_servers(&config, &name, families, explainer(explain_tx), source_counters).await?;
         // One owner of the node's addresses, followed over rtnetlink: the planner (through the
         // sync loop) and the conntrack reconciler (through the observer) read it.
         observer.follow_node_addresses(node_addresses::follow());
@@ -269,7 +296,8 @@ fn serve(runtime: &tokio::runtime::Runtime, config: ProxyConfig) -> anyhow::Resu
         let proxier_task = match (config.mode, config.dry_run) {
             (ProxyMode::Nftables, false) => {
                 let dp = NftablesDataplane::new(kproxy_nft_netlink::NetlinkExecutor::new(), nft_config(&config));
-                spawn_proxier(planner, dp, observer, pacing, rx)
+                let counters = config.service_counters.then(|| counter_reader(nft_config(&config)));
+                spawn_proxier(planner, dp, observer, pacing, rx, explain_rx, counters)
             }
             (ProxyMode::Nftables, true) => spawn_proxier(
                 planner,
@@ -277,6 +305,8 @@ fn serve(runtime: &tokio::runtime::Runtime, config: ProxyConfig) -> anyhow::Resu
                 observer,
                 pacing,
                 rx,
+                explain_rx,
+                None,
             ),
             (ProxyMode::Iptables, false) => {
                 let backend = kproxy_iptables::backend::detect();
@@ -284,21 +314,21 @@ fn serve(runtime: &tokio::runtime::Runtime, config: ProxyConfig) -> anyhow::Resu
                 let exec = kproxy_iptables::IptablesRestore::new(backend);
                 let dp = IptablesDataplane::new(exec, iptables_config(&config));
                 observer.count_iptables_rules(dp.rule_counter());
-                spawn_proxier(planner, dp, observer, pacing, rx)
+                spawn_proxier(planner, dp, observer, pacing, rx, explain_rx, None)
             }
             (ProxyMode::Iptables, true) => {
                 let dp = IptablesDataplane::new(dataplane::PrintRestores::default(), iptables_config(&config));
                 observer.count_iptables_rules(dp.rule_counter());
-                spawn_proxier(planner, dp, observer, pacing, rx)
+                spawn_proxier(planner, dp, observer, pacing, rx, explain_rx, None)
             }
             (ProxyMode::Ipvs, false) => {
                 let dp = kproxy_ipvs::IpvsDataplane::new(kproxy_ipvs::KernelHost::new(), ipvs_config(&config)?);
-                spawn_proxier(planner, dp, observer, pacing, rx)
+                spawn_proxier(planner, dp, observer, pacing, rx, explain_rx, None)
             }
             // The in-memory kernel records what would be programmed.
             (ProxyMode::Ipvs, true) => {
                 let dp = kproxy_ipvs::IpvsDataplane::new(kproxy_ipvs::FakeHost::new(), ipvs_config(&config)?);
-                spawn_proxier(planner, dp, observer, pacing, rx)
+                spawn_proxier(planner, dp, observer, pacing, rx, explain_rx, None)
             }
         };
         let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
@@ -337,6 +367,7 @@ async fn start_servers(
     config: &ProxyConfig,
     node_name: &str,
     families: Vec<kproxy_state::IpFamily>,
+    explainer: kproxy_servers::Explainer,
     source_counters: Option<std::sync::Arc<dyn kproxy_servers::SourceCounters>>,
 ) -> anyhow::Result<(DaemonObserver, Vec<kproxy_servers::RunningServer>)> {
     use kproxy_servers::{DataplaneMode, HealthCheckBind, MetricsServerInfo, ProxyHealth, ServiceHealthServer};
@@ -381,6 +412,7 @@ async fn start_servers(
                 .ok()
                 .and_then(|yaml| serde_saphyr::from_str::<serde_json::Value>(&yaml).ok())
                 .unwrap_or_default(),
+            explainer: Some(explainer),
         };
         match kproxy_servers::serve_metrics(addr, metrics.clone(), info).await {
             Ok(server) => servers.push(server),
@@ -447,13 +479,18 @@ fn spawn_proxier<D: kproxy_plan::Dataplane + 'static>(
     observer: DaemonObserver,
     pacing: Pacing,
     events: mpsc::Receiver<Change>,
+    explain_requests: mpsc::Receiver<proxier::ExplainRequest>,
+    counters: Option<proxier::CounterReader>,
 ) -> tokio::task::JoinHandle<()> {
     // Syncs block (netlink, `iptables-restore`, conntrack): run the loop on its own thread so the
     // API watch, /healthz and the health-check ports never wait for one.
     let runtime = tokio::runtime::Handle::current();
     tokio::task::spawn_blocking(move || {
         let addresses = observer.node_addresses();
-        let mut proxier = Proxier::new(planner, dataplane, observer, pacing);
+        let mut proxier = Proxier::new(planner, dataplane, observer, pacing).answer_explain(explain_requests);
+        if let Some(read) = counters {
+            proxier = proxier.count_services(read);
+        }
         if let Some(addresses) = addresses {
             proxier = proxier.follow_local_addresses(addresses);
         }
@@ -462,7 +499,24 @@ fn spawn_proxier<D: kproxy_plan::Dataplane + 'static>(
 }
 
 fn nft_config(config: &ProxyConfig) -> kproxy_nftables::Config {
-    kproxy_nftables::Config { masquerade_mark: config.masquerade_mark(), ..Default::default() }
+    kproxy_nftables::Config {
+        masquerade_mark: config.masquerade_mark(),
+        service_counters: config.service_counters,
+        ..Default::default()
+    }
+}
+
+/// Reads the per-Service counters of the nftables dataplane configured by `nft`, over a netlink
+/// socket of its own.
+fn counter_reader(nft: kproxy_nftables::Config) -> proxier::CounterReader {
+    let mut exec = kproxy_nft_netlink::NetlinkExecutor::new();
+    Box::new(move |plan| {
+        kproxy_nftables::counters::read(&nft, plan, |table, set, keys| {
+            let counts = kproxy_nft_netlink::counters::element_counters(&mut exec, table, set, keys)?;
+            Ok::<_, std::io::Error>(counts.into_iter().map(|c| c.map(|c| c.packets)).collect())
+        })
+        .map_err(|e| e.to_string())
+    })
 }
 
 fn ipvs_config(config: &ProxyConfig) -> anyhow::Result<kproxy_ipvs::Config> {

@@ -279,6 +279,28 @@ impl SyncObserver for DaemonObserver {
         self.metrics.inc_drift_repair();
     }
 
+    fn counted(&mut self, counts: &[kproxy_nftables::counters::ServicePortCounts]) {
+        let series = counts.iter().flat_map(|c| {
+            let n = &c.counts;
+            [
+                ("served", n.served),
+                ("rejected_no_endpoints", n.rejected_no_endpoints),
+                ("dropped_no_local_endpoints", n.dropped_no_local_endpoints),
+                ("dropped_by_source_ranges", n.dropped_by_source_ranges),
+            ]
+            .map(|(verdict, total)| kproxy_servers::ServiceConnections {
+                family: c.family,
+                namespace: c.name.namespace.clone(),
+                service: c.name.service.clone(),
+                port: c.name.port.clone(),
+                protocol: c.name.protocol.as_str().to_owned(),
+                verdict,
+                total,
+            })
+        });
+        self.metrics.set_service_connections(series);
+    }
+
     fn rejected(&mut self, errors: &[ObjectError]) {
         for e in errors {
             self.metrics.inc_invalid_object(&e.kind.to_string());

@@ -13,9 +13,13 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use kproxy_plan::{Dataplane, Plan, PlanDelta, Planner, Verified};
-use kproxy_state::{Change, ClusterState, Kind};
-use tokio::sync::mpsc;
+use std::collections::HashMap;
+
+use kproxy_nftables::counters::ServicePortCounts;
+use kproxy_plan::explain::{ConnectionCounts, Explanation, Host, Packet, explain, service_port_label};
+use kproxy_plan::{Dataplane, Plan, PlanDelta, Planner, ServicePortName, Verified};
+use kproxy_state::{Change, ClusterState, IpFamily, Kind};
+use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, info, warn};
 
 /// Something to do after each successful sync (health, conntrack, health-check servers).
@@ -33,6 +37,8 @@ pub trait SyncObserver: Send {
     /// The periodic check found kproxy's rules changed by someone else (each line says how) and
     /// repaired them.
     fn drift_repaired(&mut self, _drift: &[String]) {}
+    /// Per-Service counters were read.
+    fn counted(&mut self, _counts: &[ServicePortCounts]) {}
 }
 
 /// How often the plan is rebuilt from the state and fully synced, as upstream's nftables mode
@@ -104,6 +110,29 @@ impl SyncTokens {
     }
 }
 
+/// A question for the sync loop: what the plan now in the kernel does with one packet. The
+/// loop owns the plan, so it answers between syncs instead of publishing a copy at every sync.
+#[derive(Debug)]
+pub struct ExplainRequest {
+    /// The packet.
+    pub packet: Packet,
+    /// The answer; `None` while nothing has been synced.
+    pub reply: oneshot::Sender<Option<Explanation>>,
+}
+
+/// Reads the kernel's per-Service counters for a plan (see `kproxy_nftables::counters`).
+pub type CounterReader = Box<dyn FnMut(&Plan) -> Result<Vec<ServicePortCounts>, String> + Send>;
+
+/// How often per-Service counters are read and exported.
+pub const COUNTERS_PERIOD: Duration = Duration::from_secs(10);
+
+/// Per-Service counters: how to read them, and the last reading.
+struct Counting {
+    read: CounterReader,
+    last: HashMap<(IpFamily, ServicePortName), ConnectionCounts>,
+    next_at: Instant,
+}
+
 /// The proxier: owns the state, the plan and the dataplane.
 pub struct Proxier<D, O> {
     state: ClusterState,
@@ -122,6 +151,10 @@ pub struct Proxier<D, O> {
     retry_at: Option<Instant>,
     /// The node's interface addresses, when followed ([`Proxier::follow_local_addresses`]).
     local_addresses: Option<tokio::sync::watch::Receiver<Vec<std::net::IpAddr>>>,
+    /// `/debug/explain` questions, when answered ([`Proxier::answer_explain`]).
+    explain_requests: Option<mpsc::Receiver<ExplainRequest>>,
+    /// Per-Service counters, when on ([`Proxier::count_services`]).
+    counting: Option<Counting>,
 }
 
 impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
@@ -141,7 +174,83 @@ impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
             pending: false,
             retry_at: None,
             local_addresses: None,
+            explain_requests: None,
+            counting: None,
         }
+    }
+
+    /// Reads per-Service counters with `read` every [`COUNTERS_PERIOD`] once synced, hands them
+    /// to the observer and adds them to explanations.
+    pub fn count_services(mut self, read: CounterReader) -> Self {
+        self.counting = Some(Counting { read, last: HashMap::new(), next_at: Instant::now() });
+        self
+    }
+
+    /// Waits until `due` (when counters are next read); forever when they are off.
+    async fn counters_due(due: Option<Instant>) {
+        match due {
+            Some(at) => tokio::time::sleep_until(at).await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Reads the counters (after the first sync: before it, the maps are not there).
+    fn count(&mut self) {
+        let Some(counting) = self.counting.as_mut() else { return };
+        counting.next_at = Instant::now() + COUNTERS_PERIOD;
+        if self.last_full_sync.is_none() {
+            return;
+        }
+        match (counting.read)(&self.plan) {
+            Ok(counts) => {
+                counting.last = counts.iter().map(|c| ((c.family, c.name.clone()), c.counts)).collect();
+                self.observer.counted(&counts);
+            }
+            Err(e) => warn!(error = %e, "reading the per-Service counters failed"),
+        }
+    }
+
+    /// Answers [`ExplainRequest`]s from the plan of the last sync.
+    pub fn answer_explain(mut self, requests: mpsc::Receiver<ExplainRequest>) -> Self {
+        self.explain_requests = Some(requests);
+        self
+    }
+
+    /// The next question; never, when none are taken or their sender is gone.
+    async fn next_explain_request(requests: &mut Option<mpsc::Receiver<ExplainRequest>>) -> ExplainRequest {
+        let Some(rx) = requests else { return std::future::pending().await };
+        match rx.recv().await {
+            Some(request) => request,
+            None => {
+                *requests = None;
+                std::future::pending().await
+            }
+        }
+    }
+
+    /// What the plan in the kernel does with `packet`; `None` before the first sync and after a
+    /// failed one (the kernel then holds an older plan than this one), until a sync succeeds.
+    pub fn explain(&self, packet: &Packet) -> Option<Explanation> {
+        if self.last_full_sync.is_none() || self.retry_at.is_some() {
+            return None;
+        }
+        let local_addresses = match &self.local_addresses {
+            Some(rx) => rx.borrow().clone(),
+            None => self.planner.node().local_addresses.clone(),
+        };
+        let host = Host::of_node(&self.state, &self.planner.node().name, local_addresses);
+        let mut answer = explain(&self.plan, &host, packet);
+        if let (Some(counting), Some(service)) = (&self.counting, &answer.service) {
+            let family = IpFamily::of(&packet.to.ip());
+            answer.connections = counting
+                .last
+                .iter()
+                .find(|((f, name), _)| {
+                    *f == family && name.protocol == packet.protocol && service_port_label(name) == *service
+                })
+                .map(|(_, counts)| *counts);
+        }
+        Some(answer)
     }
 
     /// Replans whenever the node's interface addresses change (`crate::node_addresses`).
@@ -306,6 +415,10 @@ impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
                 event = events.recv() => match event {
                     Some(change) => self.apply(change),
                     None => return self,
+                },
+                _ = Self::counters_due(self.counting.as_ref().map(|c| c.next_at)) => self.count(),
+                request = Self::next_explain_request(&mut self.explain_requests) => {
+                    let _ = request.reply.send(self.explain(&request.packet));
                 },
                 addresses = Self::next_local_addresses(&mut self.local_addresses) => {
                     if self.planner.set_local_addresses(addresses) {

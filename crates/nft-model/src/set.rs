@@ -105,13 +105,15 @@ pub struct SetDef {
     pub size: Option<u32>,
     /// Comment.
     pub comment: Option<String>,
+    /// Every element carries a counter of the packets and bytes that matched it (`counter;`).
+    pub counter: bool,
 }
 
 impl SetDef {
     /// A set or map of `ty` with no flags, timeout, size or comment; the other fields are set
     /// with struct update syntax.
     pub fn new(name: impl Into<String>, ty: SetType) -> Self {
-        SetDef { name: name.into(), ty, flags: vec![], timeout: None, size: None, comment: None }
+        SetDef { name: name.into(), ty, flags: vec![], timeout: None, size: None, comment: None, counter: false }
     }
 
     /// A set of keys of the given types.
@@ -176,6 +178,9 @@ impl fmt::Display for SetDef {
         }
         if let Some(size) = self.size {
             write!(f, " size {size};")?;
+        }
+        if self.counter {
+            f.write_str(" counter;")?;
         }
         if let Some(c) = &self.comment {
             write!(f, " comment {};", crate::transaction::quote(c))?;
@@ -263,5 +268,17 @@ impl fmt::Display for Element {
             Some(v) => write!(f, "{{ {} : {v} }}", self.key),
             None => write!(f, "{{ {} }}", self.key),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_counted_set_declares_its_counter() {
+        let counted = SetDef { counter: true, ..SetDef::of("dests", vec![DataType::Ipv4Addr]) };
+        assert!(counted.to_string().contains(" counter; }"), "{counted}");
+        assert!(!SetDef::of("dests", vec![DataType::Ipv4Addr]).to_string().contains("counter"));
     }
 }

@@ -326,6 +326,14 @@ impl Encoder {
             self.buf.end_nest(n);
         }
         self.buf.put_be32(NFTA_SET_ID, id);
+        if def.counter {
+            // The set's expression template: the kernel gives each new element its own counter.
+            let expr = self.buf.begin_nest(NFTA_SET_EXPR);
+            self.buf.put_str(NFTA_EXPR_NAME, "counter");
+            let data = self.buf.begin_nest(NFTA_EXPR_DATA);
+            self.buf.end_nest(data);
+            self.buf.end_nest(expr);
+        }
         if let Some(timeout) = def.timeout {
             self.buf.put_be64(NFTA_SET_TIMEOUT, u64::from(timeout) * 1000);
         }

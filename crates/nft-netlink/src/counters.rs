@@ -1,18 +1,80 @@
-//! Reads back the one kind of state kproxy asks the kernel for besides drift checks: the
-//! packets that the `counter` statements of a chain's rules have counted (the acceleration
-//! table counts offloaded connections so), with one rule dump and no `nft`.
+//! Reads back the counters kproxy asks the kernel for besides drift checks, with one dump and no
+//! `nft`: the packets that the `counter` statements of a chain's rules have counted (the
+//! acceleration table counts offloaded connections so), and the counters of the elements of a
+//! set declared with `counter` (per-Service counters).
 
 use std::io;
 
-use kproxy_nft_model::TableRef;
+use kproxy_nft_model::{Key, TableRef};
 
 use crate::NetlinkExecutor;
 use crate::batch::nfproto;
 use crate::sys::*;
 use crate::wire::{Attr, Attrs};
 
+/// `NFTA_COUNTER_BYTES` (a big-endian u64).
+const NFTA_COUNTER_BYTES: u16 = 1;
 /// `NFTA_COUNTER_PACKETS` (a big-endian u64).
 const NFTA_COUNTER_PACKETS: u16 = 2;
+
+/// What one counter counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Counted {
+    /// Packets.
+    pub packets: u64,
+    /// Bytes.
+    pub bytes: u64,
+}
+
+/// The counters of the elements of `set` with these `keys`, in order: `None` for a key the set
+/// does not hold (or holds without a counter). One dump of the set's elements.
+pub fn element_counters(
+    exec: &mut NetlinkExecutor,
+    table: &TableRef,
+    set: &str,
+    keys: &[Key],
+) -> io::Result<Vec<Option<Counted>>> {
+    let sock = exec.socket()?;
+    let mut counted: std::collections::HashMap<Vec<u8>, Counted> = std::collections::HashMap::new();
+    let (table_name, set_name) = (table.name.clone(), set.to_owned());
+    sock.dump(
+        NFT_MSG_GETSETELEM,
+        nfproto(table.family),
+        move |m| {
+            m.put_str(NFTA_SET_ELEM_LIST_TABLE, &table_name);
+            m.put_str(NFTA_SET_ELEM_LIST_SET, &set_name);
+        },
+        |msg| counted.extend(element_counts(msg)),
+    )?;
+    Ok(keys
+        .iter()
+        .map(|k| crate::lower::element_key(k).ok().and_then(|bytes| counted.get(&bytes.start).copied()))
+        .collect())
+}
+
+/// The key bytes and counter of each element of one set-element message.
+fn element_counts(msg: &[u8]) -> Vec<(Vec<u8>, Counted)> {
+    let elements = Attrs(msg).filter(|a| a.kind == NFTA_SET_ELEM_LIST_ELEMENTS).flat_map(|a| a.nested());
+    elements
+        .filter_map(|elem| {
+            let key = elem.nested().find(|a| a.kind == NFTA_SET_ELEM_KEY)?;
+            let key = key.nested().find(|a| a.kind == NFTA_DATA_VALUE)?.data.to_vec();
+            // One expression comes as NFTA_SET_ELEM_EXPR, several as a list.
+            let single = elem.nested().filter(|a| a.kind == NFTA_SET_ELEM_EXPR);
+            let listed = elem.nested().filter(|a| a.kind == NFTA_SET_ELEM_EXPRESSIONS).flat_map(|a| a.nested());
+            let counter = single.chain(listed).find_map(|expr| {
+                let name = expr.nested().find(|a| a.kind == NFTA_EXPR_NAME)?.str();
+                let data = expr.nested().find(|a| a.kind == NFTA_EXPR_DATA)?;
+                let field = |kind| data.nested().find(|a| a.kind == kind).and_then(be64);
+                (name == "counter").then(|| Counted {
+                    packets: field(NFTA_COUNTER_PACKETS).unwrap_or(0),
+                    bytes: field(NFTA_COUNTER_BYTES).unwrap_or(0),
+                })
+            })?;
+            Some((key, counter))
+        })
+        .collect()
+}
 
 /// The packets counted by every `counter` statement of the rules of `chain`, added up; `None`
 /// when the chain has no counter (a missing table or chain dumps as no rules).
@@ -82,5 +144,34 @@ mod tests {
         let payload = crate::socket::messages(m.bytes()).next().unwrap().payload[4..].to_vec();
         assert_eq!(rule_packets(&payload), vec![42]);
         assert_eq!(rule_packets(&[]), Vec::<u64>::new());
+    }
+
+    /// A set-element message as the kernel dumps it: one element with its counter, one without.
+    #[test]
+    fn element_counters_are_read_with_their_keys() {
+        let mut m = MsgBuf::new();
+        m.begin_nft(NFT_MSG_NEWSETELEM, 0, 1, NFPROTO_INET);
+        m.put_str(NFTA_SET_ELEM_LIST_TABLE, "t");
+        let list = m.begin_nest(NFTA_SET_ELEM_LIST_ELEMENTS);
+        for (key, counted) in [([1u8, 2, 3, 4], Some((7u64, 420u64))), ([5, 6, 7, 8], None)] {
+            let elem = m.begin_nest(NFTA_LIST_ELEM);
+            let k = m.begin_nest(NFTA_SET_ELEM_KEY);
+            m.put(NFTA_DATA_VALUE, &key);
+            m.end_nest(k);
+            if let Some((packets, bytes)) = counted {
+                let expr = m.begin_nest(NFTA_SET_ELEM_EXPR);
+                m.put_str(NFTA_EXPR_NAME, "counter");
+                let data = m.begin_nest(NFTA_EXPR_DATA);
+                m.put_be64(NFTA_COUNTER_BYTES, bytes);
+                m.put_be64(NFTA_COUNTER_PACKETS, packets);
+                m.end_nest(data);
+                m.end_nest(expr);
+            }
+            m.end_nest(elem);
+        }
+        m.end_nest(list);
+        m.end();
+        let payload = crate::socket::messages(m.bytes()).next().unwrap().payload[4..].to_vec();
+        assert_eq!(element_counts(&payload), vec![(vec![1, 2, 3, 4], Counted { packets: 7, bytes: 420 })]);
     }
 }

@@ -115,6 +115,12 @@ pub const NFT_SET_MAP: u32 = 0x8;
 pub const NFT_SET_TIMEOUT: u32 = 0x10;
 pub const NFT_SET_EVAL: u32 = 0x20;
 
+/// `NFTA_SET_EXPR`: an expression every element of the set gets (here: a counter).
+pub const NFTA_SET_EXPR: u16 = 17;
+/// `NFTA_SET_ELEM_EXPR`: an element's own expression (its counter).
+pub const NFTA_SET_ELEM_EXPR: u16 = 7;
+/// `NFTA_SET_ELEM_EXPRESSIONS`: an element's expressions, as a list.
+pub const NFTA_SET_ELEM_EXPRESSIONS: u16 = 11;
 pub const NFTA_SET_ELEM_LIST_TABLE: u16 = 1;
 pub const NFTA_SET_ELEM_LIST_SET: u16 = 2;
 pub const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;

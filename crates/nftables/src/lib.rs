@@ -7,8 +7,10 @@
 //!   services and endpoints.
 //! - [`NftablesDataplane`]: the in-memory applied state and the full/partial sync logic.
 //! - [`cleanup()`]: `kproxy --cleanup`.
+//! - [`counters`]: per-Service counters (opt-in), read from the elements of the dispatch maps.
 
 pub mod cleanup;
+pub mod counters;
 pub mod kernel;
 pub mod naming;
 pub mod ruleset;

@@ -43,6 +43,9 @@ pub struct Config {
     /// A cold start (first sync, or the first after a failure) is applied as transactions of at
     /// most this many operations.
     pub cold_start_chunk_ops: usize,
+    /// Per-Service counters: the dispatch, no-endpoint and firewall maps count the new
+    /// connections of each destination (see [`crate::counters`]).
+    pub service_counters: bool,
 }
 
 /// Default bound on the operations of one cold-start transaction.
@@ -54,6 +57,7 @@ impl Default for Config {
             table: TABLE_NAME.to_owned(),
             masquerade_mark: DEFAULT_MASQUERADE_MARK,
             cold_start_chunk_ops: DEFAULT_COLD_START_CHUNK_OPS,
+            service_counters: false,
         }
     }
 }
@@ -578,8 +582,8 @@ impl<E: Executor> NftablesDataplane<E> {
     }
 }
 
-fn ctx(config: &Config, family: IpFamily) -> Ctx {
-    Ctx::new(family, &config.table, config.masquerade_mark)
+pub(crate) fn ctx(config: &Config, family: IpFamily) -> Ctx {
+    Ctx { service_counters: config.service_counters, ..Ctx::new(family, &config.table, config.masquerade_mark) }
 }
 
 /// A family's skeleton split into what goes first (sets, regular chains and their rules, node

@@ -6,12 +6,16 @@
 //! the cluster objects (built from the testbed's addresses), proxy policy tweaks, and steps —
 //! probes with their expectations, and in-place updates for the cases about change.
 //!
+//! Every probe also checks what `kproxy explain` predicts for it against what the packets did
+//! (see `prediction`), so explain can not drift from the dataplanes either.
+//!
 //! The proxy's node is the testbed's `node`, named `node-a` in the cluster (`node2` is
 //! `node-b`); both carry zone labels `zone-a` / `zone-b`.
 
 mod cases;
 mod cluster;
 pub mod kep6246;
+mod prediction;
 mod runner;
 mod tests_macro;
 

@@ -243,7 +243,7 @@ fn probe_timeout() -> Duration {
     if kproxy_testbed::kernel::in_guest() { Duration::from_millis(2000) } else { Duration::from_millis(700) }
 }
 
-fn check(tb: &Testbed, c: &Check, log: &mut String) -> Result<(), String> {
+fn check(tb: &Testbed, plan: &Plan, state: &ClusterState, c: &Check, log: &mut String) -> Result<(), String> {
     let options = ProbeOptions::with_timeout(probe_timeout());
     let pod;
     let from = match client_netns(tb, &c.client) {
@@ -354,7 +354,19 @@ fn check(tb: &Testbed, c: &Check, log: &mut String) -> Result<(), String> {
         Expect::Drop if tally.timed_out != c.count => return fail("not dropped"),
         Expect::Reject | Expect::Drop => {}
     }
-    Ok(())
+    let client = client_ip(tb, &c.client, v6);
+    let host = crate::prediction::host(tb, state)?;
+    let prediction = crate::prediction::predict(plan, &host, client, c);
+    let _ = writeln!(
+        log,
+        "  explain: {} to {:?}, masquerade {}, source seen {:?}: {}",
+        prediction.verdict,
+        prediction.endpoints.iter().map(|e| e.address).collect::<Vec<_>>(),
+        prediction.masquerade,
+        prediction.source_seen,
+        prediction.reason
+    );
+    crate::prediction::check(tb, c, client, &prediction, &tally, probes)
 }
 
 fn first_host_v4(net: ipnet::Ipv4Net) -> std::net::Ipv4Addr {
@@ -406,7 +418,7 @@ pub fn run_case<D: Dataplane, F: FnOnce() -> D + Send>(case: &Case, make: F) -> 
         for (i, step) in case.steps.iter().enumerate() {
             let _ = writeln!(log, "step {i}: {}", step_label(step));
             match step {
-                Step::Probe(c) => check(&tb, c, &mut log)?,
+                Step::Probe(c) => check(&tb, &plan, &state, c, &mut log)?,
                 Step::Apply(build) => {
                     for o in build(&env) {
                         state.apply(Change::Applied(o));
@@ -442,7 +454,7 @@ pub fn run_case<D: Dataplane, F: FnOnce() -> D + Send>(case: &Case, make: F) -> 
                         }
                         std::thread::sleep(*timeout + Duration::from_millis(700));
                         let round = Check { count: 3, ..c.clone() };
-                        check(&tb, &round, &mut log)?;
+                        check(&tb, &plan, &state, &round, &mut log)?;
                         let pod;
                         let from = match client_netns(&tb, &c.client) {
                             Ok(p) => {

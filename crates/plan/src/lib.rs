@@ -11,6 +11,7 @@
 mod categorize;
 mod dataplane;
 mod delta;
+pub mod explain;
 mod model;
 mod planner;
 mod policy;

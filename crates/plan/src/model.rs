@@ -222,6 +222,20 @@ impl ServicePortPlan {
         self.internal.local || self.external.as_ref().is_some_and(|e| matches!(e.policy, ExternalPolicy::Local { .. }))
     }
 
+    /// The sources `loadBalancerSourceRanges` let through to the LoadBalancer IPs, empty when
+    /// there is no such firewall: the ranges, plus the LoadBalancer IPs themselves when the
+    /// node IP is inside a range (the node reaching its own LB IP may carry the LB IP as source).
+    pub fn firewall_allowed_sources(&self, node_ip: Option<IpAddr>) -> Vec<IpNet> {
+        if self.source_ranges.is_empty() || self.load_balancer_ips.is_empty() {
+            return Vec::new();
+        }
+        let mut allowed = self.source_ranges.clone();
+        if node_ip.is_some_and(|n| self.source_ranges.iter().any(|r| r.contains(&n))) {
+            allowed.extend(self.load_balancer_ips.iter().map(|lb| IpNet::from(*lb)));
+        }
+        allowed
+    }
+
     /// Every address that receives external traffic (external IPs then load balancer IPs).
     pub fn external_vips(&self) -> impl Iterator<Item = &IpAddr> {
         self.external_ips.iter().chain(&self.load_balancer_ips)

@@ -35,6 +35,11 @@ impl Planner {
         &self.policy
     }
 
+    /// The node planned for.
+    pub fn node(&self) -> &NodeContext {
+        &self.node
+    }
+
     /// The node's interface addresses changed (`nodePortAddresses` CIDRs resolve against them);
     /// returns whether they differ from the ones planned with, i.e. whether to replan.
     pub fn set_local_addresses(&mut self, mut addresses: Vec<IpAddr>) -> bool {

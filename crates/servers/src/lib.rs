@@ -6,6 +6,7 @@
 //! - [`serve_healthz`]: `/healthz` and `/livez` with kube-proxy's JSON bodies;
 //! - [`Metrics`] and [`serve_metrics`]: kube-proxy's metric names, types, labels and buckets,
 //!   `/metrics`, `/healthz`, `/proxyMode`, `/configz`;
+//! - [`Explainer`]: `/debug/explain` on the metrics listener, answered by the daemon;
 //! - [`ServiceHealthServer`]: the health-check node ports of `externalTrafficPolicy: Local` Services.
 //!
 //! Every server is a [`RunningServer`] in the background: binding errors come back at once, and
@@ -13,6 +14,7 @@
 
 mod clock;
 mod error;
+pub mod explain;
 mod health;
 mod healthz;
 mod metrics;
@@ -25,10 +27,12 @@ mod timefmt;
 
 pub use clock::{Clock, FakeClock, SystemClock};
 pub use error::ServeError;
+pub use explain::{ExplainQuery, ExplainResult, ExplainUnavailable, Explainer};
 pub use health::{FamilyHealth, HealthStatus, Probe, ProbeResponse, ProxyHealth};
 pub use healthz::{healthz_router, serve_healthz};
 pub use metrics::{
-    DataplaneMode, Exposition, Metrics, TrafficPolicyKind, network_programming_buckets, sync_duration_buckets,
+    DataplaneMode, Exposition, Metrics, ServiceConnections, TrafficPolicyKind, network_programming_buckets,
+    sync_duration_buckets,
 };
 pub use metrics_server::{CONFIGZ_GROUP, MetricsServerInfo, metrics_router, serve_metrics};
 pub use process_metrics::{ProcessCollector, ProcessSample};

@@ -99,6 +99,37 @@ struct TableLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ServiceConnectionLabels {
+    ip_family: String,
+    namespace: String,
+    service: String,
+    port: String,
+    protocol: String,
+    verdict: String,
+}
+
+/// One service port's new connections with one verdict, as the kernel has counted them so far
+/// (per-Service counters).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceConnections {
+    /// The family.
+    pub family: IpFamily,
+    /// The Service's namespace.
+    pub namespace: String,
+    /// The Service's name.
+    pub service: String,
+    /// The port's name.
+    pub port: String,
+    /// `tcp`, `udp` or `sctp`.
+    pub protocol: String,
+    /// `served`, `rejected_no_endpoints`, `dropped_no_local_endpoints` or
+    /// `dropped_by_source_ranges`.
+    pub verdict: &'static str,
+    /// The kernel's count.
+    pub total: u64,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct FeatureLabels {
     name: String,
     stage: String,
@@ -217,6 +248,10 @@ struct Inner {
     masquerade_current: Mutex<Vec<MasqueradeLabels>>,
     healthcheck_bind_failures: Counter,
     accelerated_connections: Counter,
+    service_connections: Family<ServiceConnectionLabels, Counter>,
+    /// The kernel's last count of each series: a count below it means the element was
+    /// recreated (its counter restarted), and everything it has counted since is new.
+    service_connections_seen: Mutex<std::collections::HashMap<ServiceConnectionLabels, u64>>,
     drift_repairs: Counter,
     feature_enabled: Family<FeatureLabels, Gauge>,
     acceleration_supported: Gauge,
@@ -410,6 +445,12 @@ impl Metrics {
             "Connections of opted-in Services offloaded to the flowtable",
             accelerated_connections.clone(),
         );
+        let service_connections = Family::<ServiceConnectionLabels, Counter>::default();
+        registry.register(
+            "kproxy_service_new_connections",
+            "New connections per Service port and verdict, counted by the kernel (--service-counters)",
+            service_connections.clone(),
+        );
         let acceleration_supported = Gauge::default();
         registry.register(
             "kproxy_acceleration_supported",
@@ -465,6 +506,8 @@ impl Metrics {
                 masquerade_current: Mutex::new(Vec::new()),
                 healthcheck_bind_failures,
                 accelerated_connections,
+                service_connections,
+                service_connections_seen: Mutex::new(std::collections::HashMap::new()),
                 drift_repairs,
                 feature_enabled,
                 acceleration_supported,
@@ -629,6 +672,27 @@ impl Metrics {
         let current = self.inner.accelerated_connections.get();
         if total > current {
             self.inner.accelerated_connections.inc_by(total - current);
+        }
+    }
+
+    /// Raises `kproxy_service_new_connections_total` to the kernel's counts. A series whose
+    /// Service port is gone stays at its last value (a counter does not go away).
+    pub fn set_service_connections(&self, counts: impl IntoIterator<Item = ServiceConnections>) {
+        let mut seen = self.inner.service_connections_seen.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        for c in counts {
+            let labels = ServiceConnectionLabels {
+                ip_family: c.family.to_string(),
+                namespace: c.namespace,
+                service: c.service,
+                port: c.port,
+                protocol: c.protocol,
+                verdict: c.verdict.to_owned(),
+            };
+            let last = seen.insert(labels.clone(), c.total).unwrap_or(0);
+            let new = if c.total >= last { c.total - last } else { c.total };
+            if new > 0 || last == 0 {
+                self.inner.service_connections.get_or_create(&labels).inc_by(new);
+            }
         }
     }
 

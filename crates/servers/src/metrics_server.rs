@@ -2,7 +2,8 @@
 //!
 //! Routes as upstream's metrics mux: `/metrics`, `/healthz` (component-base's plain `ok` ping, which
 //! says the metrics server is up, not that the proxy is healthy; the proxy's health is on the
-//! health server), `/healthz/ping`, `/proxyMode` and `/configz`.
+//! health server), `/healthz/ping`, `/proxyMode` and `/configz`; and kproxy's `/debug/explain`
+//! (see [`crate::explain`]) when the daemon provides an explainer.
 //!
 //! `/metrics` answers in Prometheus text 0.0.4, as kube-proxy, unless the scraper's `Accept`
 //! header asks for OpenMetrics, which it then gets (ending in `# EOF`).
@@ -11,11 +12,13 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Router;
+use axum::extract::RawQuery;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 
 use crate::error::ServeError;
+use crate::explain::{self, Explainer};
 use crate::healthz::NOSNIFF;
 use crate::metrics::{Exposition, Metrics};
 use crate::server::{RunningServer, listen, spawn};
@@ -31,6 +34,8 @@ pub struct MetricsServerInfo {
     /// The effective configuration (a KubeProxyConfiguration-shaped JSON value); `/configz`
     /// answers `{"kubeproxy.config.k8s.io": <this>}`.
     pub config: serde_json::Value,
+    /// Answers `/debug/explain` (absent: the route is not served).
+    pub explainer: Option<Explainer>,
 }
 
 /// The metrics server's routes.
@@ -38,12 +43,27 @@ pub fn metrics_router(metrics: Metrics, info: MetricsServerInfo) -> Router {
     let info = Arc::new(info);
     let mode = info.clone();
     let configz = serde_json::json!({ CONFIGZ_GROUP: info.config }).to_string();
-    Router::new()
+    let router = Router::new()
         .route("/metrics", get(move |headers: HeaderMap| std::future::ready(scrape(&metrics, &headers))))
         .route("/healthz", get(|| std::future::ready(text("ok".to_string()))))
         .route("/healthz/ping", get(|| std::future::ready(text("ok".to_string()))))
         .route("/proxyMode", get(move || std::future::ready(text(mode.proxy_mode.clone()))))
-        .route("/configz", get(move || std::future::ready(json(configz.clone()))))
+        .route("/configz", get(move || std::future::ready(json(configz.clone()))));
+    match info.explainer.clone() {
+        Some(explainer) => router.route(
+            "/debug/explain",
+            get(move |RawQuery(query): RawQuery| {
+                let explainer = explainer.clone();
+                async move {
+                    let (status, body) = explain::answer(&explainer, query.as_deref()).await;
+                    let mut response = json(body);
+                    *response.status_mut() = status;
+                    response
+                }
+            }),
+        ),
+        None => router,
+    }
 }
 
 fn text(body: String) -> Response {

@@ -255,6 +255,7 @@ async fn scraped_prometheus_text_has_upstreams_families_types_labels_and_buckets
     let info = MetricsServerInfo {
         proxy_mode: "nftables".into(),
         config: serde_json::json!({"mode": "nftables", "metricsBindAddress": "127.0.0.1:10249"}),
+        explainer: None,
     };
     let server = serve_metrics(loopback(), metrics, info).await.unwrap();
     let r = get(server.local_addr(), "/metrics").await.unwrap();
@@ -294,7 +295,7 @@ async fn openmetrics_is_served_when_asked_for_and_parses() {
     let server = serve_metrics(
         loopback(),
         populated(DataplaneMode::Nftables),
-        MetricsServerInfo { proxy_mode: "nftables".into(), config: serde_json::Value::Null },
+        MetricsServerInfo { proxy_mode: "nftables".into(), config: serde_json::Value::Null, explainer: None },
     )
     .await
     .unwrap();
@@ -340,7 +341,7 @@ async fn the_metrics_port_also_serves_ping_proxy_mode_and_configz() {
     let server = serve_metrics(
         loopback(),
         Metrics::new(DataplaneMode::Nftables),
-        MetricsServerInfo { proxy_mode: "nftables".into(), config: config.clone() },
+        MetricsServerInfo { proxy_mode: "nftables".into(), config: config.clone(), explainer: None },
     )
     .await
     .unwrap();
@@ -357,4 +358,69 @@ async fn the_metrics_port_also_serves_ping_proxy_mode_and_configz() {
     let body: serde_json::Value = serde_json::from_str(&r.body).unwrap();
     assert_eq!(body, serde_json::json!({"kubeproxy.config.k8s.io": config}));
     assert_eq!(get(addr, "/nothing").await.unwrap().status, 404);
+}
+
+#[tokio::test]
+async fn debug_explain_hands_the_parsed_query_to_the_explainer_and_maps_its_failures() {
+    use kproxy_servers::{ExplainUnavailable, Explainer};
+    // Echoes the query; answers "not synced" for one source, to check the status mapping.
+    let explainer = Explainer::new(|q| async move {
+        if q.from.to_string() == "192.0.2.99" {
+            return Err(ExplainUnavailable::NotSynced);
+        }
+        Ok(serde_json::json!({"from": q.from.to_string(), "to": q.to.to_string(), "protocol": q.protocol.as_str()}))
+    });
+    let info = MetricsServerInfo {
+        proxy_mode: "nftables".into(),
+        config: serde_json::Value::Null,
+        explainer: Some(explainer),
+    };
+    let server = serve_metrics(loopback(), populated(DataplaneMode::Nftables), info).await.unwrap();
+    let r = get(server.local_addr(), "/debug/explain?from=203.0.113.7&to=198.18.128.10:80&protocol=udp").await.unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("content-type"), Some("application/json"));
+    let body: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+    assert_eq!(body, serde_json::json!({"from": "203.0.113.7", "to": "198.18.128.10:80", "protocol": "udp"}));
+    let bad = get(server.local_addr(), "/debug/explain?from=203.0.113.7").await.unwrap();
+    assert_eq!(bad.status, 400, "{}", bad.body);
+    let unsynced = get(server.local_addr(), "/debug/explain?from=192.0.2.99&to=198.18.128.10:80").await.unwrap();
+    assert_eq!(unsynced.status, 503, "{}", unsynced.body);
+
+    let without = serve_metrics(
+        loopback(),
+        populated(DataplaneMode::Nftables),
+        MetricsServerInfo { proxy_mode: "nftables".into(), config: serde_json::Value::Null, explainer: None },
+    )
+    .await
+    .unwrap();
+    let r = get(without.local_addr(), "/debug/explain?from=203.0.113.7&to=198.18.128.10:80").await.unwrap();
+    assert_eq!(r.status, 404);
+}
+
+#[test]
+fn service_connections_follow_the_kernel_counts_across_a_counter_restart() {
+    use kproxy_servers::{Exposition, ServiceConnections};
+    let metrics = Metrics::new(DataplaneMode::Nftables);
+    let count = |total| ServiceConnections {
+        family: IpFamily::V4,
+        namespace: "demo".into(),
+        service: "web".into(),
+        port: "http".into(),
+        protocol: "tcp".into(),
+        verdict: "served",
+        total,
+    };
+    let series = "kproxy_service_new_connections_total{ip_family=\"IPv4\",namespace=\"demo\",service=\"web\",port=\"http\",protocol=\"tcp\",verdict=\"served\"}";
+    let value = |m: &Metrics| {
+        let text = m.encode(Exposition::PrometheusText).unwrap();
+        text.lines().find_map(|l| l.strip_prefix(series)?.trim().parse::<u64>().ok())
+    };
+    metrics.set_service_connections([count(0)]);
+    assert_eq!(value(&metrics), Some(0), "a counted port is exported from zero");
+    metrics.set_service_connections([count(7)]);
+    metrics.set_service_connections([count(10)]);
+    assert_eq!(value(&metrics), Some(10));
+    // The element was recreated: its counter restarted at 0 and has counted 3 since.
+    metrics.set_service_connections([count(3)]);
+    assert_eq!(value(&metrics), Some(13));
 }

@@ -112,6 +112,30 @@ fn later_syncs_are_partial_and_a_failure_forces_a_full_resync() {
 }
 
 #[test]
+fn explain_answers_from_the_plan_in_the_kernel_and_not_before_a_sync_or_after_a_failed_one() {
+    use kproxy_plan::explain::{Packet, Verdict};
+    let packet = Packet {
+        from: "203.0.113.7".parse().unwrap(),
+        to: "198.18.128.1:80".parse().unwrap(),
+        protocol: kproxy_state::Protocol::Tcp,
+    };
+    let rec = Recorder::default();
+    let mut p = proxier(&rec);
+    p.apply(Change::Replaced(Kind::Service, vec![service("a", "198.18.128.1")]));
+    p.apply(Change::Replaced(Kind::EndpointSlice, vec![slice("a-1", "a")]));
+    assert_eq!(p.explain(&packet), None, "nothing is programmed yet");
+    assert!(p.sync());
+    let answer = p.explain(&packet).unwrap();
+    assert_eq!((answer.service.as_deref(), answer.verdict), (Some("ns/a"), Verdict::Dnat));
+    *rec.fail_next.lock().unwrap() = true;
+    p.apply(Change::Deleted(Kind::EndpointSlice, kproxy_state::ObjectKey::new("ns", "a-1")));
+    assert!(!p.sync());
+    assert_eq!(p.explain(&packet), None, "the kernel does not hold the plan that failed");
+    assert!(p.sync());
+    assert_eq!(p.explain(&packet).unwrap().verdict, Verdict::Reject, "the retried plan: no endpoints");
+}
+
+#[test]
 fn a_sync_with_no_changes_does_not_touch_the_dataplane() {
     let rec = Recorder::default();
     let mut p = proxier(&rec);

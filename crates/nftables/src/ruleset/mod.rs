@@ -34,12 +34,14 @@ pub struct Ctx {
     pub table: TableRef,
     /// The masquerade mark bit(s).
     pub mark: u32,
+    /// The maps that per-Service counters read are declared with `counter`.
+    pub service_counters: bool,
 }
 
 impl Ctx {
     /// The context for `family`, table `name`.
     pub fn new(family: IpFamily, name: &str, mark: u32) -> Self {
-        Self { family, table: TableRef { family: family.into(), name: name.to_owned() }, mark }
+        Self { family, table: TableRef { family: family.into(), name: name.to_owned() }, mark, service_counters: false }
     }
 
     /// `ip saddr` / `ip6 saddr`.

@@ -222,12 +222,8 @@ pub fn render(ctx: &Ctx, node: &NodePlan, p: &ServicePortPlan) -> ServiceObjects
                 );
             }
         }
-        if !p.source_ranges.is_empty() && !p.load_balancer_ips.is_empty() {
-            let mut allowed: Vec<IpNet> = p.source_ranges.clone();
-            // Traffic from the node to its own LB IP may carry the LB IP as source.
-            if node.node_ip.is_some_and(|n| p.source_ranges.iter().any(|r| r.contains(&n))) {
-                allowed.extend(p.load_balancer_ips.iter().map(|lb| IpNet::from(*lb)));
-            }
+        let allowed = p.firewall_allowed_sources(node.node_ip);
+        if !allowed.is_empty() {
             // The kernel ignores a range inside another one (and could not delete it later):
             // only disjoint ranges go in.
             let allowed = IpNet::aggregate(&allowed);

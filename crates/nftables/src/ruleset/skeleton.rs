@@ -29,6 +29,12 @@ pub const FIREWALL_DESTS: &str = "firewall-dests";
 /// `addr . proto . port . source range` (concatenated ranges): the sources each of them allows.
 pub const FIREWALL_ALLOW: &str = "firewall-allow";
 
+/// The maps whose elements count new connections per destination when per-Service counters
+/// are on (each is looked up once per new connection: the dispatch maps in the nat chains, the
+/// others behind `ct state new`).
+pub const COUNTED: [&str; 5] =
+    [SERVICE_IPS, SERVICE_NODEPORTS, NO_ENDPOINT_SERVICES, NO_ENDPOINT_NODEPORTS, FIREWALL_DESTS];
+
 /// Regular chain the service maps hang off.
 pub const SERVICES: &str = "services";
 /// Marks a packet for masquerading.
@@ -219,6 +225,9 @@ pub fn render(ctx: &Ctx, node: &NodePlan) -> Skeleton {
         set(FIREWALL_DESTS, dest_key, false, vec![], "destinations that are subject to LoadBalancerSourceRanges"),
         set(FIREWALL_ALLOW, allow_key, false, vec![SetFlag::Interval], "the source ranges each of them allows"),
     ];
+    for def in sets.iter_mut().filter(|d| COUNTED.contains(&d.name.as_str())) {
+        def.counter = ctx.service_counters;
+    }
     sets.extend(pick_sets);
 
     let mut elements = Vec::new();

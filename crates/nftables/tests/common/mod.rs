@@ -2,6 +2,8 @@
 
 #![allow(dead_code, clippy::unwrap_used)]
 
+pub mod generated;
+
 use kproxy_plan::{DetectLocal, NodeContext, Plan, Planner, ProxyPolicy};
 use kproxy_state::{Change, ClusterState, Object, ServiceObject};
 use serde_json::{Value, json};

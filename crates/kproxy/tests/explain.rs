@@ -1,0 +1,157 @@
+//! `kproxy explain` from manifests and from the API server, and `/debug/explain` of a running
+//! (`--dry-run`) daemon with its `--server` client: the real binary, no root needed.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers: a panic is a test failure
+
+mod support;
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use kproxy_state::Kind;
+use serde_json::{Value, json};
+use support::{Api, DryRun, apply_node_a, apply_one_endpoint_slice, http_get, write_kubeconfig};
+
+fn examples() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples")
+}
+
+/// Runs `kproxy <args>`; returns stdout, panicking with stderr on failure.
+fn kproxy(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_kproxy")).args(args).output().unwrap();
+    assert!(out.status.success(), "kproxy {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn explain_json(source: &[&str], from: &str, to: &str, protocol: &str) -> Value {
+    let mut args = vec!["explain"];
+    args.extend(source);
+    args.extend(["--from", from, "--to", to, "--protocol", protocol, "-o", "json"]);
+    serde_json::from_str(&kproxy(&args)).unwrap()
+}
+
+fn addresses(v: &Value) -> Vec<&str> {
+    v["endpoints"].as_array().unwrap().iter().map(|e| e["address"].as_str().unwrap()).collect()
+}
+
+#[test]
+fn explain_from_manifests_answers_each_destination_kind_and_verdict() {
+    let dir = examples();
+    let src = ["--manifests", dir.to_str().unwrap(), "--node", "node-a"];
+
+    // NodePort on the node IP, eTP Cluster: any endpoint, masqueraded.
+    let v = explain_json(&src, "198.51.100.7", "198.18.0.2:30080", "tcp");
+    assert_eq!(v["service"], "demo/frontend:http");
+    assert_eq!(v["verdict"], "dnat");
+    assert_eq!(v["destination"], "nodePort");
+    assert_eq!(addresses(&v), ["198.18.16.13:8080", "198.18.18.13:8080"]);
+    assert_eq!(v["endpoints"][0]["probability"], 0.5);
+    assert_eq!((&v["masquerade"], &v["source_seen"]), (&json!(true), &json!("198.18.0.2")));
+
+    // LoadBalancer IP, eTP Local: the local endpoint only, the client's source kept.
+    let v = explain_json(&src, "203.0.113.77", "203.0.113.12:80", "tcp");
+    assert_eq!(v["service"], "demo/lb-local:http");
+    assert_eq!(addresses(&v), ["198.18.16.17:8080"]);
+    assert_eq!((&v["masquerade"], &v["source_seen"]), (&json!(false), &json!("203.0.113.77")));
+
+    // eTP Local without a local endpoint: dropped; source ranges: dropped; no endpoints: rejected.
+    assert_eq!(explain_json(&src, "203.0.113.77", "203.0.113.13:80", "tcp")["verdict"], "drop");
+    let v = explain_json(&src, "203.0.113.7", "203.0.113.10:80", "tcp");
+    assert_eq!((&v["verdict"], &v["source_ranges"]["source_allowed"]), (&json!("drop"), &json!(false)));
+    assert_eq!(explain_json(&src, "198.51.100.7", "203.0.113.10:80", "tcp")["verdict"], "dnat");
+    let v = explain_json(&src, "198.18.16.9", "198.18.128.25:80", "tcp");
+    assert_eq!((&v["verdict"], &v["endpoints"], &v["source_seen"]), (&json!("reject"), &json!([]), &Value::Null));
+
+    // UDP and SCTP ports; nothing at an address no service has.
+    let v = explain_json(&src, "198.18.16.9", "198.18.128.11:53", "udp");
+    assert_eq!((&v["service"], &v["verdict"]), (&json!("demo/dns:dns"), &json!("dnat")));
+    assert_eq!(explain_json(&src, "198.18.16.9", "198.18.128.12:9999", "sctp")["service"], "demo/sctp-echo:echo");
+    let v = explain_json(&src, "198.18.16.9", "192.0.2.200:80", "tcp");
+    assert_eq!((&v["service"], &v["verdict"]), (&Value::Null, &json!("none")));
+
+    // Affinity and acceleration are reported; the plain output is a paragraph and a table.
+    assert_eq!(explain_json(&src, "198.18.16.9", "198.18.128.20:80", "tcp")["affinity_timeout_seconds"], 600);
+    assert_eq!(explain_json(&src, "198.18.16.9", "198.18.128.29:5432", "tcp")["acceleration_eligible"], true);
+    let plain = kproxy(&[
+        "explain",
+        "--manifests",
+        dir.to_str().unwrap(),
+        "--node",
+        "node-a",
+        "--from",
+        "198.51.100.7",
+        "--to",
+        "198.18.0.2:30080",
+    ]);
+    assert!(plain.contains("NodePort of demo/frontend:http: DNAT"), "{plain}");
+    assert!(plain.lines().any(|l| l.starts_with("ENDPOINT") && l.contains("PROBABILITY")), "{plain}");
+    assert!(plain.contains("198.18.18.13:8080  0.500"), "{plain}");
+}
+
+#[test]
+fn explain_reads_the_cluster_from_a_kubeconfig() {
+    let api = Api::start();
+    apply_node_a(&api.server);
+    api.server.apply(
+        Kind::Service,
+        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"namespace": "demo", "name": "web"},
+               "spec": {"clusterIP": "198.18.128.10", "clusterIPs": ["198.18.128.10"],
+                        "ports": [{"name": "p", "port": 80, "protocol": "TCP", "targetPort": 8080}]}}),
+    );
+    apply_one_endpoint_slice(&api.server, "web", "p", "198.18.17.5", "node-b");
+    let dir = std::env::temp_dir().join(format!("kproxy-explain-kubeconfig-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let kubeconfig = write_kubeconfig(&dir, &api.server.url());
+    let v = explain_json(
+        &["--kubeconfig", kubeconfig.to_str().unwrap(), "--node", "node-a"],
+        "203.0.113.7",
+        "198.18.128.10:80",
+        "tcp",
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!((&v["service"], &v["verdict"]), (&json!("demo/web:p"), &json!("dnat")));
+    assert_eq!(addresses(&v), ["198.18.17.5:8080"]);
+}
+
+/// `GET /debug/explain` until it answers 200 with `done` true, or `within` passed.
+fn explain_until(kproxy: &DryRun, query: &str, within: Duration, done: impl Fn(&Value) -> bool) -> (u16, Value) {
+    let start = Instant::now();
+    loop {
+        let (status, body) = http_get(kproxy.metrics, &format!("/debug/explain?{query}")).unwrap_or((0, String::new()));
+        let value: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+        if (status == 200 && done(&value)) || start.elapsed() > within {
+            return (status, value);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn daemon_explains_from_the_plan_it_programmed_and_the_server_client_prints_the_same() {
+    let api = Api::start();
+    apply_node_a(&api.server);
+    api.server.apply(
+        Kind::Service,
+        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"namespace": "demo", "name": "web"},
+               "spec": {"clusterIP": "198.18.128.10", "clusterIPs": ["198.18.128.10"],
+                        "ports": [{"name": "p", "port": 80, "protocol": "TCP", "targetPort": 8080}]}}),
+    );
+    let kproxy = DryRun::start(&api, "explain", &[]);
+    kproxy.wait_synced();
+    let query = "from=203.0.113.7&to=198.18.128.10:80&protocol=tcp";
+    let (status, v) = explain_until(&kproxy, query, support::START, |v| v["verdict"] == "reject");
+    assert_eq!((status, &v["verdict"]), (200, &json!("reject")), "no endpoints yet: {v}");
+
+    // An endpoint arrives: the next answer comes from the plan synced with it.
+    apply_one_endpoint_slice(&api.server, "web", "p", "198.18.17.5", "node-b");
+    let (status, v) = explain_until(&kproxy, query, support::CHANGE, |v| v["verdict"] == "dnat");
+    assert_eq!((status, &v["service"], &v["verdict"]), (200, &json!("demo/web:p"), &json!("dnat")), "{v}");
+    assert_eq!(addresses(&v), ["198.18.17.5:8080"]);
+
+    let server = kproxy.metrics.to_string();
+    let client = explain_json(&["--server", &server], "203.0.113.7", "198.18.128.10:80", "tcp");
+    assert_eq!(client, v, "the --server client prints what the daemon answered");
+    let (status, _) = http_get(kproxy.metrics, "/debug/explain?from=203.0.113.7").unwrap();
+    assert_eq!(status, 400);
+}
