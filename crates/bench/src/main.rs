@@ -11,6 +11,7 @@
 
 mod cluster;
 mod daemon;
+mod iptables;
 mod measure;
 mod report;
 mod upstream;
@@ -58,6 +59,12 @@ pub struct Args {
     /// Give up on an upstream-shaped load after this many seconds.
     #[arg(long, default_value_t = 300)]
     pub upstream_timeout: u64,
+    /// Largest size the iptables dataplane is measured at.
+    #[arg(long, default_value_t = 50_000)]
+    pub iptables_max: usize,
+    /// iptables backends measured (`nft`, `legacy`; empty: none).
+    #[arg(long, value_delimiter = ',', default_value = "nft,legacy")]
+    pub iptables_backends: Vec<String>,
     /// CI smoke run: 10 changes, no upstream shape.
     #[arg(long)]
     pub quick: bool,
