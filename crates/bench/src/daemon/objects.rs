@@ -55,6 +55,17 @@ impl Shape {
     }
 }
 
+/// The iptables-mode chain of Service `i`'s port (`KUBE-SVC-…`, upstream's name).
+pub fn svc_chain(i: usize) -> String {
+    let (namespace, service) = name(i);
+    kproxy_iptables::naming::svc_chain(&kproxy_plan::ServicePortName {
+        namespace,
+        service,
+        port: "http".into(),
+        protocol: kproxy_state::Protocol::Tcp,
+    })
+}
+
 /// The `i`-th address of the concatenated ClusterIP ranges (skipping each range's first).
 pub fn cluster_ip_v4(i: usize) -> Ipv4Addr {
     let mut rest = i as u32 + 1;
@@ -90,7 +101,8 @@ pub fn fresh_endpoint(k: usize) -> Ipv4Addr {
     Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 18, 48, 0)) + (k % 4096) as u32)
 }
 
-fn name(i: usize) -> (String, String) {
+/// Namespace and name of Service `i`.
+pub fn name(i: usize) -> (String, String) {
     if i == 0 { (WEB.0.to_owned(), WEB.1.to_owned()) } else { (format!("ns-{}", i / 1000), format!("svc-{i}")) }
 }
 
