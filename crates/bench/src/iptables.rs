@@ -4,6 +4,7 @@
 //! The time spent waiting for the iptables tools and the CPU they used are kept apart from
 //! kproxy's own.
 
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
@@ -15,6 +16,7 @@ use kproxy_testbed::Netns;
 use serde::{Deserialize, Serialize};
 
 use crate::cluster;
+use crate::measure::UpstreamLoad;
 
 /// `USER_HZ`: the unit of `/proc/<pid>/stat` CPU times.
 const USER_HZ: f64 = 100.0;
@@ -28,8 +30,10 @@ pub struct IptablesResult {
     pub full_sync_s: f64,
     /// Of it, waiting for the iptables tools (restore, save, jump checks), seconds.
     pub full_tools_s: f64,
-    /// CPU the tools used during the full sync (user + system of the waited-for children).
-    pub full_tools_cpu_s: f64,
+    /// CPU the tools used during the full sync: user, and system (the kernel applying the
+    /// rules), of the waited-for children.
+    pub full_tools_user_s: f64,
+    pub full_tools_sys_s: f64,
     /// `iptables-restore` runs of the full sync, and `COMMIT` sections in them.
     pub full_restores: usize,
     pub full_sections: usize,
@@ -37,6 +41,9 @@ pub struct IptablesResult {
     pub change_ms: Vec<f64>,
     /// Of each, waiting for `iptables-restore`, ms, sorted.
     pub change_tools_ms: Vec<f64>,
+    /// The ClusterIP part of the cluster in upstream's layout, one `iptables-restore --noflush`
+    /// into an empty namespace ([`crate::upstream_iptables`]).
+    pub upstream: UpstreamLoad,
 }
 
 /// The real tools, timed.
@@ -80,19 +87,69 @@ impl Executor for Timed {
     }
 }
 
-/// User + system CPU of this process's waited-for children so far, seconds (`cutime`,
+/// User and system CPU of this process's waited-for children so far, seconds (`cutime`,
 /// `cstime`: fields 16 and 17 of `/proc/self/stat`).
-fn children_cpu_s() -> f64 {
+fn children_cpu_s() -> (f64, f64) {
     let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
     let rest = stat.rfind(')').map_or("", |i| &stat[i + 1..]);
     let fields: Vec<f64> = rest.split_whitespace().map(|f| f.parse().unwrap_or(0.0)).collect();
     // `rest` starts at field 3.
-    (fields.get(13).copied().unwrap_or(0.0) + fields.get(14).copied().unwrap_or(0.0)) / USER_HZ
+    let field = |i: usize| fields.get(i).copied().unwrap_or(0.0) / USER_HZ;
+    (field(13), field(14))
 }
 
-/// Measures `backend` on the cluster of `size` services: full sync, then `changes` changes.
-pub fn run(size: usize, per: usize, changes: usize, backend: Backend) -> anyhow::Result<IptablesResult> {
+/// Loads `text` with `iptables-restore --noflush -w` of `backend` in a fresh namespace, timed;
+/// gives up after `timeout`.
+fn restore_load(backend: Backend, text: &str, timeout: Duration) -> anyhow::Result<UpstreamLoad> {
+    let path = std::env::temp_dir().join(format!("kproxy-bench-{}-ipt-{}.txt", std::process::id(), backend.as_str()));
+    std::fs::write(&path, text)?;
+    let ns = Netns::new(&format!("bench-ipt-up-{}", backend.as_str()))?;
+    let program = backend.program(IpFamily::V4, "-restore");
+    let result = ns.run_in(|| -> anyhow::Result<UpstreamLoad> {
+        let start = Instant::now();
+        let mut child = Command::new(&program)
+            .args(["--noflush", "-w"])
+            .stdin(std::fs::File::open(&path)?)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        loop {
+            if let Some(status) = child.try_wait()? {
+                let elapsed = start.elapsed().as_secs_f64();
+                return Ok(if status.success() {
+                    UpstreamLoad::Loaded(elapsed)
+                } else {
+                    UpstreamLoad::Failed(format!("{program}: {status}"))
+                });
+            }
+            if start.elapsed() > timeout {
+                child.kill()?;
+                child.wait()?;
+                return Ok(UpstreamLoad::TimedOut(timeout.as_secs()));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    });
+    let _ = std::fs::remove_file(&path);
+    result?
+}
+
+/// Measures `backend` on the cluster of `size` services: full sync, then `changes` changes;
+/// then upstream's layout of the cluster when `size <= upstream_max`.
+pub fn run(
+    size: usize,
+    per: usize,
+    changes: usize,
+    backend: Backend,
+    upstream_max: usize,
+    upstream_timeout: Duration,
+) -> anyhow::Result<IptablesResult> {
     let (mut plan, _) = cluster::plan(size, per);
+    let upstream = if size <= upstream_max {
+        restore_load(backend, &crate::upstream_iptables::restore(&plan), upstream_timeout)?
+    } else {
+        UpstreamLoad::Skipped
+    };
     let ns = Netns::new(&format!("bench-ipt-{}", backend.as_str()))?;
     ns.run_in(move || -> anyhow::Result<IptablesResult> {
         let exec = Timed { inner: IptablesRestore::new(backend), waiting: Duration::ZERO, restores: 0, sections: 0 };
@@ -103,7 +160,8 @@ pub fn run(size: usize, per: usize, changes: usize, backend: Backend) -> anyhow:
         let full_sync_s = start.elapsed().as_secs_f64();
         let e = dp.executor();
         let (full_tools_s, full_restores, full_sections) = (e.waiting.as_secs_f64(), e.restores, e.sections);
-        let full_tools_cpu_s = children_cpu_s() - cpu;
+        let after = children_cpu_s();
+        let (full_tools_user_s, full_tools_sys_s) = (after.0 - cpu.0, after.1 - cpu.1);
         let mut change_ms = Vec::with_capacity(changes);
         let mut change_tools_ms = Vec::with_capacity(changes);
         for k in 0..changes {
@@ -121,11 +179,13 @@ pub fn run(size: usize, per: usize, changes: usize, backend: Backend) -> anyhow:
             backend: backend.as_str().to_owned(),
             full_sync_s,
             full_tools_s,
-            full_tools_cpu_s,
+            full_tools_user_s,
+            full_tools_sys_s,
             full_restores,
             full_sections,
             change_ms,
             change_tools_ms,
+            upstream,
         })
     })?
 }

@@ -168,7 +168,9 @@ pub fn run(size: usize, args: &Args) -> anyhow::Result<SizeResult> {
     let mut iptables = Vec::new();
     for backend in crate::iptables::backends(size, args.iptables_max, &args.iptables_backends) {
         eprintln!("kproxy-bench: {size} services, iptables-{} ...", backend.as_str());
-        iptables.push(crate::iptables::run(size, args.endpoints, args.changes, backend)?);
+        let timeout = Duration::from_secs(args.upstream_timeout);
+        let upstream_max = if args.quick { 0 } else { args.iptables_upstream_max };
+        iptables.push(crate::iptables::run(size, args.endpoints, args.changes, backend, upstream_max, timeout)?);
     }
     Ok(SizeResult {
         iptables,

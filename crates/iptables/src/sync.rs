@@ -100,11 +100,13 @@ struct FamilyState {
     services: BTreeMap<ServicePortName, AppliedService>,
     /// A hash of each dispatch chain as last written.
     dispatch: BTreeMap<(Table, String), u64>,
+    /// Chains a failed restore was to delete: the next full sync deletes them.
+    maybe_stale: BTreeSet<String>,
 }
 
 impl FamilyState {
     fn new(ctx: Ctx, node: NodePlan) -> Self {
-        Self { ctx, node, services: BTreeMap::new(), dispatch: BTreeMap::new() }
+        Self { ctx, node, services: BTreeMap::new(), dispatch: BTreeMap::new(), maybe_stale: BTreeSet::new() }
     }
 
     /// The dispatch chains for the current services; records what they hash to.
@@ -256,6 +258,7 @@ impl<E: Executor> IptablesDataplane<E> {
                 existing_service_chains(&self.exec.save(family, Table::Nat).map_err(err)?);
             if let Some(old) = self.families.get(&family) {
                 existing.extend(old.services.values().flat_map(|s| s.chains.keys().cloned()));
+                existing.extend(old.maybe_stale.iter().cloned());
             }
             nat.delete = existing.into_iter().filter(|c| !desired.contains(c)).collect();
             report.chains_deleted += nat.delete.len();
@@ -287,9 +290,11 @@ impl<E: Executor> IptablesDataplane<E> {
             if fd.is_empty() {
                 continue;
             }
-            let Some(state) = self.families.get(&family) else { continue };
-            let mut next = state.clone();
+            // The state is updated in place (a clone would cost O(cluster) per change); if the
+            // restore fails, the next sync is a full one, which rebuilds it.
+            let Some(state) = self.families.get_mut(&family) else { continue };
             let mut nat = TableInput::default();
+            let mut dispatch_changed = !fd.removed.is_empty();
             for p in fd.added.iter().chain(fd.changed.iter().map(|c| &c.new)) {
                 let rendered = rules::render_service(&state.ctx, &state.node, p);
                 let old = state.services.get(&p.name);
@@ -301,31 +306,39 @@ impl<E: Executor> IptablesDataplane<E> {
                 if let Some(old) = old {
                     nat.delete.extend(old.chains.keys().filter(|c| !rendered.chains.contains_key(*c)).cloned());
                 }
-                next.services.insert(p.name.clone(), applied(&rendered, p.cluster_ip));
+                dispatch_changed |= old.is_none_or(|o| o.dispatch != rendered.dispatch || o.cluster_ip != p.cluster_ip);
+                state.services.insert(p.name.clone(), applied(&rendered, p.cluster_ip));
             }
             for p in &fd.removed {
-                if let Some(old) = next.services.remove(&p.name) {
+                if let Some(old) = state.services.remove(&p.name) {
                     nat.delete.extend(old.chains.into_keys());
                 }
             }
             report.chains_written += nat.chains.len();
             report.chains_deleted += nat.delete.len();
-            let mut tables = next.changed_dispatch(&state.dispatch);
+            // The dispatch chains are rebuilt (O(cluster)) only when a service's lines in them
+            // changed, and written only where their content did.
+            let mut tables = if dispatch_changed {
+                let before = state.dispatch.clone();
+                state.changed_dispatch(&before)
+            } else {
+                BTreeMap::new()
+            };
             merge(&mut tables, BTreeMap::from([(Table::Nat, nat)]));
             if tables.values().all(TableInput::is_empty) {
                 // Nothing the kernel holds changed (say, only a port's name did).
-                self.families.insert(family, next);
                 continue;
             }
             let text = layout::restore_text(&tables, self.exec.section_limit());
             if let Err(e) = self.exec.restore(family, &text) {
                 tracing::warn!(error = %e, ?family, "iptables partial restore failed; the next sync is a full one");
+                // The chains this restore would have deleted may still be in the kernel.
+                state.maybe_stale.extend(tables.get(&Table::Nat).into_iter().flat_map(|t| t.delete.iter().cloned()));
                 self.needs_full = true;
                 return Err(SyncError::Exec { family, source: e });
             }
             report.restores += 1;
             self.rule_counts.restored(family, &tables, false);
-            self.families.insert(family, next);
         }
         Ok(report)
     }
