@@ -41,6 +41,10 @@ pub struct IptablesResult {
     pub change_ms: Vec<f64>,
     /// Of each, waiting for `iptables-restore`, ms, sorted.
     pub change_tools_ms: Vec<f64>,
+    /// A second full sync after the changes, over the live rules with the jumps in place (a
+    /// restart, or the hourly resync): each section's commit then revalidates the table.
+    pub resync_s: f64,
+    pub resync_sections: usize,
     /// The ClusterIP part of the cluster in upstream's layout, one `iptables-restore --noflush`
     /// into an empty namespace ([`crate::upstream_iptables`]).
     pub upstream: UpstreamLoad,
@@ -175,6 +179,11 @@ pub fn run(
         }
         change_ms.sort_by(f64::total_cmp);
         change_tools_ms.sort_by(f64::total_cmp);
+        let sections = dp.executor().sections;
+        let start = Instant::now();
+        dp.full_sync(&plan).context("iptables resync")?;
+        let resync_s = start.elapsed().as_secs_f64();
+        let resync_sections = dp.executor().sections - sections;
         Ok(IptablesResult {
             backend: backend.as_str().to_owned(),
             full_sync_s,
@@ -185,6 +194,8 @@ pub fn run(
             full_sections,
             change_ms,
             change_tools_ms,
+            resync_s,
+            resync_sections,
             upstream,
         })
     })?

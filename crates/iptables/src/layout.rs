@@ -29,7 +29,7 @@ use crate::rules::{Table, TableInput};
 
 /// Chains per section with iptables-nft: bounds a section's quadratic cache-list walks while
 /// keeping the number of kernel commits (each O(table)) small.
-pub const NFT_SECTION_CHAINS: usize = 2000;
+pub const NFT_SECTION_CHAINS: usize = 10_000;
 
 /// The chain a `-A CHAIN …` line appends to.
 pub fn appended_chain(rule: &str) -> Option<&str> {

@@ -373,12 +373,14 @@ fn dispatch_rules(ctx: &Ctx, p: &ServicePortPlan, chain: &str, name: &str, endpo
     // clears it.
     let h = ctx.hairpin_mark;
     let mark = ctx.masquerade_mark | h;
-    let pm = proto_match(p);
+    // `-p` alone (DNAT to a port needs it): a bare `-m tcp` would add a match the kernel
+    // revalidates on every commit, for nothing.
+    let proto = p.protocol.as_str();
     let n = endpoints.len();
     let mut rules = Vec::with_capacity(3 * n);
     for (i, ep) in endpoints.iter().enumerate() {
         let c = comment(&format!("{name} -> {}", naming::endpoint_string(ep)));
-        let dnat = format!("{pm} -j DNAT --to-destination {}", naming::endpoint_string(ep));
+        let dnat = format!("-p {proto} -j DNAT --to-destination {}", naming::endpoint_string(ep));
         if i + 1 < n {
             let statistic = format!("-m statistic --mode random --probability {:.10}", 1.0 / (n - i) as f64);
             rules.push(format!("-A {chain} {c} -s {} {statistic} -j MARK --or-mark {mark:#x}", ep.ip));

@@ -141,16 +141,16 @@ fn full_restore_has_upstreams_layout_jumps_and_localhost_nodeports() {
             "-A {web_svc} -m comment --comment \"default/web:http -> 198.18.17.10:8080\" -s 198.18.17.10 -m statistic --mode random --probability 0.5000000000 -j MARK --or-mark 0x6000"
         ),
         &format!(
-            "-A {web_svc} -m comment --comment \"default/web:http -> 198.18.17.10:8080\" -s 198.18.17.10 -m mark --mark 0x2000/0x2000 -m tcp -p tcp -j DNAT --to-destination 198.18.17.10:8080"
+            "-A {web_svc} -m comment --comment \"default/web:http -> 198.18.17.10:8080\" -s 198.18.17.10 -m mark --mark 0x2000/0x2000 -p tcp -j DNAT --to-destination 198.18.17.10:8080"
         ),
         &format!(
-            "-A {web_svc} -m comment --comment \"default/web:http -> 198.18.17.10:8080\" ! -s 198.18.17.10 -m statistic --mode random --probability 0.5000000000 -m tcp -p tcp -j DNAT --to-destination 198.18.17.10:8080"
+            "-A {web_svc} -m comment --comment \"default/web:http -> 198.18.17.10:8080\" ! -s 198.18.17.10 -m statistic --mode random --probability 0.5000000000 -p tcp -j DNAT --to-destination 198.18.17.10:8080"
         ),
         &format!(
             "-A {web_svc} -m comment --comment \"default/web:http -> 198.18.17.11:8080\" -s 198.18.17.11 -j MARK --or-mark 0x6000"
         ),
         &format!(
-            "-A {web_svc} -m comment --comment \"default/web:http -> 198.18.17.11:8080\" -m tcp -p tcp -j DNAT --to-destination 198.18.17.11:8080"
+            "-A {web_svc} -m comment --comment \"default/web:http -> 198.18.17.11:8080\" -p tcp -j DNAT --to-destination 198.18.17.11:8080"
         ),
         // The hairpin bit is cleared with the masquerade mark.
         "-A KUBE-POSTROUTING -j MARK --and-mark 0xffffdfff",
