@@ -171,10 +171,7 @@ fn cpu_seconds(stat: &str) -> Option<f64> {
     let rest = &stat[stat.rfind(')')? + 1..];
     let fields: Vec<&str> = rest.split_whitespace().collect();
     // `rest` starts at field 3 (state); then utime, stime, cutime, cstime.
-    let mut ticks = 0.0;
-    for i in 11..15 {
-        ticks += fields.get(i)?.parse::<f64>().ok()?;
-    }
+    let ticks: f64 = fields.get(11..15)?.iter().map(|f| f.parse::<f64>().ok()).sum::<Option<f64>>()?;
     Some(ticks / USER_HZ)
 }
 
