@@ -43,7 +43,7 @@ pub struct IptablesResult {
     pub change_tools_ms: Vec<f64>,
     /// A second full sync after the changes, over the live rules with the jumps in place (a
     /// restart, or the hourly resync): each section's commit then revalidates the table.
-    pub resync_s: f64,
+    pub resync_s: Option<f64>,
     pub resync_sections: usize,
     /// The ClusterIP part of the cluster in upstream's layout, one `iptables-restore --noflush`
     /// into an empty namespace ([`crate::upstream_iptables`]).
@@ -147,6 +147,7 @@ pub fn run(
     backend: Backend,
     upstream_max: usize,
     upstream_timeout: Duration,
+    resync_max: usize,
 ) -> anyhow::Result<IptablesResult> {
     let (mut plan, _) = cluster::plan(size, per);
     let upstream = if size <= upstream_max {
@@ -180,9 +181,12 @@ pub fn run(
         change_ms.sort_by(f64::total_cmp);
         change_tools_ms.sort_by(f64::total_cmp);
         let sections = dp.executor().sections;
-        let start = Instant::now();
-        dp.full_sync(&plan).context("iptables resync")?;
-        let resync_s = start.elapsed().as_secs_f64();
+        let mut resync_s = None;
+        if size <= resync_max {
+            let start = Instant::now();
+            dp.full_sync(&plan).context("iptables resync")?;
+            resync_s = Some(start.elapsed().as_secs_f64());
+        }
         let resync_sections = dp.executor().sections - sections;
         Ok(IptablesResult {
             backend: backend.as_str().to_owned(),

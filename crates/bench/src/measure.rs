@@ -170,7 +170,15 @@ pub fn run(size: usize, args: &Args) -> anyhow::Result<SizeResult> {
         eprintln!("kproxy-bench: {size} services, iptables-{} ...", backend.as_str());
         let timeout = Duration::from_secs(args.upstream_timeout);
         let upstream_max = if args.quick { 0 } else { args.iptables_upstream_max };
-        iptables.push(crate::iptables::run(size, args.endpoints, args.changes, backend, upstream_max, timeout)?);
+        iptables.push(crate::iptables::run(
+            size,
+            args.endpoints,
+            args.changes,
+            backend,
+            upstream_max,
+            timeout,
+            args.iptables_resync_max,
+        )?);
     }
     Ok(SizeResult {
         iptables,

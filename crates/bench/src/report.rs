@@ -165,7 +165,7 @@ fn write_iptables(s: &mut String, results: &[SizeResult]) -> Result<(), std::fmt
                 pct(&i.change_ms, 0.5),
                 pct(&i.change_ms, 0.99),
                 pct(&i.change_tools_ms, 0.5),
-                secs(i.resync_s),
+                i.resync_s.map_or_else(|| "skipped".to_owned(), secs),
                 i.resync_sections,
             )?;
         }
