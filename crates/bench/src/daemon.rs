@@ -1,5 +1,5 @@
 //! `kproxy-bench daemon`: the real `kproxy` binary, end to end. It runs in the node namespace of
-//! a sandbox (nftables mode, its defaults), against the in-process fake API server serving a
+//! a sandbox (its defaults; nftables mode, or iptables mode with `--modes`), against the in-process fake API server serving a
 //! realistic cluster, and is measured only from the outside: the kernel over netlink, `/proc`,
 //! and real TCP connections from a pod. What each figure times is in `docs/benchmarks.md`.
 
@@ -18,9 +18,33 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 
+/// kproxy's `--proxy-mode` under test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize)]
+pub enum Mode {
+    /// The default: kproxy's own nftables tables, observed over netlink.
+    Nftables,
+    /// Upstream's iptables chains with the host's default backend (iptables-nft here),
+    /// observed over nf_tables netlink too.
+    Iptables,
+}
+
+impl Mode {
+    /// The flag's value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Nftables => "nftables",
+            Mode::Iptables => "iptables",
+        }
+    }
+}
+
 /// Benchmark the kproxy daemon end to end (root; builds its own network namespaces).
 #[derive(Debug, Clone, clap::Args)]
 pub struct DaemonArgs {
+    /// Proxy modes, each measured at every size, one after the other (side by side in the
+    /// report).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "nftables")]
+    pub modes: Vec<Mode>,
     /// Cluster sizes, in Services (each with an EndpointSlice of 5 endpoints; 10% dual-stack).
     #[arg(long, value_delimiter = ',', default_value = "1000,10000,100000")]
     pub services: Vec<usize>,
@@ -93,9 +117,11 @@ pub fn main(args: &DaemonArgs) -> anyhow::Result<bool> {
     let log_dir = args.log_dir.clone().unwrap_or_else(std::env::temp_dir);
     std::fs::create_dir_all(&log_dir).with_context(|| format!("{}", log_dir.display()))?;
     let mut results = Vec::new();
-    for &n in &args.services {
-        eprintln!("kproxy-bench daemon: {n} services ...");
-        let result = run::measure(n, args, &binary, &log_dir).with_context(|| format!("{n} services"))?;
+    for (&n, &mode) in args.services.iter().flat_map(|n| args.modes.iter().map(move |m| (n, m))) {
+        let mode_name = mode.as_str();
+        eprintln!("kproxy-bench daemon: {n} services, {mode_name} mode ...");
+        let result =
+            run::measure(n, mode, args, &binary, &log_dir).with_context(|| format!("{n} services, {mode_name}"))?;
         eprintln!("kproxy-bench daemon: {n} services done: {}", serde_json::to_string(&result).unwrap_or_default());
         results.push(result);
         if let Some(path) = &args.json {

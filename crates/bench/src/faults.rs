@@ -28,7 +28,7 @@ use crate::daemon::api::{Api, NODE_NAME};
 use crate::daemon::kproxy::{self, Kproxy};
 use crate::daemon::objects::{self, TARGET_PORT};
 use crate::daemon::traffic::Prober;
-use crate::daemon::{first_sync, kernel};
+use crate::daemon::{Mode, first_sync, kernel};
 
 /// How often the prober connects while a fault lasts.
 const PROBE_INTERVAL: Duration = Duration::from_millis(20);
@@ -133,12 +133,12 @@ pub fn main(args: &FaultArgs) -> anyhow::Result<bool> {
     api.write_kubeconfig(&kubeconfig)?;
     let log = run_dir.join("kproxy.log");
     eprintln!("  kproxy log: {}", log.display());
-    let mut kproxy_args = kproxy::args(&kubeconfig, NODE_NAME);
+    let mut kproxy_args = kproxy::args(&kubeconfig, NODE_NAME, Mode::Nftables);
     kproxy_args.push(format!("--iptables-sync-period={}s", args.sync_period));
     let sandbox = Sandbox { api, web, prober, tb, binary, args: kproxy_args, log, n };
 
     let mut daemon = sandbox.start()?;
-    let (start_s, _) = first_sync::wait(sandbox.tb.node(), n, &mut daemon, 900)?;
+    let (start_s, _) = first_sync::wait(sandbox.tb.node(), n, &mut daemon, 900, Mode::Nftables)?;
     eprintln!("  first sync in the kernel after {start_s:.2} s");
     let mut churn = Churn::new(n, sandbox.web.ipv4().into());
     let server = sandbox.api.server.clone();

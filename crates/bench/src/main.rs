@@ -7,16 +7,19 @@
 //! one-endpoint changes, (3) peak RSS of the process after those — then, outside the measured
 //! process state, (4) the same final ruleset as text loaded by one `nft -f` (nft's parsing
 //! included), (5) upstream's shape of the same cluster loaded by `nft -f` (capped: it is
-//! quadratic).
+//! quadratic); (6) the iptables dataplane on the same cluster and changes, per iptables backend,
+//! each in a fresh namespace, and upstream's iptables layout of the cluster's ClusterIPs.
 
 mod churn;
 mod cluster;
 mod daemon;
 mod faults;
+mod iptables;
 mod measure;
 mod report;
 mod soak;
 mod upstream;
+mod upstream_iptables;
 
 use std::process::{Command, ExitCode};
 
@@ -65,6 +68,18 @@ pub struct Args {
     /// Give up on an upstream-shaped load after this many seconds.
     #[arg(long, default_value_t = 300)]
     pub upstream_timeout: u64,
+    /// Largest size the iptables dataplane is measured at.
+    #[arg(long, default_value_t = 50_000)]
+    pub iptables_max: usize,
+    /// Largest size whose upstream-layout iptables restore is loaded (it grows quadratically).
+    #[arg(long, default_value_t = 3000)]
+    pub iptables_upstream_max: usize,
+    /// Largest size whose iptables full resync over the live rules is timed (slow at scale).
+    #[arg(long, default_value_t = 10_000)]
+    pub iptables_resync_max: usize,
+    /// iptables backends measured (`nft`, `legacy`; empty: none).
+    #[arg(long, value_delimiter = ',', default_value = "nft,legacy")]
+    pub iptables_backends: Vec<String>,
     /// CI smoke run: 10 changes, no upstream shape.
     #[arg(long)]
     pub quick: bool,

@@ -49,6 +49,8 @@ pub struct SizeResult {
     pub floor_s: f64,
     /// Upstream's shape through one `nft -f`.
     pub upstream: UpstreamLoad,
+    /// The iptables dataplane on the same cluster, per backend.
+    pub iptables: Vec<crate::iptables::IptablesResult>,
 }
 
 fn vm_hwm_mib() -> f64 {
@@ -163,7 +165,23 @@ pub fn run(size: usize, args: &Args) -> anyhow::Result<SizeResult> {
             Err(e) => UpstreamLoad::Failed(format!("{e:#}")),
         }
     };
+    let mut iptables = Vec::new();
+    for backend in crate::iptables::backends(size, args.iptables_max, &args.iptables_backends) {
+        eprintln!("kproxy-bench: {size} services, iptables-{} ...", backend.as_str());
+        let timeout = Duration::from_secs(args.upstream_timeout);
+        let upstream_max = if args.quick { 0 } else { args.iptables_upstream_max };
+        iptables.push(crate::iptables::run(
+            size,
+            args.endpoints,
+            args.changes,
+            backend,
+            upstream_max,
+            timeout,
+            args.iptables_resync_max,
+        )?);
+    }
     Ok(SizeResult {
+        iptables,
         mix,
         full_sync_s,
         full_ops,

@@ -118,6 +118,7 @@ fn write_report(s: &mut String, command: &str, args: &Args, results: &[SizeResul
         )?;
         writeln!(s)?;
     }
+    write_iptables(s, results)?;
     let t = targets(results);
     if !t.is_empty() {
         writeln!(s, "| target | measured | met |")?;
@@ -127,4 +128,47 @@ fn write_report(s: &mut String, command: &str, args: &Args, results: &[SizeResul
         }
     }
     Ok(())
+}
+
+/// The iptables dataplane next to the nftables one, same clusters, same run.
+fn write_iptables(s: &mut String, results: &[SizeResult]) -> Result<(), std::fmt::Error> {
+    if results.iter().all(|r| r.iptables.is_empty()) {
+        return Ok(());
+    }
+    writeln!(
+        s,
+        "iptables mode, same clusters and changes, each backend in a fresh namespace (full sync: kproxy's rendering, \
+         `iptables-save` for stale chains, the restore, the jump checks; tools: time waiting for the iptables \
+         binaries, and their CPU):"
+    )?;
+    writeln!(s)?;
+    writeln!(
+        s,
+        "| services | backend | full sync | of which tools (wall) | tools CPU user / system | restores / sections | vs nftables full sync | upstream layout, ClusterIPs only (one restore) | change p50 | change p99 | of which iptables-restore p50 | resync over live rules (sections) |"
+    )?;
+    writeln!(s, "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")?;
+    for r in results {
+        for i in &r.iptables {
+            writeln!(
+                s,
+                "| {} | {} | {} | {} | {} / {} | {} / {} | {:.0}× | {} | {:.2} ms | {:.2} ms | {:.2} ms | {} ({}) |",
+                r.mix.services,
+                i.backend,
+                secs(i.full_sync_s),
+                secs(i.full_tools_s),
+                secs(i.full_tools_user_s),
+                secs(i.full_tools_sys_s),
+                i.full_restores,
+                i.full_sections,
+                i.full_sync_s / r.full_sync_s,
+                upstream(&i.upstream),
+                pct(&i.change_ms, 0.5),
+                pct(&i.change_ms, 0.99),
+                pct(&i.change_tools_ms, 0.5),
+                i.resync_s.map_or_else(|| "skipped".to_owned(), secs),
+                i.resync_sections,
+            )?;
+        }
+    }
+    writeln!(s)
 }

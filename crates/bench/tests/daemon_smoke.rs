@@ -83,6 +83,6 @@ fn a_small_daemon_run_sees_every_change_and_measures_every_figure() {
     assert!(f(r, "restart_synced_after_s") > 0.0);
 
     assert!(stdout.lines().any(|l| l.starts_with("| 200 |")), "{stdout}");
-    assert!(stdout.contains("Targets of #14 at 200 Services"), "{stdout}");
+    assert!(stdout.contains("Targets of #14 (nftables mode) at 200 Services"), "{stdout}");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -73,7 +73,7 @@ pub fn cleanup_family(exec: &mut dyn Executor, family: IpFamily) -> Result<(), E
         let save = exec.save(family, table)?;
         let input = cleanup_input(table, &save);
         if !input.is_empty() {
-            let text = rules::restore_text(&std::collections::BTreeMap::from([(table, input)]));
+            let text = crate::layout::restore_text(&std::collections::BTreeMap::from([(table, input)]), None);
             exec.restore(family, &text)?;
             if is_empty_table(&exec.save(family, table)?) {
                 exec.drop_empty_table(family, table)?;
@@ -110,7 +110,7 @@ mod tests {
             t.delete_rules,
             vec!["-D PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES"]
         );
-        let text = rules::restore_text(&std::collections::BTreeMap::from([(Table::Nat, t)]));
+        let text = crate::layout::restore_text(&std::collections::BTreeMap::from([(Table::Nat, t)]), None);
         assert!(!text.contains("OTHER") && !text.contains("192.0.2.1"), "{text}");
         assert!(text.contains("-X KUBE-SVC-XPGD46QRK7WJZT7O\n"), "{text}");
     }

@@ -4,6 +4,7 @@
 //!
 //! - [`naming`]: upstream's chain names (`KUBE-SVC-<hash16>`, ...).
 //! - [`rules`]: the plan rendered into `iptables-restore` lines, per table.
+//! - [`layout`]: the order and sections a restore is written in, so `iptables-restore` stays linear.
 //! - [`IptablesDataplane`]: the applied state in memory, full and partial restores.
 //! - [`restore`]: running `iptables-restore --noflush -w` of one [`Backend`]; a recorder for tests.
 //! - [`backend`]: detecting the host's backend like upstream.
@@ -13,6 +14,7 @@
 pub mod backend;
 pub mod canary;
 pub mod cleanup;
+pub mod layout;
 pub mod naming;
 pub mod restore;
 mod rule_counts;

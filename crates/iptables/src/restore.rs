@@ -86,6 +86,11 @@ pub trait Executor {
     /// Removes a table that holds nothing but empty built-in chains, where the backend can
     /// (nf_tables; x_tables tables can't be removed and are left alone).
     fn drop_empty_table(&mut self, family: IpFamily, table: Table) -> Result<(), ExecError>;
+    /// At most how many chains one `*table … COMMIT` section of a big restore should hold for
+    /// this backend; `None`: one section per table (see [`crate::layout`]).
+    fn section_limit(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// The real tools of `backend`, run in the network namespace of the calling thread.
@@ -131,6 +136,13 @@ impl IptablesRestore {
 }
 
 impl Executor for IptablesRestore {
+    fn section_limit(&self) -> Option<usize> {
+        match self.backend {
+            Backend::Nft => Some(crate::layout::NFT_SECTION_CHAINS),
+            Backend::Legacy => None,
+        }
+    }
+
     fn restore(&mut self, family: IpFamily, input: &str) -> Result<(), ExecError> {
         self.command(family, "-restore", &["--noflush", "-w"], Some(input)).map(|_| ())
     }
@@ -192,6 +204,8 @@ pub struct Recording {
     pub fail_next: bool,
     /// Tables dropped as empty.
     pub dropped: Vec<(IpFamily, Table)>,
+    /// What [`Executor::section_limit`] answers.
+    pub section_limit: Option<usize>,
 }
 
 impl Recording {
@@ -202,6 +216,10 @@ impl Recording {
 }
 
 impl Executor for Recording {
+    fn section_limit(&self) -> Option<usize> {
+        self.section_limit
+    }
+
     fn restore(&mut self, family: IpFamily, input: &str) -> Result<(), ExecError> {
         if std::mem::take(&mut self.fail_next) {
             return Err(ExecError::Injected);
@@ -232,6 +250,9 @@ impl Executor for Recording {
 }
 
 impl<E: Executor + ?Sized> Executor for &mut E {
+    fn section_limit(&self) -> Option<usize> {
+        (**self).section_limit()
+    }
     fn restore(&mut self, family: IpFamily, input: &str) -> Result<(), ExecError> {
         (**self).restore(family, input)
     }
@@ -250,6 +271,9 @@ impl<E: Executor + ?Sized> Executor for &mut E {
 }
 
 impl<E: Executor + ?Sized> Executor for Box<E> {
+    fn section_limit(&self) -> Option<usize> {
+        (**self).section_limit()
+    }
     fn restore(&mut self, family: IpFamily, input: &str) -> Result<(), ExecError> {
         (**self).restore(family, input)
     }

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use kproxy_state::IpFamily;
 
+use crate::layout::appended_chain;
 use crate::rules::{Table, TableInput};
 
 /// Rules owned and last written, per family and table.
@@ -31,11 +32,6 @@ struct Counts {
 #[derive(Debug, Clone, Default)]
 pub struct RuleCounter {
     inner: Arc<Mutex<Counts>>,
-}
-
-/// The chain a `-A CHAIN …` line appends to.
-fn appended_chain(rule: &str) -> Option<&str> {
-    rule.strip_prefix("-A ")?.split_whitespace().next()
 }
 
 impl RuleCounter {

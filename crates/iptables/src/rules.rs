@@ -74,8 +74,8 @@ pub struct Ctx {
     pub family: IpFamily,
     /// `1 << masqueradeBit`.
     pub masquerade_mark: u32,
-    /// Marks hairpin traffic so it is masqueraded despite `noMasqueradeCIDRs` (used only when
-    /// those are set).
+    /// Marks hairpin traffic: it tells the endpoint rules which endpoint a hairpin packet drew,
+    /// and keeps it masqueraded despite `noMasqueradeCIDRs`. Cleared in `KUBE-POSTROUTING`.
     pub hairpin_mark: u32,
     /// `iptables.localhostNodePorts` (IPv4 only, as upstream).
     pub localhost_nodeports: bool,
@@ -202,13 +202,13 @@ pub fn render_service(ctx: &Ctx, node: &NodePlan, p: &ServicePortPlan) -> Servic
     if p.uses_cluster_endpoints() {
         let mut rules: Vec<String> =
             masq.iter().filter(|_| !p.internal.local).map(|m| format!("-A {svc} {m}")).collect();
-        rules.extend(dispatch_rules(p, &svc, &name, &p.cluster_endpoints));
+        rules.extend(dispatch_rules(ctx, p, &svc, &name, &p.cluster_endpoints));
         out.chains.insert(svc.clone(), rules);
     }
     if p.uses_local_endpoints() {
         let mut rules: Vec<String> =
             masq.iter().filter(|_| p.internal.local).map(|m| format!("-A {svl} {m}")).collect();
-        rules.extend(dispatch_rules(p, &svl, &name, &p.local_endpoints));
+        rules.extend(dispatch_rules(ctx, p, &svl, &name, &p.local_endpoints));
         out.chains.insert(svl.clone(), rules);
     }
     match p.internal.no_endpoints {
@@ -334,31 +334,68 @@ pub fn render_service(ctx: &Ctx, node: &NodePlan, p: &ServicePortPlan) -> Servic
         ));
     }
 
-    let hairpin_target = if node.no_masquerade_sources().is_empty() {
-        format!("-j {KUBE_MARK_MASQ}")
-    } else {
-        format!("-j MARK --or-mark {:#x}", ctx.masquerade_mark | ctx.hairpin_mark)
-    };
-    let proto = p.protocol.as_str();
-    for ep in p.reachable_endpoints() {
-        let sep = naming::sep_chain(&p.name, ep);
-        let c = comment(&name);
-        let recent =
-            if p.affinity_timeout.is_some() { format!(" -m recent --name {sep} --set") } else { String::new() };
-        let rules = vec![
-            format!("-A {sep} {c} -s {} {hairpin_target}", ep.ip),
-            format!(
-                "-A {sep} {c}{recent} -m {proto} -p {proto} -j DNAT --to-destination {}",
-                naming::endpoint_string(ep)
-            ),
-        ];
-        out.chains.insert(sep, rules);
+    if p.affinity_timeout.is_some() {
+        // `-m recent` remembers the endpoint by name: affinity keeps upstream's endpoint chains.
+        let hairpin_target = if node.no_masquerade_sources().is_empty() {
+            format!("-j {KUBE_MARK_MASQ}")
+        } else {
+            format!("-j MARK --or-mark {:#x}", ctx.masquerade_mark | ctx.hairpin_mark)
+        };
+        let proto = p.protocol.as_str();
+        for ep in p.reachable_endpoints() {
+            let sep = naming::sep_chain(&p.name, ep);
+            let c = comment(&name);
+            let rules = vec![
+                format!("-A {sep} {c} -s {} {hairpin_target}", ep.ip),
+                format!(
+                    "-A {sep} {c} -m recent --name {sep} --set -m {proto} -p {proto} -j DNAT --to-destination {}",
+                    naming::endpoint_string(ep)
+                ),
+            ];
+            out.chains.insert(sep, rules);
+        }
     }
     out
 }
 
-/// Affinity hits first, then a uniform random cascade (`statistic --probability 1/(n-i)`).
-fn dispatch_rules(p: &ServicePortPlan, chain: &str, name: &str, endpoints: &[Endpoint]) -> Vec<String> {
+/// Picks among `endpoints` in `chain`: affinity hits first (to upstream's endpoint chains),
+/// then a uniform random cascade (`statistic --probability 1/(n-i)`).
+fn dispatch_rules(ctx: &Ctx, p: &ServicePortPlan, chain: &str, name: &str, endpoints: &[Endpoint]) -> Vec<String> {
+    if p.affinity_timeout.is_some() {
+        return affinity_rules(p, chain, name, endpoints);
+    }
+    // Without affinity, each endpoint is rules in `chain` rather than a chain of its own (a
+    // chain per endpoint is what makes restores slow at scale). A packet from endpoint i itself
+    // (hairpin) and any other packet take separate rules with the same probability; only one
+    // of the two can match a given source, so the choice stays uniform. The hairpin rule marks
+    // the packet for masquerading plus the hairpin bit, and the DNAT that follows it matches
+    // that bit: it was set by this endpoint's draw, as the bit is kproxy's own and KUBE-POSTROUTING
+    // clears it.
+    let h = ctx.hairpin_mark;
+    let mark = ctx.masquerade_mark | h;
+    // `-p` alone (DNAT to a port needs it): a bare `-m tcp` would add a match the kernel
+    // revalidates on every commit, for nothing.
+    let proto = p.protocol.as_str();
+    let n = endpoints.len();
+    let mut rules = Vec::with_capacity(3 * n);
+    for (i, ep) in endpoints.iter().enumerate() {
+        let c = comment(&format!("{name} -> {}", naming::endpoint_string(ep)));
+        let dnat = format!("-p {proto} -j DNAT --to-destination {}", naming::endpoint_string(ep));
+        if i + 1 < n {
+            let statistic = format!("-m statistic --mode random --probability {:.10}", 1.0 / (n - i) as f64);
+            rules.push(format!("-A {chain} {c} -s {} {statistic} -j MARK --or-mark {mark:#x}", ep.ip));
+            rules.push(format!("-A {chain} {c} -s {} -m mark --mark {h:#x}/{h:#x} {dnat}", ep.ip));
+            rules.push(format!("-A {chain} {c} ! -s {} {statistic} {dnat}", ep.ip));
+        } else {
+            rules.push(format!("-A {chain} {c} -s {} -j MARK --or-mark {mark:#x}", ep.ip));
+            rules.push(format!("-A {chain} {c} {dnat}"));
+        }
+    }
+    rules
+}
+
+/// Upstream's affinity dispatch: recent hits first, then a random cascade, to endpoint chains.
+fn affinity_rules(p: &ServicePortPlan, chain: &str, name: &str, endpoints: &[Endpoint]) -> Vec<String> {
     let mut rules = Vec::new();
     let target = |ep: &Endpoint| naming::sep_chain(&p.name, ep);
     let c = |ep: &Endpoint| comment(&format!("{name} -> {}", naming::endpoint_string(ep)));
@@ -422,30 +459,28 @@ impl TableInput {
         self.rules.extend(rules);
     }
 
+    /// Each declared chain with its rules, in declaration order.
+    pub fn chain_rules(&self) -> Vec<(&str, Vec<&str>)> {
+        let mut at: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+        let mut out: Vec<(&str, Vec<&str>)> = Vec::new();
+        for c in &self.chains {
+            at.entry(c).or_insert_with(|| {
+                out.push((c, Vec::new()));
+                out.len() - 1
+            });
+        }
+        for rule in &self.rules {
+            if let Some(&i) = crate::layout::appended_chain(rule).and_then(|c| at.get(c)) {
+                out[i].1.push(rule);
+            }
+        }
+        out
+    }
+
     /// True when the table section would change nothing.
     pub fn is_empty(&self) -> bool {
         self.chains.is_empty() && self.rules.is_empty() && self.delete.is_empty() && self.delete_rules.is_empty()
     }
-}
-
-/// Renders `iptables-restore --noflush` input: one section per non-empty table.
-pub fn restore_text(tables: &BTreeMap<Table, TableInput>) -> String {
-    let mut out = String::new();
-    for (table, t) in tables.iter().filter(|(_, t)| !t.is_empty()) {
-        out.push_str(&format!("*{}\n", table.as_str()));
-        for c in t.chains.iter().chain(&t.delete) {
-            out.push_str(&format!(":{c} - [0:0]\n"));
-        }
-        for r in t.delete_rules.iter().chain(&t.rules) {
-            out.push_str(r);
-            out.push('\n');
-        }
-        for c in &t.delete {
-            out.push_str(&format!("-X {c}\n"));
-        }
-        out.push_str("COMMIT\n");
-    }
-    out
 }
 
 /// The node-wide chains that are not dispatch chains: forwarding, masquerading, the localhost
@@ -505,8 +540,10 @@ pub fn fixed(ctx: &Ctx, node: &NodePlan) -> BTreeMap<Table, TableInput> {
                 ));
             }
         }
-        post.push(format!("-A {KUBE_POSTROUTING} -j MARK --and-mark {:#x}", !h));
     }
+    // The hairpin bit (set with the masquerade mark by the endpoint rules) is kproxy's own:
+    // cleared here like the masquerade mark.
+    post.push(format!("-A {KUBE_POSTROUTING} -j MARK --and-mark {:#x}", !ctx.hairpin_mark));
     let snat = match node.snat.source {
         SnatSource::Masquerade => "-j MASQUERADE --random-fully".to_owned(),
         SnatSource::NodeIp(ip) => format!("-j SNAT --to-source {ip} --random-fully"),
@@ -539,6 +576,7 @@ pub fn dispatch<'a>(
 
     let nat = tables.entry(Table::Nat).or_default();
     let mut svc: Vec<String> = all(|d| &d.nat_services).collect();
+    by_target_descending(&mut svc);
     if ctx.localhost_nodeports_active(node) {
         // route_localnet lets packets to 127.0.0.0/8 in from the wire; only the node itself
         // may use localhost NodePorts (its own connections to 127.0.0.1 come from 127.0.0.1).
@@ -552,7 +590,9 @@ pub fn dispatch<'a>(
         svc.push(format!("-A {KUBE_SERVICES} {tail} {m} -j {KUBE_NODEPORTS}"));
     }
     nat.chain(KUBE_SERVICES, svc);
-    nat.chain(KUBE_NODEPORTS, all(|d| &d.nat_nodeports));
+    let mut nodeports: Vec<String> = all(|d| &d.nat_nodeports).collect();
+    by_target_descending(&mut nodeports);
+    nat.chain(KUBE_NODEPORTS, nodeports);
 
     let filter = tables.entry(Table::Filter).or_default();
     let mut fsvc: Vec<String> = all(|d| &d.filter_services).collect();
@@ -574,6 +614,18 @@ pub fn dispatch<'a>(
     filter.chain(KUBE_NODEPORTS, all(|d| &d.filter_nodeports));
     filter.chain(KUBE_PROXY_FIREWALL, all(|d| &d.filter_firewall));
     tables
+}
+
+/// Orders a dispatch chain's per-service lines by the chain they jump to, descending: the order
+/// iptables-nft looks chain names up cheaply in (see [`crate::layout`]). Their matches (a
+/// destination address, protocol and port each, or a node port) never overlap, so the order
+/// changes nothing for packets.
+fn by_target_descending(lines: &mut [String]) {
+    lines.sort_by(|a, b| target(b).cmp(target(a)));
+}
+
+fn target(rule: &str) -> &str {
+    rule.rfind(" -j ").map_or("", |at| &rule[at + 4..])
 }
 
 /// A jump from a built-in chain into kproxy's, ensured with `-C` then `-I` (upstream's

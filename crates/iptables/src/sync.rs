@@ -2,12 +2,14 @@
 //! `iptables-restore --noflush`.
 //!
 //! The applied state — for every service port a hash of each chain it owns and its lines in
-//! the dispatch chains — lives in memory, so a partial sync (upstream's
-//! MinimizeIPTablesRestore) writes only the chains whose content changed, deletes the ones that
-//! went away, and always rewrites the dispatch chains. Full syncs rewrite everything and delete
-//! any stale service chain they find with `iptables-save`; they happen on start, after any
-//! failure, when node-wide settings change, when the canary is gone, and when the caller asks
-//! (every `syncPeriod`). Each sync is one `iptables-restore` per family, atomic per table.
+//! the dispatch chains, and a hash of each dispatch chain — lives in memory, so a partial sync
+//! (upstream's MinimizeIPTablesRestore) writes only the chains whose content changed, deletes
+//! the ones that went away, and rewrites a dispatch chain only when its content changed (an
+//! endpoint change never does). Full syncs rewrite everything and delete any stale service
+//! chain they find with `iptables-save`; they happen on start, after any failure, when
+//! node-wide settings change, when the canary is gone, and when the daemon asks (hourly). Each
+//! sync is one `iptables-restore` per family, laid out by [`crate::layout`]: small ones are one
+//! atomic section per table, big ones on iptables-nft several, ordered so nothing dangles.
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeMap, BTreeSet};
@@ -18,6 +20,7 @@ use kproxy_plan::{NodePlan, Plan, PlanDelta, ServicePortName};
 use kproxy_state::IpFamily;
 
 use crate::canary;
+use crate::layout;
 use crate::naming;
 use crate::restore::{ExecError, Executor};
 use crate::rule_counts::RuleCounter;
@@ -28,8 +31,9 @@ use crate::rules::{self, Ctx, Dispatch, ServiceRules, Table, TableInput};
 pub struct Config {
     /// `1 << iptables.masqueradeBit` (default bit 14).
     pub masquerade_mark: u32,
-    /// A second mark bit that keeps hairpin traffic masqueraded when `noMasqueradeCIDRs` would
-    /// skip it (KEP-6246); used only when those CIDRs are set. Default bit 13.
+    /// A second mark bit, kproxy's own, set on hairpin traffic: the endpoint rules of a service
+    /// chain DNAT on it, and it keeps hairpin masqueraded when `noMasqueradeCIDRs` would skip
+    /// it (KEP-6246). Default bit 13.
     pub hairpin_mark: u32,
     /// `iptables.localhostNodePorts` (default true; IPv4 only).
     pub localhost_nodeports: bool,
@@ -94,15 +98,48 @@ struct FamilyState {
     ctx: Ctx,
     node: NodePlan,
     services: BTreeMap<ServicePortName, AppliedService>,
+    /// A hash of each dispatch chain as last written.
+    dispatch: BTreeMap<(Table, String), u64>,
+    /// Chains a failed restore was to delete: the next full sync deletes them.
+    maybe_stale: BTreeSet<String>,
 }
 
 impl FamilyState {
-    fn dispatch(&self) -> BTreeMap<Table, TableInput> {
-        rules::dispatch(&self.ctx, &self.node, self.services.values().map(|s| (&s.dispatch, s.cluster_ip)))
+    fn new(ctx: Ctx, node: NodePlan) -> Self {
+        Self { ctx, node, services: BTreeMap::new(), dispatch: BTreeMap::new(), maybe_stale: BTreeSet::new() }
+    }
+
+    /// The dispatch chains for the current services; records what they hash to.
+    fn dispatch(&mut self) -> BTreeMap<Table, TableInput> {
+        let tables =
+            rules::dispatch(&self.ctx, &self.node, self.services.values().map(|s| (&s.dispatch, s.cluster_ip)));
+        self.dispatch = tables
+            .iter()
+            .flat_map(|(&table, t)| t.chain_rules().into_iter().map(move |(c, r)| ((table, c.to_owned()), hash(&r))))
+            .collect();
+        tables
+    }
+
+    /// The dispatch chains whose content differs from what `before` last wrote (an endpoint
+    /// change leaves them as they are; adding or removing a service rewrites them).
+    fn changed_dispatch(&mut self, before: &BTreeMap<(Table, String), u64>) -> BTreeMap<Table, TableInput> {
+        let tables = self.dispatch();
+        tables
+            .into_iter()
+            .map(|(table, t)| {
+                let mut changed = TableInput::default();
+                for (chain, rules) in t.chain_rules() {
+                    if before.get(&(table, chain.to_owned())) != self.dispatch.get(&(table, chain.to_owned())) {
+                        changed.chain(chain, rules.into_iter().map(str::to_owned));
+                    }
+                }
+                (table, changed)
+            })
+            .collect()
     }
 }
 
-fn hash(rules: &[String]) -> u64 {
+fn hash<S: Hash>(rules: &[S]) -> u64 {
     let mut h = DefaultHasher::new();
     rules.hash(&mut h);
     h.finish()
@@ -205,7 +242,7 @@ impl<E: Executor> IptablesDataplane<E> {
         for (&family, fam) in &plan.families {
             let err = |source| SyncError::Exec { family, source };
             let ctx = self.config.ctx(family);
-            let mut state = FamilyState { ctx: ctx.clone(), node: fam.node.clone(), services: BTreeMap::new() };
+            let mut state = FamilyState::new(ctx.clone(), fam.node.clone());
             let mut tables = rules::fixed(&ctx, &fam.node);
             let mut nat = TableInput::default();
             for (name, p) in &fam.services {
@@ -221,12 +258,13 @@ impl<E: Executor> IptablesDataplane<E> {
                 existing_service_chains(&self.exec.save(family, Table::Nat).map_err(err)?);
             if let Some(old) = self.families.get(&family) {
                 existing.extend(old.services.values().flat_map(|s| s.chains.keys().cloned()));
+                existing.extend(old.maybe_stale.iter().cloned());
             }
             nat.delete = existing.into_iter().filter(|c| !desired.contains(c)).collect();
             report.chains_deleted += nat.delete.len();
             merge(&mut tables, state.dispatch());
             merge(&mut tables, BTreeMap::from([(Table::Nat, nat)]));
-            let text = rules::restore_text(&tables);
+            let text = layout::restore_text(&tables, self.exec.section_limit());
             self.exec.restore(family, &text).map_err(|e| {
                 tracing::warn!(error = %e, ?family, "iptables full restore failed");
                 err(e)
@@ -252,9 +290,11 @@ impl<E: Executor> IptablesDataplane<E> {
             if fd.is_empty() {
                 continue;
             }
-            let Some(state) = self.families.get(&family) else { continue };
-            let mut next = state.clone();
+            // The state is updated in place (a clone would cost O(cluster) per change); if the
+            // restore fails, the next sync is a full one, which rebuilds it.
+            let Some(state) = self.families.get_mut(&family) else { continue };
             let mut nat = TableInput::default();
+            let mut dispatch_changed = !fd.removed.is_empty();
             for p in fd.added.iter().chain(fd.changed.iter().map(|c| &c.new)) {
                 let rendered = rules::render_service(&state.ctx, &state.node, p);
                 let old = state.services.get(&p.name);
@@ -266,26 +306,39 @@ impl<E: Executor> IptablesDataplane<E> {
                 if let Some(old) = old {
                     nat.delete.extend(old.chains.keys().filter(|c| !rendered.chains.contains_key(*c)).cloned());
                 }
-                next.services.insert(p.name.clone(), applied(&rendered, p.cluster_ip));
+                dispatch_changed |= old.is_none_or(|o| o.dispatch != rendered.dispatch || o.cluster_ip != p.cluster_ip);
+                state.services.insert(p.name.clone(), applied(&rendered, p.cluster_ip));
             }
             for p in &fd.removed {
-                if let Some(old) = next.services.remove(&p.name) {
+                if let Some(old) = state.services.remove(&p.name) {
                     nat.delete.extend(old.chains.into_keys());
                 }
             }
             report.chains_written += nat.chains.len();
             report.chains_deleted += nat.delete.len();
-            let mut tables = next.dispatch();
+            // The dispatch chains are rebuilt (O(cluster)) only when a service's lines in them
+            // changed, and written only where their content did.
+            let mut tables = if dispatch_changed {
+                let before = state.dispatch.clone();
+                state.changed_dispatch(&before)
+            } else {
+                BTreeMap::new()
+            };
             merge(&mut tables, BTreeMap::from([(Table::Nat, nat)]));
-            let text = rules::restore_text(&tables);
+            if tables.values().all(TableInput::is_empty) {
+                // Nothing the kernel holds changed (say, only a port's name did).
+                continue;
+            }
+            let text = layout::restore_text(&tables, self.exec.section_limit());
             if let Err(e) = self.exec.restore(family, &text) {
                 tracing::warn!(error = %e, ?family, "iptables partial restore failed; the next sync is a full one");
+                // The chains this restore would have deleted may still be in the kernel.
+                state.maybe_stale.extend(tables.get(&Table::Nat).into_iter().flat_map(|t| t.delete.iter().cloned()));
                 self.needs_full = true;
                 return Err(SyncError::Exec { family, source: e });
             }
             report.restores += 1;
             self.rule_counts.restored(family, &tables, false);
-            self.families.insert(family, next);
         }
         Ok(report)
     }
@@ -297,7 +350,7 @@ impl<E: Executor> IptablesDataplane<E> {
             .iter()
             .map(|(&family, fam)| {
                 let ctx = self.config.ctx(family);
-                let mut state = FamilyState { ctx: ctx.clone(), node: fam.node.clone(), services: BTreeMap::new() };
+                let mut state = FamilyState::new(ctx.clone(), fam.node.clone());
                 let mut tables = rules::fixed(&ctx, &fam.node);
                 let mut nat = TableInput::default();
                 for (name, p) in &fam.services {
@@ -309,7 +362,7 @@ impl<E: Executor> IptablesDataplane<E> {
                 }
                 merge(&mut tables, state.dispatch());
                 merge(&mut tables, BTreeMap::from([(Table::Nat, nat)]));
-                (family, rules::restore_text(&tables))
+                (family, layout::restore_text(&tables, self.exec.section_limit()))
             })
             .collect()
     }
@@ -363,12 +416,21 @@ impl<E: Executor + Send> kproxy_plan::Dataplane for IptablesDataplane<E> {
     }
 
     fn partial_sync(&mut self, plan: &Plan, delta: &PlanDelta) -> Result<(), kproxy_plan::DataplaneError> {
-        // Someone flushed kproxy's chains (the canary is gone): this sync becomes a full restore.
-        if !self.check_canary()? {
-            tracing::warn!("iptables canary chain missing: restoring every kproxy chain");
-        }
         self.sync(plan, delta)?;
         Ok(())
+    }
+
+    /// The periodic check is the canary (a few single-chain listings, whatever the cluster's
+    /// size), not a full restore: someone flushing or deleting kproxy's chains makes it a full
+    /// restore. The daemon still restores everything hourly.
+    fn verify(&mut self, plan: &Plan) -> Result<kproxy_plan::Verified, kproxy_plan::DataplaneError> {
+        if !self.needs_full && self.check_canary()? {
+            return Ok(kproxy_plan::Verified::Clean);
+        }
+        IptablesDataplane::full_sync(self, plan)?;
+        Ok(kproxy_plan::Verified::Repaired(vec![
+            "kproxy's iptables canary was gone (a table was flushed or its chains deleted)".to_owned(),
+        ]))
     }
 
     fn cleanup(&mut self) -> Result<(), kproxy_plan::DataplaneError> {

@@ -192,7 +192,7 @@ fn cleanup_keeps_other_rules(backend: Backend) {
     let mut dp = bed.dataplane(backend);
     bed.sync(&mut dp, &bed.full_delta());
     let during = bed.save(backend);
-    for chain in ["KUBE-SERVICES", "KUBE-SVC-", "KUBE-SEP-", "KUBE-POSTROUTING", "KUBE-PROXY-CANARY"] {
+    for chain in ["KUBE-SERVICES", "KUBE-SVC-", "KUBE-EXT-", "KUBE-POSTROUTING", "KUBE-PROXY-CANARY"] {
         assert!(during.contains(chain), "{chain} missing:\n{during}");
     }
     // A fresh process (`kproxy --cleanup`) knows nothing of what was applied.

@@ -12,15 +12,23 @@ use kproxy_state::{Change, ClusterState, IpFamily, Object, Protocol};
 use serde_json::json;
 
 fn web(eps: &[&str]) -> Vec<Object> {
+    web_with(eps, json!({}))
+}
+
+/// `web` with ClientIP affinity (upstream's endpoint chains stay for it).
+fn web_affinity(eps: &[&str]) -> Vec<Object> {
+    web_with(eps, json!({"sessionAffinity": "ClientIP", "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 60}}}))
+}
+
+fn web_with(eps: &[&str], affinity: serde_json::Value) -> Vec<Object> {
     let ports = json!([{"name": "http", "protocol": "TCP", "port": 8080}]);
+    let mut spec = json!({"type": "NodePort", "clusterIP": "198.18.128.10", "clusterIPs": ["198.18.128.10"],
+        "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP", "nodePort": 30080}]});
+    if let (Some(spec), Some(extra)) = (spec.as_object_mut(), affinity.as_object()) {
+        spec.extend(extra.clone());
+    }
     vec![
-        service(
-            "default",
-            "web",
-            json!({"type": "NodePort", "clusterIP": "198.18.128.10", "clusterIPs": ["198.18.128.10"],
-                "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP", "nodePort": 30080}]}),
-            json!({}),
-        ),
+        service("default", "web", spec, json!({})),
         slice(
             "default",
             "web",
@@ -127,10 +135,25 @@ fn full_restore_has_upstreams_layout_jumps_and_localhost_nodeports() {
         &format!(
             "-A {web_svc} -m comment --comment \"default/web:http cluster IP\" -m tcp -p tcp -d 198.18.128.10 --dport 80 ! -s 198.18.16.0/20 -j KUBE-MARK-MASQ"
         ),
+        // Each endpoint is rules in the service chain: the hairpin draw (masquerade and hairpin
+        // marks) and its DNAT, then everyone else's draw, same probability.
         &format!(
-            "-A {web_svc} -m comment --comment \"default/web:http -> 198.18.17.10:8080\" -m statistic --mode random --probability 0.5000000000 -j {}",
-            sep("web", "http", Protocol::Tcp, "198.18.17.10", 8080)
+            "-A {web_svc} -m comment --comment \"default/web:http -> 198.18.17.10:8080\" -s 198.18.17.10 -m statistic --mode random --probability 0.5000000000 -j MARK --or-mark 0x6000"
         ),
+        &format!(
+            "-A {web_svc} -m comment --comment \"default/web:http -> 198.18.17.10:8080\" -s 198.18.17.10 -m mark --mark 0x2000/0x2000 -p tcp -j DNAT --to-destination 198.18.17.10:8080"
+        ),
+        &format!(
+            "-A {web_svc} -m comment --comment \"default/web:http -> 198.18.17.10:8080\" ! -s 198.18.17.10 -m statistic --mode random --probability 0.5000000000 -p tcp -j DNAT --to-destination 198.18.17.10:8080"
+        ),
+        &format!(
+            "-A {web_svc} -m comment --comment \"default/web:http -> 198.18.17.11:8080\" -s 198.18.17.11 -j MARK --or-mark 0x6000"
+        ),
+        &format!(
+            "-A {web_svc} -m comment --comment \"default/web:http -> 198.18.17.11:8080\" -p tcp -j DNAT --to-destination 198.18.17.11:8080"
+        ),
+        // The hairpin bit is cleared with the masquerade mark.
+        "-A KUBE-POSTROUTING -j MARK --and-mark 0xffffdfff",
         &format!(
             "-A KUBE-NODEPORTS -m comment --comment \"default/web:http\" -m tcp -p tcp --dport 30080 -j {web_ext}"
         ),
@@ -139,6 +162,8 @@ fn full_restore_has_upstreams_layout_jumps_and_localhost_nodeports() {
     ] {
         assert!(input.lines().any(|l| l == line), "missing {line:?} in\n{input}");
     }
+    // No endpoint chains without affinity.
+    assert!(!input.contains("KUBE-SEP-"), "{input}");
     // Built-in chains are never declared (that would flush them) and only get jumps, ensured
     // with -C then -I.
     for builtin in ["PREROUTING", "OUTPUT", "POSTROUTING", "INPUT", "FORWARD"] {
@@ -159,63 +184,61 @@ fn full_restore_has_upstreams_layout_jumps_and_localhost_nodeports() {
 }
 
 #[test]
-fn one_endpoint_change_rewrites_only_that_services_chains() {
+fn one_endpoint_change_rewrites_only_that_services_chain() {
     let mut w = World::new([web(&["198.18.17.10", "198.18.17.11"]), other()].concat());
     let mut dp = IptablesDataplane::new(Recording::default(), Config::default());
     dp.sync(&w.plan, &PlanDelta::between(&Plan::default(), &w.plan)).unwrap();
     let full = dp.executor().last(IpFamily::V4).unwrap().to_owned();
     let other_svc = naming::svc_chain(&spn("other", "dns", Protocol::Udp));
-    let other_sep = sep("other", "dns", Protocol::Udp, "198.18.17.20", 5353);
-    assert!(declared(&full).contains(&other_svc.as_str()) && declared(&full).contains(&other_sep.as_str()));
+    assert!(declared(&full).contains(&other_svc.as_str()));
 
     // 198.18.17.11 is replaced by 198.18.17.12.
     let delta = w.apply(web(&["198.18.17.10", "198.18.17.12"]));
     let report = dp.sync(&w.plan, &delta).unwrap();
     assert!(!report.full, "{report:?}");
+    assert_eq!((report.restores, report.chains_written, report.chains_deleted), (1, 1, 0), "{report:?}");
     let input = dp.executor().last(IpFamily::V4).unwrap().to_owned();
-    let chains = declared(&input);
     let web_svc = naming::svc_chain(&spn("web", "http", Protocol::Tcp));
-    let kept = sep("web", "http", Protocol::Tcp, "198.18.17.10", 8080);
-    let gone = sep("web", "http", Protocol::Tcp, "198.18.17.11", 8080);
-    let added = sep("web", "http", Protocol::Tcp, "198.18.17.12", 8080);
-    let mut expected = vec![
-        // filter dispatch chains, always rewritten
-        "KUBE-SERVICES",
-        "KUBE-EXTERNAL-SERVICES",
-        "KUBE-NODEPORTS",
-        "KUBE-PROXY-FIREWALL",
-        // nat dispatch chains, always rewritten
-        "KUBE-SERVICES",
-        "KUBE-NODEPORTS",
-    ];
-    // The changed service: its SVC chain and the new endpoint's chain; the removed endpoint's
-    // chain is declared (flushed) to be deleted. The kept endpoint's chain and the EXT chain
-    // did not change and are not written.
-    let mut svc_chains = vec![added.as_str(), web_svc.as_str(), gone.as_str()];
-    svc_chains.sort();
-    expected.extend(svc_chains);
-    let mut got = chains.clone();
-    got[6..].sort();
-    assert_eq!(got, expected, "restore input:\n{input}");
-    assert!(input.contains(&format!("-X {gone}\n")), "{input}");
-    assert!(!input.contains(&kept) || input.lines().all(|l| !l.starts_with(&format!("-A {kept} "))), "{input}");
-    for chain in [&other_sep, &other_svc] {
-        let rewritten =
-            input.lines().any(|l| l.starts_with(&format!("-A {chain} ")) || l.starts_with(&format!(":{chain} ")));
-        assert!(!rewritten, "other service's {chain} touched:\n{input}");
-    }
-    assert!(!input.contains(&other_sep), "{input}");
-    assert!(!input.contains("*mangle") && !input.contains("KUBE-POSTROUTING"), "{input}");
-    // The dispatch chains still carry every service.
-    assert!(input.contains("-d 198.18.128.11 --dport 53 -j"), "{input}");
+    // Only the service chain: the dispatch chains, the EXT chain and the other service are as
+    // they were, so they are not written.
+    assert_eq!(declared(&input), vec![web_svc.as_str()], "restore input:\n{input}");
+    assert!(input.starts_with("*nat\n") && input.ends_with("COMMIT\n") && input.matches("COMMIT").count() == 1);
+    assert!(input.contains("-j DNAT --to-destination 198.18.17.12:8080"), "{input}");
+    assert!(input.contains("-j DNAT --to-destination 198.18.17.10:8080"), "{input}");
+    assert!(!input.contains("198.18.17.11"), "{input}");
+    assert!(input.lines().all(|l| l == "*nat" || l == "COMMIT" || l.contains(&web_svc)), "{input}");
+}
+
+#[test]
+fn a_new_service_rewrites_the_dispatch_chains_it_changes() {
+    let mut w = World::new(web(&["198.18.17.10"]));
+    let mut dp = IptablesDataplane::new(Recording::default(), Config::default());
+    dp.sync(&w.plan, &PlanDelta::between(&Plan::default(), &w.plan)).unwrap();
+    let delta = w.apply(other());
+    let report = dp.sync(&w.plan, &delta).unwrap();
+    assert!(!report.full, "{report:?}");
+    let input = dp.executor().last(IpFamily::V4).unwrap().to_owned();
+    let other_svc = naming::svc_chain(&spn("other", "dns", Protocol::Udp));
+    let mut chains = declared(&input);
+    chains.sort_unstable();
+    // filter KUBE-SERVICES gains the REJECT for the new ClusterIP's other ports, nat
+    // KUBE-SERVICES the jump to the new chain; the NodePort chains did not change.
+    let mut expected = vec!["KUBE-SERVICES", "KUBE-SERVICES", other_svc.as_str()];
+    expected.sort_unstable();
+    assert_eq!(chains, expected, "restore input:\n{input}");
+    // The dispatch chain is whole: the old service's jump is rewritten with the new one.
+    assert!(input.contains("-d 198.18.128.10 --dport 80 -j KUBE-SVC-"), "{input}");
+    assert!(input.contains(&format!("-d 198.18.128.11 --dport 53 -j {other_svc}")), "{input}");
+    assert!(input.contains("-d 198.18.128.11 -j REJECT"), "{input}");
 }
 
 #[test]
 fn a_failed_restore_makes_the_next_sync_full() {
-    let mut w = World::new([web(&["198.18.17.10"]), other()].concat());
+    // With affinity, endpoints keep chains of their own: replacing one makes its chain stale.
+    let mut w = World::new([web_affinity(&["198.18.17.10"]), other()].concat());
     let mut dp = IptablesDataplane::new(Recording::default(), Config::default());
     dp.sync(&w.plan, &PlanDelta::between(&Plan::default(), &w.plan)).unwrap();
-    let delta = w.apply(web(&["198.18.17.11"]));
+    let delta = w.apply(web_affinity(&["198.18.17.11"]));
     dp.executor_mut().fail_next = true;
     assert!(dp.sync(&w.plan, &delta).is_err());
     assert!(dp.full_sync_pending());
@@ -245,4 +268,45 @@ fn stale_chains_found_by_iptables_save_are_deleted_on_a_full_restore() {
     let input = dp.executor().last(IpFamily::V4).unwrap();
     assert!(input.contains(&format!("-X {leftover}\n")), "{input}");
     assert!(!input.contains("DOCKER"), "{input}");
+}
+
+#[test]
+fn a_split_full_restore_declares_every_chain_before_anything_jumps_to_it() {
+    let w = World::new([web_affinity(&["198.18.17.10", "198.18.17.11"]), other()].concat());
+    let rec = Recording { section_limit: Some(2), ..Recording::default() };
+    let mut dp = IptablesDataplane::new(rec, Config::default());
+    dp.sync(&w.plan, &PlanDelta::between(&Plan::default(), &w.plan)).unwrap();
+    let input = dp.executor().last(IpFamily::V4).unwrap().to_owned();
+    let nat: Vec<&str> = input.split("COMMIT\n").filter(|s| s.starts_with("*nat\n")).collect();
+    assert!(nat.len() > 3, "expected the nat table in several sections:\n{input}");
+    let mut declared: Vec<&str> = Vec::new();
+    for section in nat {
+        let mut this_section: Vec<&str> = Vec::new();
+        for line in section.lines().skip(1) {
+            if let Some(chain) = line.strip_prefix(':').and_then(|l| l.split_whitespace().next()) {
+                this_section.push(chain);
+                declared.push(chain);
+            } else if let Some(rule) = line.strip_prefix("-A ") {
+                let chain = rule.split_whitespace().next().unwrap();
+                assert!(
+                    this_section.contains(&chain),
+                    "{chain} written in a section that did not declare it:\n{input}"
+                );
+                let target = rule.rsplit_once(" -j ").map(|(_, t)| t.split_whitespace().next().unwrap()).unwrap();
+                if target.starts_with("KUBE-") {
+                    assert!(declared.contains(&target), "{line}: {target} not declared before:\n{input}");
+                }
+            }
+        }
+    }
+    // Every service chain, the endpoint chains of the affinity service included, is written.
+    for chain in [
+        naming::svc_chain(&spn("web", "http", Protocol::Tcp)),
+        naming::ext_chain(&spn("web", "http", Protocol::Tcp)),
+        sep("web", "http", Protocol::Tcp, "198.18.17.10", 8080),
+        sep("web", "http", Protocol::Tcp, "198.18.17.11", 8080),
+        naming::svc_chain(&spn("other", "dns", Protocol::Udp)),
+    ] {
+        assert!(declared.contains(&chain.as_str()), "{chain} missing:\n{input}");
+    }
 }

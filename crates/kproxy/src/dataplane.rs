@@ -23,6 +23,9 @@ impl Executor for PrintTransactions {
 pub struct PrintRestores(kproxy_iptables::Recording);
 
 impl kproxy_iptables::Executor for PrintRestores {
+    fn section_limit(&self) -> Option<usize> {
+        self.0.section_limit()
+    }
     fn restore(&mut self, family: kproxy_state::IpFamily, input: &str) -> Result<(), kproxy_iptables::ExecError> {
         let mut out = std::io::stdout().lock();
         let _ = writeln!(out, "# --- {family} iptables-restore --noflush ---\n{input}");

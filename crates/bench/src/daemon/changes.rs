@@ -8,11 +8,11 @@ use kproxy_kube_source::fake::FakeApiServer;
 use kproxy_state::Kind;
 use kproxy_testbed::Netns;
 
-use super::DaemonArgs;
 use super::api::NODE_NAME;
 use super::kernel::{self, KernelProbe};
 use super::kproxy::{Kproxy, full_syncs};
 use super::objects::{self, Shape, TARGET_PORT};
+use super::{DaemonArgs, Mode};
 
 /// How often the kernel is polled while waiting for one change.
 const CHANGE_POLL: Duration = Duration::from_micros(200);
@@ -49,6 +49,7 @@ fn changed_service(k: usize, n: usize) -> usize {
 /// of a rollout replaced).
 struct Changer<'a> {
     server: &'a FakeApiServer,
+    mode: Mode,
     n: usize,
     web_pod: IpAddr,
     current: HashMap<usize, objects::Endpoints>,
@@ -72,6 +73,10 @@ impl Changer<'_> {
     fn in_kernel(&self, probe: &mut KernelProbe, i: usize) -> anyhow::Result<bool> {
         let Some(eps) = self.current.get(&i) else { return Ok(true) };
         let ip: IpAddr = objects::cluster_ip_v4(i).into();
+        if self.mode == Mode::Iptables {
+            let rules = probe.iptables_rules(ip, "nat", &objects::svc_chain(i))?.unwrap_or_default();
+            return Ok(eps.iter().all(|(ep, _)| kernel::mention(&rules, &kernel::ip_bytes(*ep))));
+        }
         let port = objects::service_port(i);
         let mut found = Vec::new();
         for slot in 0..SLOTS {
@@ -90,6 +95,7 @@ impl Changer<'_> {
 /// `--total-changes` as a burst at `--burst-per-second`, and the time until the kernel shows
 /// the final endpoints of every Service changed.
 pub fn make(
+    mode: Mode,
     node: &Netns,
     server: &FakeApiServer,
     web_pod: IpAddr,
@@ -99,7 +105,7 @@ pub fn make(
 ) -> anyhow::Result<Changes> {
     let total = args.total_changes.max(args.changes);
     let full_before = full_syncs(node);
-    let mut changer = Changer { server, n, web_pod, current: HashMap::new() };
+    let mut changer = Changer { server, mode, n, web_pod, current: HashMap::new() };
     let interval = args.change_interval();
     let mut changes = Changes {
         timed: Vec::new(),
@@ -115,13 +121,21 @@ pub fn make(
         for k in 0..args.changes {
             std::thread::sleep(next.saturating_duration_since(Instant::now()));
             next += interval;
-            let want = kernel::endpoint_data(objects::fresh_endpoint(k).into(), TARGET_PORT);
+            let fresh: IpAddr = objects::fresh_endpoint(k).into();
+            let want = kernel::endpoint_data(fresh, TARGET_PORT);
             let sent = Instant::now();
             let (i, _) = changer.change(k);
             let ip: IpAddr = objects::cluster_ip_v4(i).into();
+            let chain = objects::svc_chain(i);
             let mut latency = None;
             while sent.elapsed() < CHANGE_TIMEOUT {
-                if probe.endpoint_in_slots(ip, objects::service_port(i), SLOTS, &want)? {
+                let shown = match mode {
+                    Mode::Nftables => probe.endpoint_in_slots(ip, objects::service_port(i), SLOTS, &want)?,
+                    Mode::Iptables => probe
+                        .iptables_rules(ip, "nat", &chain)?
+                        .is_some_and(|rules| kernel::mention(&rules, &kernel::ip_bytes(fresh))),
+                };
+                if shown {
                     latency = Some(sent.elapsed().as_secs_f64() * 1000.0);
                     break;
                 }

@@ -27,6 +27,19 @@ pub const HOOKED_CHAIN: &str = "nat-prerouting";
 /// `address . proto . port . slot` (`crates/nftables/src/ruleset/pick.rs`).
 pub const CLUSTER_TCP_ENDPOINTS: &str = "cluster-tcp-endpoints";
 
+/// Whether some rule (a netlink payload) holds `needle`.
+pub fn mention(rules: &[Vec<u8>], needle: &[u8]) -> bool {
+    rules.iter().any(|r| r.windows(needle.len()).any(|w| w == needle))
+}
+
+/// The bytes of an address as rules hold them.
+pub fn ip_bytes(ip: IpAddr) -> Vec<u8> {
+    match ip {
+        IpAddr::V4(v4) => v4.octets().to_vec(),
+        IpAddr::V6(v6) => v6.octets().to_vec(),
+    }
+}
+
 /// nf_tables family of an address.
 fn nfproto_of(ip: IpAddr) -> u8 {
     if ip.is_ipv4() { NFPROTO_IPV4 } else { NFPROTO_IPV6 }
@@ -132,6 +145,29 @@ impl KernelProbe {
             }
         }
         Ok(false)
+    }
+
+    /// The rules of `chain` in the iptables-nft table `table` of `family_of`'s family, each as
+    /// its netlink payload (one dump of that chain); `None`: no such chain. iptables mode's
+    /// witness: an endpoint's address is in its rules (the `-s` match and the DNAT), a jump's
+    /// target chain name in the jump.
+    pub fn iptables_rules(&mut self, family_of: IpAddr, table: &str, chain: &str) -> io::Result<Option<Vec<Vec<u8>>>> {
+        let mut rules = Vec::new();
+        let (table, chain) = (table.to_owned(), chain.to_owned());
+        let result = self.dumper.dump(
+            NFT_MSG_GETRULE,
+            nfproto_of(family_of),
+            move |m| {
+                m.put_str(NFTA_RULE_TABLE, &table);
+                m.put_str(NFTA_RULE_CHAIN, &chain);
+            },
+            |payload| rules.push(payload.to_vec()),
+        );
+        match result {
+            Ok(()) => Ok(Some(rules)),
+            Err(e) if e.raw_os_error() == Some(libc_enoent()) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     /// Every key of map `set` in kproxy's table of `family_of`'s family (one dump).

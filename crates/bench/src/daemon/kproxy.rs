@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use kproxy_testbed::{Netns, topology};
 
+use super::Mode;
+
 /// `USER_HZ`: the unit of `/proc/<pid>/stat` CPU times, fixed at 100 in Linux's user ABI.
 const USER_HZ: f64 = 100.0;
 
@@ -29,8 +31,9 @@ pub struct Kproxy {
 }
 
 /// The command line kproxy runs with: its defaults, plus what the sandbox needs.
-pub fn args(kubeconfig: &Path, node_name: &str) -> Vec<String> {
-    vec![
+pub fn args(kubeconfig: &Path, node_name: &str, mode: Mode) -> Vec<String> {
+    let args = vec![
+        format!("--proxy-mode={}", mode.as_str()),
         format!("--kubeconfig={}", kubeconfig.display()),
         format!("--hostname-override={node_name}"),
         // As a cluster's kube-proxy ConfigMap sets it (kubeadm does): traffic from pods is told
@@ -41,7 +44,8 @@ pub fn args(kubeconfig: &Path, node_name: &str) -> Vec<String> {
         "--conntrack-max-per-core=0".into(),
         "--conntrack-tcp-timeout-established=0".into(),
         "--conntrack-tcp-timeout-close-wait=0".into(),
-    ]
+    ];
+    args
 }
 
 impl Kproxy {
@@ -95,7 +99,8 @@ impl Kproxy {
         Ok(())
     }
 
-    /// CPU time (user + system, every thread) used so far, in seconds.
+    /// CPU time (user + system, every thread, and every child it waited for, such as
+    /// `iptables-restore`) used so far, in seconds.
     pub fn cpu_seconds(&self) -> anyhow::Result<f64> {
         let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).context("reading /proc/<pid>/stat")?;
         cpu_seconds(&stat).context("parsing /proc/<pid>/stat")
@@ -162,15 +167,14 @@ pub struct Memory {
     pub peak: f64,
 }
 
-/// utime + stime from the text of `/proc/<pid>/stat` (fields 14 and 15; the command name,
-/// field 2, may hold spaces, so count from the last `)`).
+/// utime + stime + cutime + cstime from the text of `/proc/<pid>/stat` (fields 14 to 17; the
+/// command name, field 2, may hold spaces, so count from the last `)`).
 fn cpu_seconds(stat: &str) -> Option<f64> {
     let rest = &stat[stat.rfind(')')? + 1..];
     let fields: Vec<&str> = rest.split_whitespace().collect();
-    // `rest` starts at field 3 (state).
-    let utime: f64 = fields.get(11)?.parse().ok()?;
-    let stime: f64 = fields.get(12)?.parse().ok()?;
-    Some((utime + stime) / USER_HZ)
+    // `rest` starts at field 3 (state); then utime, stime, cutime, cstime.
+    let ticks: f64 = fields.get(11..15)?.iter().map(|f| f.parse::<f64>().ok()).sum::<Option<f64>>()?;
+    Some(ticks / USER_HZ)
 }
 
 fn status_kib(status: &str, field: &str) -> anyhow::Result<f64> {
@@ -231,8 +235,8 @@ mod tests {
 
     #[test]
     fn cpu_time_is_read_after_the_command_name() {
-        let stat = "4242 (kproxy (x) y) S 1 4242 4242 0 -1 4194560 1 0 0 0 250 130 0 0 20 0 9 0 100 0 0";
-        assert_eq!(cpu_seconds(stat), Some(3.8));
+        let stat = "4242 (kproxy (x) y) S 1 4242 4242 0 -1 4194560 1 0 0 0 250 130 7 13 20 0 9 0 100 0 0";
+        assert_eq!(cpu_seconds(stat), Some(4.0));
     }
 
     #[test]

@@ -55,6 +55,17 @@ impl Shape {
     }
 }
 
+/// The iptables-mode chain of Service `i`'s port (`KUBE-SVC-…`, upstream's name).
+pub fn svc_chain(i: usize) -> String {
+    let (namespace, service) = name(i);
+    kproxy_iptables::naming::svc_chain(&kproxy_plan::ServicePortName {
+        namespace,
+        service,
+        port: "http".into(),
+        protocol: kproxy_state::Protocol::Tcp,
+    })
+}
+
 /// The `i`-th address of the concatenated ClusterIP ranges (skipping each range's first).
 pub fn cluster_ip_v4(i: usize) -> Ipv4Addr {
     let mut rest = i as u32 + 1;

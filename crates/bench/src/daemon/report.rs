@@ -3,8 +3,8 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use super::DaemonArgs;
 use super::run::SizeResult;
+use super::{DaemonArgs, Mode};
 
 /// The size the issue's targets are set at.
 const TARGET_SIZE: usize = 100_000;
@@ -36,6 +36,28 @@ fn opt(v: Option<f64>) -> String {
 /// RSS growth over the changes that counts as none: allocator noise, 2 MiB or 2 %.
 fn growth_allowed(steady: f64) -> f64 {
     (steady * 0.02).max(2.0)
+}
+
+/// Issue #20's targets for iptables mode: (size, target, measured, met).
+fn iptables_targets(r: &SizeResult) -> Vec<(String, String, bool)> {
+    let p50 = pct(&r.change_ms, 0.5);
+    match r.services {
+        10_000 => vec![
+            ("start → programmed ≤ 10 s".into(), format!("{:.2} s", r.start_s), r.start_s <= 10.0),
+            (
+                "one endpoint change ≤ 100 ms (p50, all seen)".into(),
+                format!("{} (p99 {})", ms(p50), ms(pct(&r.change_ms, 0.99))),
+                p50 <= 100.0 && r.change_ms.len() == r.changes_timed,
+            ),
+            (
+                "idle CPU ≤ 1 %, iptables children counted".into(),
+                format!("{:.2} %", r.idle_cpu_pct),
+                r.idle_cpu_pct <= 1.0,
+            ),
+        ],
+        50_000 => vec![("start → programmed ≤ 90 s".into(), format!("{:.2} s", r.start_s), r.start_s <= 90.0)],
+        _ => Vec::new(),
+    }
 }
 
 /// (target, measured, met) for one size.
@@ -72,7 +94,10 @@ pub fn render(command: &str, args: &DaemonArgs, binary: &Path, results: &[SizeRe
     let mut s = String::new();
     // Writing to a String cannot fail.
     let _ = write_report(&mut s, command, args, binary, results);
-    let met = results.iter().filter(|r| r.services == TARGET_SIZE).all(|r| targets(r).iter().all(|(_, _, ok)| *ok));
+    let nft = results.iter().filter(|r| r.mode == Mode::Nftables && r.services == TARGET_SIZE);
+    let ipt = results.iter().filter(|r| r.mode == Mode::Iptables);
+    let met = nft.clone().all(|r| targets(r).iter().all(|(_, _, ok)| *ok))
+        && ipt.clone().all(|r| iptables_targets(r).iter().all(|(_, _, ok)| *ok));
     (s, met)
 }
 
@@ -87,7 +112,7 @@ fn write_report(
     writeln!(s)?;
     writeln!(
         s,
-        "kproxy: {}; nftables mode, default flags. Each Service: one TCP port, an EndpointSlice of 5 \
+        "kproxy: {}; default flags but --proxy-mode. Each Service: one TCP port, an EndpointSlice of 5 \
          endpoints; 10% NodePort, 2% LoadBalancer (half eTP Local), 1% ClientIP affinity, 10% dual-stack. \
          Idle window {} s; {} changes timed at one per {} ms, {} in all.",
         binary.display(),
@@ -99,14 +124,15 @@ fn write_report(
     writeln!(s)?;
     writeln!(
         s,
-        "| services | endpoints | objects (JSON) | start → first sync in kernel | change p50 | change p99 | changes seen (full syncs meanwhile) | burst: changes at rate → all in kernel after | idle CPU (full syncs) | RSS steady | RSS peak | RSS after changes |"
+        "| services | mode | endpoints | objects (JSON) | start → first sync in kernel | change p50 | change p99 | changes seen (full syncs meanwhile) | burst: changes at rate → all in kernel after | idle CPU (full syncs) | RSS steady | RSS peak | RSS after changes |"
     )?;
-    writeln!(s, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")?;
+    writeln!(s, "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")?;
     for r in results {
         writeln!(
             s,
-            "| {} | {} | {:.0} MiB | {:.2} s{} | {} | {} | {} / {} ({}) | {} at {:.0}/s → {} | {:.2} % ({}) | {:.0} MiB | {:.0} MiB | {:.0} MiB ({} changes, {}/{} seen) |",
+            "| {} | {} | {} | {:.0} MiB | {:.2} s{} | {} | {} | {} / {} ({}) | {} at {:.0}/s → {} | {:.2} % ({}) | {:.0} MiB | {:.0} MiB | {:.0} MiB ({} changes, {}/{} seen) |",
             r.services,
+            r.mode.as_str(),
             r.endpoints,
             r.object_bytes as f64 / (1 << 20) as f64,
             r.start_s,
@@ -136,14 +162,15 @@ fn write_report(
     writeln!(s)?;
     writeln!(
         s,
-        "| services | new TCP connections/s straight to the pod | via the ClusterIP | ratio | failed | restart: failed / attempts | longest outage | restarted kproxy's first full sync after |"
+        "| services | mode | new TCP connections/s straight to the pod | via the ClusterIP | ratio | failed | restart: failed / attempts | longest outage | restarted kproxy's first full sync after |"
     )?;
-    writeln!(s, "|---:|---:|---:|---:|---:|---:|---:|---:|")?;
+    writeln!(s, "|---:|---|---:|---:|---:|---:|---:|---:|---:|")?;
     for r in results {
         writeln!(
             s,
-            "| {} | {:.0} | {:.0} | {:.0} % | {} | {} / {} (before the kill: {}) | {} | {:.2} s |",
+            "| {} | {} | {:.0} | {:.0} | {:.0} % | {} | {} / {} (before the kill: {}) | {} | {:.2} s |",
             r.services,
+            r.mode.as_str(),
             r.rates.direct,
             r.rates.cluster_ip,
             r.rates.cluster_ip / r.rates.direct * 100.0,
@@ -155,14 +182,28 @@ fn write_report(
             r.restart_synced_after_s,
         )?;
     }
-    if let Some(r) = results.iter().max_by_key(|r| r.services) {
+    for r in results.iter().filter(|r| r.mode == Mode::Iptables) {
+        let t = iptables_targets(r);
+        if t.is_empty() {
+            continue;
+        }
+        writeln!(s)?;
+        writeln!(s, "Targets of #20 (iptables mode) at {} Services:", r.services)?;
+        writeln!(s)?;
+        writeln!(s, "| target | measured | met |")?;
+        writeln!(s, "|---|---:|:---:|")?;
+        for (name, measured, ok) in t {
+            writeln!(s, "| {name} | {measured} | {} |", if ok { "yes" } else { "NO" })?;
+        }
+    }
+    if let Some(r) = results.iter().filter(|r| r.mode == Mode::Nftables).max_by_key(|r| r.services) {
         writeln!(s)?;
         let note = if r.services == TARGET_SIZE {
             String::new()
         } else {
             format!(" (the targets are set at {TARGET_SIZE} Services; this is the largest size measured)")
         };
-        writeln!(s, "Targets of #14 at {} Services{note}:", r.services)?;
+        writeln!(s, "Targets of #14 (nftables mode) at {} Services{note}:", r.services)?;
         writeln!(s)?;
         writeln!(s, "| target | measured | met |")?;
         writeln!(s, "|---|---:|:---:|")?;

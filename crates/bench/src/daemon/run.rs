@@ -13,7 +13,7 @@ use super::api::{Api, NODE_NAME};
 use super::kproxy::{self, Kproxy};
 use super::objects::{self, ENDPOINTS, Shape, TARGET_PORT};
 use super::traffic::{self, ConnectionRates, Prober};
-use super::{DaemonArgs, changes, first_sync};
+use super::{DaemonArgs, Mode, changes, first_sync};
 
 /// The real pod's port for connections straight to it (the Service's is `TARGET_PORT`).
 const DIRECT_PORT: u16 = 8081;
@@ -28,6 +28,7 @@ const PROBE_MARGIN: Duration = Duration::from_secs(2);
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SizeResult {
     pub services: usize,
+    pub mode: Mode,
     /// Endpoints in all slices (both families).
     pub endpoints: usize,
     pub dual_stack: usize,
@@ -86,7 +87,7 @@ struct Sandbox {
     tb: Testbed,
 }
 
-pub fn measure(n: usize, args: &DaemonArgs, binary: &Path, log_dir: &Path) -> anyhow::Result<SizeResult> {
+pub fn measure(n: usize, mode: Mode, args: &DaemonArgs, binary: &Path, log_dir: &Path) -> anyhow::Result<SizeResult> {
     let tb = Testbed::new()?;
     let web = tb.add_pod("web", Where::Node)?;
     // The Service's port, and one for connections straight to the pod: were they the same, a
@@ -104,17 +105,17 @@ pub fn measure(n: usize, args: &DaemonArgs, binary: &Path, log_dir: &Path) -> an
     let sandbox = Sandbox { api, web, client, prober, tb };
     let (endpoints, dual_stack) = counts(n);
 
-    let run_dir = log_dir.join(format!("kproxy-bench-daemon-{}-{n}", std::process::id()));
+    let run_dir = log_dir.join(format!("kproxy-bench-daemon-{}-{n}-{}", std::process::id(), mode.as_str()));
     std::fs::create_dir_all(&run_dir)?;
     let kubeconfig = run_dir.join("kubeconfig");
     sandbox.api.write_kubeconfig(&kubeconfig)?;
-    let kproxy_args = kproxy::args(&kubeconfig, NODE_NAME);
+    let kproxy_args = kproxy::args(&kubeconfig, NODE_NAME, mode);
     let log = run_dir.join("kproxy.log");
     eprintln!("  kproxy log: {}", log.display());
 
     let mut daemon = Kproxy::start(sandbox.tb.node(), binary, &kproxy_args, &log)?;
     let memory_watch = daemon.watch_memory();
-    let (start_s, start_by_listing) = first_sync::wait(sandbox.tb.node(), n, &mut daemon, args.start_timeout)?;
+    let (start_s, start_by_listing) = first_sync::wait(sandbox.tb.node(), n, &mut daemon, args.start_timeout, mode)?;
     eprintln!("  first sync in the kernel after {start_s:.2} s");
 
     std::thread::sleep(SETTLE);
@@ -130,7 +131,7 @@ pub fn measure(n: usize, args: &DaemonArgs, binary: &Path, log_dir: &Path) -> an
     eprintln!("  idle: {idle_cpu_pct:.1} % of a core over {idle_s:.0} s, RSS {rss_steady_mib:.0} MiB");
 
     let changes =
-        changes::make(sandbox.tb.node(), &sandbox.api.server, sandbox.web.ipv4().into(), n, args, &mut daemon)?;
+        changes::make(mode, sandbox.tb.node(), &sandbox.api.server, sandbox.web.ipv4().into(), n, args, &mut daemon)?;
     std::thread::sleep(Duration::from_secs(1));
     let memory = daemon.memory_mib()?;
     let rss_peak_mib = memory_watch.stop().peak.max(memory.peak);
@@ -152,6 +153,7 @@ pub fn measure(n: usize, args: &DaemonArgs, binary: &Path, log_dir: &Path) -> an
 
     Ok(SizeResult {
         services: n,
+        mode,
         endpoints,
         dual_stack,
         object_bytes: sandbox.api.object_bytes,
