@@ -99,6 +99,12 @@ pub struct IptablesRestore {
     backend: Backend,
 }
 
+/// How long the tools wait for the xtables lock (iptables-legacy; iptables-nft has none), and
+/// how often they look: upstream's 5 s and 100 ms. A bare `-w` would wait for ever, and a
+/// process that never lets go of the lock would freeze the sync loop; after 5 s the sync fails,
+/// is counted, and is retried like any failed sync.
+const XTABLES_WAIT: [&str; 4] = ["-w", "5", "-W", "100000"];
+
 impl IptablesRestore {
     /// The tools of `backend`.
     pub fn new(backend: Backend) -> Self {
@@ -144,7 +150,9 @@ impl Executor for IptablesRestore {
     }
 
     fn restore(&mut self, family: IpFamily, input: &str) -> Result<(), ExecError> {
-        self.command(family, "-restore", &["--noflush", "-w"], Some(input)).map(|_| ())
+        let mut args = vec!["--noflush"];
+        args.extend(XTABLES_WAIT);
+        self.command(family, "-restore", &args, Some(input)).map(|_| ())
     }
 
     fn save(&mut self, family: IpFamily, table: Table) -> Result<String, ExecError> {
@@ -152,7 +160,7 @@ impl Executor for IptablesRestore {
     }
 
     fn run(&mut self, family: IpFamily, args: &[String]) -> Result<Output, ExecError> {
-        let mut all = vec!["-w"];
+        let mut all = XTABLES_WAIT.to_vec();
         all.extend(args.iter().map(String::as_str));
         self.command(family, "", &all, None)
     }
