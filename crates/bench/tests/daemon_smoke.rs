@@ -7,11 +7,9 @@
 
 mod support;
 
-use std::process::Command;
-
 use kproxy_testbed::kernel::require_root;
 use serde_json::Value;
-use support::build_kproxy;
+use support::run_bench;
 
 fn f(v: &Value, key: &str) -> f64 {
     v[key].as_f64().unwrap_or_else(|| panic!("{key} missing in {v}"))
@@ -22,27 +20,13 @@ fn a_small_daemon_run_sees_every_change_and_measures_every_figure() {
     if !require_root() {
         return;
     }
-    let kproxy = build_kproxy();
-    let dir = std::env::temp_dir().join(format!("kproxy-bench-daemon-smoke-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let json = dir.join("results.json");
-    let out = Command::new(env!("CARGO_BIN_EXE_kproxy-bench"))
-        .arg("daemon")
-        .args(["--services", "200", "--idle", "3", "--changes", "12", "--change-interval-ms", "1000"])
-        .args(["--total-changes", "40", "--burst-per-second", "50", "--rate-phase", "1", "--start-timeout", "60"])
-        .arg("--kproxy")
-        .arg(&kproxy)
-        .arg("--json")
-        .arg(&json)
-        .arg("--log-dir")
-        .arg(&dir)
-        .output()
-        .expect("running kproxy-bench daemon");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let args = ["--services", "200", "--idle", "3", "--changes", "12", "--change-interval-ms", "1000"];
+    let more = ["--total-changes", "40", "--burst-per-second", "50", "--rate-phase", "1", "--start-timeout", "60"];
+    let run = run_bench("daemon", &[&args[..], &more[..]].concat());
+    let stdout = &run.stdout;
     // Targets are judged at 100k Services only, so a small run exits 0 whatever it measured.
-    assert!(out.status.success(), "{stdout}\n{stderr}");
-    let results: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(run.code, Some(0), "{stdout}\n{}", run.stderr);
+    let results = run.json.as_array().unwrap();
     let [r] = results.as_slice() else { panic!("one size expected: {results:?}") };
 
     assert_eq!(f(r, "services"), 200.0);
@@ -84,5 +68,4 @@ fn a_small_daemon_run_sees_every_change_and_measures_every_figure() {
 
     assert!(stdout.lines().any(|l| l.starts_with("| 200 |")), "{stdout}");
     assert!(stdout.contains("Targets of #14 (nftables mode) at 200 Services"), "{stdout}");
-    let _ = std::fs::remove_dir_all(&dir);
 }

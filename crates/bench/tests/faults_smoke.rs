@@ -8,41 +8,23 @@
 
 mod support;
 
-use std::process::Command;
-
 use kproxy_testbed::kernel::require_root;
-use serde_json::Value;
-use support::build_kproxy;
+use support::run_bench;
 
 #[test]
 fn every_fault_is_survived_and_converges_or_is_repaired_by_the_periodic_check() {
     if !require_root() {
         return;
     }
-    let kproxy = build_kproxy();
-    let dir = std::env::temp_dir().join(format!("kproxy-bench-faults-smoke-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let json = dir.join("results.json");
-    let out = Command::new(env!("CARGO_BIN_EXE_kproxy-bench"))
-        .arg("faults")
-        .args(["--services", "200", "--down-seconds", "3", "--slow-list-seconds", "3", "--forbidden-seconds", "3"])
-        .args(["--sync-period", "3"])
-        .arg("--kproxy")
-        .arg(&kproxy)
-        .arg("--json")
-        .arg(&json)
-        .arg("--log-dir")
-        .arg(&dir)
-        .output()
-        .expect("running kproxy-bench faults");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let args = ["--services", "200", "--down-seconds", "3", "--slow-list-seconds", "3", "--forbidden-seconds", "3"];
+    let run = run_bench("faults", &[&args[..], &["--sync-period", "3"]].concat());
+    let stdout = &run.stdout;
     // Exit 2 means a fault missed the 2 s convergence target: a debug build on a loaded
     // machine may; that is judged on the release run in docs/reliability.md, not here.
-    assert!(matches!(out.status.code(), Some(0 | 2)), "{stdout}\n{stderr}");
-    let results: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert!(matches!(run.code, Some(0 | 2)), "{stdout}\n{}", run.stderr);
+    let results = run.json.as_array().unwrap();
     assert_eq!(results.len(), 9, "{results:?}");
-    for r in &results {
+    for r in results {
         let fault = r["fault"].as_str().unwrap();
         assert!(r["attempts"].as_u64().unwrap() > 0 && r["lookups"].as_u64().unwrap() > 0, "{r}");
         assert_eq!(r["alive"], true, "kproxy exited during {fault}: {r}");
@@ -60,5 +42,4 @@ fn every_fault_is_survived_and_converges_or_is_repaired_by_the_periodic_check() 
         assert!(converged.is_some_and(|ms| ms < 30_000.0), "the changes made during {fault} never arrived: {r}");
     }
     assert!(stdout.contains("| API server down 3 s, changes meanwhile | 0 of "), "{stdout}");
-    let _ = std::fs::remove_dir_all(&dir);
 }

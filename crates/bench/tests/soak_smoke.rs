@@ -5,38 +5,21 @@
 
 mod support;
 
-use std::process::Command;
-
 use kproxy_testbed::kernel::require_root;
-use serde_json::Value;
-use support::build_kproxy;
+use support::run_bench;
 
 #[test]
 fn a_small_soak_verifies_every_checkpoint_and_measures_every_figure() {
     if !require_root() {
         return;
     }
-    let kproxy = build_kproxy();
-    let dir = std::env::temp_dir().join(format!("kproxy-bench-soak-smoke-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let json = dir.join("checkpoints.json");
-    let out = Command::new(env!("CARGO_BIN_EXE_kproxy-bench"))
-        .arg("soak")
-        .args(["--services", "200", "--changes", "300", "--checkpoint-every", "100", "--rate", "100"])
-        .arg("--kproxy")
-        .arg(&kproxy)
-        .arg("--json")
-        .arg(&json)
-        .arg("--log-dir")
-        .arg(&dir)
-        .output()
-        .expect("running kproxy-bench soak");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let run =
+        run_bench("soak", &["--services", "200", "--changes", "300", "--checkpoint-every", "100", "--rate", "100"]);
+    let stdout = &run.stdout;
     // Exit 2 would mean growth: judged on the long run in docs/reliability.md, where warm-up is
     // a small part of the run; three checkpoints are too few to judge it.
-    assert!(matches!(out.status.code(), Some(0 | 2)), "{stdout}\n{stderr}");
-    let checkpoints: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert!(matches!(run.code, Some(0 | 2)), "{stdout}\n{}", run.stderr);
+    let checkpoints = run.json.as_array().unwrap();
     assert_eq!(checkpoints.len(), 3, "{checkpoints:?}");
     for (k, c) in checkpoints.iter().enumerate() {
         assert_eq!(c["changes"], 100 * (k + 1), "{c}");
@@ -50,5 +33,4 @@ fn a_small_soak_verifies_every_checkpoint_and_measures_every_figure() {
         assert!((950..=1050).contains(&elements), "{c}");
     }
     assert!(stdout.contains("Checkpoints verified in the kernel and by packets: 3 of 3."), "{stdout}");
-    let _ = std::fs::remove_dir_all(&dir);
 }

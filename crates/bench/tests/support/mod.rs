@@ -37,3 +37,39 @@ pub fn build_kproxy() -> PathBuf {
     assert!(kproxy.is_file(), "no {}", kproxy.display());
     kproxy
 }
+
+/// What one benchmark run printed and wrote.
+#[derive(Debug)]
+pub struct BenchRun {
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+    /// The results it wrote with `--json`.
+    pub json: serde_json::Value,
+}
+
+/// Runs `kproxy-bench <subcommand> <args>` against the freshly built kproxy, with its JSON
+/// results and kproxy's log in a directory of its own (removed afterwards).
+pub fn run_bench(subcommand: &str, args: &[&str]) -> BenchRun {
+    let kproxy = build_kproxy();
+    let dir = std::env::temp_dir().join(format!("kproxy-bench-{subcommand}-smoke-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("results.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_kproxy-bench"))
+        .arg(subcommand)
+        .args(args)
+        .arg("--kproxy")
+        .arg(&kproxy)
+        .arg("--json")
+        .arg(&json)
+        .arg("--log-dir")
+        .arg(&dir)
+        .output()
+        .unwrap_or_else(|e| panic!("running kproxy-bench {subcommand}: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let written = std::fs::read_to_string(&json).unwrap_or_else(|e| panic!("{e}: no results\n{stdout}\n{stderr}"));
+    let json = serde_json::from_str(&written).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    BenchRun { code: out.status.code(), stdout, stderr, json }
+}
