@@ -33,8 +33,14 @@ const MODULE_DIRS: &[&str] = &[
 const MODULES: &[&str] = &["veth", "dummy", "macvlan", "ipvlan", "crc32c_generic", "virtio_pci", "virtio_rng"];
 
 /// Loaded at boot, in this order. Everything else in the initramfs loads on demand through the
-/// kernel's autoloader (nft expressions, xt matches, IPVS schedulers, ipset types, link kinds).
+/// kernel's autoloader (nft expressions, xt matches, ipset types, link kinds).
 /// crc32c_generic comes first: libcrc32c needs it (a soft dependency busybox does not follow).
+///
+/// Every IPVS scheduler kproxy offers is preloaded too. Some (lblc, lblcr) register per-namespace
+/// state, and loading them takes the kernel's lock on per-namespace operations for writing, which
+/// waits for every namespace being torn down. Under TCG, with the namespaces of the test binaries
+/// before still going away, a scheduler autoloaded in the middle of the IPVS tests stalled them
+/// past the guest's timeout (seen twice in a full `guest-test`, never in a binary run alone).
 const PRELOAD: &[&str] = &[
     "crc32c_generic",
     "virtio_pci",
@@ -54,6 +60,16 @@ const PRELOAD: &[&str] = &[
     "nft_compat",
     "ip_vs",
     "ip_vs_rr",
+    "ip_vs_wrr",
+    "ip_vs_lc",
+    "ip_vs_wlc",
+    "ip_vs_lblc",
+    "ip_vs_lblcr",
+    "ip_vs_sh",
+    "ip_vs_dh",
+    "ip_vs_sed",
+    "ip_vs_nq",
+    "ip_vs_mh",
     "nf_flow_table_inet",
     "nft_flow_offload",
     "sctp",
