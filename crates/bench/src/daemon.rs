@@ -85,19 +85,6 @@ impl DaemonArgs {
     pub fn change_interval(&self) -> Duration {
         Duration::from_millis(self.change_interval_ms)
     }
-
-    fn binary(&self) -> anyhow::Result<PathBuf> {
-        let path = match &self.kproxy {
-            Some(p) => p.clone(),
-            None => std::env::current_exe()?.with_file_name("kproxy"),
-        };
-        anyhow::ensure!(
-            path.is_file(),
-            "no kproxy binary at {} (build it: cargo build --release -p kproxy, or pass --kproxy)",
-            path.display()
-        );
-        Ok(path)
-    }
 }
 
 /// Runs every size; prints the report; true when every target of the issue was met.
@@ -106,7 +93,7 @@ pub fn main(args: &DaemonArgs) -> anyhow::Result<bool> {
         kproxy_testbed::kernel::is_root(),
         "kproxy-bench daemon needs root (it creates network namespaces)"
     );
-    let binary = args.binary()?;
+    let binary = kproxy::binary(args.kproxy.as_deref())?;
     for &n in &args.services {
         anyhow::ensure!(
             (2..=objects::MAX_SERVICES).contains(&n),

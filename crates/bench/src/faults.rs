@@ -113,14 +113,8 @@ pub fn main(args: &FaultArgs) -> anyhow::Result<bool> {
         "--services: between 100 and {}",
         objects::MAX_SERVICES - 1000
     );
-    let binary = match &args.kproxy {
-        Some(p) => p.clone(),
-        None => std::env::current_exe()?.with_file_name("kproxy"),
-    };
-    anyhow::ensure!(binary.is_file(), "no kproxy binary at {} (cargo build --release -p kproxy)", binary.display());
-    let log_dir = args.log_dir.clone().unwrap_or_else(std::env::temp_dir);
-    let run_dir = log_dir.join(format!("kproxy-bench-faults-{}", std::process::id()));
-    std::fs::create_dir_all(&run_dir).with_context(|| format!("{}", run_dir.display()))?;
+    let binary = kproxy::binary(args.kproxy.as_deref())?;
+    let run_dir = kproxy::run_dir(args.log_dir.as_deref(), "kproxy-bench-faults")?;
 
     let n = args.services;
     let tb = Testbed::new()?;

@@ -78,14 +78,8 @@ pub fn main(args: &SoakArgs) -> anyhow::Result<bool> {
         n >= 100 && n + args.changes / BATCH + 1000 < objects::MAX_SERVICES,
         "--services/--changes: the created Services must fit the test ranges"
     );
-    let binary = match &args.kproxy {
-        Some(p) => p.clone(),
-        None => std::env::current_exe()?.with_file_name("kproxy"),
-    };
-    anyhow::ensure!(binary.is_file(), "no kproxy binary at {} (cargo build --release -p kproxy)", binary.display());
-    let log_dir = args.log_dir.clone().unwrap_or_else(std::env::temp_dir);
-    let run_dir = log_dir.join(format!("kproxy-bench-soak-{}", std::process::id()));
-    std::fs::create_dir_all(&run_dir).with_context(|| format!("{}", run_dir.display()))?;
+    let binary = kproxy::binary(args.kproxy.as_deref())?;
+    let run_dir = kproxy::run_dir(args.log_dir.as_deref(), "kproxy-bench-soak")?;
 
     let tb = Testbed::new()?;
     let pods = [tb.add_pod("web", Where::Node)?, tb.add_pod("web2", Where::Node)?];

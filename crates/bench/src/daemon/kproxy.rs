@@ -19,6 +19,29 @@ use super::Mode;
 /// `USER_HZ`: the unit of `/proc/<pid>/stat` CPU times, fixed at 100 in Linux's user ABI.
 const USER_HZ: f64 = 100.0;
 
+/// The kproxy binary a benchmark runs: `explicit` (`--kproxy`), else `kproxy` next to this
+/// executable (e.g. target/release/kproxy).
+pub fn binary(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
+    let path = match explicit {
+        Some(p) => p.to_path_buf(),
+        None => std::env::current_exe()?.with_file_name("kproxy"),
+    };
+    anyhow::ensure!(
+        path.is_file(),
+        "no kproxy binary at {} (build it: cargo build --release -p kproxy, or pass --kproxy)",
+        path.display()
+    );
+    Ok(path)
+}
+
+/// A directory of its own for one run's kubeconfig and kproxy log, under `log_dir` (`--log-dir`,
+/// else the temporary directory).
+pub fn run_dir(log_dir: Option<&Path>, name: &str) -> anyhow::Result<PathBuf> {
+    let dir = log_dir.map_or_else(std::env::temp_dir, Path::to_path_buf).join(format!("{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).with_context(|| format!("{}", dir.display()))?;
+    Ok(dir)
+}
+
 /// Where kproxy serves `/metrics` inside the node namespace (its default).
 pub const METRICS: &str = "127.0.0.1:10249";
 
