@@ -36,16 +36,9 @@ pub fn element_counters(
 ) -> io::Result<Vec<Option<Counted>>> {
     let sock = exec.socket()?;
     let mut counted: std::collections::HashMap<Vec<u8>, Counted> = std::collections::HashMap::new();
-    let (table_name, set_name) = (table.name.clone(), set.to_owned());
-    sock.dump(
-        NFT_MSG_GETSETELEM,
-        nfproto(table.family),
-        move |m| {
-            m.put_str(NFTA_SET_ELEM_LIST_TABLE, &table_name);
-            m.put_str(NFTA_SET_ELEM_LIST_SET, &set_name);
-        },
-        |msg| counted.extend(element_counts(msg)),
-    )?;
+    crate::listing::dump_set_elements(sock, nfproto(table.family), &table.name, set, |msg| {
+        counted.extend(element_counts(msg))
+    })?;
     Ok(keys
         .iter()
         .map(|k| crate::lower::element_key(k).ok().and_then(|bytes| counted.get(&bytes.start).copied()))

@@ -94,22 +94,29 @@ fn dump_table(exec: &mut NetlinkExecutor, table: &TableRef) -> io::Result<TableL
             continue;
         }
         let mut n = 0;
-        let table_name = name.to_owned();
-        let set_name = set.clone();
-        sock.dump(
-            NFT_MSG_GETSETELEM,
-            family,
-            move |m| {
-                m.put_str(NFTA_SET_ELEM_LIST_TABLE, &table_name);
-                m.put_str(NFTA_SET_ELEM_LIST_SET, &set_name);
-            },
-            |p| {
-                if let Some(list) = Attrs(p).find(|a| a.kind == NFTA_SET_ELEM_LIST_ELEMENTS) {
-                    n += list.nested().count();
-                }
-            },
-        )?;
+        dump_set_elements(sock, family, name, &set, |p| {
+            if let Some(list) = Attrs(p).find(|a| a.kind == NFTA_SET_ELEM_LIST_ELEMENTS) {
+                n += list.nested().count();
+            }
+        })?;
         l.sets.insert(set, Some(n));
     }
     Ok(l)
+}
+
+/// Dumps the elements of set `set` of table `table` (family `family`): `each` gets every reply
+/// message's payload.
+pub(crate) fn dump_set_elements(
+    sock: &mut crate::socket::NfSocket,
+    family: u8,
+    table: &str,
+    set: &str,
+    each: impl FnMut(&[u8]),
+) -> io::Result<()> {
+    let (table, set) = (table.to_owned(), set.to_owned());
+    let request = move |m: &mut crate::wire::MsgBuf| {
+        m.put_str(NFTA_SET_ELEM_LIST_TABLE, &table);
+        m.put_str(NFTA_SET_ELEM_LIST_SET, &set);
+    };
+    sock.dump(NFT_MSG_GETSETELEM, family, request, each)
 }
