@@ -259,6 +259,10 @@ impl SyncObserver for DaemonObserver {
         }
     }
 
+    fn cleanup_failed(&mut self, family: IpFamily) {
+        self.metrics.inc_nftables_cleanup_failure(family);
+    }
+
     fn failed(&mut self, full: bool) {
         // The failed sync took the changes; the full resync that follows programs them.
         self.changes.taken(&self.metrics);

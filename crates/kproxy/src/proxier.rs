@@ -32,6 +32,8 @@ pub trait SyncObserver: Send {
     fn synced(&mut self, _sync: &Synced<'_>) {}
     /// A sync failed.
     fn failed(&mut self, _full: bool) {}
+    /// Removing the dataplane's leftovers for `family` (nftables' stale chains) failed once.
+    fn cleanup_failed(&mut self, _family: IpFamily) {}
     /// Objects were rejected or warned about.
     fn rejected(&mut self, _errors: &[kproxy_state::ObjectError]) {}
     /// The periodic check found kproxy's rules changed by someone else (each line says how) and
@@ -317,6 +319,7 @@ impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
             let result = if delta.is_empty() { Ok(()) } else { self.dataplane.partial_sync(&self.plan, &delta) };
             (delta, result)
         };
+        self.report_cleanup_failures();
         let mut tokens = self.tokens.refilled(&self.pacing, start);
         tokens.tokens -= 1.0;
         self.tokens = tokens;
@@ -348,6 +351,12 @@ impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
                 self.observer.failed(full);
                 false
             }
+        }
+    }
+
+    fn report_cleanup_failures(&mut self) {
+        for family in self.dataplane.take_cleanup_failures() {
+            self.observer.cleanup_failed(family);
         }
     }
 

@@ -149,7 +149,9 @@ fn kill_9_at_random_points_never_breaks_new_connections_and_ends_as_a_fresh_star
                 let got = probe(from.netns(), Proto::Tcp, service, Duration::from_millis(500));
                 attempts += 1;
                 if !matches!(&got, Ok(ProbeResult::Answered { backend, .. }) if backend == "web-b") {
-                    failures.push(format!("{got:?}"));
+                    // When, so a failure can be matched with the daemons' logs.
+                    let at = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+                    failures.push(format!("{got:?} at {:.3}", at.as_secs_f64()));
                 }
                 std::thread::sleep(Duration::from_millis(20));
             }

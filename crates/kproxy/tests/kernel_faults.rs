@@ -145,3 +145,91 @@ fn damage_by_another_tool_is_repaired_at_the_next_check_and_a_concurrent_committ
     assert!(bystander.contains("set seen"), "kproxy left the other table alone: {bystander}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_stale_chain_another_tool_still_jumps_to_is_a_counted_cleanup_failure_and_syncs_go_on() {
+    if !kproxy_testbed::kernel::require_root() {
+        return;
+    }
+    const CLEANUP_FAILURES: &str = "kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total{ip_family=\"IPv4\"}";
+    let tb = Testbed::new().unwrap();
+    let pods = [tb.add_pod("web-b", Where::Node2).unwrap(), tb.add_pod("web-c", Where::Node2).unwrap()];
+    for pod in &pods {
+        pod.serve(&[(Proto::Tcp, 8080)]).unwrap();
+    }
+    let client = tb.add_pod("client", Where::Node).unwrap();
+    let api = support::api_in(tb.node());
+    support::apply_node_a(&api.server);
+    // Session affinity gives a service port chains of its own.
+    for (name, ip, affinity) in [("web", "198.18.128.10", "None"), ("gone", "198.18.128.11", "ClientIP")] {
+        api.server.apply(
+            Kind::Service,
+            json!({"apiVersion": "v1", "kind": "Service", "metadata": {"namespace": "demo", "name": name},
+                   "spec": {"clusterIP": ip, "clusterIPs": [ip], "sessionAffinity": affinity,
+                            "ports": [{"name": "p", "port": 80, "protocol": "TCP", "targetPort": 8080}]}}),
+        );
+    }
+    let endpoint = |service: &str, pod: usize| {
+        support::apply_one_endpoint_slice(&api.server, service, "p", &pods[pod].ipv4().to_string(), "node-b");
+    };
+    endpoint("web", 0);
+    endpoint("gone", 0);
+    let metrics = support::free_port();
+    let args: Vec<String> = vec![
+        "--hostname-override=node-a".into(),
+        format!("--metrics-bind-address={metrics}"),
+        "--conntrack-max-per-core=0".into(),
+        "--conntrack-tcp-timeout-established=0".into(),
+        "--conntrack-tcp-timeout-close-wait=0".into(),
+    ];
+    let (_kproxy, dir) = support::kproxy_in(tb.node().name(), &api.server.url(), "cleanup-failure", &args);
+    let service: SocketAddr = CLUSTER_IP.parse().unwrap();
+    let got = support::answered_by(client.netns(), service, "web-b", support::START);
+    assert!(answered_by(&got, "web-b"), "the ClusterIP answers once kproxy synced: {got:?}");
+    assert_eq!(support::value(&scrape(tb.node(), metrics), CLEANUP_FAILURES), Some(0.0), "exported at zero");
+    let gone_chains = || -> Vec<String> {
+        let listing = tb.node().exec_ok("nft", &["list", "table", "ip", "kproxy"]).unwrap();
+        listing
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("chain ")?.strip_suffix(" {").map(str::to_owned))
+            .filter(|c| c.contains("demo/gone"))
+            .collect()
+    };
+    let gone: SocketAddr = "198.18.128.11:80".parse().unwrap();
+    let got = support::answered_by(client.netns(), gone, "web-b", support::START);
+    assert!(answered_by(&got, "web-b"), "the second Service answers too: {got:?}");
+    let chains = gone_chains();
+    assert!(!chains.is_empty(), "the second Service has chains of its own");
+
+    // The Service goes: its chains are flushed and left for the next sync to delete; another
+    // tool jumps to one of them meanwhile, so the kernel refuses that deletion.
+    api.server.delete(Kind::Service, "demo", "gone");
+    let deadline = Instant::now() + support::CHANGE;
+    while probe(client.netns(), Proto::Tcp, gone, Duration::from_millis(300)).unwrap().backend().is_some() {
+        assert!(Instant::now() < deadline, "the deleted Service kept answering");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(gone_chains(), chains, "flushed, not yet deleted");
+    tb.node().nft(&format!("add chain ip kproxy intruder\nadd rule ip kproxy intruder jump {}", chains[0])).unwrap();
+
+    // The next sync still lands (the Service moves to web-c) and the failed cleanup is counted.
+    endpoint("web", 1);
+    let got = support::answered_by(client.netns(), service, "web-c", support::CHANGE);
+    assert!(answered_by(&got, "web-c"), "the sync after the failed cleanup landed: {got:?}");
+    assert!(metric_reaches(tb.node(), metrics, CLEANUP_FAILURES, 1.0) >= 1.0, "the failed cleanup was counted");
+    assert_eq!(sync_failures(&scrape(tb.node(), metrics)), 0.0, "a cleanup failure is not a sync failure");
+    assert!(gone_chains().contains(&chains[0]), "the held chain is still there");
+
+    // Once the other tool lets go, the next sync deletes what was left.
+    tb.node().nft("flush chain ip kproxy intruder\ndelete chain ip kproxy intruder").unwrap();
+    endpoint("web", 0);
+    let got = support::answered_by(client.netns(), service, "web-b", support::CHANGE);
+    assert!(answered_by(&got, "web-b"), "the next sync landed: {got:?}");
+    let deadline = Instant::now() + support::CHANGE;
+    while !gone_chains().is_empty() {
+        assert!(Instant::now() < deadline, "the stale chains were never deleted: {:?}", gone_chains());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(support::value(&scrape(tb.node(), metrics), CLEANUP_FAILURES), Some(1.0), "no further failure");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -18,8 +18,10 @@
 //! in-sync dataplane applies the difference between the applied plan and the new one, and a
 //! change of node-wide settings reconciles in one transaction that rewrites every chain and
 //! static map in place but keeps the affinity sets. Chains that go away are flushed in one sync
-//! and deleted in the next: older kernels refuse to delete a chain in the transaction that drops
-//! the last reference to it.
+//! and deleted at the start of the next, in a transaction of their own (as upstream): older
+//! kernels refuse to delete a chain in the transaction that drops the last reference to it, and
+//! a failed deletion is a cleanup failure ([`NftablesDataplane::take_cleanup_failures`]) that the
+//! next sync retries, not a failed sync.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -95,7 +97,7 @@ struct FamilyState {
     claims: HashMap<Destination, Claimants>,
     /// How many service ports want each shared element.
     shared: HashMap<Shared, u32>,
-    /// Chains flushed by the last sync, to delete in the next one.
+    /// Chains flushed by an earlier sync, to delete at the start of the next one.
     stale_chains: BTreeSet<String>,
 }
 
@@ -277,12 +279,22 @@ pub struct NftablesDataplane<E> {
     in_sync: bool,
     /// What the applied transactions left in the kernel.
     applied: Applied,
+    /// Families whose stale chains could not be deleted since the last
+    /// [`NftablesDataplane::take_cleanup_failures`].
+    cleanup_failures: Vec<IpFamily>,
 }
 
 impl<E: Executor> NftablesDataplane<E> {
     /// A dataplane that applies through `exec`. Nothing is applied until the first sync.
     pub fn new(exec: E, config: Config) -> Self {
-        Self { exec, config, families: BTreeMap::new(), in_sync: false, applied: Applied::default() }
+        Self {
+            exec,
+            config,
+            families: BTreeMap::new(),
+            in_sync: false,
+            applied: Applied::default(),
+            cleanup_failures: Vec::new(),
+        }
     }
 
     /// The executor (tests look at recorded transactions).
@@ -450,6 +462,35 @@ impl<E: Executor> NftablesDataplane<E> {
         }
     }
 
+    /// Deletes the chains earlier syncs flushed, in a transaction of their own. A failure is
+    /// recorded for [`Self::take_cleanup_failures`] and the chains stay stale: the next sync
+    /// tries again, and they do no harm meanwhile (they are empty and nothing jumps to them).
+    fn delete_stale_chains(&mut self) {
+        let mut tx = Transaction::new();
+        for state in self.families.values() {
+            for chain in &state.stale_chains {
+                tx.push(Op::DeleteChain(state.ctx.table.clone(), chain.clone()));
+            }
+        }
+        if tx.is_empty() {
+            return;
+        }
+        match self.applied.apply(&mut self.exec, &tx) {
+            Ok(()) => self.families.values_mut().for_each(|s| s.stale_chains.clear()),
+            Err(e) => {
+                tracing::warn!(error = %e, "deleting stale nftables chains failed; the next sync retries");
+                let failed = self.families.iter().filter(|(_, s)| !s.stale_chains.is_empty()).map(|(f, _)| *f);
+                self.cleanup_failures.extend(failed);
+            }
+        }
+    }
+
+    /// The families whose stale chains could not be deleted since the last call, once per
+    /// failed attempt (`kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total`).
+    pub fn take_cleanup_failures(&mut self) -> Vec<IpFamily> {
+        std::mem::take(&mut self.cleanup_failures)
+    }
+
     /// Checks that the kernel still holds what kproxy applied (see [`crate::kernel`]) and
     /// repairs the chains and sets that differ.
     pub fn verify(&mut self, plan: &Plan) -> Result<Verification, SyncError> {
@@ -539,8 +580,10 @@ impl<E: Executor> NftablesDataplane<E> {
         self.apply_changes(changes, false)
     }
 
-    /// Applies the changed service ports of each family as one transaction.
+    /// Applies the changed service ports of each family as one transaction, after deleting the
+    /// chains earlier syncs left stale.
     fn apply_changes(&mut self, changes: Vec<(IpFamily, Changes)>, full: bool) -> Result<SyncReport, SyncError> {
+        self.delete_stale_chains();
         let mut tx = Transaction::new();
         let mut commits = Vec::new();
         for (family, changes) in changes {
@@ -772,7 +815,8 @@ impl Commit {
 }
 
 /// The minimal batch that takes the named service ports from their applied plans to `changes`
-/// (`None`: removed), plus deleting the chains the previous sync left stale.
+/// (`None`: removed). Chains left stale by earlier syncs stay stale unless a service port takes
+/// them back.
 fn diff_services(
     state: &FamilyState,
     changes: Vec<(ServicePortName, Option<Arc<ServicePortPlan>>)>,
@@ -860,7 +904,7 @@ fn diff_services(
             b.add_elements.push(s.element());
         }
     }
-    b.delete_chains.extend(state.stale_chains.iter().filter(|c| !revived.contains(*c)).cloned());
+    commit.stale_chains.extend(state.stale_chains.iter().filter(|c| !revived.contains(*c)).cloned());
     commit.services = changes;
     (b, commit)
 }
@@ -874,6 +918,10 @@ impl<E: Executor + Send> kproxy_plan::Dataplane for NftablesDataplane<E> {
     fn partial_sync(&mut self, plan: &Plan, delta: &PlanDelta) -> Result<(), kproxy_plan::DataplaneError> {
         NftablesDataplane::partial_sync(self, plan, delta)?;
         Ok(())
+    }
+
+    fn take_cleanup_failures(&mut self) -> Vec<IpFamily> {
+        NftablesDataplane::take_cleanup_failures(self)
     }
 
     fn cleanup(&mut self) -> Result<(), kproxy_plan::DataplaneError> {

@@ -184,6 +184,34 @@ fn removed_service_chains_are_flushed_now_and_deleted_next_sync() {
     assert_eq!(dp.executor().applied.len(), applied, "nothing left to apply");
 }
 
+#[test]
+fn a_stale_chain_that_cannot_be_deleted_is_a_cleanup_failure_retried_by_the_next_sync() {
+    // With affinity, a service port has chains of its own.
+    let before = services(2, &["198.18.17.2"], true);
+    let after = services(1, &["198.18.17.2"], true);
+    let mut dp = dataplane();
+    dp.full_sync(&before).unwrap();
+    dp.partial_sync(&after, &PlanDelta::between(&before, &after)).unwrap();
+    assert!(dp.take_cleanup_failures().is_empty());
+    // The deletion is a transaction of its own: its failure leaves the sync itself standing.
+    dp.executor_mut().fail_next = true;
+    let scaled = services(1, &["198.18.17.2", "198.18.17.3"], true);
+    dp.partial_sync(&scaled, &PlanDelta::between(&after, &scaled)).unwrap();
+    assert_eq!(dp.take_cleanup_failures(), vec![kproxy_state::IpFamily::V4]);
+    assert!(dp.take_cleanup_failures().is_empty(), "each failure is reported once");
+    let tx = dp.executor().last().unwrap().render();
+    assert!(tx.contains("198.18.17.3") && !tx.contains("delete chain"), "the sync went on: {tx}");
+    // The next sync deletes the chain and reports nothing.
+    dp.partial_sync(&scaled, &PlanDelta::default()).unwrap();
+    let tx = dp.executor().last().unwrap().render();
+    assert!(tx.lines().any(|l| l.starts_with("delete chain ip kproxy service-")), "{tx}");
+    assert!(dp.take_cleanup_failures().is_empty());
+    let mut fresh = dataplane();
+    fresh.full_sync(&scaled).unwrap();
+    let table = kproxy_nft_model::TableRef { family: kproxy_nft_model::TableFamily::Ip, name: "kproxy".into() };
+    assert_eq!(dp.executor().tables.get(&table), fresh.executor().tables.get(&table));
+}
+
 /// Two services claiming one external IP and port (a conflict in the cluster), each with one
 /// endpoint shared with the other.
 fn rivals(with_a: bool) -> Plan {

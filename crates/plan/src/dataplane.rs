@@ -24,6 +24,12 @@ pub trait Dataplane: Send {
         self.full_sync(plan)?;
         Ok(Verified::Rewritten)
     }
+    /// The families whose leftover cleanup failed since the last call, once per failure: a
+    /// backend that removes leftovers apart from its syncs (nftables' stale chains) reports
+    /// them here rather than failing a sync.
+    fn take_cleanup_failures(&mut self) -> Vec<kproxy_state::IpFamily> {
+        Vec::new()
+    }
 }
 
 /// What a periodic check found.
