@@ -199,6 +199,14 @@ pub fn render(packet: &Packet, e: &Explanation) -> String {
             c.served, c.rejected_no_endpoints, c.dropped_no_local_endpoints, c.dropped_by_source_ranges
         ));
     }
+    for (what, counts) in [("packets", &e.packets), ("bytes", &e.bytes)] {
+        if let Some(c) = counts {
+            out.push_str(&format!(
+                "{what} so far: {} served (both directions), {} rejected (no endpoints), {} dropped (no local endpoint), {} dropped by source ranges\n",
+                c.served, c.rejected_no_endpoints, c.dropped_no_local_endpoints, c.dropped_by_source_ranges
+            ));
+        }
+    }
     if e.verdict == kproxy_plan::explain::Verdict::Dnat {
         out.push_str(&format!(
             "acceleration: {}\n",

@@ -6,8 +6,8 @@
 //! connections.
 
 use kproxy_nft_netlink::NetlinkExecutor;
-use kproxy_nft_netlink::counters::element_counters;
-use kproxy_nftables::counters::{self, ServicePortCounts};
+use kproxy_nft_netlink::counters::{Counted, element_counters};
+use kproxy_nftables::counters::{self, ElementCount, ServicePortCounts};
 use kproxy_nftables::{Config, NftablesDataplane};
 use kproxy_packet_suite::{Env, node_objects, service, slice};
 use kproxy_plan::explain::ConnectionCounts;
@@ -28,7 +28,8 @@ fn read(tb: &Testbed, plan: &Plan) -> Vec<ServicePortCounts> {
             let mut exec = NetlinkExecutor::new();
             counters::read(&config(), &plan, |table, set, keys| {
                 let counts = element_counters(&mut exec, table, set, keys)?;
-                Ok::<_, std::io::Error>(counts.into_iter().map(|c| c.map(|c| c.packets)).collect())
+                let count = |c: Counted| ElementCount { packets: c.packets, bytes: c.bytes };
+                Ok::<_, std::io::Error>(counts.into_iter().map(|c| c.map(count)).collect())
             })
         })
         .unwrap()
