@@ -28,13 +28,12 @@ const PACKETS: &str = "kproxy_service_packets_total";
 const BYTES: &str = "kproxy_service_bytes_total";
 const CONNECTIONS: &str = "kproxy_service_new_connections_total";
 
-/// The bytes each bulk connection sends, and the bytes of the sink's answer to it.
+/// The bytes each bulk connection sends, and gets back.
 const PAYLOAD: usize = 64 * 1024;
-const ANSWER: &str = "got 65536\n";
 
-/// A sink in `pod` on TCP `port`: for each of `n` connections, reads to the end, answers how
-/// many bytes it read, closes.
-fn sink(pod: &kproxy_testbed::Pod, port: u16, n: usize) -> std::thread::JoinHandle<()> {
+/// An echo in `pod` on TCP `port`: for each of `n` connections, reads to the end, sends it all
+/// back, closes.
+fn echo(pod: &kproxy_testbed::Pod, port: u16, n: usize) -> std::thread::JoinHandle<()> {
     // Bound inside the pod's namespace; the socket stays there when served from this one.
     let listener = pod.netns().run_in(move || TcpListener::bind(("0.0.0.0", port))).unwrap().unwrap();
     std::thread::spawn(move || {
@@ -42,21 +41,21 @@ fn sink(pod: &kproxy_testbed::Pod, port: u16, n: usize) -> std::thread::JoinHand
             let Ok((mut conn, _)) = listener.accept() else { return };
             let mut got = Vec::new();
             if conn.read_to_end(&mut got).is_ok() {
-                let _ = conn.write_all(format!("got {}\n", got.len()).as_bytes());
+                let _ = conn.write_all(&got);
             }
         }
     })
 }
 
-/// Sends [`PAYLOAD`] bytes to `dest` from `from`, ends its half, and returns the answer.
-fn send_payload(from: &kproxy_testbed::Netns, dest: SocketAddr) -> String {
+/// Sends [`PAYLOAD`] bytes to `dest` from `from`, ends its half, and returns what came back.
+fn send_payload(from: &kproxy_testbed::Netns, dest: SocketAddr) -> Vec<u8> {
     from.run_in(move || {
         let mut stream = TcpStream::connect_timeout(&dest, Duration::from_secs(2)).unwrap();
         stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         stream.write_all(&vec![0x5a; PAYLOAD]).unwrap();
         stream.shutdown(Shutdown::Write).unwrap();
-        let mut answer = String::new();
-        stream.read_to_string(&mut answer).unwrap();
+        let mut answer = Vec::new();
+        stream.read_to_end(&mut answer).unwrap();
         answer
     })
     .unwrap()
@@ -72,11 +71,16 @@ fn service_counters_export_the_connections_sent_served_and_rejected() {
     pod.serve(&[(Proto::Tcp, 8080)]).unwrap();
     let api = support::api_in(tb.node());
     support::apply_node_a(&api.server);
-    // `bulk` carries known payloads (through its ClusterIP and its NodePort); `idle` has an
-    // endpoint and no traffic.
-    let bulk_clients = [("198.18.128.12:90", 3), ("198.18.0.2:30090", 2)];
-    let bulk_connections: usize = bulk_clients.iter().map(|(_, n)| n).sum();
-    let _sink = sink(&pod, 9090, bulk_connections);
+    // `bulk` carries known payloads both ways, from outside through its ClusterIP and its
+    // NodePort (forward both ways), and from the node itself (out through output, the replies
+    // in through input); `idle` has an endpoint and no traffic.
+    let bulk_clients = [
+        (tb.external(), "198.18.128.12:90", 2),
+        (tb.external(), "198.18.0.2:30090", 2),
+        (tb.node(), "198.18.128.12:90", 1),
+    ];
+    let bulk_connections: usize = bulk_clients.iter().map(|(_, _, n)| n).sum();
+    let _echo = echo(&pod, 9090, bulk_connections);
     api.server.apply(
         Kind::Service,
         json!({"apiVersion": "v1", "kind": "Service", "metadata": {"namespace": "demo", "name": "bulk"},
@@ -163,12 +167,13 @@ fn service_counters_export_the_connections_sent_served_and_rejected() {
     let bulk = |metric, verdict| series(metric, "bulk", verdict);
     let text = scrape_until(&|t| support::value(t, &bulk(PACKETS, "served")).is_some());
     assert_eq!(support::value(&text, &bulk(PACKETS, "served")), Some(0.0), "nothing sent yet:\n{text}");
-    for (dest, n) in bulk_clients {
+    for (from, dest, n) in bulk_clients {
         for _ in 0..n {
-            assert_eq!(send_payload(tb.external(), dest.parse().unwrap()), ANSWER, "to {dest}");
+            let back = send_payload(from, dest.parse().unwrap());
+            assert!(back.len() == PAYLOAD && back.iter().all(|&b| b == 0x5a), "{} bytes back from {dest}", back.len());
         }
     }
-    let payload = (bulk_connections * (PAYLOAD + ANSWER.len())) as f64;
+    let payload = (bulk_connections * 2 * PAYLOAD) as f64;
     let text = scrape_until(&|t| {
         support::value(t, &bulk(CONNECTIONS, "served")) == Some(bulk_connections as f64)
             && support::value(t, &bulk(BYTES, "served")).is_some_and(|b| b >= payload)
@@ -179,14 +184,15 @@ fn service_counters_export_the_connections_sent_served_and_rejected() {
     // Every connection has at least a SYN, a SYN-ACK, the client's data and the sink's answer
     // (segments may travel merged, GSO, so no more than that is certain), and at most what
     // 536-byte segments each acknowledged, plus the handshake and close, would make.
+
     let per_connection_max = 2 * (PAYLOAD / 536 + 1) + 20;
     assert!(
         packets >= (4 * bulk_connections) as f64 && packets <= (per_connection_max * bulk_connections) as f64,
         "{packets} packets\n{text}"
     );
-    // The bytes are the payloads plus 40 to 80 bytes of IP and TCP headers per packet: counting
-    // any packet twice (say in forward and in input), or the payload of another Service, would
-    // exceed that.
+    // The bytes are the payloads both ways plus 40 to 80 bytes of IP and TCP headers per packet:
+    // missing a direction or a hook falls short, counting any packet twice (say in forward and
+    // in input) or another Service's traffic exceeds it.
     assert!(
         bytes >= payload + 40.0 * packets && bytes <= payload + 80.0 * packets,
         "{bytes} bytes for {payload} payload bytes in {packets} packets\n{text}"
