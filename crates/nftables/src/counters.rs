@@ -28,7 +28,7 @@
 //! - rejected / dropped (no endpoints, no local endpoint, source ranges): the packets refused,
 //!   which are the connections' first packets (a reject's answer is not counted).
 //!
-//! The extra per-packet cost (a conntrack read and one or two set lookups for each packet of a
+//! The extra per-packet cost (conntrack reads and one or two set lookups for each packet of a
 //! DNATed connection) exists only with counters on. Reading is one dump per set and family; the
 //! sets are read one after the other, so a connection in flight may be seen by one and not yet
 //! by the next (the differences saturate at zero). When two service ports claim one

@@ -287,7 +287,7 @@ pub fn render(ctx: &Ctx, node: &NodePlan) -> Skeleton {
 /// original port alone: kproxy DNATs no other connection, but another tool's DNAT to such a port
 /// would be counted too.
 ///
-/// Cost: only with counters on, and only for packets of DNATed connections: a conntrack read and
+/// Cost: only with counters on, and only for packets of DNATed connections: conntrack reads and
 /// one or two set lookups per packet (the `meta l4proto` matches let nft 1.0.6 type
 /// `ct original proto-dst` in the concatenation).
 fn traffic_counting(ctx: &Ctx, node: &NodePlan, chains: &mut Vec<(Chain, Vec<Rule>)>) {
