@@ -250,8 +250,9 @@ pub struct Flags {
     /// kproxy (KEP-6246): SNAT to the node's InternalIP instead of MASQUERADE. Overrides snatToNodeIP.
     #[arg(long = "snat-to-node-ip", value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = parse_go_bool, help_heading = "kproxy flags")]
     pub snat_to_node_ip: Option<bool>,
-    /// kproxy: count new connections per Service port and verdict in the kernel (nftables mode),
-    /// exported as metrics and shown by `kproxy explain`. Overrides serviceCounters.
+    /// kproxy: count new connections, packets and bytes per Service port and verdict in the
+    /// kernel (nftables mode), exported as metrics and shown by `kproxy explain`. Overrides
+    /// serviceCounters.
     #[arg(long = "service-counters", value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = parse_go_bool, help_heading = "kproxy flags")]
     pub service_counters: Option<bool>,
     /// kproxy (KEP-4963): offload established Service connections to a flowtable. [default: true]

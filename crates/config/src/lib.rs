@@ -98,7 +98,7 @@
 //! |---|---|---|---|
 //! | `noMasqueradeCIDRs: []string` | `--no-masquerade-cidrs=A,B` | empty | KEP-6246: traffic whose destination after DNAT is in these IPv4/IPv6 CIDRs is never masqueraded |
 //! | `snatToNodeIP: bool` | `--snat-to-node-ip[=BOOL]` | false | KEP-6246 part 2: SNAT to the node's InternalIP instead of MASQUERADE |
-//! | `serviceCounters: bool` | `--service-counters[=BOOL]` | false | count new connections per Service port and verdict (nftables mode; `docs/explain.md`) |
+//! | `serviceCounters: bool` | `--service-counters[=BOOL]` | false | count new connections, packets and bytes per Service port and verdict (nftables mode; `docs/explain.md`) |
 //! | `acceleration.enabled: bool` | `--acceleration[=BOOL]` | true | KEP-4963: flowtable fast path for established Service connections |
 //! | `acceleration.packetThreshold: int` | `--offload-packet-threshold=N` | 20 | packets before offload; 0 disables |
 //! | — | `--manifests DIR` | — | read Services/EndpointSlices/Nodes from YAML files instead of the API |

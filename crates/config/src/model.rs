@@ -342,7 +342,7 @@ pub struct ProxyConfig {
     pub no_masquerade_cidrs: Vec<IpNet>,
     /// KEP-6246 part 2: SNAT to the node's InternalIP instead of MASQUERADE.
     pub snat_to_node_ip: bool,
-    /// Per-Service counters of new connections by verdict (nftables mode only).
+    /// Per-Service counters of new connections, packets and bytes by verdict (nftables mode only).
     pub service_counters: bool,
     /// KEP-4963 flowtable fast path.
     pub acceleration: AccelerationConfig,

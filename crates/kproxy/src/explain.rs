@@ -199,6 +199,14 @@ pub fn render(packet: &Packet, e: &Explanation) -> String {
             c.served, c.rejected_no_endpoints, c.dropped_no_local_endpoints, c.dropped_by_source_ranges
         ));
     }
+    for (what, counts) in [("packets", &e.packets), ("bytes", &e.bytes)] {
+        if let Some(c) = counts {
+            out.push_str(&format!(
+                "{what} so far: {} served (both directions), {} rejected (no endpoints), {} dropped (no local endpoint), {} dropped by source ranges\n",
+                c.served, c.rejected_no_endpoints, c.dropped_no_local_endpoints, c.dropped_by_source_ranges
+            ));
+        }
+    }
     if e.verdict == kproxy_plan::explain::Verdict::Dnat {
         out.push_str(&format!(
             "acceleration: {}\n",
@@ -237,4 +245,35 @@ pub fn render(packet: &Packet, e: &Explanation) -> String {
     out.push('\n');
     out.push_str(&crate::columns::render(&rows));
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use kproxy_plan::explain::{ConnectionCounts, Host, explain};
+
+    use super::*;
+
+    #[test]
+    fn counts_are_printed_next_to_each_other_and_only_when_counted() {
+        let packet = Packet {
+            from: "198.18.0.10".parse().unwrap(),
+            to: "198.18.128.12:90".parse().unwrap(),
+            protocol: Protocol::Tcp,
+        };
+        let mut e = explain(&kproxy_plan::Plan::default(), &Host::default(), &packet);
+        assert!(!render(&packet, &e).contains("so far"));
+        let counts =
+            |served, rejected| ConnectionCounts { served, rejected_no_endpoints: rejected, ..Default::default() };
+        (e.connections, e.packets, e.bytes) = (Some(counts(5, 4)), Some(counts(130, 4)), Some(counts(662200, 240)));
+        let text = render(&packet, &e);
+        let lines: Vec<&str> = text.lines().filter(|l| l.contains("so far")).collect();
+        assert_eq!(
+            lines,
+            [
+                "new connections so far: 5 served, 4 rejected (no endpoints), 0 dropped (no local endpoint), 0 dropped by source ranges",
+                "packets so far: 130 served (both directions), 4 rejected (no endpoints), 0 dropped (no local endpoint), 0 dropped by source ranges",
+                "bytes so far: 662200 served (both directions), 240 rejected (no endpoints), 0 dropped (no local endpoint), 0 dropped by source ranges",
+            ]
+        );
+    }
 }

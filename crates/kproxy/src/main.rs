@@ -509,11 +509,13 @@ fn nft_config(config: &ProxyConfig) -> kproxy_nftables::Config {
 /// Reads the per-Service counters of the nftables dataplane configured by `nft`, over a netlink
 /// socket of its own.
 fn counter_reader(nft: kproxy_nftables::Config) -> proxier::CounterReader {
+    use kproxy_nftables::counters::ElementCount;
     let mut exec = kproxy_nft_netlink::NetlinkExecutor::new();
     Box::new(move |plan| {
         kproxy_nftables::counters::read(&nft, plan, |table, set, keys| {
             let counts = kproxy_nft_netlink::counters::element_counters(&mut exec, table, set, keys)?;
-            Ok::<_, std::io::Error>(counts.into_iter().map(|c| c.map(|c| c.packets)).collect())
+            let count = |c: kproxy_nft_netlink::counters::Counted| ElementCount { packets: c.packets, bytes: c.bytes };
+            Ok::<_, std::io::Error>(counts.into_iter().map(|c| c.map(count)).collect())
         })
         .map_err(|e| e.to_string())
     })

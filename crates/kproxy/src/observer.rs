@@ -284,25 +284,35 @@ impl SyncObserver for DaemonObserver {
     }
 
     fn counted(&mut self, counts: &[kproxy_nftables::counters::ServicePortCounts]) {
-        let series = counts.iter().flat_map(|c| {
-            let n = &c.counts;
-            [
-                ("served", n.served),
-                ("rejected_no_endpoints", n.rejected_no_endpoints),
-                ("dropped_no_local_endpoints", n.dropped_no_local_endpoints),
-                ("dropped_by_source_ranges", n.dropped_by_source_ranges),
-            ]
-            .map(|(verdict, total)| kproxy_servers::ServiceConnections {
-                family: c.family,
-                namespace: c.name.namespace.clone(),
-                service: c.name.service.clone(),
-                port: c.name.port.clone(),
-                protocol: c.name.protocol.as_str().to_owned(),
-                verdict,
-                total,
+        use kproxy_nftables::counters::ServicePortCounts;
+        use kproxy_plan::explain::ConnectionCounts;
+        // Each service port's counts of one kind, one series per verdict.
+        fn series(
+            counts: &[ServicePortCounts],
+            of: impl Fn(&ServicePortCounts) -> &ConnectionCounts,
+        ) -> impl Iterator<Item = kproxy_servers::ServiceConnections> {
+            counts.iter().flat_map(move |c| {
+                let n = of(c);
+                [
+                    ("served", n.served),
+                    ("rejected_no_endpoints", n.rejected_no_endpoints),
+                    ("dropped_no_local_endpoints", n.dropped_no_local_endpoints),
+                    ("dropped_by_source_ranges", n.dropped_by_source_ranges),
+                ]
+                .map(|(verdict, total)| kproxy_servers::ServiceConnections {
+                    family: c.family,
+                    namespace: c.name.namespace.clone(),
+                    service: c.name.service.clone(),
+                    port: c.name.port.clone(),
+                    protocol: c.name.protocol.as_str().to_owned(),
+                    verdict,
+                    total,
+                })
             })
-        });
-        self.metrics.set_service_connections(series);
+        }
+        self.metrics.set_service_connections(series(counts, |c| &c.counts));
+        self.metrics.set_service_packets(series(counts, |c| &c.packets));
+        self.metrics.set_service_bytes(series(counts, |c| &c.bytes));
     }
 
     fn rejected(&mut self, errors: &[ObjectError]) {

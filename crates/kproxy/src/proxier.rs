@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use std::collections::HashMap;
 
 use kproxy_nftables::counters::ServicePortCounts;
-use kproxy_plan::explain::{ConnectionCounts, Explanation, Host, Packet, explain, service_port_label};
+use kproxy_plan::explain::{Explanation, Host, Packet, explain, service_port_label};
 use kproxy_plan::{Dataplane, Plan, PlanDelta, Planner, ServicePortName, Verified};
 use kproxy_state::{Change, ClusterState, IpFamily, Kind};
 use tokio::sync::{mpsc, oneshot};
@@ -131,7 +131,7 @@ pub const COUNTERS_PERIOD: Duration = Duration::from_secs(10);
 /// Per-Service counters: how to read them, and the last reading.
 struct Counting {
     read: CounterReader,
-    last: HashMap<(IpFamily, ServicePortName), ConnectionCounts>,
+    last: HashMap<(IpFamily, ServicePortName), ServicePortCounts>,
     next_at: Instant,
 }
 
@@ -205,7 +205,7 @@ impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
         }
         match (counting.read)(&self.plan) {
             Ok(counts) => {
-                counting.last = counts.iter().map(|c| ((c.family, c.name.clone()), c.counts)).collect();
+                counting.last = counts.iter().map(|c| ((c.family, c.name.clone()), c.clone())).collect();
                 self.observer.counted(&counts);
             }
             Err(e) => warn!(error = %e, "reading the per-Service counters failed"),
@@ -244,13 +244,12 @@ impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
         let mut answer = explain(&self.plan, &host, packet);
         if let (Some(counting), Some(service)) = (&self.counting, &answer.service) {
             let family = IpFamily::of(&packet.to.ip());
-            answer.connections = counting
-                .last
-                .iter()
-                .find(|((f, name), _)| {
-                    *f == family && name.protocol == packet.protocol && service_port_label(name) == *service
-                })
-                .map(|(_, counts)| *counts);
+            let counted = counting.last.iter().find(|((f, name), _)| {
+                *f == family && name.protocol == packet.protocol && service_port_label(name) == *service
+            });
+            if let Some((_, c)) = counted {
+                (answer.connections, answer.packets, answer.bytes) = (Some(c.counts), Some(c.packets), Some(c.bytes));
+            }
         }
         Some(answer)
     }

@@ -37,6 +37,12 @@ pub enum Field {
     /// `numgen random mod 1 offset C`: the constant C, the one way nft 1.0.6 takes a constant
     /// inside a concatenation.
     Constant(u32),
+    /// `ct original ip daddr` / `ct original ip6 daddr`: the destination the connection was
+    /// opened to, in either direction and before or after NAT.
+    CtOriginalDaddr(IpFamily),
+    /// `ct original proto-dst`: the destination port the connection was opened to. nft 1.0.6
+    /// types it (and so accepts it in a concatenation) only after a `meta l4proto P` match.
+    CtOriginalProtoDst,
 }
 
 impl fmt::Display for Field {
@@ -49,6 +55,8 @@ impl fmt::Display for Field {
             Field::Dport(p) => write!(f, "{} dport", p.as_str()),
             Field::Numgen(modulus) => write!(f, "numgen random mod {modulus}"),
             Field::Constant(c) => write!(f, "numgen random mod 1 offset {c}"),
+            Field::CtOriginalDaddr(family) => write!(f, "ct original {} daddr", ip_keyword(*family)),
+            Field::CtOriginalProtoDst => f.write_str("ct original proto-dst"),
         }
     }
 }

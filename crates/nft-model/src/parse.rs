@@ -88,6 +88,17 @@ impl<'a> Tokens<'a> {
                 self.expect("l4proto")?;
                 Field::L4Proto
             }
+            "ct" => {
+                self.expect("original")?;
+                let family = match self.next()? {
+                    "proto-dst" => return Ok(Field::CtOriginalProtoDst),
+                    "ip" => IpFamily::V4,
+                    "ip6" => IpFamily::V6,
+                    other => return Err(self.err(other)),
+                };
+                self.expect("daddr")?;
+                Field::CtOriginalDaddr(family)
+            }
             "th" => {
                 self.expect("dport")?;
                 Field::ThDport
@@ -233,6 +244,10 @@ fn stmt(t: &mut Tokens<'_>) -> Result<Stmt, ParseError> {
             }
             t.expect("}")?;
             Stmt::L4ProtoIn(protos)
+        }
+        "ct" if t.peek() == Some("original") => {
+            t.pos -= 1;
+            relation(t)?
         }
         "ct" if t.peek() == Some("packets") => {
             t.pos += 1;
@@ -455,6 +470,10 @@ pub fn op(line: &str) -> Result<Op, ParseError> {
         ("add", "set" | "map") => {
             let mut def = SetDef::of(name()?, Vec::new());
             for item in block(line) {
+                if item == "counter" {
+                    def.counter = true;
+                    continue;
+                }
                 let (k, v) = item.split_once(' ').ok_or_else(|| err(&item))?;
                 match k {
                     "type" => {

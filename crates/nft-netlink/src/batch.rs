@@ -326,14 +326,6 @@ impl Encoder {
             self.buf.end_nest(n);
         }
         self.buf.put_be32(NFTA_SET_ID, id);
-        if def.counter {
-            // The set's expression template: the kernel gives each new element its own counter.
-            let expr = self.buf.begin_nest(NFTA_SET_EXPR);
-            self.buf.put_str(NFTA_EXPR_NAME, "counter");
-            let data = self.buf.begin_nest(NFTA_EXPR_DATA);
-            self.buf.end_nest(data);
-            self.buf.end_nest(expr);
-        }
         if let Some(timeout) = def.timeout {
             self.buf.put_be64(NFTA_SET_TIMEOUT, u64::from(timeout) * 1000);
         }
@@ -349,6 +341,15 @@ impl Encoder {
             self.buf.end_nest(desc);
         }
         self.buf.put(NFTA_SET_USERDATA, &set_userdata(&key, key_typeof.as_ref(), data.as_ref(), def));
+        if def.counter {
+            // The set's expression template: the kernel gives each new element its own counter
+            // (after the user data, where nft puts it).
+            let expr = self.buf.begin_nest(NFTA_SET_EXPR);
+            self.buf.put_str(NFTA_EXPR_NAME, "counter");
+            let data = self.buf.begin_nest(NFTA_EXPR_DATA);
+            self.buf.end_nest(data);
+            self.buf.end_nest(expr);
+        }
         let initial = self.intervals.get(&(t.clone(), def.name.clone())).cloned().unwrap_or_default();
         if flags & NFT_SET_INTERVAL != 0 && !concat_ranges && !initial.is_empty() {
             // Like nft for a new interval set filled in the same batch: the set's initial

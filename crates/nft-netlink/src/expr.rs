@@ -95,6 +95,15 @@ pub enum Expr {
         /// Destination register.
         dreg: u32,
     },
+    /// Load a conntrack key of one direction's tuple.
+    CtDir {
+        /// `NFT_CT_*`.
+        key: u32,
+        /// `IP_CT_DIR_ORIGINAL` / `IP_CT_DIR_REPLY`.
+        dir: u8,
+        /// Destination register.
+        dreg: u32,
+    },
     /// Set a conntrack key from a register.
     CtSet {
         /// `NFT_CT_*`.
@@ -218,7 +227,7 @@ impl Expr {
         match self {
             Expr::Payload { .. } => "payload",
             Expr::Meta { .. } | Expr::MetaSet { .. } => "meta",
-            Expr::Ct { .. } | Expr::CtSet { .. } => "ct",
+            Expr::Ct { .. } | Expr::CtDir { .. } | Expr::CtSet { .. } => "ct",
             Expr::Bitwise { .. } => "bitwise",
             Expr::Cmp { .. } => "cmp",
             Expr::Lookup { .. } => "lookup",
@@ -273,6 +282,11 @@ impl Expr {
             Expr::Ct { key, dreg } => {
                 m.put_be32(NFTA_CT_KEY, *key);
                 m.put_be32(NFTA_CT_DREG, *dreg);
+            }
+            Expr::CtDir { key, dir, dreg } => {
+                m.put_be32(NFTA_CT_KEY, *key);
+                m.put_be32(NFTA_CT_DREG, *dreg);
+                m.put(NFTA_CT_DIRECTION, &[*dir]);
             }
             Expr::CtSet { key, sreg } => {
                 m.put_be32(NFTA_CT_KEY, *key);

@@ -201,6 +201,9 @@ fn typeof_expr(field: Field) -> Result<TypeofExpr, LowerError> {
         }
         Field::Numgen(modulus) => TypeofExpr::Numgen { modulus },
         Field::Constant(_) => return Err(LowerError::new("a constant in a typeof declaration")),
+        Field::CtOriginalDaddr(_) | Field::CtOriginalProtoDst => {
+            return Err(LowerError::new(format!("`{field}` in a typeof declaration")));
+        }
     })
 }
 
@@ -420,12 +423,22 @@ fn proto_number(p: Protocol) -> u8 {
 /// What a selector loads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Sel {
-    Addr { offset: u32, len: u32 },
+    Addr {
+        offset: u32,
+        len: u32,
+    },
     L4Proto,
     Dport,
     IifName,
-    Fib { saddr: bool },
+    Fib {
+        saddr: bool,
+    },
     Mark,
+    /// A key of the conntrack entry's original tuple.
+    CtOriginal {
+        key: u32,
+        len: u32,
+    },
 }
 
 impl Sel {
@@ -436,6 +449,7 @@ impl Sel {
             Sel::Dport => 2,
             Sel::IifName => 16,
             Sel::Fib { .. } | Sel::Mark => 4,
+            Sel::CtOriginal { len, .. } => len,
         }
     }
 
@@ -447,6 +461,7 @@ impl Sel {
             Sel::IifName => Expr::Meta { key: NFT_META_IIFNAME, dreg },
             Sel::Fib { saddr } => Expr::FibType { saddr, dreg },
             Sel::Mark => Expr::Meta { key: NFT_META_MARK, dreg },
+            Sel::CtOriginal { key, .. } => Expr::CtDir { key, dir: IP_CT_DIR_ORIGINAL, dreg },
         }
     }
 }
@@ -460,6 +475,9 @@ impl Sel {
             Field::Daddr(IpFamily::V6) => Sel::Addr { offset: 24, len: 16 },
             Field::L4Proto => Sel::L4Proto,
             Field::ThDport => Sel::Dport,
+            Field::CtOriginalDaddr(IpFamily::V4) => Sel::CtOriginal { key: NFT_CT_DST_IP, len: 4 },
+            Field::CtOriginalDaddr(IpFamily::V6) => Sel::CtOriginal { key: NFT_CT_DST_IP6, len: 16 },
+            Field::CtOriginalProtoDst => Sel::CtOriginal { key: NFT_CT_PROTO_DST, len: 2 },
             Field::Dport(_) | Field::Numgen(_) | Field::Constant(_) => {
                 return Err(LowerError::new(format!("`{field}` as a match")));
             }
@@ -603,7 +621,7 @@ impl Lowering<'_> {
     }
 
     fn field(&self, field: Field) -> Result<Sel, LowerError> {
-        if let Field::Saddr(f) | Field::Daddr(f) = field
+        if let Field::Saddr(f) | Field::Daddr(f) | Field::CtOriginalDaddr(f) = field
             && f != self.family()?
         {
             return Err(LowerError::new(format!("`{field}` in a table of the other family")));
@@ -930,7 +948,7 @@ fn address_family(stmt: &Stmt) -> Option<IpFamily> {
         _ => &[],
     };
     fields.iter().find_map(|f| match f {
-        Field::Saddr(family) | Field::Daddr(family) => Some(*family),
+        Field::Saddr(family) | Field::Daddr(family) | Field::CtOriginalDaddr(family) => Some(*family),
         _ => None,
     })
 }

@@ -166,6 +166,12 @@ pub const NFT_META_NFPROTO: u32 = 15;
 pub const NFTA_CT_DREG: u16 = 1;
 pub const NFTA_CT_KEY: u16 = 2;
 pub const NFTA_CT_SREG: u16 = 4;
+pub const NFTA_CT_DIRECTION: u16 = 3;
+pub const NFT_CT_PROTO_DST: u32 = 12;
+pub const NFT_CT_DST_IP: u32 = 20;
+pub const NFT_CT_DST_IP6: u32 = 22;
+/// `IP_CT_DIR_ORIGINAL`.
+pub const IP_CT_DIR_ORIGINAL: u8 = 0;
 pub const NFT_CT_MARK: u32 = 3;
 pub const NFT_CT_PKTS: u32 = 14;
 pub const NFT_CT_STATE: u32 = 0;

@@ -16,6 +16,8 @@ const IPVS: &str = include_str!("fixtures/nft-commands-ipvs.nft");
 const IPVS_MNL: &str = include_str!("fixtures/nft-commands-ipvs.mnl.hex");
 const ACCEL: &str = include_str!("fixtures/nft-commands-accel.nft");
 const ACCEL_MNL: &str = include_str!("fixtures/nft-commands-accel.mnl.hex");
+const COUNTERS: &str = include_str!("fixtures/nft-commands-counters.nft");
+const COUNTERS_MNL: &str = include_str!("fixtures/nft-commands-counters.mnl.hex");
 
 /// A fixture command as a typed operation; it must render back to the same text, so the bytes
 /// `nft` sent for the text are the bytes expected for the operation.
@@ -48,6 +50,16 @@ fn the_ipvs_auxiliary_table_statements_match_what_nft_sends() {
 fn the_acceleration_table_matches_what_nft_sends() {
     let (compared, elems) = compare(ACCEL, ACCEL_MNL);
     assert_eq!((compared, elems), (19, 3));
+}
+
+/// Per-Service counters: counted sets and maps, and the rules that count the packets of
+/// served connections by their original destination (`ct original ip daddr`, `ct original
+/// proto-dst`, which nft 1.0.6 concatenates only after a `meta l4proto` match), in both
+/// families.
+#[test]
+fn the_service_counter_statements_match_what_nft_sends() {
+    let (compared, elems) = compare(COUNTERS, COUNTERS_MNL);
+    assert_eq!((compared, elems), (20, 3));
 }
 
 /// A batch after the first: its rules read maps the encoder has not seen declared, which the

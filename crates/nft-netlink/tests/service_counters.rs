@@ -3,11 +3,11 @@
 //! that ran without), known connections to a served ClusterIP, a Service without endpoints, a
 //! LoadBalancer IP whose source ranges exclude the client and that Service's NodePort come back
 //! from the counted maps' elements as exactly that many served, rejected and range-dropped
-//! connections.
+//! connections, and the packets and bytes the same traffic took.
 
 use kproxy_nft_netlink::NetlinkExecutor;
-use kproxy_nft_netlink::counters::element_counters;
-use kproxy_nftables::counters::{self, ServicePortCounts};
+use kproxy_nft_netlink::counters::{Counted, element_counters};
+use kproxy_nftables::counters::{self, ElementCount, ServicePortCounts};
 use kproxy_nftables::{Config, NftablesDataplane};
 use kproxy_packet_suite::{Env, node_objects, service, slice};
 use kproxy_plan::explain::ConnectionCounts;
@@ -28,7 +28,8 @@ fn read(tb: &Testbed, plan: &Plan) -> Vec<ServicePortCounts> {
             let mut exec = NetlinkExecutor::new();
             counters::read(&config(), &plan, |table, set, keys| {
                 let counts = element_counters(&mut exec, table, set, keys)?;
-                Ok::<_, std::io::Error>(counts.into_iter().map(|c| c.map(|c| c.packets)).collect())
+                let count = |c: Counted| ElementCount { packets: c.packets, bytes: c.bytes };
+                Ok::<_, std::io::Error>(counts.into_iter().map(|c| c.map(count)).collect())
             })
         })
         .unwrap()
@@ -36,7 +37,11 @@ fn read(tb: &Testbed, plan: &Plan) -> Vec<ServicePortCounts> {
 }
 
 fn of(counts: &[ServicePortCounts], service: &str) -> ConnectionCounts {
-    counts.iter().find(|c| c.name.service == service).unwrap().counts
+    all_of(counts, service).counts
+}
+
+fn all_of<'a>(counts: &'a [ServicePortCounts], service: &str) -> &'a ServicePortCounts {
+    counts.iter().find(|c| c.name.service == service).unwrap()
 }
 
 #[test]
@@ -82,7 +87,8 @@ fn counters_count_served_rejected_and_range_dropped_connections_per_service_port
     tb.node().run_in(|| dp.partial_sync(&plan, &PlanDelta::between(&Plan::default(), &plan))).unwrap().unwrap();
 
     let initial = read(&tb, &plan);
-    assert!(initial.iter().all(|c| c.counts == ConnectionCounts::default()), "{initial:?}");
+    let zero = ConnectionCounts::default();
+    assert!(initial.iter().all(|c| (c.counts, c.packets, c.bytes) == (zero, zero, zero)), "{initial:?}");
     let options = ProbeOptions::with_timeout(std::time::Duration::from_millis(500));
     let probe = |from: &kproxy_testbed::Netns, to: &str, n: usize| {
         probe_many(from, Proto::Tcp, to.parse().unwrap(), n, &options).unwrap()
@@ -97,5 +103,22 @@ fn counters_count_served_rejected_and_range_dropped_connections_per_service_port
     assert_eq!((web.served, web.rejected_no_endpoints, web.dropped_by_source_ranges), (5, 0, 0), "{counts:?}");
     assert_eq!((empty.served, empty.rejected_no_endpoints), (0, 4), "{counts:?}");
     assert_eq!((lb.served, lb.dropped_by_source_ranges, lb.rejected_no_endpoints), (2, 3, 0), "{counts:?}");
+
+    // Packets and bytes. Each echo connection (SYN, SYN-ACK, the echo line, the close) is at
+    // least 3 packets both ways counted, of 40 to 80 header bytes plus a reply line under 64.
+    let served_within = |c: &ServicePortCounts, connections: u64| {
+        let (p, b) = (c.packets.served, c.bytes.served);
+        p >= 3 * connections && p <= 20 * connections && b >= 40 * p && b <= 80 * p + 64 * connections
+    };
+    let (web, empty, lb) = (all_of(&counts, "web"), all_of(&counts, "empty"), all_of(&counts, "lb"));
+    assert!(served_within(web, 5), "{web:?}");
+    // Served through the NodePort only (the LoadBalancer IP dropped them): node-port traffic.
+    assert!(served_within(lb, 2), "{lb:?}");
+    // Refused: one SYN each (a reset is not resent; the dropped ones timed out before a resend),
+    // all of one size.
+    assert_eq!((empty.packets.served, empty.bytes.served, empty.packets.rejected_no_endpoints), (0, 0, 4));
+    assert!(empty.bytes.rejected_no_endpoints % 4 == 0 && (160..=320).contains(&empty.bytes.rejected_no_endpoints));
+    assert_eq!(lb.packets.dropped_by_source_ranges, 3, "{lb:?}");
+    assert_eq!(lb.bytes.dropped_by_source_ranges, 3 * empty.bytes.rejected_no_endpoints / 4, "{lb:?}");
     tb.node().run_in(|| dp.cleanup()).unwrap().unwrap();
 }

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::generated::{Kernel, plan, svc};
+use common::generated::{Kernel, Svc, plan, svc};
 use kproxy_nftables::{Config, NftablesDataplane, Recording};
 use kproxy_plan::{Plan, PlanDelta};
 use proptest::prelude::*;
@@ -24,9 +24,12 @@ proptest! {
     #[test]
     fn partial_syncs_reach_what_a_cold_start_builds(
         steps in prop::collection::vec(prop::collection::vec(proptest::option::of(svc()), 5), 2..6),
+        service_counters in any::<bool>(),
     ) {
         let plans: Vec<Plan> = steps.iter().map(|c| plan(c)).collect();
-        let mut dp = NftablesDataplane::new(Recording::default(), Config::default());
+        // With counters on, the traffic sets' elements follow the same element diffs.
+        let config = || Config { service_counters, ..Config::default() };
+        let mut dp = NftablesDataplane::new(Recording::default(), config());
         dp.full_sync(&plans[0]).unwrap();
         for pair in plans.windows(2) {
             dp.partial_sync(&pair[1], &PlanDelta::between(&pair[0], &pair[1])).unwrap();
@@ -36,7 +39,7 @@ proptest! {
         dp.partial_sync(last, &PlanDelta::default()).unwrap();
         let incremental = kernel_after(&dp, 0);
 
-        let mut fresh = NftablesDataplane::new(Recording::default(), Config::default());
+        let mut fresh = NftablesDataplane::new(Recording::default(), config());
         fresh.full_sync(last).unwrap();
         let cold = kernel_after(&fresh, 0);
         prop_assert_eq!(&incremental, &cold);
@@ -46,4 +49,45 @@ proptest! {
         dp.partial_sync(last, &PlanDelta::default()).unwrap();
         prop_assert_eq!(&kernel_after(&dp, 0), &cold);
     }
+}
+
+/// With counters on, every destination of a service port has its traffic counter from the
+/// first sync, and endpoint changes (to none and back included) leave those elements alone:
+/// their counts survive, and the sync stays O(change).
+#[test]
+fn endpoint_changes_leave_the_traffic_counters_alone() {
+    let svc = |endpoints: Vec<u8>| Svc {
+        external_ip: Some(0),
+        node_port: true,
+        local: false,
+        affinity: false,
+        udp: false,
+        endpoints,
+        internal_local: false,
+        load_balancer: Some(false),
+    };
+    let plans: Vec<Plan> =
+        [vec![1, 2], vec![3], vec![], vec![4, 5]].into_iter().map(|e| plan(&[Some(svc(e))])).collect();
+    let config = Config { service_counters: true, ..Config::default() };
+    let mut dp = NftablesDataplane::new(Recording::default(), config);
+    dp.full_sync(&plans[0]).unwrap();
+    let traffic = |dp: &NftablesDataplane<Recording>, from: usize| -> Vec<String> {
+        let applied = &dp.executor().applied[from..];
+        let text: Vec<String> = applied.iter().map(|tx| tx.render()).collect();
+        text.iter()
+            .flat_map(|t| t.lines())
+            .filter(|l| l.contains("element") && l.contains("-traffic"))
+            .map(str::to_owned)
+            .collect()
+    };
+    let first = traffic(&dp, 0);
+    // ClusterIP, ExternalIP, LoadBalancer IP, NodePort.
+    assert_eq!(first.len(), 4, "{first:#?}");
+    assert_eq!(first.iter().filter(|l| l.contains("nodeport-traffic")).count(), 1, "{first:#?}");
+    let from = dp.executor().applied.len();
+    for pair in plans.windows(2) {
+        dp.partial_sync(&pair[1], &PlanDelta::between(&pair[0], &pair[1])).unwrap();
+    }
+    assert!(dp.executor().applied.len() > from, "the endpoint changes were synced");
+    assert_eq!(traffic(&dp, from), Vec::<String>::new());
 }

@@ -108,8 +108,8 @@ struct ServiceConnectionLabels {
     verdict: String,
 }
 
-/// One service port's new connections with one verdict, as the kernel has counted them so far
-/// (per-Service counters).
+/// One service port's new connections, packets or bytes with one verdict, as the kernel has
+/// counted them so far (per-Service counters).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServiceConnections {
     /// The family.
@@ -248,14 +248,51 @@ struct Inner {
     masquerade_current: Mutex<Vec<MasqueradeLabels>>,
     healthcheck_bind_failures: Counter,
     accelerated_connections: Counter,
-    service_connections: Family<ServiceConnectionLabels, Counter>,
-    /// The kernel's last count of each series: a count below it means the element was
-    /// recreated (its counter restarted), and everything it has counted since is new.
-    service_connections_seen: Mutex<std::collections::HashMap<ServiceConnectionLabels, u64>>,
+    service_connections: ServiceCounter,
+    service_packets: ServiceCounter,
+    service_bytes: ServiceCounter,
     drift_repairs: Counter,
     feature_enabled: Family<FeatureLabels, Gauge>,
     acceleration_supported: Gauge,
     source: crate::source_metrics::SourceSlot,
+}
+
+/// A per-Service counter family raised to the kernel's counts.
+#[derive(Debug)]
+struct ServiceCounter {
+    family: Family<ServiceConnectionLabels, Counter>,
+    /// The kernel's last count of each series: a count below it means the element was
+    /// recreated (its counter restarted), and everything it has counted since is new.
+    seen: Mutex<std::collections::HashMap<ServiceConnectionLabels, u64>>,
+}
+
+impl ServiceCounter {
+    fn register(registry: &mut Registry, name: &str, help: &str) -> Self {
+        let family = Family::<ServiceConnectionLabels, Counter>::default();
+        registry.register(name, help, family.clone());
+        Self { family, seen: Mutex::new(std::collections::HashMap::new()) }
+    }
+
+    /// Raises each series to the kernel's count. A series whose Service port is gone stays at
+    /// its last value (a counter does not go away).
+    fn raise(&self, counts: impl IntoIterator<Item = ServiceConnections>) {
+        let mut seen = self.seen.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        for c in counts {
+            let labels = ServiceConnectionLabels {
+                ip_family: c.family.to_string(),
+                namespace: c.namespace,
+                service: c.service,
+                port: c.port,
+                protocol: c.protocol,
+                verdict: c.verdict.to_owned(),
+            };
+            let last = seen.insert(labels.clone(), c.total).unwrap_or(0);
+            let new = if c.total >= last { c.total - last } else { c.total };
+            if new > 0 || last == 0 {
+                self.family.get_or_create(&labels).inc_by(new);
+            }
+        }
+    }
 }
 
 fn family_labels(family: IpFamily) -> FamilyLabels {
@@ -445,11 +482,20 @@ impl Metrics {
             "Connections of opted-in Services offloaded to the flowtable",
             accelerated_connections.clone(),
         );
-        let service_connections = Family::<ServiceConnectionLabels, Counter>::default();
-        registry.register(
+        let service_connections = ServiceCounter::register(
+            &mut registry,
             "kproxy_service_new_connections",
             "New connections per Service port and verdict, counted by the kernel (--service-counters)",
-            service_connections.clone(),
+        );
+        let service_packets = ServiceCounter::register(
+            &mut registry,
+            "kproxy_service_packets",
+            "Packets per Service port and verdict, counted by the kernel (--service-counters): served counts every packet of the connections sent to an endpoint, both directions; the other verdicts the packets refused",
+        );
+        let service_bytes = ServiceCounter::register(
+            &mut registry,
+            "kproxy_service_bytes",
+            "Bytes (IP packets, headers included) per Service port and verdict, of the packets kproxy_service_packets_total counts (--service-counters)",
         );
         let acceleration_supported = Gauge::default();
         registry.register(
@@ -507,7 +553,8 @@ impl Metrics {
                 healthcheck_bind_failures,
                 accelerated_connections,
                 service_connections,
-                service_connections_seen: Mutex::new(std::collections::HashMap::new()),
+                service_packets,
+                service_bytes,
                 drift_repairs,
                 feature_enabled,
                 acceleration_supported,
@@ -678,22 +725,19 @@ impl Metrics {
     /// Raises `kproxy_service_new_connections_total` to the kernel's counts. A series whose
     /// Service port is gone stays at its last value (a counter does not go away).
     pub fn set_service_connections(&self, counts: impl IntoIterator<Item = ServiceConnections>) {
-        let mut seen = self.inner.service_connections_seen.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        for c in counts {
-            let labels = ServiceConnectionLabels {
-                ip_family: c.family.to_string(),
-                namespace: c.namespace,
-                service: c.service,
-                port: c.port,
-                protocol: c.protocol,
-                verdict: c.verdict.to_owned(),
-            };
-            let last = seen.insert(labels.clone(), c.total).unwrap_or(0);
-            let new = if c.total >= last { c.total - last } else { c.total };
-            if new > 0 || last == 0 {
-                self.inner.service_connections.get_or_create(&labels).inc_by(new);
-            }
-        }
+        self.inner.service_connections.raise(counts);
+    }
+
+    /// Raises `kproxy_service_packets_total` to the kernel's counts, like
+    /// [`Metrics::set_service_connections`].
+    pub fn set_service_packets(&self, counts: impl IntoIterator<Item = ServiceConnections>) {
+        self.inner.service_packets.raise(counts);
+    }
+
+    /// Raises `kproxy_service_bytes_total` to the kernel's counts, like
+    /// [`Metrics::set_service_connections`].
+    pub fn set_service_bytes(&self, counts: impl IntoIterator<Item = ServiceConnections>) {
+        self.inner.service_bytes.raise(counts);
     }
 
     /// A periodic check repaired kproxy's rules.

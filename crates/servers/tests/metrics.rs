@@ -424,3 +424,40 @@ fn service_connections_follow_the_kernel_counts_across_a_counter_restart() {
     metrics.set_service_connections([count(3)]);
     assert_eq!(value(&metrics), Some(13));
 }
+
+#[test]
+fn service_packets_and_bytes_are_series_of_their_own_with_the_same_labels() {
+    use kproxy_servers::{Exposition, ServiceConnections};
+    let metrics = Metrics::new(DataplaneMode::Nftables);
+    let count = |verdict, total| ServiceConnections {
+        family: IpFamily::V6,
+        namespace: "demo".into(),
+        service: "web".into(),
+        port: "".into(),
+        protocol: "udp".into(),
+        verdict,
+        total,
+    };
+    let labels = |verdict: &str| {
+        format!(
+            "{{ip_family=\"IPv6\",namespace=\"demo\",service=\"web\",port=\"\",protocol=\"udp\",verdict=\"{verdict}\"}}"
+        )
+    };
+    let value = |m: &Metrics, name: &str, verdict: &str| {
+        let text = m.encode(Exposition::PrometheusText).unwrap();
+        let series = format!("{name}{}", labels(verdict));
+        text.lines().find_map(|l| l.strip_prefix(series.as_str())?.trim().parse::<u64>().ok())
+    };
+    metrics.set_service_packets([count("served", 40), count("rejected_no_endpoints", 2)]);
+    metrics.set_service_bytes([count("served", 9000), count("rejected_no_endpoints", 120)]);
+    assert_eq!(value(&metrics, "kproxy_service_packets_total", "served"), Some(40));
+    assert_eq!(value(&metrics, "kproxy_service_packets_total", "rejected_no_endpoints"), Some(2));
+    assert_eq!(value(&metrics, "kproxy_service_bytes_total", "served"), Some(9000));
+    assert_eq!(value(&metrics, "kproxy_service_bytes_total", "rejected_no_endpoints"), Some(120));
+    // Each kind follows its own kernel counts: bytes going back to a restarted element's count
+    // do not move packets, and neither feeds the connection counts.
+    metrics.set_service_bytes([count("served", 500)]);
+    assert_eq!(value(&metrics, "kproxy_service_bytes_total", "served"), Some(9500));
+    assert_eq!(value(&metrics, "kproxy_service_packets_total", "served"), Some(40));
+    assert_eq!(value(&metrics, "kproxy_service_new_connections_total", "served"), None);
+}

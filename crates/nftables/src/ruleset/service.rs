@@ -30,7 +30,7 @@ use kproxy_plan::{Endpoint, ExternalPolicy, MasqueradeWhen, NoEndpointsVerdict, 
 use super::pick::{self, Class};
 use super::skeleton::{
     CLUSTER_IPS, FIREWALL_ALLOW, FIREWALL_DESTS, HAIRPIN, MARK_FOR_MASQUERADE, NO_ENDPOINT_NODEPORTS,
-    NO_ENDPOINT_SERVICES, REJECT_CHAIN, SERVICE_IPS, SERVICE_NODEPORTS,
+    NO_ENDPOINT_SERVICES, NODEPORT_TRAFFIC, REJECT_CHAIN, SERVICE_IPS, SERVICE_NODEPORTS, SERVICE_TRAFFIC,
 };
 use super::{Ctx, Destination, local_match};
 use crate::naming;
@@ -237,6 +237,20 @@ pub fn render(ctx: &Ctx, node: &NodePlan, p: &ServicePortPlan) -> ServiceObjects
                 });
                 out.destinations.entry(d).or_default().extend(ranges);
             }
+        }
+    }
+
+    if ctx.service_counters {
+        // Every destination keeps its traffic counter, served or not: a counter survives
+        // endpoints coming and going.
+        let mut counted: Vec<Destination> = vec![dest(&p.cluster_ip)];
+        if p.external.is_some() {
+            counted.extend(p.external_vips().map(dest));
+            counted.extend(p.node_port.map(|np| Destination::NodePort(p.protocol, np)));
+        }
+        for d in counted {
+            let set = if matches!(d, Destination::NodePort(..)) { NODEPORT_TRAFFIC } else { SERVICE_TRAFFIC };
+            out.destinations.entry(d).or_default().push(Element { set: set.to_owned(), key: d.key(), value: None });
         }
     }
 

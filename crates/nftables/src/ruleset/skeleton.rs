@@ -2,9 +2,10 @@
 //! and the node-wide rules (node ports, masquerading, no-endpoint checks).
 
 use kproxy_nft_model::{
-    Chain, ChainType, DataType, Element, Field, HookPoint, Reject, Rule, SetDef, SetFlag, Stmt, Value, Verdict,
+    Chain, ChainType, CmpOp, DataType, Element, Field, HookPoint, Reject, Rule, SetDef, SetFlag, Stmt, Value, Verdict,
 };
 use kproxy_plan::{LocalTraffic, NoMasqueradeSource, NodePlan, NodePortAddresses, SnatSource};
+use kproxy_state::Protocol;
 
 use super::{Ctx, local_match};
 
@@ -28,6 +29,15 @@ pub const NO_ENDPOINT_NODEPORTS: &str = "no-endpoint-nodeports";
 pub const FIREWALL_DESTS: &str = "firewall-dests";
 /// `addr . proto . port . source range` (concatenated ranges): the sources each of them allows.
 pub const FIREWALL_ALLOW: &str = "firewall-allow";
+
+/// `addr . proto . port` of service addresses (counters on): each element counts the packets of
+/// the connections to it that were DNATed (served).
+pub const SERVICE_TRAFFIC: &str = "service-traffic";
+/// `proto . port` of node ports (counters on): each element counts the packets of the DNATed
+/// connections to it.
+pub const NODEPORT_TRAFFIC: &str = "nodeport-traffic";
+/// The chain that counts packets of served connections (counters on), see [`traffic_counting`].
+pub const COUNT_SERVICE_TRAFFIC: &str = "count-service-traffic";
 
 /// The maps whose elements count new connections per destination when per-Service counters
 /// are on (each is looked up once per new connection: the dispatch maps in the nat chains, the
@@ -193,6 +203,9 @@ pub fn render(ctx: &Ctx, node: &NodePlan) -> Skeleton {
 
     let (pick_chains, pick_sets) = super::pick::skeleton(ctx);
     let mut chains = chains;
+    if ctx.service_counters {
+        traffic_counting(ctx, node, &mut chains);
+    }
     chains.extend(super::service::shared_chains(ctx, node));
     chains.extend(pick_chains);
 
@@ -217,16 +230,31 @@ pub fn render(ctx: &Ctx, node: &NodePlan) -> Skeleton {
         ),
         set(
             NO_ENDPOINT_NODEPORTS,
-            port_key,
+            port_key.clone(),
             true,
             vec![],
             "vmap to drop or reject packets to service nodeports with no endpoints",
         ),
-        set(FIREWALL_DESTS, dest_key, false, vec![], "destinations that are subject to LoadBalancerSourceRanges"),
+        set(
+            FIREWALL_DESTS,
+            dest_key.clone(),
+            false,
+            vec![],
+            "destinations that are subject to LoadBalancerSourceRanges",
+        ),
         set(FIREWALL_ALLOW, allow_key, false, vec![SetFlag::Interval], "the source ranges each of them allows"),
     ];
     for def in sets.iter_mut().filter(|d| COUNTED.contains(&d.name.as_str())) {
         def.counter = ctx.service_counters;
+    }
+    if ctx.service_counters {
+        let counted = |name, key, comment| SetDef { counter: true, ..set(name, key, false, vec![], comment) };
+        sets.push(counted(
+            SERVICE_TRAFFIC,
+            dest_key.clone(),
+            "packets of the served connections to each service address",
+        ));
+        sets.push(counted(NODEPORT_TRAFFIC, port_key.clone(), "packets of the served connections to each node port"));
     }
     sets.extend(pick_sets);
 
@@ -238,6 +266,58 @@ pub fn render(ctx: &Ctx, node: &NodePlan) -> Skeleton {
         elements.extend(nets.iter().map(|n| Element::new(POD_CIDRS, Value::Prefix(*n))));
     }
     Skeleton { chains, sets, elements }
+}
+
+/// Per-Service counters: the rules that count every packet of served connections, in both
+/// directions, by the destination the client opened the connection to (`ct original`, so one
+/// key covers the request, before and after DNAT, and the reply). Served means DNATed
+/// (`ct status dnat`): rejected and dropped traffic never is, and is counted by the no-endpoint
+/// and firewall maps instead.
+///
+/// Where: each packet of a proxied connection passes exactly one of forward (the client or the
+/// endpoint is elsewhere), output (sent by the node: a host-network client, or a host-network
+/// endpoint's reply) and input from another interface than `lo` (received by the node: a
+/// host-network endpoint's request, or the reply to a host-network client). Input from `lo` is
+/// left out because a node talking to itself through a Service passed output first.
+///
+/// Node ports are keyed by protocol and port like the nat chain's dispatch; a connection whose
+/// original destination is a service address returned after the first lookups, and with
+/// `nodePortAddresses` the original destination must be one of them, as in the nat chain. With
+/// every local address accepting node ports the remaining DNATed connections are counted by
+/// original port alone: kproxy DNATs no other connection, but another tool's DNAT to such a port
+/// would be counted too.
+///
+/// Cost: only with counters on, and only for packets of DNATed connections: conntrack reads and
+/// one or two set lookups per packet (the `meta l4proto` matches let nft 1.0.6 type
+/// `ct original proto-dst` in the concatenation).
+fn traffic_counting(ctx: &Ctx, node: &NodePlan, chains: &mut Vec<(Chain, Vec<Rule>)>) {
+    let dnat = || Stmt::CtStatus(kproxy_nft_model::CtStatus::Dnat);
+    for (chain, rules) in chains.iter_mut() {
+        let mut jump = Rule::new([dnat()]);
+        match chain.name.as_str() {
+            "filter-forward" | "filter-output" => {}
+            "filter-input" => jump.0.push(Stmt::IifName { op: CmpOp::Neq, name: "lo".to_owned() }),
+            _ => continue,
+        }
+        rules.push(jump.then(Stmt::jump(COUNT_SERVICE_TRAFFIC)));
+    }
+    let protocols = [Protocol::Tcp, Protocol::Udp, Protocol::Sctp];
+    let original_daddr = Field::CtOriginalDaddr(ctx.family);
+    let mut rules: Vec<Rule> = protocols
+        .iter()
+        .map(|&p| {
+            let key = vec![original_daddr, Field::L4Proto, Field::CtOriginalProtoDst];
+            rule([Stmt::l4proto(p), Stmt::member(key, SERVICE_TRAFFIC), Stmt::Verdict(Verdict::Return)])
+        })
+        .collect();
+    rules.extend(protocols.iter().map(|&p| {
+        let mut r = rule([Stmt::l4proto(p)]);
+        if let NodePortAddresses::Only(_) = node.nodeport_addresses {
+            r.0.push(Stmt::member(vec![original_daddr], NODEPORT_IPS));
+        }
+        r.then(Stmt::member(vec![Field::L4Proto, Field::CtOriginalProtoDst], NODEPORT_TRAFFIC))
+    }));
+    chains.push((Chain::regular(COUNT_SERVICE_TRAFFIC), rules));
 }
 
 #[cfg(test)]
@@ -288,5 +368,60 @@ mod tests {
         assert_eq!(rules.iter().filter(|r| r.ends_with("return")).count(), 2, "{rules:?}");
         let none = masquerading(&ctx, &node(LocalTraffic::Undetectable, &[]));
         assert!(!none.iter().any(|r| r.contains("daddr") && r.ends_with("return")), "{none:?}");
+    }
+
+    #[test]
+    fn with_counters_on_every_packet_of_dnated_connections_is_counted_once_by_its_original_destination() {
+        let text = |ctx: &Ctx, nodeport_addresses| {
+            let node = NodePlan { nodeport_addresses, ..node(LocalTraffic::Undetectable, &[]) };
+            let skel = render(ctx, &node);
+            let chains: Vec<(String, Vec<String>)> = skel
+                .chains
+                .iter()
+                .map(|(c, rules)| (c.name.clone(), rules.iter().map(ToString::to_string).collect()))
+                .collect();
+            let sets: Vec<String> = skel.sets.iter().filter(|d| d.counter).map(|d| d.name.clone()).collect();
+            (chains, sets)
+        };
+        let mut ctx = Ctx::new(kproxy_state::IpFamily::V4, "kproxy", 0x4000);
+        let (off, off_sets) = text(&ctx, NodePortAddresses::AllLocal);
+        assert!(
+            off.iter().all(|(name, rules)| name != COUNT_SERVICE_TRAFFIC
+                && rules.iter().all(|r| !r.contains(COUNT_SERVICE_TRAFFIC)))
+        );
+        assert!(off_sets.is_empty(), "{off_sets:?}");
+
+        ctx.service_counters = true;
+        let (on, sets) = text(&ctx, NodePortAddresses::AllLocal);
+        assert!(sets.contains(&SERVICE_TRAFFIC.to_owned()) && sets.contains(&NODEPORT_TRAFFIC.to_owned()), "{sets:?}");
+        let rules = |chain: &str| on.iter().find(|(n, _)| n == chain).map(|(_, r)| r.clone()).unwrap();
+        let jump = "ct status dnat jump count-service-traffic";
+        assert_eq!(rules("filter-forward").last().map(String::as_str), Some(jump));
+        assert_eq!(rules("filter-output").last().map(String::as_str), Some(jump));
+        assert_eq!(
+            rules("filter-input").last().map(String::as_str),
+            Some("ct status dnat iifname != \"lo\" jump count-service-traffic")
+        );
+        let jumps = on.iter().flat_map(|(_, r)| r).filter(|r| r.ends_with("jump count-service-traffic")).count();
+        assert_eq!(jumps, 3, "{on:?}");
+        assert_eq!(
+            rules(COUNT_SERVICE_TRAFFIC),
+            [
+                "meta l4proto tcp ct original ip daddr . meta l4proto . ct original proto-dst @service-traffic return",
+                "meta l4proto udp ct original ip daddr . meta l4proto . ct original proto-dst @service-traffic return",
+                "meta l4proto sctp ct original ip daddr . meta l4proto . ct original proto-dst @service-traffic return",
+                "meta l4proto tcp meta l4proto . ct original proto-dst @nodeport-traffic",
+                "meta l4proto udp meta l4proto . ct original proto-dst @nodeport-traffic",
+                "meta l4proto sctp meta l4proto . ct original proto-dst @nodeport-traffic",
+            ]
+        );
+        // With nodePortAddresses, node ports count only connections opened to one of them.
+        let ctx6 = Ctx { service_counters: true, ..Ctx::new(kproxy_state::IpFamily::V6, "kproxy", 0x4000) };
+        let (only, _) = text(&ctx6, NodePortAddresses::Only(vec!["fd00::1".parse().unwrap()]));
+        let counting = only.iter().find(|(n, _)| n == COUNT_SERVICE_TRAFFIC).map(|(_, r)| r.clone()).unwrap();
+        assert_eq!(
+            counting[3],
+            "meta l4proto tcp ct original ip6 daddr @nodeport-ips meta l4proto . ct original proto-dst @nodeport-traffic"
+        );
     }
 }

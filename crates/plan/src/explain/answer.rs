@@ -167,8 +167,8 @@ pub struct SourceRanges {
     pub source_allowed: bool,
 }
 
-/// New connections of one service port by what became of them, as the kernel counted them
-/// (per-Service counters, nftables mode, opt-in).
+/// One service port's traffic by what became of it, as the kernel counted it (per-Service
+/// counters, nftables mode, opt-in): new connections, or (the same verdicts) packets or bytes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ConnectionCounts {
     /// Sent to an endpoint.
@@ -210,6 +210,13 @@ pub struct Explanation {
     /// (`--service-counters`); absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub connections: Option<ConnectionCounts>,
+    /// The service port's packets so far by the same verdicts: served counts every packet of
+    /// the served connections, both directions; the others the packets refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub packets: Option<ConnectionCounts>,
+    /// The bytes (IP packets, headers included) of those packets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<ConnectionCounts>,
 }
 
 impl Explanation {
@@ -227,6 +234,8 @@ impl Explanation {
             affinity_timeout_seconds: None,
             acceleration_eligible: false,
             connections: None,
+            packets: None,
+            bytes: None,
         }
     }
 }
