@@ -2,10 +2,12 @@
 //! `kproxy-nft-netlink` (what the daemon uses); [`NftCommand`] runs `nft -f -` for tests and
 //! debugging only; [`Recording`] keeps transactions for tests.
 
+use std::collections::BTreeSet;
 use std::io::Write;
 use std::process::{Command, Stdio};
 
 use crate::listing::{Listings, TableListing};
+use crate::set::Element;
 use crate::table::TableRef;
 use crate::transaction::Transaction;
 
@@ -70,6 +72,17 @@ pub trait Executor {
     /// What `table` holds now (an absent table lists as empty). `None`: the executor cannot list.
     fn list(&mut self, _table: &TableRef) -> Result<Option<TableListing>, ExecError> {
         Ok(None)
+    }
+
+    /// The elements set `set` of `table` holds now, as identities comparable with
+    /// [`Executor::element_identity`]. `None`: the executor cannot tell (or the set holds ranges).
+    fn element_identities(&mut self, _table: &TableRef, _set: &str) -> Result<Option<BTreeSet<Vec<u8>>>, ExecError> {
+        Ok(None)
+    }
+
+    /// The identity of `element` as [`Executor::element_identities`] reports it.
+    fn element_identity(&self, _element: &Element) -> Option<Vec<u8>> {
+        None
     }
 }
 
@@ -188,6 +201,12 @@ impl<E: Executor + ?Sized> Executor for &mut E {
     fn list(&mut self, table: &TableRef) -> Result<Option<TableListing>, ExecError> {
         (**self).list(table)
     }
+    fn element_identities(&mut self, table: &TableRef, set: &str) -> Result<Option<BTreeSet<Vec<u8>>>, ExecError> {
+        (**self).element_identities(table, set)
+    }
+    fn element_identity(&self, element: &Element) -> Option<Vec<u8>> {
+        (**self).element_identity(element)
+    }
 }
 
 impl<E: Executor + ?Sized> Executor for Box<E> {
@@ -199,5 +218,11 @@ impl<E: Executor + ?Sized> Executor for Box<E> {
     }
     fn list(&mut self, table: &TableRef) -> Result<Option<TableListing>, ExecError> {
         (**self).list(table)
+    }
+    fn element_identities(&mut self, table: &TableRef, set: &str) -> Result<Option<BTreeSet<Vec<u8>>>, ExecError> {
+        (**self).element_identities(table, set)
+    }
+    fn element_identity(&self, element: &Element) -> Option<Vec<u8>> {
+        (**self).element_identity(element)
     }
 }

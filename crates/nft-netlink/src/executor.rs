@@ -75,4 +75,16 @@ impl Executor for NetlinkExecutor {
     fn list(&mut self, table: &TableRef) -> Result<Option<TableListing>, ExecError> {
         crate::listing::list_table(self, table).map(Some).map_err(ExecError::Netlink)
     }
+
+    fn element_identities(
+        &mut self,
+        table: &TableRef,
+        set: &str,
+    ) -> Result<Option<std::collections::BTreeSet<Vec<u8>>>, ExecError> {
+        crate::identity::set_identities(self, table, set).map_err(ExecError::Netlink)
+    }
+
+    fn element_identity(&self, element: &kproxy_nft_model::Element) -> Option<Vec<u8>> {
+        crate::identity::element_identity(element)
+    }
 }

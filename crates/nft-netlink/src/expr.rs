@@ -21,7 +21,7 @@ pub enum Verdict {
 }
 
 impl Verdict {
-    fn code(&self) -> u32 {
+    pub(crate) fn code(&self) -> u32 {
         match self {
             Verdict::Accept => NF_ACCEPT,
             Verdict::Drop => NF_DROP,

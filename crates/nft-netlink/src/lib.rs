@@ -25,6 +25,7 @@ pub mod batch;
 pub mod counters;
 pub mod executor;
 pub mod expr;
+pub mod identity;
 pub mod listing;
 pub mod lower;
 pub mod socket;

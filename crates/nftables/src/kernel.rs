@@ -8,11 +8,16 @@
 //!   rewrites only the chains and sets that differ, in one transaction.
 //! - [`adopt_ops`] takes over the tables a previous kproxy left (a restart, an upgrade): one
 //!   transaction that rewrites them in place, so no packet ever sees them missing or half-built.
+//!   A set that already holds nothing kproxy does not want ([`elements_to_keep`]) is not flushed
+//!   and refilled: only its missing elements are added. A restart over unchanged state then
+//!   leaves every element where it is (upstream's restarts do the same since v1.33); refilling
+//!   all of them made new connections fail now and then in Debian 12's kernel (6.1) while the
+//!   transaction committed.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use kproxy_nft_model::{
-    Chain, ExecError, Executor, Listings, Op, SetDef, SetFlag, TableListing, TableRef, Transaction,
+    Chain, Element, ExecError, Executor, Listings, Op, SetDef, SetFlag, TableListing, TableRef, Transaction,
 };
 
 /// What the last applied transactions left in the kernel, as far as kproxy knows.
@@ -149,9 +154,56 @@ fn set_of(op: &Op) -> Option<&str> {
     }
 }
 
+/// The sets of `existing` whose elements kproxy all still wants: their identities (see
+/// [`Executor::element_identities`]), by set. A set the executor cannot read, one holding
+/// ranges, or one holding an element kproxy no longer wants is left out (it is rewritten).
+pub fn elements_to_keep<E: Executor + ?Sized>(
+    exec: &mut E,
+    table: &TableRef,
+    desired: &Desired,
+    existing: &TableListing,
+) -> BTreeMap<String, BTreeSet<Vec<u8>>> {
+    let mut keep = BTreeMap::new();
+    for def in desired.sets.iter().filter(|s| !s.has(SetFlag::Dynamic) && existing.sets.contains_key(&s.name)) {
+        let Ok(Some(present)) = exec.element_identities(table, &def.name) else { continue };
+        let wanted: Option<BTreeSet<Vec<u8>>> = desired
+            .elements
+            .iter()
+            .filter_map(|op| match op {
+                Op::AddElement(_, e) if e.set == def.name => Some(exec.element_identity(e)),
+                _ => None,
+            })
+            .collect();
+        if wanted.is_some_and(|w| present.is_subset(&w)) {
+            keep.insert(def.name.clone(), present);
+        }
+    }
+    keep
+}
+
+/// What a rewrite leaves in place: the elements of `sets` (set → element identities), which
+/// are neither flushed nor added again; `identity` names an element.
+struct Kept<'a> {
+    sets: &'a BTreeMap<String, BTreeSet<Vec<u8>>>,
+    identity: &'a dyn Fn(&Element) -> Option<Vec<u8>>,
+}
+
+impl Kept<'_> {
+    fn nothing() -> Kept<'static> {
+        static EMPTY: BTreeMap<String, BTreeSet<Vec<u8>>> = BTreeMap::new();
+        Kept { sets: &EMPTY, identity: &|_| None }
+    }
+
+    fn holds(&self, e: &Element) -> bool {
+        self.sets.get(&e.set).is_some_and(|ids| (self.identity)(e).is_some_and(|id| ids.contains(&id)))
+    }
+}
+
 /// Rewrites, in one transaction, what `table` must hold where `only` selects it: the chains and
 /// sets it names are declared (declaring an existing one is a no-op), flushed and refilled;
-/// `remove` names chains and sets to delete. Dynamic sets keep their elements (live state).
+/// `remove` names chains and sets to delete. Dynamic sets keep their elements (live state), and
+/// so do the sets `kept` names.
+#[allow(clippy::too_many_arguments)] // one private helper, two callers that differ in each
 fn rewrite(
     table: &TableRef,
     desired: Desired,
@@ -159,6 +211,7 @@ fn rewrite(
     sets: impl Fn(&str) -> bool,
     remove_chains: &BTreeSet<String>,
     remove_sets: &BTreeSet<String>,
+    kept: Kept<'_>,
     tx: &mut Transaction,
 ) {
     let t = || table.clone();
@@ -173,7 +226,7 @@ fn rewrite(
     for c in chain_defs.iter().map(|c| &c.name).chain(remove_chains) {
         tx.push(Op::FlushChain(t(), c.clone()));
     }
-    for s in set_defs.iter().filter(|s| !s.has(SetFlag::Dynamic)) {
+    for s in set_defs.iter().filter(|s| !s.has(SetFlag::Dynamic) && !kept.sets.contains_key(&s.name)) {
         tx.push(Op::FlushSet { table: t(), name: s.name.clone(), is_map: s.is_map() });
     }
     for c in remove_chains {
@@ -190,7 +243,9 @@ fn rewrite(
         }
     }
     for op in desired.elements {
-        if set_of(&op).is_some_and(|s| sets(s) && !dynamic.contains(s)) {
+        if set_of(&op).is_some_and(|s| sets(s) && !dynamic.contains(s))
+            && !matches!(&op, Op::AddElement(_, e) if kept.holds(e))
+        {
             tx.push(op);
         }
     }
@@ -205,17 +260,21 @@ pub fn repair_ops(table: &TableRef, desired: Desired, drift: &Drift, tx: &mut Tr
         |s| drift.sets.contains(s),
         &drift.unexpected_chains,
         &drift.unexpected_sets,
+        Kept::nothing(),
         tx,
     );
 }
 
 /// The transaction that takes over `table` as a previous kproxy left it (`existing`): every
-/// chain and static set rewritten in place, what kproxy no longer has removed.
+/// chain and static set rewritten in place, what kproxy no longer has removed; the sets in
+/// `keep` (see [`elements_to_keep`]) only get the elements they lack.
 pub fn adopt_ops(
     table: &TableRef,
     comment: Option<String>,
     desired: Desired,
     existing: &TableListing,
+    keep: &BTreeMap<String, BTreeSet<Vec<u8>>>,
+    identity: &dyn Fn(&Element) -> Option<Vec<u8>>,
     tx: &mut Transaction,
 ) {
     let wanted_chains: BTreeSet<&str> = desired.chains.iter().map(|c| c.name.as_str()).collect();
@@ -225,7 +284,8 @@ pub fn adopt_ops(
     let remove_sets: BTreeSet<String> =
         existing.sets.keys().filter(|s| !wanted_sets.contains(s.as_str())).cloned().collect();
     tx.push(Op::AddTable { table: table.clone(), comment });
-    rewrite(table, desired, |_| true, |_| true, &remove_chains, &remove_sets, tx);
+    let kept = Kept { sets: keep, identity };
+    rewrite(table, desired, |_| true, |_| true, &remove_chains, &remove_sets, kept, tx);
 }
 
 /// Lists each of `tables`; `None` when the executor cannot list.

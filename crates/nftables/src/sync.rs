@@ -403,9 +403,14 @@ impl<E: Executor> NftablesDataplane<E> {
             }
         }
         let empty = kproxy_nft_model::TableListing::default();
+        let mut kept_elements = 0;
         for (table, d) in desired {
             let current = existing.get(&table).unwrap_or(&empty);
-            crate::kernel::adopt_ops(&table, Some(TABLE_COMMENT.to_owned()), d, current, &mut tx);
+            let keep = crate::kernel::elements_to_keep(&mut self.exec, &table, &d, current);
+            kept_elements += keep.values().map(BTreeSet::len).sum::<usize>();
+            let exec = &self.exec;
+            let identity = |e: &kproxy_nft_model::Element| exec.element_identity(e);
+            crate::kernel::adopt_ops(&table, Some(TABLE_COMMENT.to_owned()), d, current, &keep, &identity, &mut tx);
         }
         let report = SyncReport { full: true, ops: tx.len(), counts: tx.counts() };
         // The summary of an adopted table is what a cold start leaves (the rewrite's flushes
@@ -420,7 +425,12 @@ impl<E: Executor> NftablesDataplane<E> {
         self.applied.generation = self.exec.generation().ok().flatten();
         match self.applied.apply(&mut self.exec, &tx) {
             Ok(()) => {
-                tracing::info!(ops = report.ops, tables = existing.len(), "nftables tables adopted in one transaction");
+                tracing::info!(
+                    ops = report.ops,
+                    kept_elements,
+                    tables = existing.len(),
+                    "nftables tables adopted in one transaction"
+                );
                 self.applied.listings = after;
                 self.families = families;
                 self.in_sync = true;

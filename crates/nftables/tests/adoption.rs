@@ -1,0 +1,69 @@
+//! A restart over unchanged state leaves every element where it is: the adoption (the first sync
+//! of a new kproxy over the tables the last one left) adds no element and flushes no static set,
+//! over netlink into a real kernel; a set holding an element kproxy no longer wants is rewritten
+//! whole, and either way the kernel ends as a fresh start of the new plan.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use kproxy_nft_model::{Op, SetFlag};
+use kproxy_nft_netlink::NetlinkExecutor;
+use kproxy_nftables::{Config, NftablesDataplane};
+use kproxy_state::{Change, Kind, ObjectKey};
+use kproxy_testbed::Netns;
+
+/// How many elements of `plan`'s tables belong to sets of ranges.
+fn range_elements(plan: &kproxy_plan::Plan) -> usize {
+    let initial =
+        NftablesDataplane::new(kproxy_nft_model::Recording::default(), Config::default()).render_initial(plan);
+    let ranges: std::collections::BTreeSet<(String, String)> = initial
+        .ops()
+        .iter()
+        .filter_map(|op| match op {
+            Op::AddSet(t, s) if s.has(SetFlag::Interval) => Some((t.to_string(), s.name.clone())),
+            _ => None,
+        })
+        .collect();
+    let of_ranges = |op: &&Op| matches!(op, Op::AddElement(t, e) if ranges.contains(&(t.to_string(), e.set.clone())));
+    let n = initial.ops().iter().filter(of_ranges).count();
+    assert!(n > 0, "the example has sets of ranges");
+    n
+}
+
+fn start(ns: &Netns, plan: &kproxy_plan::Plan) -> kproxy_nftables::SyncReport {
+    let mut dp = NftablesDataplane::new(NetlinkExecutor::new(), Config::default());
+    ns.run_in(|| dp.full_sync(plan)).unwrap().unwrap()
+}
+
+#[test]
+fn a_restart_over_unchanged_state_adds_no_element_and_one_over_changes_ends_as_a_fresh_start() {
+    kproxy_testbed::require_kernel!();
+    let ns = Netns::new("nft-adopt").unwrap();
+    let list = || ns.exec_ok("nft", &["list", "ruleset"]).unwrap();
+    let plan = common::example_plan();
+
+    let cold = start(&ns, &plan);
+    assert!(cold.counts.elements > 0, "the cold start adds elements: {cold:?}");
+    let before = list();
+    let adopted = start(&ns, &plan);
+    // Only sets of ranges (interval sets, concatenated ranges) are refilled: their elements have
+    // no identity to compare.
+    assert_eq!(adopted.counts.elements, range_elements(&plan), "an unchanged restart touches no other element");
+    assert!(adopted.counts.rules > 0, "chains are still rewritten: {adopted:?}");
+    assert_eq!(list(), before, "the restart changed nothing");
+
+    // A Service went while kproxy was down: the sets that held its elements are rewritten.
+    let planner = common::planner();
+    let mut state = common::state(common::example_objects());
+    state.apply(Change::Deleted(Kind::Service, ObjectKey::new("default", "lb")));
+    let _ = state.take_dirty();
+    let fewer = planner.build(&state);
+    let changed = start(&ns, &fewer);
+    assert!(changed.counts.elements > 0, "the sets that lost elements were refilled: {changed:?}");
+    assert!(changed.counts.elements < cold.counts.elements, "the others kept theirs: {changed:?}");
+    let after_restart = list();
+    ns.nft("flush ruleset").unwrap();
+    start(&ns, &fewer);
+    assert_eq!(after_restart, list(), "the restart over a change ends as a fresh start");
+}
