@@ -25,7 +25,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use kproxy_config::{Action, ProxyConfig, ProxyMode, SourceSelection, VersionRequest};
 use kproxy_iptables::IptablesDataplane;
-use kproxy_nftables::{NftCommand, NftablesDataplane};
+use kproxy_nftables::NftablesDataplane;
 use kproxy_plan::Planner;
 use kproxy_state::{Change, ClusterState};
 use tokio::sync::mpsc;
@@ -159,7 +159,10 @@ fn cleanup(config: &ProxyConfig) -> anyhow::Result<()> {
             failed.push(what.to_owned());
         }
     };
-    step("kproxy's nftables tables", kproxy_nftables::cleanup(&mut NftCommand::new()).map_err(|e| e.to_string()));
+    step(
+        "kproxy's nftables tables",
+        kproxy_nftables::cleanup(&mut kproxy_nft_netlink::NetlinkExecutor::new()).map_err(|e| e.to_string()),
+    );
     // IPVS services (never those in ipvs.excludeCIDRs), kube-ipvs0 and the auxiliary table; a
     // kernel without IPVS has none of them.
     let ipvs = ipvs_config(config)?;
