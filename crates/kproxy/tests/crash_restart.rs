@@ -105,7 +105,8 @@ fn populate(server: &FakeApiServer, web_pod: &str) {
 
 // Ignored while a defect is open: in Debian 12's kernel (6.1, `cargo xtask guest-test`) 1 to 8
 // probes of most runs are refused (ECONNREFUSED within 4 ms, at the node) while a restarted
-// kproxy starts or adopts its tables; on the host's 6.18 kernel every run passes. What was ruled
+// kproxy starts or adopts its tables; on the host's 6.18 kernel every run passes. Restarts are
+// not needed: `commit_refusals` reproduces it with any commit in the namespace. What was ruled
 // out and what is left is in docs/reliability.md ("Open: refused connections during restarts on
 // 6.1"). Run it with `cargo test -p kproxy --test crash_restart -- --ignored`.
 #[test]
