@@ -2,7 +2,9 @@
 //! during restarts on 6.1"): with kproxy serving 2,000 Services and nothing changing, another
 //! process commits a tiny unrelated nf_tables table every 100 ms; a pod connects to an unchanged
 //! ClusterIP every 20 ms, and no connection may be refused. Debian 12's kernel (6.1, the guest)
-//! refused 4 of 3,814 on 2026-12-01, none with no commits; the host's 6.18 kernel none.
+//! refused 4 of 3,814 on 2026-12-01, none with no commits; the host's 6.18 kernel none. Each
+//! commit here is an `ip netns exec … nft` process, and spawning `ip netns exec … true` alone
+//! refused as many: the trigger is a process entering the node's namespace.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers: a panic is a test failure
 
