@@ -17,29 +17,6 @@ use std::time::{Duration, Instant};
 
 use kproxy_state::Kind;
 use kproxy_testbed::{Proto, Testbed, Where};
-use serde_json::{Value, json};
-
-fn service(i: usize) -> Value {
-    let ip = format!("198.19.{}.{}", i / 250, 1 + i % 250);
-    json!({"apiVersion": "v1", "kind": "Service", "metadata": {"namespace": "bulk", "name": format!("svc-{i}")},
-           "spec": {"clusterIP": ip, "clusterIPs": [ip],
-                    "ports": [{"name": "p", "port": 80, "protocol": "TCP", "targetPort": 8080}]}})
-}
-
-fn slice(i: usize) -> Value {
-    let endpoints: Vec<Value> = (0..3)
-        .map(|j| {
-            let n = (i * 3 + j) % 60_000;
-            json!({"addresses": [format!("198.18.{}.{}", 32 + n / 250, 1 + n % 250)], "nodeName": "node-b",
-                   "conditions": {"ready": true}})
-        })
-        .collect();
-    json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-           "metadata": {"namespace": "bulk", "name": format!("svc-{i}-1"),
-                        "labels": {"kubernetes.io/service-name": format!("svc-{i}")}},
-           "addressType": "IPv4", "endpoints": endpoints,
-           "ports": [{"name": "p", "port": 8080, "protocol": "TCP"}]})
-}
 
 #[test]
 #[ignore = "open defect: refused connections during nf_tables commits on kernel 6.1 (docs/reliability.md)"]
@@ -53,16 +30,11 @@ fn commits_of_another_table_never_refuse_a_new_connection_to_an_unchanged_servic
     let client = tb.add_pod("client", Where::Node).unwrap();
     let api = support::api_in(tb.node());
     support::apply_node_a(&api.server);
-    api.server.apply(
-        Kind::Service,
-        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"namespace": "demo", "name": "web"},
-               "spec": {"clusterIP": "198.18.128.10", "clusterIPs": ["198.18.128.10"],
-                        "ports": [{"name": "p", "port": 80, "protocol": "TCP", "targetPort": 8080}]}}),
-    );
+    support::apply_web_service(&api.server, "p");
     support::apply_one_endpoint_slice(&api.server, "web", "p", &web.ipv4().to_string(), "node-b");
     for i in 0..2000 {
-        api.server.apply(Kind::Service, service(i));
-        api.server.apply(Kind::EndpointSlice, slice(i));
+        api.server.apply(Kind::Service, support::bulk_service(i));
+        api.server.apply(Kind::EndpointSlice, support::bulk_slice(i, 0));
     }
     let metrics = support::free_port();
     let args: Vec<String> = vec![

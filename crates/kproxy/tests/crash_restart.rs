@@ -16,32 +16,10 @@ use std::time::{Duration, Instant};
 use kproxy_kube_source::fake::FakeApiServer;
 use kproxy_state::Kind;
 use kproxy_testbed::{Netns, ProbeResult, Proto, Testbed, Where, probe};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 const SERVICES: usize = 2000;
 const WEB: &str = "198.18.128.10:80";
-
-fn service(i: usize) -> Value {
-    let ip = format!("198.19.{}.{}", i / 250, 1 + i % 250);
-    json!({"apiVersion": "v1", "kind": "Service", "metadata": {"namespace": "bulk", "name": format!("svc-{i}")},
-           "spec": {"clusterIP": ip, "clusterIPs": [ip],
-                    "ports": [{"name": "p", "port": 80, "protocol": "TCP", "targetPort": 8080}]}})
-}
-
-fn slice(i: usize, generation: usize) -> Value {
-    let endpoints: Vec<Value> = (0..3)
-        .map(|j| {
-            let n = (i * 3 + j + generation * 7) % 60_000;
-            json!({"addresses": [format!("198.18.{}.{}", 32 + n / 250, 1 + n % 250)], "nodeName": "node-b",
-                   "conditions": {"ready": true}})
-        })
-        .collect();
-    json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-           "metadata": {"namespace": "bulk", "name": format!("svc-{i}-1"),
-                        "labels": {"kubernetes.io/service-name": format!("svc-{i}")}},
-           "addressType": "IPv4", "endpoints": endpoints,
-           "ports": [{"name": "p", "port": 8080, "protocol": "TCP"}]})
-}
 
 /// A cheap pseudo-random sequence (the test must not depend on a seed being lucky: it prints it).
 struct Rng(u64);
@@ -90,16 +68,11 @@ fn wait_settled(node: &Netns, metrics: SocketAddr) {
 
 fn populate(server: &FakeApiServer, web_pod: &str) {
     support::apply_node_a(server);
-    server.apply(
-        Kind::Service,
-        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"namespace": "demo", "name": "web"},
-               "spec": {"clusterIP": "198.18.128.10", "clusterIPs": ["198.18.128.10"],
-                        "ports": [{"name": "p", "port": 80, "protocol": "TCP", "targetPort": 8080}]}}),
-    );
+    support::apply_web_service(server, "p");
     support::apply_one_endpoint_slice(server, "web", "p", web_pod, "node-b");
     for i in 0..SERVICES {
-        server.apply(Kind::Service, service(i));
-        server.apply(Kind::EndpointSlice, slice(i, 0));
+        server.apply(Kind::Service, support::bulk_service(i));
+        server.apply(Kind::EndpointSlice, support::bulk_slice(i, 0));
     }
 }
 
@@ -176,7 +149,7 @@ fn kill_9_at_random_points_never_breaks_new_connections_and_ends_as_a_fresh_star
             wait_settled(tb.node(), metrics);
             generation += 1;
             for i in (0..SERVICES).step_by(97) {
-                api.server.apply(Kind::EndpointSlice, slice(i, generation));
+                api.server.apply(Kind::EndpointSlice, support::bulk_slice(i, generation));
             }
             api.server.delete(Kind::Service, "bulk", &format!("svc-{}", SERVICES - round));
             std::thread::sleep(Duration::from_millis(rng.below(1500)));

@@ -9,9 +9,8 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use kproxy_state::Kind;
 use serde_json::{Value, json};
-use support::{Api, DryRun, apply_node_a, apply_one_endpoint_slice, http_get, write_kubeconfig};
+use support::{Api, DryRun, apply_node_a, apply_one_endpoint_slice, apply_web_service, http_get, write_kubeconfig};
 
 fn examples() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples")
@@ -93,12 +92,7 @@ fn explain_from_manifests_answers_each_destination_kind_and_verdict() {
 fn explain_reads_the_cluster_from_a_kubeconfig() {
     let api = Api::start();
     apply_node_a(&api.server);
-    api.server.apply(
-        Kind::Service,
-        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"namespace": "demo", "name": "web"},
-               "spec": {"clusterIP": "198.18.128.10", "clusterIPs": ["198.18.128.10"],
-                        "ports": [{"name": "p", "port": 80, "protocol": "TCP", "targetPort": 8080}]}}),
-    );
+    apply_web_service(&api.server, "p");
     apply_one_endpoint_slice(&api.server, "web", "p", "198.18.17.5", "node-b");
     let dir = std::env::temp_dir().join(format!("kproxy-explain-kubeconfig-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -131,12 +125,7 @@ fn explain_until(kproxy: &DryRun, query: &str, within: Duration, done: impl Fn(&
 fn daemon_explains_from_the_plan_it_programmed_and_the_server_client_prints_the_same() {
     let api = Api::start();
     apply_node_a(&api.server);
-    api.server.apply(
-        Kind::Service,
-        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"namespace": "demo", "name": "web"},
-               "spec": {"clusterIP": "198.18.128.10", "clusterIPs": ["198.18.128.10"],
-                        "ports": [{"name": "p", "port": 80, "protocol": "TCP", "targetPort": 8080}]}}),
-    );
+    apply_web_service(&api.server, "p");
     let kproxy = DryRun::start(&api, "explain", &[]);
     kproxy.wait_synced();
     let query = "from=203.0.113.7&to=198.18.128.10:80&protocol=tcp";

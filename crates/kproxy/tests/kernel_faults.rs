@@ -63,12 +63,7 @@ fn damage_by_another_tool_is_repaired_at_the_next_check_and_a_concurrent_committ
     let client = tb.add_pod("client", Where::Node).unwrap();
     let api = support::api_in(tb.node());
     support::apply_node_a(&api.server);
-    api.server.apply(
-        Kind::Service,
-        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"namespace": "demo", "name": "web"},
-               "spec": {"clusterIP": "198.18.128.10", "clusterIPs": ["198.18.128.10"],
-                        "ports": [{"name": "p", "port": 80, "protocol": "TCP", "targetPort": 8080}]}}),
-    );
+    support::apply_web_service(&api.server, "p");
     let endpoint = |pod: usize| {
         support::apply_one_endpoint_slice(&api.server, "web", "p", &pods[pod].ipv4().to_string(), "node-b");
     };

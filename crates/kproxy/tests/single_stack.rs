@@ -9,9 +9,7 @@ mod support;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use kproxy_state::Kind;
 use kproxy_testbed::{ProbeResult, Proto, Testbed, Where};
-use serde_json::json;
 
 /// Runs kproxy (`mode`) in the node of a fresh sandbox, IPv6 disabled there or not; returns the
 /// /metrics text once the IPv4 Service answers.
@@ -24,12 +22,7 @@ fn run(mode: &str, ipv6: bool) -> String {
     }
     let api = support::api_in(tb.node());
     support::apply_node_a(&api.server);
-    api.server.apply(
-        Kind::Service,
-        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"namespace": "demo", "name": "web"},
-               "spec": {"clusterIP": "198.18.128.10", "clusterIPs": ["198.18.128.10"],
-                        "ports": [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080}]}}),
-    );
+    support::apply_web_service(&api.server, "http");
     support::apply_one_endpoint_slice(&api.server, "web", "http", &pod.ipv4().to_string(), "node-b");
     let args: Vec<String> = [
         format!("--proxy-mode={mode}"),

@@ -195,6 +195,42 @@ pub fn apply_node_a(server: &FakeApiServer) {
     );
 }
 
+/// Service `demo/web`: ClusterIP 198.18.128.10, TCP port `port_name` 80 → 8080.
+pub fn apply_web_service(server: &FakeApiServer, port_name: &str) {
+    server.apply(
+        Kind::Service,
+        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"namespace": "demo", "name": "web"},
+               "spec": {"clusterIP": "198.18.128.10", "clusterIPs": ["198.18.128.10"],
+                        "ports": [{"name": port_name, "port": 80, "protocol": "TCP", "targetPort": 8080}]}}),
+    );
+}
+
+/// Service `bulk/svc-<i>`: ClusterIP 198.19.x.y, TCP port `p` 80 → 8080 (thousands of them
+/// stand for a big cluster).
+pub fn bulk_service(i: usize) -> serde_json::Value {
+    let ip = format!("198.19.{}.{}", i / 250, 1 + i % 250);
+    json!({"apiVersion": "v1", "kind": "Service", "metadata": {"namespace": "bulk", "name": format!("svc-{i}")},
+           "spec": {"clusterIP": ip, "clusterIPs": [ip],
+                    "ports": [{"name": "p", "port": 80, "protocol": "TCP", "targetPort": 8080}]}})
+}
+
+/// EndpointSlice of `bulk/svc-<i>`: three ready endpoints on node-b (198.18.32.0 and up, which
+/// nothing serves), moved by `generation`.
+pub fn bulk_slice(i: usize, generation: usize) -> serde_json::Value {
+    let endpoints: Vec<serde_json::Value> = (0..3)
+        .map(|j| {
+            let n = (i * 3 + j + generation * 7) % 60_000;
+            json!({"addresses": [format!("198.18.{}.{}", 32 + n / 250, 1 + n % 250)], "nodeName": "node-b",
+                   "conditions": {"ready": true}})
+        })
+        .collect();
+    json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+           "metadata": {"namespace": "bulk", "name": format!("svc-{i}-1"),
+                        "labels": {"kubernetes.io/service-name": format!("svc-{i}")}},
+           "addressType": "IPv4", "endpoints": endpoints,
+           "ports": [{"name": "p", "port": 8080, "protocol": "TCP"}]})
+}
+
 /// EndpointSlice `<service>-1` in `demo`: one ready IPv4 endpoint `ip` on `node`, TCP port
 /// `port_name` = 8080.
 pub fn apply_one_endpoint_slice(server: &FakeApiServer, service: &str, port_name: &str, ip: &str, node: &str) {
