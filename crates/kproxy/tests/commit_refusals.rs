@@ -15,7 +15,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use kproxy_state::Kind;
 use kproxy_testbed::{Proto, Testbed, Where};
 
 #[test]
@@ -29,19 +28,8 @@ fn commits_of_another_table_never_refuse_a_new_connection_to_an_unchanged_servic
     web.serve(&[(Proto::Tcp, 8080)]).unwrap();
     let client = tb.add_pod("client", Where::Node).unwrap();
     let api = support::api_in(tb.node());
-    support::apply_node_a(&api.server);
-    support::apply_web_service(&api.server, "p");
-    support::apply_one_endpoint_slice(&api.server, "web", "p", &web.ipv4().to_string(), "node-b");
-    for i in 0..2000 {
-        api.server.apply(Kind::Service, support::bulk_service(i));
-        api.server.apply(Kind::EndpointSlice, support::bulk_slice(i, 0));
-    }
-    let metrics = support::free_port();
-    let args: Vec<String> = vec![
-        "--hostname-override=node-a".into(),
-        format!("--metrics-bind-address={metrics}"),
-        "--conntrack-max-per-core=0".into(),
-    ];
+    support::apply_bulk_cluster(&api.server, &web.ipv4().to_string(), 2000);
+    let args = support::node_a_args(support::free_port(), &[]);
     let (_kproxy, dir) = support::kproxy_in(tb.node().name(), &api.server.url(), "commit-probe", &args);
     let service: SocketAddr = "198.18.128.10:80".parse().unwrap();
     let got = support::answered_by(client.netns(), service, "web-b", support::START);

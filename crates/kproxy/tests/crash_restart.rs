@@ -13,7 +13,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use kproxy_kube_source::fake::FakeApiServer;
 use kproxy_state::Kind;
 use kproxy_testbed::{Netns, ProbeResult, Proto, Testbed, Where, probe};
 use serde_json::Value;
@@ -66,16 +65,6 @@ fn wait_settled(node: &Netns, metrics: SocketAddr) {
     }
 }
 
-fn populate(server: &FakeApiServer, web_pod: &str) {
-    support::apply_node_a(server);
-    support::apply_web_service(server, "p");
-    support::apply_one_endpoint_slice(server, "web", "p", web_pod, "node-b");
-    for i in 0..SERVICES {
-        server.apply(Kind::Service, support::bulk_service(i));
-        server.apply(Kind::EndpointSlice, support::bulk_slice(i, 0));
-    }
-}
-
 // Ignored while a defect is open: in Debian 12's kernel (6.1, `cargo xtask guest-test`) 1 to 8
 // probes of most runs are refused (ECONNREFUSED within 4 ms, at the node) while a restarted
 // kproxy starts or adopts its tables; on the host's 6.18 kernel every run passes. Restarts are
@@ -93,15 +82,9 @@ fn kill_9_at_random_points_never_breaks_new_connections_and_ends_as_a_fresh_star
     web.serve(&[(Proto::Tcp, 8080)]).unwrap();
     let client = tb.add_pod("client", Where::Node).unwrap();
     let api = support::api_in(tb.node());
-    populate(&api.server, &web.ipv4().to_string());
+    support::apply_bulk_cluster(&api.server, &web.ipv4().to_string(), SERVICES);
     let metrics = support::free_port();
-    let args: Vec<String> = vec![
-        "--hostname-override=node-a".into(),
-        format!("--metrics-bind-address={metrics}"),
-        "--conntrack-max-per-core=0".into(),
-        "--conntrack-tcp-timeout-established=0".into(),
-        "--conntrack-tcp-timeout-close-wait=0".into(),
-    ];
+    let args = support::node_a_args(metrics, &[]);
     let start = || support::kproxy_in(tb.node().name(), &api.server.url(), "crash-restart", &args);
     let service: SocketAddr = WEB.parse().unwrap();
 

@@ -69,15 +69,8 @@ fn damage_by_another_tool_is_repaired_at_the_next_check_and_a_concurrent_committ
     };
     endpoint(0);
     let metrics = support::free_port();
-    let args: Vec<String> = vec![
-        "--hostname-override=node-a".into(),
-        // The periodic check runs every sync period.
-        "--iptables-sync-period=2s".into(),
-        format!("--metrics-bind-address={metrics}"),
-        "--conntrack-max-per-core=0".into(),
-        "--conntrack-tcp-timeout-established=0".into(),
-        "--conntrack-tcp-timeout-close-wait=0".into(),
-    ];
+    // The periodic check runs every sync period.
+    let args = support::node_a_args(metrics, &["--iptables-sync-period=2s"]);
     let (_kproxy, dir) = support::kproxy_in(tb.node().name(), &api.server.url(), "kernel-faults", &args);
     let service: SocketAddr = CLUSTER_IP.parse().unwrap();
     let got = support::answered_by(client.netns(), service, "web-b", support::START);
@@ -170,13 +163,7 @@ fn a_stale_chain_another_tool_still_jumps_to_is_a_counted_cleanup_failure_and_sy
     endpoint("web", 0);
     endpoint("gone", 0);
     let metrics = support::free_port();
-    let args: Vec<String> = vec![
-        "--hostname-override=node-a".into(),
-        format!("--metrics-bind-address={metrics}"),
-        "--conntrack-max-per-core=0".into(),
-        "--conntrack-tcp-timeout-established=0".into(),
-        "--conntrack-tcp-timeout-close-wait=0".into(),
-    ];
+    let args = support::node_a_args(metrics, &[]);
     let (_kproxy, dir) = support::kproxy_in(tb.node().name(), &api.server.url(), "cleanup-failure", &args);
     let service: SocketAddr = CLUSTER_IP.parse().unwrap();
     let got = support::answered_by(client.netns(), service, "web-b", support::START);

@@ -195,6 +195,32 @@ pub fn apply_node_a(server: &FakeApiServer) {
     );
 }
 
+/// The flags of a kproxy on node-a that exports metrics on `metrics` and leaves the node's
+/// conntrack settings alone; `extra` follow.
+pub fn node_a_args(metrics: SocketAddr, extra: &[&str]) -> Vec<String> {
+    let mut args = vec![
+        "--hostname-override=node-a".to_owned(),
+        format!("--metrics-bind-address={metrics}"),
+        "--conntrack-max-per-core=0".to_owned(),
+        "--conntrack-tcp-timeout-established=0".to_owned(),
+        "--conntrack-tcp-timeout-close-wait=0".to_owned(),
+    ];
+    args.extend(extra.iter().map(|a| (*a).to_owned()));
+    args
+}
+
+/// A big cluster: node-a, `demo/web` on `web_pod` (node-b), and `services` bulk Services with
+/// their slices.
+pub fn apply_bulk_cluster(server: &FakeApiServer, web_pod: &str, services: usize) {
+    apply_node_a(server);
+    apply_web_service(server, "p");
+    apply_one_endpoint_slice(server, "web", "p", web_pod, "node-b");
+    for i in 0..services {
+        server.apply(Kind::Service, bulk_service(i));
+        server.apply(Kind::EndpointSlice, bulk_slice(i, 0));
+    }
+}
+
 /// Service `demo/web`: ClusterIP 198.18.128.10, TCP port `port_name` 80 → 8080.
 pub fn apply_web_service(server: &FakeApiServer, port_name: &str) {
     server.apply(
