@@ -404,13 +404,11 @@ impl<E: Executor> NftablesDataplane<E> {
         }
         let empty = kproxy_nft_model::TableListing::default();
         let mut kept_elements = 0;
-        for (table, d) in desired {
+        for (table, mut d) in desired {
             let current = existing.get(&table).unwrap_or(&empty);
-            let keep = crate::kernel::elements_to_keep(&mut self.exec, &table, &d, current);
-            kept_elements += keep.values().map(BTreeSet::len).sum::<usize>();
-            let exec = &self.exec;
-            let identity = |e: &kproxy_nft_model::Element| exec.element_identity(e);
-            crate::kernel::adopt_ops(&table, Some(TABLE_COMMENT.to_owned()), d, current, &keep, &identity, &mut tx);
+            let (unflushed, kept) = crate::kernel::keep_present_elements(&mut self.exec, &table, &mut d, current);
+            kept_elements += kept;
+            crate::kernel::adopt_ops(&table, Some(TABLE_COMMENT.to_owned()), d, current, &unflushed, &mut tx);
         }
         let report = SyncReport { full: true, ops: tx.len(), counts: tx.counts() };
         // The summary of an adopted table is what a cold start leaves (the rewrite's flushes
