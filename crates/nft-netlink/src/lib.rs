@@ -20,7 +20,10 @@
 //! - [`NetlinkExecutor`]: the [`kproxy_nft_model::Executor`] on top.
 //! - [`listing`]: one netlink dump of a table (chains, rule and element counts), for drift
 //!   detection on full resyncs.
+//! - [`acct`]: nfnetlink_acct counters (iptables' `-m nfacct`), created and read on the same
+//!   socket.
 
+pub mod acct;
 pub mod batch;
 pub mod counters;
 pub mod executor;

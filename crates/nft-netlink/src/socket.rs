@@ -141,6 +141,25 @@ impl NfSocket {
         }
     }
 
+    /// Sends the one message in `m` (which must ask for `NLM_F_ACK`) and waits for the kernel's
+    /// answer to it: `Ok` for an acknowledgement, else the error it reported.
+    pub fn request(&mut self, m: &MsgBuf) -> io::Result<()> {
+        self.sock.send(m.bytes(), 0)?;
+        loop {
+            self.recv_some()?;
+            for reply in messages(&self.recv) {
+                if reply.kind != NLMSG_ERROR {
+                    continue;
+                }
+                return match reply.payload.get(..4).and_then(|b| b.try_into().ok()).map(i32::from_ne_bytes) {
+                    Some(0) => Ok(()),
+                    Some(e) => Err(io::Error::from_raw_os_error(-e)),
+                    None => Err(io::Error::other("truncated netlink error")),
+                };
+            }
+        }
+    }
+
     /// The nf_tables generation (`NFT_MSG_GETGEN`): bumped by every commit in the namespace.
     pub fn generation(&mut self) -> io::Result<u32> {
         let mut m = MsgBuf::new();
@@ -181,10 +200,22 @@ impl NfSocket {
         msg: u16,
         family: u8,
         attrs: impl FnOnce(&mut MsgBuf),
+        each: impl FnMut(&[u8]),
+    ) -> io::Result<()> {
+        self.dump_subsystem(NFNL_SUBSYS_NFTABLES, msg, family, attrs, each)
+    }
+
+    /// [`NfSocket::dump`] for a message of any nfnetlink subsystem (`NFNL_SUBSYS_*`).
+    pub fn dump_subsystem(
+        &mut self,
+        subsystem: u16,
+        msg: u16,
+        family: u8,
+        attrs: impl FnOnce(&mut MsgBuf),
         mut each: impl FnMut(&[u8]),
     ) -> io::Result<()> {
         let mut m = MsgBuf::new();
-        m.begin_nft(msg, NLM_F_REQUEST | NLM_F_DUMP | NLM_F_ACK, 1, family);
+        m.begin((subsystem << 8) | msg, NLM_F_REQUEST | NLM_F_DUMP | NLM_F_ACK, 1, family, 0);
         attrs(&mut m);
         m.end();
         self.sock.send(m.bytes(), 0)?;
