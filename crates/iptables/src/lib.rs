@@ -10,18 +10,21 @@
 //! - [`backend`]: detecting the host's backend like upstream.
 //! - [`canary`]: noticing that someone flushed kproxy's rules.
 //! - [`cleanup()`]: `kproxy --cleanup`.
+//! - [`nfacct`]: the nfacct counters of INVALID drops and localhost NodePort connections.
 
 pub mod backend;
 pub mod canary;
 pub mod cleanup;
 pub mod layout;
 pub mod naming;
+pub mod nfacct;
 pub mod restore;
 mod rule_counts;
 pub mod rules;
 mod sync;
 
 pub use cleanup::cleanup;
+pub use nfacct::{Nfacct, NfacctCounters, NfacctCounts};
 pub use restore::{Backend, ExecError, Executor, IptablesRestore, Output, Recording};
 pub use rule_counts::{RuleCounter, TableRules};
 pub use sync::{Config, IptablesDataplane, SyncError, SyncReport};

@@ -18,6 +18,7 @@ use kproxy_plan::{
 use kproxy_state::IpFamily;
 
 use crate::naming;
+use crate::nfacct::{self, NfacctCounters};
 
 /// nat: entry from PREROUTING and OUTPUT; filter: no-endpoint rejects for ClusterIPs.
 pub const KUBE_SERVICES: &str = "KUBE-SERVICES";
@@ -81,6 +82,8 @@ pub struct Ctx {
     pub localhost_nodeports: bool,
     /// Drop INVALID conntrack state in forwarding (off with `conntrack.tcpBeLiberal`).
     pub drop_invalid: bool,
+    /// The nfacct counters that exist, which the rules count packets in.
+    pub nfacct: NfacctCounters,
 }
 
 impl Ctx {
@@ -300,6 +303,15 @@ pub fn render_service(ctx: &Ctx, node: &NodePlan, p: &ServicePortPlan) -> Servic
         }
         if let Some(np) = p.node_port {
             if has_endpoints {
+                if ctx.nfacct.localhost_nodeports_accepted && ctx.localhost_nodeports_active(node) {
+                    // Counts the connections to localhost NodePorts, then takes them where the
+                    // next rule would (upstream's rule; a stable sort keeps it first).
+                    d.nat_nodeports.push(format!(
+                        "-A {KUBE_NODEPORTS} {} {pm} -d 127.0.0.0/8 --dport {np} -m nfacct --nfacct-name {} -j {ext}",
+                        comment(&name),
+                        nfacct::LOCALHOST_NODEPORTS_ACCEPTED
+                    ));
+                }
                 d.nat_nodeports.push(format!("-A {KUBE_NODEPORTS} {} {pm} --dport {np} -j {ext}", comment(&name)));
             }
             if let Some(v) = x.no_endpoints {
@@ -492,7 +504,12 @@ pub fn fixed(ctx: &Ctx, node: &NodePlan) -> BTreeMap<Table, TableInput> {
     let filter = tables.entry(Table::Filter).or_default();
     let mut forward = Vec::new();
     if ctx.drop_invalid {
-        forward.push(format!("-A {KUBE_FORWARD} -m conntrack --ctstate INVALID -j DROP"));
+        let count = if ctx.nfacct.ct_state_invalid_dropped {
+            format!(" -m nfacct --nfacct-name {}", nfacct::CT_STATE_INVALID_DROPPED)
+        } else {
+            String::new()
+        };
+        forward.push(format!("-A {KUBE_FORWARD} -m conntrack --ctstate INVALID{count} -j DROP"));
     }
     forward.push(format!(
         "-A {KUBE_FORWARD} {} -m mark --mark {m:#x}/{m:#x} -j ACCEPT",

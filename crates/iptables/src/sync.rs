@@ -22,6 +22,7 @@ use kproxy_state::IpFamily;
 use crate::canary;
 use crate::layout;
 use crate::naming;
+use crate::nfacct::NfacctCounters;
 use crate::restore::{ExecError, Executor};
 use crate::rule_counts::RuleCounter;
 use crate::rules::{self, Ctx, Dispatch, ServiceRules, Table, TableInput};
@@ -40,11 +41,20 @@ pub struct Config {
     /// Drop forwarded packets in conntrack state INVALID (default true; false with
     /// `conntrack.tcpBeLiberal`).
     pub drop_invalid: bool,
+    /// The nfacct counters that exist ([`crate::Nfacct::setup`]); the rules count in them.
+    /// Default none.
+    pub nfacct: NfacctCounters,
 }
 
 impl Default for Config {
     fn default() -> Self {
-        Self { masquerade_mark: 0x4000, hairpin_mark: 0x2000, localhost_nodeports: true, drop_invalid: true }
+        Self {
+            masquerade_mark: 0x4000,
+            hairpin_mark: 0x2000,
+            localhost_nodeports: true,
+            drop_invalid: true,
+            nfacct: NfacctCounters::default(),
+        }
     }
 }
 
@@ -56,6 +66,7 @@ impl Config {
             hairpin_mark: self.hairpin_mark,
             localhost_nodeports: self.localhost_nodeports,
             drop_invalid: self.drop_invalid,
+            nfacct: self.nfacct,
         }
     }
 }

@@ -5,7 +5,7 @@
 #![allow(clippy::unwrap_used)]
 
 use kproxy_iptables::naming;
-use kproxy_iptables::{Config, IptablesDataplane, Recording};
+use kproxy_iptables::{Config, IptablesDataplane, NfacctCounters, Recording};
 use kproxy_packet_suite::{endpoint, node_objects, service, slice};
 use kproxy_plan::{NodeContext, NodePortAddress, Plan, PlanDelta, Planner, ProxyPolicy, ServicePortName};
 use kproxy_state::{Change, ClusterState, IpFamily, Object, Protocol};
@@ -109,6 +109,49 @@ fn sep(service: &str, port: &str, protocol: Protocol, ip: &str, target: u16) -> 
 
 fn declared(input: &str) -> Vec<&str> {
     input.lines().filter_map(|l| l.strip_prefix(':')).filter_map(|l| l.split_whitespace().next()).collect()
+}
+
+/// With nfacct counters (`Config::nfacct`), upstream's two counting rules: the INVALID drop
+/// names its counter, and each NodePort gets a rule for 127.0.0.0/8 naming the other one, first,
+/// to the same chain. Only counters that exist are named, and no localhost rule without
+/// localhost NodePorts.
+#[test]
+fn nfacct_counters_are_named_by_the_invalid_drop_and_a_localhost_nodeport_rule() {
+    let w = World::new([web(&["198.18.17.10"]), other()].concat());
+    let web_ext = naming::ext_chain(&spn("web", "http", Protocol::Tcp));
+    let restore = |config: Config| {
+        let mut dp = IptablesDataplane::new(Recording::default(), config);
+        dp.sync(&w.plan, &PlanDelta::between(&Plan::default(), &w.plan)).unwrap();
+        dp.executor().last(IpFamily::V4).unwrap().to_owned()
+    };
+    let invalid =
+        "-A KUBE-FORWARD -m conntrack --ctstate INVALID -m nfacct --nfacct-name ct_state_invalid_dropped_pkts -j DROP";
+    let localhost = format!(
+        "-A KUBE-NODEPORTS -m comment --comment \"default/web:http\" -m tcp -p tcp -d 127.0.0.0/8 --dport 30080 -m nfacct --nfacct-name localhost_nps_accepted_pkts -j {web_ext}"
+    );
+    let nodeport =
+        format!("-A KUBE-NODEPORTS -m comment --comment \"default/web:http\" -m tcp -p tcp --dport 30080 -j {web_ext}");
+    let both = NfacctCounters { ct_state_invalid_dropped: true, localhost_nodeports_accepted: true };
+
+    let input = restore(Config { nfacct: both, ..Config::default() });
+    let lines: Vec<&str> = input.lines().collect();
+    assert!(lines.contains(&invalid), "{input}");
+    let at = |line: &str| lines.iter().position(|l| *l == line).unwrap_or_else(|| panic!("no {line:?} in\n{input}"));
+    assert_eq!(at(&localhost) + 1, at(&nodeport), "the localhost rule goes just before the NodePort's:\n{input}");
+
+    let input = restore(Config {
+        nfacct: NfacctCounters { ct_state_invalid_dropped: false, localhost_nodeports_accepted: true },
+        ..Config::default()
+    });
+    assert!(input.contains("-A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP\n"), "{input}");
+    assert!(input.contains(&localhost), "{input}");
+
+    let input = restore(Config { nfacct: both, localhost_nodeports: false, ..Config::default() });
+    assert!(input.contains(invalid) && !input.contains("localhost_nps_accepted_pkts"), "{input}");
+    let input = restore(Config { nfacct: both, drop_invalid: false, ..Config::default() });
+    assert!(!input.contains("INVALID") && input.contains(&localhost), "{input}");
+    let input = restore(Config::default());
+    assert!(!input.contains("nfacct"), "no counters, no -m nfacct:\n{input}");
 }
 
 #[test]
