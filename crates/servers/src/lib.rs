@@ -19,6 +19,7 @@ mod health;
 mod healthz;
 mod metrics;
 mod metrics_server;
+mod packet_metrics;
 mod process_metrics;
 mod server;
 mod service_health;
@@ -35,6 +36,7 @@ pub use metrics::{
     sync_duration_buckets,
 };
 pub use metrics_server::{CONFIGZ_GROUP, MetricsServerInfo, metrics_router, serve_metrics};
+pub use packet_metrics::{PacketCounters, PacketCounts};
 pub use process_metrics::{ProcessCollector, ProcessSample};
 pub use server::RunningServer;
 pub use service_health::{

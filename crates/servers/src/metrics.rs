@@ -8,7 +8,8 @@
 //! HELP text; nothing reads HELP text programmatically, so that difference is accepted.
 //!
 //! As upstream, the set of families depends on the dataplane mode: nftables failure counters only
-//! in nftables mode, iptables rule counts only in iptables mode, and so on.
+//! in nftables mode, iptables rule counts only in iptables mode, and so on. The nfacct packet
+//! counters of iptables mode exist only when the kernel has nfnetlink_acct (`packet_metrics`).
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -255,6 +256,7 @@ struct Inner {
     feature_enabled: Family<FeatureLabels, Gauge>,
     acceleration_supported: Gauge,
     source: crate::source_metrics::SourceSlot,
+    packets: crate::packet_metrics::PacketSlot,
 }
 
 /// A per-Service counter family raised to the kernel's counts.
@@ -506,6 +508,9 @@ impl Metrics {
 
         let source = crate::source_metrics::SourceSlot::default();
         registry.register_collector(Box::new(crate::source_metrics::SourceCollector(source.clone())));
+        // iptables mode's nfacct counters, once the dataplane plugs them in.
+        let packets = crate::packet_metrics::PacketSlot::default();
+        registry.register_collector(Box::new(crate::packet_metrics::PacketCollector::new(packets.clone())));
 
         // What every Kubernetes component exports.
         registry.register_collector(Box::new(crate::process_metrics::ProcessCollector));
@@ -559,6 +564,7 @@ impl Metrics {
                 feature_enabled,
                 acceleration_supported,
                 source,
+                packets,
             }),
         }
     }
@@ -631,6 +637,14 @@ impl Metrics {
     /// `kproxy_source_*_total{kind}`.
     pub fn set_source(&self, source: std::sync::Arc<dyn crate::SourceCounters>) {
         *self.inner.source.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(source);
+    }
+
+    /// Plugs in the kernel's packet counters of the dataplane (iptables mode's nfacct counters),
+    /// read at each scrape and exported as `kubeproxy_iptables_ct_state_invalid_dropped_packets_total`
+    /// and `kubeproxy_iptables_localhost_nodeports_accepted_packets_total`, each while it has a
+    /// count. Nothing is exported before, or in modes that never plug them in.
+    pub fn set_packet_counters(&self, counters: std::sync::Arc<dyn crate::PacketCounters>) {
+        *self.inner.packets.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(counters);
     }
 
     /// Creates the per-family failure counters of `families` at zero, so that they are exported

@@ -335,6 +335,67 @@ async fn mode_specific_families_follow_the_dataplane() {
     assert_prometheus_families(&ipvs, &expected);
 }
 
+/// The kernel's packet counters of iptables mode, as a test sets them.
+#[derive(Debug)]
+struct FakePackets(std::sync::Mutex<Result<kproxy_servers::PacketCounts, String>>);
+
+impl kproxy_servers::PacketCounters for FakePackets {
+    fn read(&self) -> Result<kproxy_servers::PacketCounts, String> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+const NFACCT: &[(&str, &str, &[&str])] = &[
+    ("kubeproxy_iptables_ct_state_invalid_dropped_packets_total", "counter", &[]),
+    ("kubeproxy_iptables_localhost_nodeports_accepted_packets_total", "counter", &[]),
+];
+
+/// Upstream's nfacct counters: label-less counters with upstream's HELP (as written: collected
+/// families get no full stop appended), read at each scrape,
+/// exported only while the dataplane has a count for them.
+#[tokio::test]
+async fn nfacct_packet_counters_are_read_at_each_scrape_and_absent_without_a_count() {
+    use kproxy_servers::PacketCounts;
+    let metrics = populated(DataplaneMode::Iptables);
+    let text = || metrics.encode(kproxy_servers::Exposition::PrometheusText).unwrap();
+    let iptables: Vec<_> = COMMON.iter().chain(IPTABLES_ONLY).copied().collect();
+    assert_prometheus_families(&text(), &iptables);
+
+    let fake = std::sync::Arc::new(FakePackets(std::sync::Mutex::new(Ok(PacketCounts {
+        ct_state_invalid_dropped: Some(7),
+        localhost_nodeports_accepted: Some(0),
+    }))));
+    metrics.set_packet_counters(fake.clone());
+    let scraped = text();
+    assert_prometheus_families(&scraped, &iptables.iter().chain(NFACCT).copied().collect::<Vec<_>>());
+    strict_check(&scraped, false);
+    for line in [
+        "# HELP kubeproxy_iptables_ct_state_invalid_dropped_packets_total packets dropped by iptables to work around conntrack problems",
+        "# TYPE kubeproxy_iptables_ct_state_invalid_dropped_packets_total counter",
+        "kubeproxy_iptables_ct_state_invalid_dropped_packets_total 7",
+        "# HELP kubeproxy_iptables_localhost_nodeports_accepted_packets_total Number of packets accepted on nodeports of loopback interface",
+        "kubeproxy_iptables_localhost_nodeports_accepted_packets_total 0",
+    ] {
+        assert!(scraped.lines().any(|l| l == line), "no {line:?} in\n{scraped}");
+    }
+    let openmetrics = metrics.encode(kproxy_servers::Exposition::OpenMetrics).unwrap();
+    assert!(openmetrics.contains("\nkubeproxy_iptables_ct_state_invalid_dropped_packets_total 7\n"), "{openmetrics}");
+    strict_check(&openmetrics, true);
+
+    // Each scrape reads the kernel again.
+    *fake.0.lock().unwrap() =
+        Ok(PacketCounts { ct_state_invalid_dropped: Some(9), localhost_nodeports_accepted: Some(3) });
+    let scraped = text();
+    assert!(scraped.contains("\nkubeproxy_iptables_ct_state_invalid_dropped_packets_total 9\n"), "{scraped}");
+    assert!(scraped.contains("\nkubeproxy_iptables_localhost_nodeports_accepted_packets_total 3\n"), "{scraped}");
+    // A counter the dataplane does not keep, or a failed read, is no family at all.
+    *fake.0.lock().unwrap() =
+        Ok(PacketCounts { ct_state_invalid_dropped: Some(9), localhost_nodeports_accepted: None });
+    assert_prometheus_families(&text(), &iptables.iter().chain(&NFACCT[..1]).copied().collect::<Vec<_>>());
+    *fake.0.lock().unwrap() = Err("netlink: no such subsystem".into());
+    assert_prometheus_families(&text(), &iptables);
+}
+
 #[tokio::test]
 async fn the_metrics_port_also_serves_ping_proxy_mode_and_configz() {
     let config = serde_json::json!({"mode": "nftables", "nftables": {"syncPeriod": "30s"}});
