@@ -40,12 +40,20 @@ pub enum KernelFeature {
     Sctp,
     /// `dummy` network devices (the IPVS dataplane's `kube-ipvs0`); the development kernel has none.
     Dummy,
+    /// nfacct counters: nfnetlink_acct and iptables' `-m nfacct` (`xt_nfacct`), which iptables
+    /// mode counts INVALID drops and localhost NodePort connections with.
+    NfAcct,
 }
 
 impl KernelFeature {
     /// Every feature, for reports.
-    pub const ALL: [KernelFeature; 4] =
-        [KernelFeature::Ipvs, KernelFeature::Flowtable, KernelFeature::Sctp, KernelFeature::Dummy];
+    pub const ALL: [KernelFeature; 5] = [
+        KernelFeature::Ipvs,
+        KernelFeature::Flowtable,
+        KernelFeature::Sctp,
+        KernelFeature::Dummy,
+        KernelFeature::NfAcct,
+    ];
 
     /// The modules that provide the feature when it is not built in.
     pub fn modules(self) -> &'static [&'static str] {
@@ -54,6 +62,8 @@ impl KernelFeature {
             KernelFeature::Flowtable => &["nf_flow_table", "nf_flow_table_inet", "nft_flow_offload"],
             KernelFeature::Sctp => &["sctp"],
             KernelFeature::Dummy => &["dummy"],
+            // Needs nfnetlink_acct, which modprobe loads with it.
+            KernelFeature::NfAcct => &["xt_nfacct"],
         }
     }
 
@@ -61,7 +71,7 @@ impl KernelFeature {
     /// The answer is computed once per process.
     pub fn is_available(self) -> bool {
         static CACHE: [OnceLock<bool>; KernelFeature::ALL.len()] =
-            [OnceLock::new(), OnceLock::new(), OnceLock::new(), OnceLock::new()];
+            [OnceLock::new(), OnceLock::new(), OnceLock::new(), OnceLock::new(), OnceLock::new()];
         let index = KernelFeature::ALL.iter().position(|feature| *feature == self).unwrap_or(0);
         *CACHE[index].get_or_init(|| {
             self.is_present() || {
@@ -81,6 +91,14 @@ impl KernelFeature {
             }
             // dummy has a module parameter, so it is listed in /sys/module even when built in.
             KernelFeature::Dummy => Path::new("/sys/module/dummy").exists(),
+            // A loaded module is in /sys/module; built in, the match and the counters' code are in
+            // kallsyms (nfnetlink_acct lists nothing under /proc/net/netfilter, and a built-in
+            // module without parameters has no /sys/module entry).
+            KernelFeature::NfAcct => {
+                Path::new("/sys/module/xt_nfacct").exists()
+                    || fs::read_to_string("/proc/kallsyms")
+                        .is_ok_and(|symbols| kallsyms_has(&symbols, &["nfacct_mt", "nfnl_acct_update"]))
+            }
         }
     }
 }
@@ -92,6 +110,7 @@ impl fmt::Display for KernelFeature {
             KernelFeature::Flowtable => "nftables flowtables",
             KernelFeature::Sctp => "SCTP",
             KernelFeature::Dummy => "dummy network devices",
+            KernelFeature::NfAcct => "nfacct (nfnetlink_acct, xt_nfacct)",
         })
     }
 }
@@ -268,6 +287,20 @@ fn kallsyms_module_symbol(module: &str) -> bool {
     })
 }
 
+/// Whether a `/proc/kallsyms` listing has every one of `names` (built-in or in a loaded module).
+fn kallsyms_has(symbols: &str, names: &[&str]) -> bool {
+    let mut missing: Vec<&str> = names.to_vec();
+    for line in symbols.lines() {
+        if let Some(name) = line.split_whitespace().nth(2) {
+            missing.retain(|wanted| *wanted != name);
+            if missing.is_empty() {
+                return true;
+            }
+        }
+    }
+    false
+}
+
 /// `modprobe -q` each module; failures are expected on kernels without a module tree.
 fn load_modules(modules: &[&str]) {
     for program in ["modprobe", "/usr/sbin/modprobe", "/sbin/modprobe"] {
@@ -311,6 +344,14 @@ mod tests {
         assert!(builtin_includes(list, "nf_flow_table"));
         assert!(builtin_includes(list, "crc32c_intel"));
         assert!(!builtin_includes(list, "nf_flow_table_inet"));
+    }
+
+    #[test]
+    fn kallsyms_names_are_matched_whole_in_the_third_column() {
+        let symbols = "ffffffff81f85770 T nfnl_acct_update\n0000000000000000 t nfacct_mt\t[xt_nfacct]\n";
+        assert!(kallsyms_has(symbols, &["nfacct_mt", "nfnl_acct_update"]));
+        assert!(!kallsyms_has(symbols, &["nfacct_mt_checkentry"]));
+        assert!(!kallsyms_has("ffffffff81f85770 T nfnl_acct_update_x\n", &["nfnl_acct_update"]));
     }
 
     #[test]

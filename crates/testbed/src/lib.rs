@@ -10,6 +10,8 @@
 //! - [`EchoServer`] / [`Pod::serve`]: backends that answer `<name> <peer-ip> <peer-port>`.
 //! - [`probe`], [`probe_many`], [`UdpSession`]: real client traffic, reduced to a
 //!   [`ProbeResult`] (who answered and which source it saw, or refused / unreachable / dropped).
+//! - [`send_tcp_segments`], [`SegmentTap`]: hand-made TCP segments (say, a bare FIN conntrack
+//!   deems INVALID) and where they arrive.
 //! - [`chi_square_uniform`] and friends for "is the spread even" assertions.
 //! - Kernel tests gate themselves with [`kernel::require_root`] / [`require_kernel!`] (the CI
 //!   rule: skip outside CI when not root, fail in CI).
@@ -37,6 +39,7 @@ pub mod kernel;
 mod netns;
 mod nft_listing;
 mod probe;
+mod segment;
 mod session;
 mod socket;
 mod stats;
@@ -49,6 +52,9 @@ pub use error::{Result, TestbedError};
 pub use netns::{NETNS_PREFIX, Netns, NsThread};
 pub use nft_listing::nft_listing;
 pub use probe::{DEFAULT_PROBE_TIMEOUT, ProbeOptions, ProbeResult, Proto, Tally, probe, probe_many, probe_with};
+pub use segment::{
+    SEGMENT_SOURCE_PORT, SegmentTap, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, send_tcp_segments, tcp_segment,
+};
 pub use session::UdpSession;
 pub use stats::{CHI_SQUARE_CRITICAL_P001, chi_square_critical, chi_square_p_value, chi_square_uniform};
 pub use testbed::{Pod, PodNetworking, Testbed, TestbedBuilder, Where};
