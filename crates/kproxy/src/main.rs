@@ -11,6 +11,7 @@ mod dataplane;
 mod demo;
 mod explain;
 mod families;
+mod nfacct;
 mod node;
 mod node_addresses;
 mod observer;
@@ -315,7 +316,8 @@ fn serve(runtime: &tokio::runtime::Runtime, config: ProxyConfig) -> anyhow::Resu
                 let backend = kproxy_iptables::backend::detect();
                 info!(?backend, "iptables backend");
                 let exec = kproxy_iptables::IptablesRestore::new(backend);
-                let dp = IptablesDataplane::new(exec, iptables_config(&config));
+                let nfacct = nfacct::setup(observer.metrics());
+                let dp = IptablesDataplane::new(exec, kproxy_iptables::Config { nfacct, ..iptables_config(&config) });
                 observer.count_iptables_rules(dp.rule_counter());
                 spawn_proxier(planner, dp, observer, pacing, rx, explain_rx, None)
             }

@@ -135,6 +135,11 @@ impl DaemonObserver {
         self.iptables_rules = Some(counter);
     }
 
+    /// The metrics registry.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
     /// The accelerator, for the link watcher.
     pub fn accelerator(&self) -> Option<SharedAccelerator> {
         self.accel.clone()
