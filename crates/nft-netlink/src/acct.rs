@@ -74,11 +74,10 @@ pub fn create_request(name: &str) -> io::Result<MsgBuf> {
 pub fn decode(attrs: &[u8]) -> Option<AcctCounter> {
     let (mut name, mut packets, mut bytes) = (None, None, None);
     for a in Attrs(attrs) {
-        let be64 = || a.data.get(..8).and_then(|b| b.try_into().ok()).map(u64::from_be_bytes);
         match a.kind {
             NFACCT_NAME => name = Some(a.str()),
-            NFACCT_PKTS => packets = be64(),
-            NFACCT_BYTES => bytes = be64(),
+            NFACCT_PKTS => packets = a.be64(),
+            NFACCT_BYTES => bytes = a.be64(),
             _ => {}
         }
     }

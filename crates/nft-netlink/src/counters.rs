@@ -10,7 +10,7 @@ use kproxy_nft_model::{Key, TableRef};
 use crate::NetlinkExecutor;
 use crate::batch::nfproto;
 use crate::sys::*;
-use crate::wire::{Attr, Attrs};
+use crate::wire::Attrs;
 
 /// `NFTA_COUNTER_BYTES` (a big-endian u64).
 const NFTA_COUNTER_BYTES: u16 = 1;
@@ -58,7 +58,7 @@ fn element_counts(msg: &[u8]) -> Vec<(Vec<u8>, Counted)> {
             let counter = single.chain(listed).find_map(|expr| {
                 let name = expr.nested().find(|a| a.kind == NFTA_EXPR_NAME)?.str();
                 let data = expr.nested().find(|a| a.kind == NFTA_EXPR_DATA)?;
-                let field = |kind| data.nested().find(|a| a.kind == kind).and_then(be64);
+                let field = |kind| data.nested().find(|a| a.kind == kind).and_then(|a| a.be64());
                 (name == "counter").then(|| Counted {
                     packets: field(NFTA_COUNTER_PACKETS).unwrap_or(0),
                     bytes: field(NFTA_COUNTER_BYTES).unwrap_or(0),
@@ -98,13 +98,9 @@ fn rule_packets(rule: &[u8]) -> Vec<u64> {
         .filter_map(|elem| {
             let name = elem.nested().find(|a| a.kind == NFTA_EXPR_NAME)?.str();
             let data = elem.nested().find(|a| a.kind == NFTA_EXPR_DATA)?;
-            (name == "counter").then(|| be64(data.nested().find(|a| a.kind == NFTA_COUNTER_PACKETS)?))?
+            (name == "counter").then(|| data.nested().find(|a| a.kind == NFTA_COUNTER_PACKETS)?.be64())?
         })
         .collect()
-}
-
-fn be64(a: Attr<'_>) -> Option<u64> {
-    a.data.get(..8).and_then(|b| b.try_into().ok()).map(u64::from_be_bytes)
 }
 
 #[cfg(test)]

@@ -149,6 +149,11 @@ impl<'a> Attr<'a> {
         self.data.get(..4).and_then(|b| b.try_into().ok()).map(u32::from_be_bytes)
     }
 
+    /// The payload as a big-endian u64.
+    pub fn be64(&self) -> Option<u64> {
+        self.data.get(..8).and_then(|b| b.try_into().ok()).map(u64::from_be_bytes)
+    }
+
     /// The nested attributes.
     pub fn nested(&self) -> Attrs<'a> {
         Attrs(self.data)
