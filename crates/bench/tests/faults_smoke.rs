@@ -3,8 +3,8 @@
 //! test (root, in namespaces the benchmark creates) that every fault is injected and survived —
 //! for the API server's faults and a concurrent committer, the unchanged Service answered and
 //! stayed in the kernel throughout and every change made during the fault reached the kernel
-//! afterwards; a table deleted by another tool was repaired by the periodic check; kproxy kept
-//! running.
+//! afterwards; a table deleted by another tool was repaired (kproxy follows nf_tables'
+//! notifications); kproxy kept running.
 
 mod support;
 
@@ -12,7 +12,7 @@ use kproxy_testbed::kernel::require_root;
 use support::run_bench;
 
 #[test]
-fn every_fault_is_survived_and_converges_or_is_repaired_by_the_periodic_check() {
+fn every_fault_is_survived_and_converges_or_is_repaired() {
     if !require_root() {
         return;
     }
@@ -30,9 +30,9 @@ fn every_fault_is_survived_and_converges_or_is_repaired_by_the_periodic_check() 
         assert_eq!(r["alive"], true, "kproxy exited during {fault}: {r}");
         let converged = r["converged_ms"].as_f64();
         if r["damage"] == true {
-            // The table deleted by another tool: the Service is gone until the periodic check
-            // (every 3 s here) puts it back.
-            assert!(r["missing"].as_u64().unwrap() > 0, "the deleted table was noticed by the sampler: {r}");
+            // The table deleted by another tool: the Service is gone until kproxy, told of the
+            // commit by nf_tables' notifications, rebuilds it (often faster than the sampler's
+            // 100 ms, so how much it saw missing is reported, not asserted).
             assert!(converged.is_some_and(|ms| ms < 10_000.0), "{fault} was not repaired: {r}");
             continue;
         }

@@ -60,6 +60,7 @@ pub(crate) struct Document {
     #[serde(rename = "snatToNodeIP")]
     pub snat_to_node_ip: Option<bool>,
     pub service_counters: Option<bool>,
+    pub watch_kernel_changes: Option<bool>,
     pub acceleration: Option<AccelerationDoc>,
 }
 

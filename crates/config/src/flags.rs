@@ -255,6 +255,11 @@ pub struct Flags {
     /// serviceCounters.
     #[arg(long = "service-counters", value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = parse_go_bool, help_heading = "kproxy flags")]
     pub service_counters: Option<bool>,
+    /// kproxy: follow nf_tables' notifications and check kproxy's tables as soon as another
+    /// program commits to them, instead of at the next periodic check (nftables mode).
+    /// [default: true in nftables mode] Overrides watchKernelChanges.
+    #[arg(long = "watch-kernel-changes", value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = parse_go_bool, help_heading = "kproxy flags")]
+    pub watch_kernel_changes: Option<bool>,
     /// kproxy (KEP-4963): offload established Service connections to a flowtable. [default: true]
     /// Overrides acceleration.enabled.
     #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = parse_go_bool, help_heading = "kproxy flags")]

@@ -99,6 +99,7 @@
 //! | `noMasqueradeCIDRs: []string` | `--no-masquerade-cidrs=A,B` | empty | KEP-6246: traffic whose destination after DNAT is in these IPv4/IPv6 CIDRs is never masqueraded |
 //! | `snatToNodeIP: bool` | `--snat-to-node-ip[=BOOL]` | false | KEP-6246 part 2: SNAT to the node's InternalIP instead of MASQUERADE |
 //! | `serviceCounters: bool` | `--service-counters[=BOOL]` | false | count new connections, packets and bytes per Service port and verdict (nftables mode; `docs/explain.md`) |
+//! | `watchKernelChanges: bool` | `--watch-kernel-changes[=BOOL]` | true (nftables mode) | check kproxy's tables as soon as another program commits to them (nf_tables notifications) instead of at the next periodic check |
 //! | `acceleration.enabled: bool` | `--acceleration[=BOOL]` | true | KEP-4963: flowtable fast path for established Service connections |
 //! | `acceleration.packetThreshold: int` | `--offload-packet-threshold=N` | 20 | packets before offload; 0 disables |
 //! | — | `--manifests DIR` | — | read Services/EndpointSlices/Nodes from YAML files instead of the API |

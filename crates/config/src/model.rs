@@ -344,6 +344,9 @@ pub struct ProxyConfig {
     pub snat_to_node_ip: bool,
     /// Per-Service counters of new connections, packets and bytes by verdict (nftables mode only).
     pub service_counters: bool,
+    /// Check kproxy's nftables tables as soon as another program commits to them (nftables
+    /// mode only).
+    pub watch_kernel_changes: bool,
     /// KEP-4963 flowtable fast path.
     pub acceleration: AccelerationConfig,
     /// Where cluster objects come from.
@@ -387,6 +390,7 @@ impl Default for ProxyConfig {
             no_masquerade_cidrs: Vec::new(),
             snat_to_node_ip: false,
             service_counters: false,
+            watch_kernel_changes: true,
             acceleration: AccelerationConfig::default(),
             source: SourceSelection::KubernetesApi,
             dry_run: false,

@@ -372,6 +372,10 @@ fn apply_extension_flags(s: &mut Settings, f: &Flags) {
         s.service_counters = v;
         s.set_by("serviceCounters", "--service-counters");
     }
+    if let Some(v) = f.watch_kernel_changes {
+        s.watch_kernel_changes = Some(v);
+        s.set_by("watchKernelChanges", "--watch-kernel-changes");
+    }
     if let Some(v) = f.acceleration {
         s.acceleration_enabled = v;
     }

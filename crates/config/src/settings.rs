@@ -88,6 +88,8 @@ pub(crate) struct Settings {
     pub no_masquerade_cidrs: Vec<String>,
     pub snat_to_node_ip: bool,
     pub service_counters: bool,
+    /// `None`: the mode's default (on in nftables mode).
+    pub watch_kernel_changes: Option<bool>,
     pub acceleration_enabled: bool,
     pub acceleration_packet_threshold: i64,
     /// Field path → the flag that set it, for error messages.
@@ -274,6 +276,7 @@ pub(crate) fn from_document(doc: Document) -> Settings {
         no_masquerade_cidrs: doc.no_masquerade_cidrs.unwrap_or_default(),
         snat_to_node_ip: doc.snat_to_node_ip.unwrap_or(false),
         service_counters: doc.service_counters.unwrap_or(false),
+        watch_kernel_changes: doc.watch_kernel_changes,
         acceleration_enabled: accel.enabled.unwrap_or(true),
         acceleration_packet_threshold: accel.packet_threshold.unwrap_or(DEFAULT_PACKET_THRESHOLD),
         raw_mode,

@@ -267,6 +267,13 @@ pub(crate) fn validate(s: &Settings, warnings: &mut Vec<String>) -> Result<Proxy
     if s.service_counters && mode != ProxyMode::Nftables {
         c.fail("serviceCounters", true, "per-Service counters are read from nftables maps: they need mode nftables");
     }
+    if s.watch_kernel_changes == Some(true) && mode != ProxyMode::Nftables {
+        c.fail(
+            "watchKernelChanges",
+            true,
+            "follows nf_tables notifications about kproxy's own nftables tables: it needs mode nftables",
+        );
+    }
     if mode == ProxyMode::Nftables {
         for (i, entry) in node_port_addresses.iter().enumerate() {
             if is_loopback_only(entry) {
@@ -354,6 +361,7 @@ pub(crate) fn validate(s: &Settings, warnings: &mut Vec<String>) -> Result<Proxy
         no_masquerade_cidrs,
         snat_to_node_ip: s.snat_to_node_ip,
         service_counters: s.service_counters,
+        watch_kernel_changes: s.watch_kernel_changes.unwrap_or(mode == ProxyMode::Nftables),
         acceleration: AccelerationConfig {
             enabled: gates.acceleration.unwrap_or(s.acceleration_enabled),
             packet_threshold,

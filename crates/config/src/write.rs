@@ -149,6 +149,7 @@ impl ProxyConfig {
             no_masquerade_cidrs: Some(self.no_masquerade_cidrs.iter().map(ToString::to_string).collect()),
             snat_to_node_ip: Some(self.snat_to_node_ip),
             service_counters: Some(self.service_counters),
+            watch_kernel_changes: Some(self.watch_kernel_changes),
             acceleration: Some(AccelerationDoc {
                 enabled: Some(self.acceleration.enabled),
                 packet_threshold: Some(i64::from(self.acceleration.packet_threshold)),

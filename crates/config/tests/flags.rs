@@ -252,6 +252,17 @@ fn service_counters_are_opt_in_and_only_for_nftables() {
 }
 
 #[test]
+fn kernel_changes_are_watched_by_default_in_nftables_mode_only_and_can_be_turned_off() {
+    assert!(resolve_ok(&[]).watch_kernel_changes);
+    assert!(!resolve_ok(&["--watch-kernel-changes=false"]).watch_kernel_changes);
+    assert!(!resolve_ok(&["--proxy-mode=iptables"]).watch_kernel_changes);
+    assert!(!resolve_ok(&["--proxy-mode=ipvs"]).watch_kernel_changes);
+    let refused = resolve(&["--watch-kernel-changes", "--proxy-mode=iptables"]);
+    let error = refused.expect_err("only kproxy's nftables tables are watched").to_string();
+    assert!(error.contains("watchKernelChanges") && error.contains("--watch-kernel-changes"), "{error}");
+}
+
+#[test]
 fn actions_follow_upstream_order() {
     assert_eq!(resolve_ok(&["--cleanup"]).action, Action::Cleanup);
     assert_eq!(resolve_ok(&["--init-only"]).action, Action::InitOnly);

@@ -301,7 +301,9 @@ fn serve(runtime: &tokio::runtime::Runtime, config: ProxyConfig) -> anyhow::Resu
             (ProxyMode::Nftables, false) => {
                 let dp = NftablesDataplane::new(kproxy_nft_netlink::NetlinkExecutor::new(), nft_config(&config));
                 let counters = config.service_counters.then(|| counter_reader(nft_config(&config)));
-                spawn_proxier(planner, dp, observer, pacing, rx, explain_rx, counters)
+                let touched =
+                    config.watch_kernel_changes.then(|| touch_watcher(kproxy_nftables::tables(&nft_config(&config))));
+                spawn_proxier(planner, dp, observer, pacing, rx, explain_rx, Extras { counters, touched })
             }
             (ProxyMode::Nftables, true) => spawn_proxier(
                 planner,
@@ -310,7 +312,7 @@ fn serve(runtime: &tokio::runtime::Runtime, config: ProxyConfig) -> anyhow::Resu
                 pacing,
                 rx,
                 explain_rx,
-                None,
+                Extras::default(),
             ),
             (ProxyMode::Iptables, false) => {
                 let backend = kproxy_iptables::backend::detect();
@@ -319,21 +321,21 @@ fn serve(runtime: &tokio::runtime::Runtime, config: ProxyConfig) -> anyhow::Resu
                 let nfacct = nfacct::setup(observer.metrics());
                 let dp = IptablesDataplane::new(exec, kproxy_iptables::Config { nfacct, ..iptables_config(&config) });
                 observer.count_iptables_rules(dp.rule_counter());
-                spawn_proxier(planner, dp, observer, pacing, rx, explain_rx, None)
+                spawn_proxier(planner, dp, observer, pacing, rx, explain_rx, Extras::default())
             }
             (ProxyMode::Iptables, true) => {
                 let dp = IptablesDataplane::new(dataplane::PrintRestores::default(), iptables_config(&config));
                 observer.count_iptables_rules(dp.rule_counter());
-                spawn_proxier(planner, dp, observer, pacing, rx, explain_rx, None)
+                spawn_proxier(planner, dp, observer, pacing, rx, explain_rx, Extras::default())
             }
             (ProxyMode::Ipvs, false) => {
                 let dp = kproxy_ipvs::IpvsDataplane::new(kproxy_ipvs::KernelHost::new(), ipvs_config(&config)?);
-                spawn_proxier(planner, dp, observer, pacing, rx, explain_rx, None)
+                spawn_proxier(planner, dp, observer, pacing, rx, explain_rx, Extras::default())
             }
             // The in-memory kernel records what would be programmed.
             (ProxyMode::Ipvs, true) => {
                 let dp = kproxy_ipvs::IpvsDataplane::new(kproxy_ipvs::FakeHost::new(), ipvs_config(&config)?);
-                spawn_proxier(planner, dp, observer, pacing, rx, explain_rx, None)
+                spawn_proxier(planner, dp, observer, pacing, rx, explain_rx, Extras::default())
             }
         };
         let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
@@ -478,6 +480,15 @@ fn tune_conntrack(config: &ProxyConfig) {
     let _ = tuning.apply(Path::new("/"));
 }
 
+/// What the sync loop does besides syncing, where the dataplane offers it (nftables mode).
+#[derive(Default)]
+struct Extras {
+    /// Per-Service counters (`--service-counters`).
+    counters: Option<proxier::CounterReader>,
+    /// Checks after other programs' commits to kproxy's tables (`--watch-kernel-changes`).
+    touched: Option<proxier::TouchWatcher>,
+}
+
 fn spawn_proxier<D: kproxy_plan::Dataplane + 'static>(
     planner: Planner,
     dataplane: D,
@@ -485,7 +496,7 @@ fn spawn_proxier<D: kproxy_plan::Dataplane + 'static>(
     pacing: Pacing,
     events: mpsc::Receiver<Change>,
     explain_requests: mpsc::Receiver<proxier::ExplainRequest>,
-    counters: Option<proxier::CounterReader>,
+    extras: Extras,
 ) -> tokio::task::JoinHandle<()> {
     // Syncs block (netlink, `iptables-restore`, conntrack): run the loop on its own thread so the
     // API watch, /healthz and the health-check ports never wait for one.
@@ -493,13 +504,53 @@ fn spawn_proxier<D: kproxy_plan::Dataplane + 'static>(
     tokio::task::spawn_blocking(move || {
         let addresses = observer.node_addresses();
         let mut proxier = Proxier::new(planner, dataplane, observer, pacing).answer_explain(explain_requests);
-        if let Some(read) = counters {
+        if let Some(read) = extras.counters {
             proxier = proxier.count_services(read);
         }
         if let Some(addresses) = addresses {
             proxier = proxier.follow_local_addresses(addresses);
         }
+        if let Some(start) = extras.touched {
+            proxier = proxier.check_when_touched(start);
+        }
         runtime.block_on(proxier.run(events));
+    })
+}
+
+/// Follows nf_tables' notifications on a thread of its own and passes on a notice whenever a
+/// commit touched one of `tables` (kproxy's), so the sync loop checks and repairs them at once
+/// rather than at the next periodic check. Its own commits are noticed too: their check costs
+/// one netlink round trip (the generation is the one kproxy's commit left).
+fn touch_watcher(tables: Vec<kproxy_nftables::TableRef>) -> proxier::TouchWatcher {
+    Box::new(move || {
+        let (tx, rx) = mpsc::channel(1);
+        let spawned = std::thread::Builder::new().name("nft-monitor".into()).spawn(move || {
+            let mut monitor = match kproxy_nft_netlink::monitor::Monitor::open(&tables) {
+                Ok(m) => m,
+                Err(e) => {
+                    warn!(error = %e, "cannot follow nf_tables notifications: changes by other programs are found by the periodic check only");
+                    return;
+                }
+            };
+            loop {
+                match monitor.wait() {
+                    // A full channel already asks for a check.
+                    Ok(_) => {
+                        if let Err(mpsc::error::TrySendError::Closed(())) = tx.try_send(()) {
+                            return;
+                        }
+                    }
+                    Err(e) => {
+                        warn!(error = %e, "nf_tables notifications stopped: changes by other programs are found by the periodic check only");
+                        return;
+                    }
+                }
+            }
+        });
+        if let Err(e) = spawned {
+            warn!(error = %e, "cannot start the nf_tables notification thread");
+        }
+        rx
     })
 }
 

@@ -128,6 +128,14 @@ pub type CounterReader = Box<dyn FnMut(&Plan) -> Result<Vec<ServicePortCounts>, 
 /// How often per-Service counters are read and exported.
 pub const COUNTERS_PERIOD: Duration = Duration::from_secs(10);
 
+/// The least time between two periodic checks that notices of commits to kproxy's tables ask
+/// for ([`Proxier::check_when_touched`]): a tool that rewrites them in a loop meets one repair
+/// per this much, not a repair war.
+pub const TOUCHED_CHECK_GAP: Duration = Duration::from_millis(200);
+
+/// Starts following commits to kproxy's tables; each notice on the channel asks for a check.
+pub type TouchWatcher = Box<dyn FnOnce() -> mpsc::Receiver<()> + Send>;
+
 /// Per-Service counters: how to read them, and the last reading.
 struct Counting {
     read: CounterReader,
@@ -157,6 +165,12 @@ pub struct Proxier<D, O> {
     explain_requests: Option<mpsc::Receiver<ExplainRequest>>,
     /// Per-Service counters, when on ([`Proxier::count_services`]).
     counting: Option<Counting>,
+    /// Starts the watch of commits to kproxy's tables, once the first sync built them.
+    touch_watcher: Option<TouchWatcher>,
+    /// Notices of commits that touched kproxy's tables, once watched.
+    touched: Option<mpsc::Receiver<()>>,
+    /// A notice came: check the kernel as soon as [`TOUCHED_CHECK_GAP`] allows.
+    check_soon: bool,
 }
 
 impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
@@ -178,6 +192,28 @@ impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
             local_addresses: None,
             explain_requests: None,
             counting: None,
+            touch_watcher: None,
+            touched: None,
+            check_soon: false,
+        }
+    }
+
+    /// Checks the kernel (the periodic check, [`Dataplane::verify`]) soon after every commit
+    /// that touched kproxy's tables, instead of waiting up to `syncPeriod` to find another
+    /// program's change: `start` is called once the first sync has built the tables (so the
+    /// watch does not see that sync's own flood of notifications).
+    pub fn check_when_touched(mut self, start: TouchWatcher) -> Self {
+        self.touch_watcher = Some(start);
+        self
+    }
+
+    /// The next notice of a commit to kproxy's tables; never, when not watched or the watch
+    /// stopped.
+    async fn next_touch(touched: &mut Option<mpsc::Receiver<()>>) {
+        let Some(rx) = touched else { return std::future::pending().await };
+        if rx.recv().await.is_none() {
+            *touched = None;
+            std::future::pending::<()>().await;
         }
     }
 
@@ -369,6 +405,7 @@ impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
             return;
         }
         self.last_check = Some(start);
+        self.check_soon = false;
         match self.dataplane.verify(&self.plan) {
             Ok(Verified::Clean) => debug!(took_us = start.elapsed().as_micros() as u64, "periodic check: rules intact"),
             Ok(Verified::Repaired(drift)) => {
@@ -407,6 +444,7 @@ impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
             (true, _) => earliest,
             (false, Some(retry)) => retry.max(earliest),
             (false, None) if self.needs_full_sync => earliest,
+            (false, None) if self.check_soon => self.last_check.map_or(now, |t| t + TOUCHED_CHECK_GAP).max(now),
             (false, None) => full_due.max(earliest),
         }
     }
@@ -414,6 +452,11 @@ impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
     /// Runs until the event channel closes.
     pub async fn run(mut self, mut events: mpsc::Receiver<Change>) -> Self {
         loop {
+            if self.last_full_sync.is_some()
+                && let Some(start) = self.touch_watcher.take()
+            {
+                self.touched = Some(start());
+            }
             let now = Instant::now();
             let at = self.next_sync_at(now);
             let wait = at.saturating_duration_since(now);
@@ -425,6 +468,7 @@ impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
                     None => return self,
                 },
                 _ = Self::counters_due(self.counting.as_ref().map(|c| c.next_at)) => self.count(),
+                () = Self::next_touch(&mut self.touched) => self.check_soon = true,
                 request = Self::next_explain_request(&mut self.explain_requests) => {
                     let _ = request.reply.send(self.explain(&request.packet));
                 },

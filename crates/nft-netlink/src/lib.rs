@@ -20,6 +20,8 @@
 //! - [`NetlinkExecutor`]: the [`kproxy_nft_model::Executor`] on top.
 //! - [`listing`]: one netlink dump of a table (chains, rule and element counts), for drift
 //!   detection on full resyncs.
+//! - [`monitor`]: nf_tables' notifications, to notice at once a commit that touched kproxy's
+//!   tables.
 //! - [`acct`]: nfnetlink_acct counters (iptables' `-m nfacct`), created and read on the same
 //!   socket.
 
@@ -31,6 +33,7 @@ pub mod expr;
 pub mod identity;
 pub mod listing;
 pub mod lower;
+pub mod monitor;
 pub mod socket;
 pub mod sys;
 pub mod wire;

@@ -685,3 +685,50 @@ fn a_listing_taken_while_another_process_commits_to_the_table_is_one_ruleset() {
     }
     assert_eq!(seen.len(), 2, "both rulesets were listed: {seen:?}");
 }
+
+#[test]
+fn the_monitor_reports_other_processes_commits_to_the_watched_table_and_no_other() {
+    if !require_root() {
+        return;
+    }
+    use kproxy_nft_model::Executor as _;
+    use kproxy_nft_netlink::monitor::{Monitor, Notice};
+    let ns = Netns::new("nlmonitor").unwrap();
+    let watched = TableRef { family: TableFamily::Ip, name: "watched".into() };
+    ns.nft("add table ip watched\nadd chain ip watched c\nadd table ip other\nadd chain ip other c").unwrap();
+    let (ready_tx, ready) = std::sync::mpsc::channel();
+    let monitor = {
+        let watched = watched.clone();
+        ns.spawn_in("monitor", move || {
+            let mut monitor = Monitor::open(&[watched]).unwrap();
+            ready_tx.send(()).unwrap();
+            monitor.wait().unwrap()
+        })
+        .unwrap()
+    };
+    ready.recv().unwrap();
+    // This process's own commit to the watched table: not reported. Its thread lives on until
+    // the end, as kproxy's sync thread does (the notice names the committing thread).
+    let (committed_tx, committed) = std::sync::mpsc::channel();
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let own = {
+        let watched = watched.clone();
+        ns.spawn_in("own-commit", move || {
+            let mut tx = Transaction::new();
+            tx.push(Op::AddRule { table: watched, chain: "c".into(), rule: rule("counter") });
+            committed_tx.send(NetlinkExecutor::new().apply(&tx)).unwrap();
+            let _ = released.recv();
+        })
+        .unwrap()
+    };
+    committed.recv().unwrap().unwrap();
+    // Another process's commit to another table: not reported.
+    ns.nft("add rule ip other c counter").unwrap();
+    // Another process's commit to the watched table: reported, with its generation.
+    ns.nft("add rule ip watched c counter").unwrap();
+    let generation = ns.run_in(|| NetlinkExecutor::new().generation()).unwrap().unwrap().unwrap();
+    let notice = monitor.join().unwrap();
+    drop(release);
+    own.join().unwrap();
+    assert_eq!(notice, Notice::Touched(generation), "only the last of three commits is reported");
+}

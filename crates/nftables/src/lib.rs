@@ -18,5 +18,6 @@ mod sync;
 
 pub use cleanup::cleanup;
 pub use kernel::Verification;
+pub use kproxy_nft_model::TableRef;
 pub use kproxy_nft_model::{ExecError, Executor, NftCommand, OpCounts, Recording, Transaction};
-pub use sync::{Config, DEFAULT_COLD_START_CHUNK_OPS, NftablesDataplane, SyncError, SyncReport};
+pub use sync::{Config, DEFAULT_COLD_START_CHUNK_OPS, NftablesDataplane, SyncError, SyncReport, tables};

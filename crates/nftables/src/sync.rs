@@ -633,6 +633,11 @@ impl<E: Executor> NftablesDataplane<E> {
     }
 }
 
+/// The tables the dataplane configured by `config` owns, one per family.
+pub fn tables(config: &Config) -> Vec<TableRef> {
+    IpFamily::BOTH.iter().map(|f| ctx(config, *f).table).collect()
+}
+
 pub(crate) fn ctx(config: &Config, family: IpFamily) -> Ctx {
     Ctx { service_counters: config.service_counters, ..Ctx::new(family, &config.table, config.masquerade_mark) }
 }

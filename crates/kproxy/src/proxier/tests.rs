@@ -253,3 +253,43 @@ async fn a_change_a_second_never_waits_for_the_token_bucket() {
         assert!(p.sync());
     }
 }
+
+/// A notice of another program's commit to kproxy's tables makes the loop check the kernel at
+/// once, not a sync period later; the watch starts only after the first sync.
+#[tokio::test(start_paused = true)]
+async fn a_noticed_commit_is_checked_within_the_gap_not_a_sync_period_later() {
+    let rec = Recorder::default();
+    let mut p = proxier(&rec);
+    p.pacing.sync_period = Duration::from_secs(30);
+    let (notify, notices) = mpsc::channel(1);
+    let started = Arc::new(Mutex::new(false));
+    let p = p.check_when_touched({
+        let started = started.clone();
+        Box::new(move || {
+            *started.lock().unwrap() = true;
+            notices
+        })
+    });
+    let (events, rx) = mpsc::channel(16);
+    let task = tokio::spawn(p.run(rx));
+    events.send(Change::Replaced(Kind::Service, vec![])).await.unwrap();
+    assert!(!*started.lock().unwrap(), "not watched before the first sync");
+    events.send(Change::Replaced(Kind::EndpointSlice, vec![])).await.unwrap();
+    events.send(Change::Applied(service("a", "198.18.128.1"))).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(rec.calls(), [Call::Full(1)]);
+    assert!(*started.lock().unwrap(), "watched once the first sync built the tables");
+    notify.send(()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(rec.calls(), [Call::Full(1), Call::Verify(1)], "checked at once, not 30 s later");
+    // Notices in a burst right after a check: one more check, a gap after the last one.
+    notify.send(()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    notify.send(()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(rec.calls().len(), 2, "no second check within the gap: {:?}", rec.calls());
+    tokio::time::sleep(TOUCHED_CHECK_GAP).await;
+    assert_eq!(rec.calls(), [Call::Full(1), Call::Verify(1), Call::Verify(1)], "one check for the burst");
+    drop(events);
+    task.await.unwrap();
+}
