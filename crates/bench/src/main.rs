@@ -16,6 +16,7 @@ mod daemon;
 mod faults;
 mod iptables;
 mod measure;
+mod monitor_cost;
 mod report;
 mod soak;
 mod upstream;
@@ -48,6 +49,8 @@ enum Bench {
     Faults(faults::FaultArgs),
     /// Many changes over a long run: memory, descriptors, threads, kernel objects stay flat.
     Soak(soak::SoakArgs),
+    /// What following nf_tables' notifications costs kproxy's own commits.
+    MonitorCost(monitor_cost::MonitorCostArgs),
 }
 
 /// The dataplane-only benchmark's options.
@@ -98,6 +101,7 @@ fn main() -> ExitCode {
         Some(Bench::Daemon(args)) => Some(("daemon", daemon::main(args))),
         Some(Bench::Faults(args)) => Some(("faults", faults::main(args))),
         Some(Bench::Soak(args)) => Some(("soak", soak::main(args))),
+        Some(Bench::MonitorCost(args)) => Some(("monitor-cost", monitor_cost::main(args))),
         None => None,
     };
     if let Some((name, result)) = subcommand {

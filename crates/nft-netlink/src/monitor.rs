@@ -68,6 +68,13 @@ impl Monitor {
         Ok(Monitor { sock, tables, buf: Vec::with_capacity(1 << 20), touched: false })
     }
 
+    /// Makes [`Monitor::wait`] give up (with `WouldBlock`) after `timeout` without a notice.
+    pub fn with_timeout(self, timeout: std::time::Duration) -> io::Result<Monitor> {
+        let tv = nix::sys::time::TimeVal::new(timeout.as_secs() as _, timeout.subsec_micros() as _);
+        setsockopt(&self.sock.as_fd(), sockopt::ReceiveTimeout, &tv).map_err(io::Error::from)?;
+        Ok(self)
+    }
+
     /// Blocks until a commit touched a watched table, or notifications were lost.
     pub fn wait(&mut self) -> io::Result<Notice> {
         loop {
