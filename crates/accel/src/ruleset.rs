@@ -26,7 +26,9 @@
 //! someone else — IPVS, which DNATs in its own hooks and only alters the conntrack reply tuple —
 //! would be forwarded untranslated once offloaded (observed in the guest kernel: the transfer
 //! stalls). Service traffic of the nftables and iptables dataplanes is always DNATed by
-//! conntrack, so the condition costs them nothing; under IPVS nothing is offloaded.
+//! conntrack, so the condition costs them nothing; the IPVS dataplane DNATs the opted-in
+//! Services' connections in its auxiliary nftables table for this reason (`kproxy-ipvs`,
+//! `aux_table`), and everything IPVS itself translates stays on the slow path.
 //!
 //! The second `flow add` re-offloads a connection whose flowtable entry expired (idle) and fell
 //! back to the slow path; only the first one counts, so its counter is "connections offloaded".

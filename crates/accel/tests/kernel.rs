@@ -68,15 +68,23 @@ fn opted_in_services_are_offloaded(mode: ProxyMode) {
     if !ready(mode) {
         return;
     }
-    // IPVS translates connections outside conntrack's NAT, which the flowtable cannot
-    // reproduce: the fast path must leave them alone (and they must keep working).
-    let offloads = mode != ProxyMode::Ipvs;
+    // Under IPVS the opted-in Service's connections are DNATed by the auxiliary nftables table
+    // instead (conntrack's NAT, which the flowtable reproduces); `slow` stays on IPVS.
+    let offloads = true;
     let mut cluster = Cluster::start(mode, AccelConfig::default(), Hint::Field).unwrap();
     // UDP first, so its entry is still in the flowtable when the view is taken below.
     udp_exchange(&cluster, FAST_VIP.into(), offloads);
     udp_exchange(&cluster, SLOW_VIP.into(), false);
     tcp_transfer(&cluster, FAST_VIP.into(), SERVICE_PORT, offloads);
     tcp_transfer(&cluster, SLOW_VIP.into(), SERVICE_PORT, false);
+    if mode == ProxyMode::Ipvs {
+        // IPVS scheduled the connections to `slow` and never saw those to `fast`, whose virtual
+        // services it still lists.
+        assert_eq!(ipvs_connections(&cluster, "TCP", SLOW_VIP.into()), 1, "{}", ipvs_state(&cluster));
+        assert_eq!(ipvs_connections(&cluster, "UDP", SLOW_VIP.into()), 1, "{}", ipvs_state(&cluster));
+        assert_eq!(ipvs_connections(&cluster, "TCP", FAST_VIP.into()), 0, "{}", ipvs_state(&cluster));
+        assert_eq!(ipvs_connections(&cluster, "UDP", FAST_VIP.into()), 0, "{}", ipvs_state(&cluster));
+    }
 
     // The metric counted the two offloaded connections; the view attributes them.
     let accel = cluster.accel.clone();
@@ -95,9 +103,22 @@ fn opted_in_services_are_offloaded(mode: ProxyMode) {
     tcp_transfer(&cluster, FAST_VIP.into(), SERVICE_PORT, false);
     udp_exchange(&cluster, FAST_VIP.into(), false);
 
+    if mode == ProxyMode::Ipvs {
+        // Without the hint, IPVS carries them.
+        assert_eq!(ipvs_connections(&cluster, "TCP", FAST_VIP.into()), 1, "{}", ipvs_state(&cluster));
+    }
+
     // And opting in again works.
     cluster.apply(vec![service_object("fast", FAST_VIP, Some(FAST_NODE_PORT), Hint::Annotation)]).unwrap();
     tcp_transfer(&cluster, FAST_VIP.into(), SERVICE_PORT, offloads);
+    if mode == ProxyMode::Ipvs {
+        assert_eq!(
+            ipvs_connections(&cluster, "TCP", FAST_VIP.into()),
+            1,
+            "the opted-in Service's new connection went to IPVS: {}",
+            ipvs_state(&cluster)
+        );
+    }
 
     cluster.cleanup().unwrap();
     assert!(!cluster.ruleset().contains(TABLE), "cleanup left the table:\n{}", cluster.ruleset());
@@ -114,17 +135,51 @@ fn iptables_mode_offloads_opted_in_services_only() {
 }
 
 #[test]
-fn ipvs_mode_offloads_nothing_and_opted_in_services_keep_working() {
+fn ipvs_mode_offloads_opted_in_services_only() {
     opted_in_services_are_offloaded(ProxyMode::Ipvs);
+}
+
+/// The connections IPVS carries (or carried within the last minutes: closed TCP ones stay in
+/// TIME_WAIT for 120 s) for the virtual service `protocol address:80`, from its connection
+/// table (`ipvsadm -Lnc`; the `--stats` counters lag behind, updated by the estimator).
+fn ipvs_connections(cluster: &Cluster, protocol: &str, address: IpAddr) -> usize {
+    let table = cluster.node().exec_ok("ipvsadm", &["-Lnc"]).unwrap();
+    let service = format!("{address}:{SERVICE_PORT}");
+    table
+        .lines()
+        .map(|line| line.split_whitespace().collect::<Vec<_>>())
+        .filter(|fields| fields.len() == 6 && fields[0] == protocol && fields[4] == service)
+        .count()
+}
+
+/// What IPVS and conntrack hold, and the ruleset, for assertion messages.
+fn ipvs_state(cluster: &Cluster) -> String {
+    let run = |cmd: &str, args: &[&str]| cluster.node().exec_ok(cmd, args).unwrap_or_else(|e| e.to_string());
+    format!(
+        "ipvsadm -Ln:\n{}\nipvsadm -Lnc:\n{}\nconntrack -L:\n{}\n{}",
+        run("ipvsadm", &["-Ln"]),
+        run("ipvsadm", &["-Lnc"]),
+        run("conntrack", &["-L"]),
+        cluster.ruleset()
+    )
+}
+
+fn node_port_connections_are_offloaded_under(mode: ProxyMode) {
+    if !ready(mode) {
+        return;
+    }
+    let cluster = Cluster::start(mode, AccelConfig::default(), Hint::Annotation).unwrap();
+    tcp_transfer(&cluster, NODE_IP_V4.into(), FAST_NODE_PORT, true);
 }
 
 #[test]
 fn node_port_connections_are_offloaded() {
-    if !ready(ProxyMode::Nftables) {
-        return;
-    }
-    let cluster = Cluster::start(ProxyMode::Nftables, AccelConfig::default(), Hint::Annotation).unwrap();
-    tcp_transfer(&cluster, NODE_IP_V4.into(), FAST_NODE_PORT, true);
+    node_port_connections_are_offloaded_under(ProxyMode::Nftables);
+}
+
+#[test]
+fn ipvs_mode_node_port_connections_are_offloaded() {
+    node_port_connections_are_offloaded_under(ProxyMode::Ipvs);
 }
 
 #[test]

@@ -17,6 +17,18 @@
 //!    a new connection to a VIP on a port no service has is rejected — host services listening
 //!    on a wildcard address never leak on ClusterIPs (kubernetes#72236).
 //! 3. IPVS schedules and NATs.
+//!
+//! Services acceleration (KEP-4963) needs conntrack to carry the NAT, which IPVS does not do
+//! (it translates in its own hooks). So, while acceleration is on, the connections of opted-in
+//! service ports without session affinity never reach IPVS: `accel-prerouting` and
+//! `accel-output` (nat, priority dstnat, before IPVS's `LOCAL_IN` and `LOCAL_OUT` hooks) DNAT
+//! them with the nftables dataplane's endpoint pick ([`kproxy_nftables::ruleset::pick`]: its
+//! chains and maps, uniform over the same endpoints, keyed by destination and slot, so an
+//! endpoint change is map elements). Which class of endpoints a destination uses is a member of
+//! one of the `accel-*` sets. Classification and masquerade marks (step 1) are the same as for
+//! every other connection, and step 4 masquerades them alike; such service ports get no firewall
+//! marks (IPVS would otherwise schedule the already DNATed packet again in `LOCAL_OUT`). Their
+//! virtual services stay in IPVS, unused, so that connections IPVS already carries drain there.
 //! 4. `nat-postrouting`: hairpin is always masqueraded; marked connections are, except
 //!    (KEP-6246) from the node or local pods to the no-masquerade CIDRs. The node's exempt
 //!    connections that carry a VIP as source can not go out untranslated under IPVS; they are
@@ -26,6 +38,7 @@ use kproxy_nft_model::{
     Chain, ChainType, CmpOp, DataType, Element, Field, HookPoint, NatKind, Reject, Rule, SetDef, SetFlag, Stmt, Value,
     Verdict,
 };
+use kproxy_nftables::ruleset::pick::{self, Class};
 use kproxy_nftables::ruleset::{Ctx, local_match};
 use kproxy_plan::{LocalTraffic, NoMasqueradeSource, NodePlan, NodePortAddresses, SnatSource};
 use kproxy_state::Protocol;
@@ -64,6 +77,19 @@ pub const SHORTCIRCUIT_NODEPORTS: &str = "shortcircuit-nodeports";
 pub const FIREWALL_DESTS: &str = "firewall-dests";
 /// `addr . proto . port . source-range` allowed through the firewall.
 pub const FIREWALL_ALLOW: &str = "firewall-allow";
+/// `addr . proto . port` of accelerated destinations served by the cluster endpoints
+/// (ClusterIPs under `internalTrafficPolicy: Cluster`, external IPs under
+/// `externalTrafficPolicy: Cluster`).
+pub const ACCEL_CLUSTER: &str = "accel-cluster";
+/// `addr . proto . port` of accelerated ClusterIPs under `internalTrafficPolicy: Local`.
+pub const ACCEL_LOCAL: &str = "accel-local";
+/// `addr . proto . port` of accelerated external destinations under `externalTrafficPolicy:
+/// Local`: local endpoints, except for the node's and local pods' traffic (cluster endpoints).
+pub const ACCEL_EXTERNAL_LOCAL: &str = "accel-external-local";
+/// `proto . port` of accelerated NodePorts under `externalTrafficPolicy: Cluster`.
+pub const ACCEL_NODEPORTS: &str = "accel-nodeports";
+/// `proto . port` of accelerated NodePorts under `externalTrafficPolicy: Local`.
+pub const ACCEL_NODEPORTS_LOCAL: &str = "accel-nodeports-local";
 // The no-endpoint maps, the reject chain and the skeleton's shape are the nftables dataplane's:
 // the auxiliary table is rendered with the same building blocks.
 pub use kproxy_nftables::ruleset::skeleton::{NO_ENDPOINT_NODEPORTS, NO_ENDPOINT_SERVICES, REJECT_CHAIN, Skeleton};
@@ -86,6 +112,49 @@ fn vip_source_snat(node: &NodePlan) -> Stmt {
         Some(addr) => Stmt::Nat { kind: NatKind::Snat, addr, port: None, fully_random: true },
         None => Stmt::goto("masquerade-now"),
     }
+}
+
+/// The DNAT of accelerated connections, in prerouting or (`output`) output: blocked by
+/// loadBalancerSourceRanges → left alone (IPVS's path drops them in `service-checks`);
+/// short-circuited (local pods under the Local policy; the node for every external
+/// destination under it) → cluster endpoints; else the class of the destination. A destination
+/// without endpoints in its class is left alone too, and meets its no-endpoint verdict there.
+fn accel_dnat(ctx: &Ctx, node: &NodePlan, np: &[Stmt], output: bool) -> Vec<Rule> {
+    let dest = ctx.destination();
+    let port = vec![Field::L4Proto, Field::ThDport];
+    let address = |set: &str, class: Class| {
+        Rule::new([Stmt::member(dest.clone(), set), Stmt::goto(pick::keyspace_chain(class, false))])
+    };
+    let nodeport = |set: &str, class: Class| {
+        with(np, [Stmt::member(port.clone(), set), Stmt::goto(pick::keyspace_chain(class, true))])
+    };
+    let mut rules = Vec::new();
+    let external_local = if output {
+        Class::Cluster
+    } else {
+        let mut firewall = dest.clone();
+        firewall.push(ctx.saddr());
+        rules.push(Rule::new([
+            Stmt::member(dest.clone(), FIREWALL_DESTS),
+            Stmt::not_member(firewall, FIREWALL_ALLOW),
+            Stmt::Verdict(Verdict::Return),
+        ]));
+        if let Some(pod) = local_match(ctx, &node.local_traffic, false) {
+            let mut r = address(ACCEL_EXTERNAL_LOCAL, Class::Cluster);
+            r.0.insert(0, pod.clone());
+            rules.push(r);
+            let mut r = nodeport(ACCEL_NODEPORTS_LOCAL, Class::Cluster);
+            r.0.insert(0, pod);
+            rules.push(r);
+        }
+        Class::Local
+    };
+    rules.push(address(ACCEL_CLUSTER, Class::Cluster));
+    rules.push(address(ACCEL_LOCAL, Class::Local));
+    rules.push(address(ACCEL_EXTERNAL_LOCAL, external_local));
+    rules.push(nodeport(ACCEL_NODEPORTS, Class::Cluster));
+    rules.push(nodeport(ACCEL_NODEPORTS_LOCAL, external_local));
+    rules
 }
 
 /// A rule of `prefix` followed by `stmts`.
@@ -149,13 +218,29 @@ pub fn skeleton(cfg: &Config, ctx: &Ctx, node: &NodePlan) -> Skeleton {
     ];
     let mut firewall = dest.clone();
     firewall.push(ctx.saddr());
-    let checks = vec![
+    let mut checks = vec![
         Rule::new([
             Stmt::member(dest.clone(), FIREWALL_DESTS),
             Stmt::not_member(firewall, FIREWALL_ALLOW),
             Stmt::Verdict(Verdict::Drop),
         ]),
         Rule::new([Stmt::MarkAndEq { mask: cfg.fwmark_mask, value: cfg.fwmark_base }, Stmt::Verdict(Verdict::Accept)]),
+    ];
+    if node.acceleration {
+        // The node's connections to accelerated Local-policy external destinations go to the
+        // cluster endpoints (DNATed in `accel-output`, after this chain), like the
+        // short-circuit marks let other services' through.
+        let from_node = Stmt::FibLocal { saddr: true };
+        checks.push(Rule::new([
+            from_node.clone(),
+            Stmt::member(dest.clone(), ACCEL_EXTERNAL_LOCAL),
+            Stmt::Verdict(Verdict::Accept),
+        ]));
+        let mut r = Rule::new([from_node]);
+        r.0.extend(np.iter().cloned());
+        checks.push(r.then(Stmt::member(port.clone(), ACCEL_NODEPORTS_LOCAL)).then(Stmt::Verdict(Verdict::Accept)));
+    }
+    checks.extend([
         Rule::from(Stmt::vmap(dest.clone(), NO_ENDPOINT_SERVICES)),
         with(&np, [Stmt::vmap(port.clone(), NO_ENDPOINT_NODEPORTS)]),
         Rule::new([
@@ -164,7 +249,7 @@ pub fn skeleton(cfg: &Config, ctx: &Ctx, node: &NodePlan) -> Skeleton {
             Stmt::not_member(dest.clone(), VIP_PORTS),
             Stmt::goto(REJECT_CHAIN),
         ]),
-    ];
+    ]);
     let mut postrouting = vec![
         Rule::new([Stmt::member(vec![ctx.saddr(), ctx.daddr()], HAIRPIN), Stmt::goto("masquerade-now")]),
         Rule::new([Stmt::CtMarkAnd { mask: m, op: CmpOp::Eq, value: 0 }, Stmt::Verdict(Verdict::Return)]),
@@ -212,6 +297,24 @@ pub fn skeleton(cfg: &Config, ctx: &Ctx, node: &NodePlan) -> Skeleton {
             ],
         ),
     ];
+    let mut chains = chains;
+    let mut accel_sets = Vec::new();
+    if node.acceleration {
+        let (pick_chains, pick_sets) = pick::skeleton(ctx);
+        chains.push((Chain::base("accel-prerouting", Nat, Prerouting, -100), accel_dnat(ctx, node, &np, false)));
+        chains.push((Chain::base("accel-output", Nat, Output, -100), accel_dnat(ctx, node, &np, true)));
+        chains.extend(pick::keyspace_chains(ctx));
+        chains.extend(pick_chains);
+        let dest_key = vec![a, DataType::InetProto, DataType::InetService];
+        let port_key = vec![DataType::InetProto, DataType::InetService];
+        for name in [ACCEL_CLUSTER, ACCEL_LOCAL, ACCEL_EXTERNAL_LOCAL] {
+            accel_sets.push(set(name, dest_key.clone(), None, vec![]));
+        }
+        for name in [ACCEL_NODEPORTS, ACCEL_NODEPORTS_LOCAL] {
+            accel_sets.push(set(name, port_key.clone(), None, vec![]));
+        }
+        accel_sets.extend(pick_sets);
+    }
     use DataType::{InetProto, InetService, Mark};
     let dest_key = vec![a, InetProto, InetService];
     let port_key = vec![InetProto, InetService];
@@ -238,6 +341,8 @@ pub fn skeleton(cfg: &Config, ctx: &Ctx, node: &NodePlan) -> Skeleton {
         set(FIREWALL_DESTS, dest_key, None, vec![]),
         set(FIREWALL_ALLOW, allow_key, None, vec![SetFlag::Interval]),
     ];
+    let mut sets = sets;
+    sets.extend(accel_sets);
     let mut elements = Vec::new();
     if let NodePortAddresses::Only(ips) = &node.nodeport_addresses {
         elements.extend(ips.iter().map(|ip| Element::new(NODEPORT_IPS, Value::Addr(*ip))));

@@ -16,6 +16,11 @@
 //!   marks it with the port's *cluster* mark, and IPVS looks firewall-mark services up before
 //!   address services.
 //!
+//! Accelerated service ports (KEP-4963 opt-in, acceleration on, no session affinity: see
+//! [`dnat_in_nftables`]) keep all their virtual services, but their connections are DNATed in
+//! the auxiliary table before IPVS sees them: their destinations go in the `accel-*` sets and
+//! their endpoints in the nftables dataplane's pick maps, and they get no firewall marks.
+//!
 //! No service is created for traffic the plan rejects (no endpoints at all): the auxiliary table
 //! rejects it before IPVS sees it. A service whose local set is empty (the plan's `Drop`) exists
 //! with no real servers, and the auxiliary table drops its traffic first.
@@ -80,6 +85,13 @@ fn dests(eps: &[Endpoint]) -> BTreeSet<DestKey> {
     eps.iter().map(|e| DestKey { addr: e.ip, port: e.port }).collect()
 }
 
+/// Whether the connections of `p` are DNATed in the auxiliary table (conntrack's NAT, which
+/// the acceleration flowtable can offload) rather than by IPVS: opted in to acceleration (which
+/// is on) and without ClientIP affinity, which the nftables pick can not keep in shared maps.
+pub fn dnat_in_nftables(p: &ServicePortPlan) -> bool {
+    p.accelerate && p.affinity_timeout.is_none()
+}
+
 /// Renders one service port; `mark` hands out the firewall mark of a class.
 pub fn render_port(
     cfg: &Config,
@@ -109,6 +121,7 @@ pub fn render_port(
         dests: dests(eps),
     };
     let family = ctx.family;
+    let dnat = dnat_in_nftables(p);
 
     // ClusterIP.
     out.vips.push(p.cluster_ip);
@@ -118,6 +131,10 @@ pub fn render_port(
         .push(vs(ServiceKey::Addr { addr: p.cluster_ip, protocol: p.protocol, port: p.port }, p.internal_endpoints()));
     if let Some(v) = p.internal.no_endpoints {
         out.elements.push(elem(t::NO_ENDPOINT_SERVICES, dest(&p.cluster_ip, p.port), verdict(v)));
+    }
+    if dnat && p.internal.no_endpoints.is_none() {
+        let set = if p.internal.local { t::ACCEL_LOCAL } else { t::ACCEL_CLUSTER };
+        out.elements.push(elem(set, dest(&p.cluster_ip, p.port), None));
     }
     match p.internal.masquerade {
         MasqueradeWhen::Always => out.elements.push(elem(t::MASQ_ALWAYS, dest(&p.cluster_ip, p.port), None)),
@@ -149,6 +166,10 @@ pub fn render_port(
                 out.services
                     .push(vs(ServiceKey::Addr { addr: *vip, protocol: p.protocol, port: p.port }, external_eps));
                 out.elements.push(elem(t::EXTERNAL_DESTS, dest(vip, p.port), None));
+                if dnat {
+                    let set = if local { t::ACCEL_EXTERNAL_LOCAL } else { t::ACCEL_CLUSTER };
+                    out.elements.push(elem(set, dest(vip, p.port), None));
+                }
                 if !local {
                     out.elements.push(elem(t::MASQ_EXTERNAL, dest(vip, p.port), None));
                 }
@@ -161,11 +182,19 @@ pub fn render_port(
                 if ext.no_endpoints.is_none() {
                     let external_mark = if local { mark(MarkClass::Local) } else { cluster_mark };
                     out.services.push(vs(ServiceKey::Fwmark { family, mark: external_mark }, external_eps));
-                    out.elements.push(elem(t::NODEPORT_MARKS, np_key.clone(), mark_data(external_mark)));
+                    if !dnat {
+                        out.elements.push(elem(t::NODEPORT_MARKS, np_key.clone(), mark_data(external_mark)));
+                    }
                 }
                 out.elements.push(elem(t::NODEPORTS, np_key.clone(), None));
+                if dnat {
+                    let set = if local { t::ACCEL_NODEPORTS_LOCAL } else { t::ACCEL_NODEPORTS };
+                    out.elements.push(elem(set, np_key.clone(), None));
+                }
                 if local {
-                    out.elements.push(elem(t::SHORTCIRCUIT_NODEPORTS, np_key, mark_data(cluster_mark)));
+                    if !dnat {
+                        out.elements.push(elem(t::SHORTCIRCUIT_NODEPORTS, np_key, mark_data(cluster_mark)));
+                    }
                 } else {
                     out.elements.push(elem(t::MASQ_NODEPORTS, np_key, None));
                 }
@@ -174,7 +203,7 @@ pub fn render_port(
                 if !out.services.iter().any(|s| s.spec.key == (ServiceKey::Fwmark { family, mark: cluster_mark })) {
                     out.services.push(vs(ServiceKey::Fwmark { family, mark: cluster_mark }, &p.cluster_endpoints));
                 }
-                for vip in p.external_vips() {
+                for vip in p.external_vips().filter(|_| !dnat) {
                     out.elements.push(elem(t::SHORTCIRCUIT_DESTS, dest(vip, p.port), mark_data(cluster_mark)));
                 }
             }
@@ -190,6 +219,9 @@ pub fn render_port(
         }
     }
 
+    if dnat {
+        out.elements.extend(kproxy_nftables::ruleset::pick::elements(p).into_iter().map(|(_, e)| e));
+    }
     for ep in p.reachable_endpoints() {
         out.elements.push(elem(t::HAIRPIN, Key(vec![Value::Addr(ep.ip), Value::Addr(ep.ip)]), None));
     }

@@ -11,7 +11,7 @@ use kproxy_nft_model::{Executor, NftCommand, Transaction};
 use kproxy_nft_netlink::NetlinkExecutor;
 use kproxy_packet_suite::{NODE_A, NODE_B, node_objects, service, slice};
 use kproxy_plan::{DetectLocal, NodeContext, Plan, PlanDelta, Planner, ProxyPolicy};
-use kproxy_state::{Change, ClusterState, IpFamily, Object};
+use kproxy_state::{Change, ClusterState, IpFamily, Object, Protocol};
 use kproxy_testbed::Netns;
 use kproxy_testbed::kernel::require_root;
 use serde_json::{Value, json};
@@ -171,5 +171,251 @@ fn the_auxiliary_table_lists_the_same_over_netlink_and_as_nft_text() {
     let listed = a.to_string();
     assert!(listed.contains("kproxy-ipvs") && listed.contains("fd00:96::12"), "{listed}");
     assert!(listed.contains("\"mark\""), "the mark maps are listed: {listed}");
+    assert_eq!(serde_json::to_string_pretty(&a).unwrap(), serde_json::to_string_pretty(&b).unwrap());
+}
+
+/// `obj` (a Service) opted in to acceleration, as `spec.trafficHint: LongLived` says.
+fn opted_in(mut objects: Vec<Object>) -> Vec<Object> {
+    if let Some(Object::Service(s)) = objects.first_mut() {
+        s.traffic_hint = Some("LongLived".to_owned());
+    }
+    objects
+}
+
+/// One IPv4 TCP port 80 → 8080 service `name` at `ip` with endpoints `eps` (address, node);
+/// `extra` is merged into its spec.
+fn svc4(name: &str, ip: &str, eps: &[(&str, &str)], extra: Value) -> Vec<Object> {
+    let mut spec = json!({"clusterIP": ip, "clusterIPs": [ip],
+        "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]});
+    if let (Some(s), Value::Object(e)) = (spec.as_object_mut(), extra) {
+        s.extend(e);
+    }
+    let endpoints = eps
+        .iter()
+        .map(|(ip, node)| json!({"addresses": [ip], "nodeName": node, "conditions": {"ready": true}}))
+        .collect();
+    let ports = json!([{"name": "http", "protocol": "TCP", "port": 8080}]);
+    vec![service("default", name, spec, json!({})), slice("default", name, "v4", "IPv4", ports, endpoints)]
+}
+
+/// An opted-in NodePort service, an opted-in `externalTrafficPolicy: Local` service with an
+/// external IP and no local endpoint, an opted-in service with ClientIP affinity, and a
+/// NodePort service without the hint.
+fn accel_cluster() -> Vec<Object> {
+    let mut o = opted_in(svc4(
+        "fast",
+        "198.18.128.20",
+        &[("198.18.16.20", NODE_A), ("198.18.17.20", NODE_B), ("198.18.17.21", NODE_B)],
+        json!({"type": "NodePort", "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP", "nodePort": 30020}]}),
+    ));
+    o.extend(opted_in(svc4(
+        "edge",
+        "198.18.128.22",
+        &[("198.18.17.22", NODE_B)],
+        json!({"type": "NodePort", "externalTrafficPolicy": "Local", "externalIPs": ["203.0.113.22"],
+               "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP", "nodePort": 30022}]}),
+    )));
+    o.extend(opted_in(svc4(
+        "sticky",
+        "198.18.128.23",
+        &[("198.18.17.23", NODE_B)],
+        json!({"sessionAffinity": "ClientIP"}),
+    )));
+    o.extend(svc4(
+        "slow",
+        "198.18.128.21",
+        &[("198.18.17.24", NODE_B)],
+        json!({"type": "NodePort", "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP", "nodePort": 30021}]}),
+    ));
+    o
+}
+
+fn v4_world(objects: Vec<Object>) -> World {
+    let policy = ProxyPolicy {
+        families: vec![IpFamily::V4],
+        detect_local: DetectLocal::ClusterCidr(vec!["198.18.16.0/20".parse().unwrap()]),
+        ..ProxyPolicy::default()
+    };
+    let node = NodeContext {
+        name: NODE_A.into(),
+        node_ip_override: Vec::new(),
+        local_addresses: vec!["198.18.0.2".parse().unwrap()],
+    };
+    let planner = Planner::new(policy, node);
+    let mut state = ClusterState::new();
+    for o in node_objects().into_iter().chain(objects) {
+        state.apply(Change::Applied(o));
+    }
+    let _ = state.take_dirty();
+    let plan = planner.build(&state);
+    World { planner, state, plan }
+}
+
+/// The rules of `chain` in a transaction's text.
+fn rules_of(text: &str, chain: &str) -> Vec<String> {
+    let prefix = format!("add rule ip kproxy-ipvs {chain} ");
+    text.lines().filter_map(|l| l.strip_prefix(&prefix)).map(str::to_owned).collect()
+}
+
+/// The opted-in service ports are DNATed by the auxiliary table ahead of IPVS, with the
+/// nftables dataplane's endpoint pick; the others (no hint, or ClientIP affinity) keep IPVS's
+/// firewall marks; every virtual service stays in IPVS.
+#[test]
+fn opted_in_services_are_dnated_in_the_auxiliary_table_ahead_of_ipvs() {
+    let world = v4_world(accel_cluster());
+    let mut dp = IpvsDataplane::new(FakeHost::new(), Config::default());
+    dp.sync(&world.plan, &PlanDelta::between(&Plan::default(), &world.plan)).unwrap();
+    let text = dp.host().nft[0].render();
+    for chain in [
+        "accel-prerouting { type nat hook prerouting priority -100; policy accept; }",
+        "accel-output { type nat hook output priority -100; policy accept; }",
+    ] {
+        assert!(text.contains(&format!("add chain ip kproxy-ipvs {chain}")), "{chain} missing:\n{text}");
+    }
+    let dest = "ip daddr . meta l4proto . th dport";
+    let np = "ip daddr @nodeport-ips meta l4proto . th dport";
+    assert_eq!(
+        rules_of(&text, "accel-prerouting"),
+        [
+            format!("{dest} @firewall-dests {dest} . ip saddr != @firewall-allow return"),
+            format!("ip saddr @pod-cidrs {dest} @accel-external-local goto pick-cluster-address"),
+            format!("ip saddr @pod-cidrs {np} @accel-nodeports-local goto pick-cluster-nodeport"),
+            format!("{dest} @accel-cluster goto pick-cluster-address"),
+            format!("{dest} @accel-local goto pick-local-address"),
+            format!("{dest} @accel-external-local goto pick-local-address"),
+            format!("{np} @accel-nodeports goto pick-cluster-nodeport"),
+            format!("{np} @accel-nodeports-local goto pick-local-nodeport"),
+        ]
+    );
+    // The node's connections to Local-policy external destinations go to the cluster endpoints.
+    assert_eq!(
+        rules_of(&text, "accel-output"),
+        [
+            format!("{dest} @accel-cluster goto pick-cluster-address"),
+            format!("{dest} @accel-local goto pick-local-address"),
+            format!("{dest} @accel-external-local goto pick-cluster-address"),
+            format!("{np} @accel-nodeports goto pick-cluster-nodeport"),
+            format!("{np} @accel-nodeports-local goto pick-cluster-nodeport"),
+        ]
+    );
+    assert_eq!(rules_of(&text, "pick-cluster-address")[2], format!("{dest} @cluster-cap-4 goto pick-cluster-4"));
+    // ... and pass the no-endpoint check (this node has no local endpoint of `edge`), as the
+    // short-circuit marks let other services' connections through.
+    let checks = rules_of(&text, "service-checks");
+    let accept = checks.iter().position(|r| r.contains("@accel-external-local accept")).unwrap();
+    assert!(checks[accept].starts_with("fib saddr type local "), "{checks:#?}");
+    assert!(accept < checks.iter().position(|r| r.contains("@no-endpoint-services")).unwrap(), "{checks:#?}");
+    assert!(checks[0].contains("@firewall-dests"), "the firewall still comes first: {checks:#?}");
+
+    let elements: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("add element ip kproxy-ipvs ")).collect();
+    for wanted in [
+        // fast: ClusterIP and NodePort, three endpoints picked among four slots.
+        "accel-cluster { 198.18.128.20 . tcp . 80 }",
+        "accel-nodeports { tcp . 30020 }",
+        "cluster-cap-4 { 198.18.128.20 . tcp . 80 }",
+        "cluster-nodeport-cap-4 { tcp . 30020 }",
+        "cluster-tcp-endpoints { 198.18.128.20 . tcp . 80 . 0x0 : 198.18.16.20 . 8080 }",
+        "cluster-tcp-endpoints { 198.18.128.20 . tcp . 80 . 0x2 : 198.18.17.21 . 8080 }",
+        "cluster-nodeport-tcp-endpoints { tcp . 30020 . 0x1 : 198.18.17.20 . 8080 }",
+        // Masquerading is decided as for every IPVS service.
+        "masquerade-not-local { 198.18.128.20 . tcp . 80 }",
+        "masquerade-nodeports { tcp . 30020 }",
+        // edge: Local policy, no local endpoint: only the short-circuit has endpoints, the
+        // rest meets the drop verdict.
+        "accel-cluster { 198.18.128.22 . tcp . 80 }",
+        "accel-external-local { 203.0.113.22 . tcp . 80 }",
+        "accel-nodeports-local { tcp . 30022 }",
+        "cluster-tcp-endpoints { 203.0.113.22 . tcp . 80 . 0x0 : 198.18.17.22 . 8080 }",
+        "cluster-nodeport-cap-1 { tcp . 30022 }",
+        "no-endpoint-services { 203.0.113.22 . tcp . 80 : drop }",
+        // slow: IPVS's firewall mark.
+        "nodeport-marks { tcp . 30021 : 0x",
+    ] {
+        assert!(elements.iter().any(|e| e.starts_with(wanted)), "{wanted:?} not in {elements:#?}");
+    }
+    for unwanted in ["nodeport-marks { tcp . 30020", "nodeport-marks { tcp . 30022", "shortcircuit-", "local-cap-"] {
+        assert!(!elements.iter().any(|e| e.starts_with(unwanted)), "{unwanted:?} in {elements:#?}");
+    }
+    // Neither the service without the hint nor the one with affinity is DNATed here.
+    for ip in ["198.18.128.21", "198.18.128.23"] {
+        assert!(
+            !elements.iter().any(|e| e.contains(ip) && (e.starts_with("accel-") || e.starts_with("cluster-"))),
+            "{ip} in {elements:#?}"
+        );
+    }
+    // ipvsadm still lists every service, the opted-in ones with their real servers.
+    let key = |ip: &str| kproxy_ipvs::ServiceKey::Addr { addr: ip.parse().unwrap(), protocol: Protocol::Tcp, port: 80 };
+    for ip in ["198.18.128.20", "198.18.128.21", "198.18.128.22", "198.18.128.23"] {
+        assert!(dp.host().services.contains_key(&key(ip)), "no virtual service for {ip}");
+    }
+    assert_eq!(dp.host().services[&key("198.18.128.20")].dests.len(), 3);
+}
+
+/// The accelerated path keeps IPVS's O(change) partial syncs: an endpoint of an opted-in
+/// service is map elements; removing the hint swaps its elements for the firewall marks, and
+/// adding it again swaps them back; no rule or chain is touched.
+#[test]
+fn opted_in_services_change_by_elements_only() {
+    let mut world = v4_world(accel_cluster());
+    let mut dp = IpvsDataplane::new(FakeHost::new(), Config::default());
+    dp.sync(&world.plan, &PlanDelta::between(&Plan::default(), &world.plan)).unwrap();
+    let np = json!({"type": "NodePort", "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP", "nodePort": 30020}]});
+    let four = [("198.18.16.20", NODE_A), ("198.18.17.20", NODE_B), ("198.18.17.21", NODE_B), ("198.18.17.25", NODE_B)];
+    let mut syncs = Vec::new();
+    for objects in [
+        opted_in(svc4("fast", "198.18.128.20", &four, np.clone())),
+        svc4("fast", "198.18.128.20", &four, np.clone()),
+        opted_in(svc4("fast", "198.18.128.20", &four, np.clone())),
+    ] {
+        let delta = world.apply(objects);
+        let report = dp.sync(&world.plan, &delta).unwrap();
+        assert!(!report.full);
+        let text = dp.host().nft.last().unwrap().render();
+        assert!(text.lines().all(|l| l.starts_with("add element") || l.starts_with("delete element")), "{text}");
+        syncs.push(text);
+    }
+    let [endpoint, unhinted, hinted] = [&syncs[0], &syncs[1], &syncs[2]];
+    for wanted in [
+        "add element ip kproxy-ipvs cluster-tcp-endpoints { 198.18.128.20 . tcp . 80 . 0x3 : 198.18.17.25 . 8080 }",
+        "add element ip kproxy-ipvs cluster-nodeport-tcp-endpoints { tcp . 30020 . 0x3 : 198.18.17.25 . 8080 }",
+        "add element ip kproxy-ipvs hairpin-endpoints { 198.18.17.25 . 198.18.17.25 }",
+    ] {
+        assert!(endpoint.contains(wanted), "{wanted:?} not in\n{endpoint}");
+    }
+    assert_eq!(endpoint.lines().count(), 3, "{endpoint}");
+    for (text, adds, deletes) in [(unhinted, "nodeport-marks", "accel-"), (hinted, "accel-", "nodeport-marks")] {
+        assert!(text.contains(&format!("add element ip kproxy-ipvs {adds}")), "{text}");
+        assert!(text.contains(&format!("delete element ip kproxy-ipvs {deletes}")), "{text}");
+    }
+    assert!(unhinted.contains("delete element ip kproxy-ipvs cluster-tcp-endpoints"), "{unhinted}");
+    assert!(hinted.contains("add element ip kproxy-ipvs cluster-tcp-endpoints"), "{hinted}");
+}
+
+/// The accelerated path's transactions (a cold start, an endpoint change, the hint removed)
+/// list the same over netlink and as nft text.
+#[test]
+fn the_accelerated_path_lists_the_same_over_netlink_and_as_nft_text() {
+    if !require_root() {
+        return;
+    }
+    let mut world = v4_world(accel_cluster());
+    let mut dp = IpvsDataplane::new(FakeHost::new(), Config::default());
+    dp.sync(&world.plan, &PlanDelta::between(&Plan::default(), &world.plan)).unwrap();
+    let np = json!({"type": "NodePort", "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP", "nodePort": 30020}]});
+    let two = [("198.18.16.20", NODE_A), ("198.18.17.25", NODE_B)];
+    for objects in [opted_in(svc4("fast", "198.18.128.20", &two, np.clone())), svc4("fast", "198.18.128.20", &two, np)]
+    {
+        let delta = world.apply(objects);
+        dp.sync(&world.plan, &delta).unwrap();
+    }
+    let txs = dp.host().nft.clone();
+    assert_eq!(txs.len(), 3);
+    let over_netlink = Netns::new("auxaccnl").unwrap();
+    let as_text = Netns::new("auxacctext").unwrap();
+    over_netlink.run_in(|| apply_all(&mut NetlinkExecutor::new(), &txs)).unwrap();
+    as_text.run_in(|| apply_all(&mut NftCommand::new(), &txs)).unwrap();
+    let (a, b) = (listing(&over_netlink), listing(&as_text));
+    let listed = a.to_string();
+    assert!(listed.contains("accel-prerouting") && listed.contains("203.0.113.22"), "{listed}");
     assert_eq!(serde_json::to_string_pretty(&a).unwrap(), serde_json::to_string_pretty(&b).unwrap());
 }

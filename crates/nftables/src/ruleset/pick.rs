@@ -162,6 +162,35 @@ pub fn skeleton(ctx: &Ctx) -> (Vec<(Chain, Vec<Rule>)>, Vec<SetDef>) {
     (chains, sets)
 }
 
+/// The entry chain of `class` for one keyspace only: `pick-<class>-address` (destinations
+/// keyed by address) or `pick-<class>-nodeport` (NodePorts). [`skeleton`] defines what it
+/// jumps to. The IPVS dataplane's auxiliary table enters these after its own match on the
+/// destination, so a NodePort entry can never answer a packet to a service address (and the
+/// other way round), whatever the endpoints.
+pub fn keyspace_chain(class: Class, nodeport: bool) -> String {
+    format!("pick-{}-{}", class.name(), if nodeport { "nodeport" } else { "address" })
+}
+
+/// The chains named by [`keyspace_chain`], for every class and keyspace.
+pub fn keyspace_chains(ctx: &Ctx) -> Vec<(Chain, Vec<Rule>)> {
+    let mut chains = Vec::new();
+    for class in Class::ALL {
+        for ks in Keyspace::ALL {
+            let sel = ks.selector(ctx);
+            let rules = caps()
+                .map(|cap| {
+                    Rule::new([
+                        Stmt::member(sel.clone(), cap_set(class, ks, cap)),
+                        Stmt::goto(cap_chain(class, ks, cap)),
+                    ])
+                })
+                .collect();
+            chains.push((Chain::regular(keyspace_chain(class, ks == Keyspace::NodePort)), rules));
+        }
+    }
+    chains
+}
+
 /// The destinations of a service port, each with the class its endpoints are picked from.
 fn destinations(p: &ServicePortPlan) -> Vec<(Class, Destination)> {
     let addr = |a: &IpAddr| Destination::Address(*a, p.protocol, p.port);
