@@ -367,6 +367,8 @@ impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
                     self.needs_full_sync = false;
                     self.last_full_sync = Some(start);
                     self.last_check = Some(start);
+                    // A full sync rewrote whatever a noticed commit changed.
+                    self.check_soon = false;
                     info!(took_ms = took.as_millis() as u64, "full sync done");
                 } else {
                     debug!(took_us = took.as_micros() as u64, "partial sync done");
@@ -440,12 +442,13 @@ impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
     fn next_sync_at(&self, now: Instant) -> Instant {
         let earliest = self.tokens.available_at(&self.pacing, now);
         let full_due = self.last_check.map_or(now, |t| t + self.pacing.sync_period);
+        // A noticed commit to kproxy's tables: checked (or, after a failure, resynced) soon.
+        let touched = self.check_soon.then(|| self.last_check.map_or(now, |t| t + TOUCHED_CHECK_GAP).max(now));
         match (self.pending, self.retry_at) {
             (true, _) => earliest,
-            (false, Some(retry)) => retry.max(earliest),
+            (false, Some(retry)) => touched.map_or(retry, |t| t.min(retry)).max(earliest),
             (false, None) if self.needs_full_sync => earliest,
-            (false, None) if self.check_soon => self.last_check.map_or(now, |t| t + TOUCHED_CHECK_GAP).max(now),
-            (false, None) => full_due.max(earliest),
+            (false, None) => touched.unwrap_or(full_due.max(earliest)),
         }
     }
 

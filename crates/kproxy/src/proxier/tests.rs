@@ -293,3 +293,27 @@ async fn a_noticed_commit_is_checked_within_the_gap_not_a_sync_period_later() {
     drop(events);
     task.await.unwrap();
 }
+
+/// After a failed periodic check the retry waits a sync period; a noticed commit to kproxy's
+/// tables (another tool deleting them, say) brings it forward.
+#[tokio::test(start_paused = true)]
+async fn a_noticed_commit_brings_the_retry_after_a_failed_check_forward() {
+    let rec = Recorder::default();
+    let mut p = proxier(&rec);
+    p.pacing.sync_period = Duration::from_secs(30);
+    p.apply(Change::Replaced(Kind::Service, vec![]));
+    p.apply(Change::Replaced(Kind::EndpointSlice, vec![]));
+    p.apply(Change::Applied(service("a", "198.18.128.1")));
+    assert!(p.sync());
+    tokio::time::advance(Duration::from_secs(30)).await;
+    *rec.fail_next.lock().unwrap() = true;
+    p.check();
+    let t0 = Instant::now();
+    assert_eq!(p.next_sync_at(t0), t0 + Duration::from_secs(30), "the failed check is retried a sync period later");
+    p.check_soon = true;
+    assert_eq!(p.next_sync_at(t0), t0 + TOUCHED_CHECK_GAP, "a notice brings the retry forward");
+    tokio::time::advance(TOUCHED_CHECK_GAP).await;
+    assert!(p.sync(), "the retry is a full sync");
+    assert!(!p.check_soon, "which covers the notice");
+    assert_eq!(rec.calls(), [Call::Full(1), Call::Verify(1), Call::Full(1)]);
+}
