@@ -144,14 +144,14 @@ fn write_iptables(s: &mut String, results: &[SizeResult]) -> Result<(), std::fmt
     writeln!(s)?;
     writeln!(
         s,
-        "| services | backend | full sync | of which tools (wall) | tools CPU user / system | restores / sections | vs nftables full sync | upstream layout, ClusterIPs only (one restore) | change p50 | change p99 | of which iptables-restore p50 | resync over live rules (sections) |"
+        "| services | backend | full sync | of which tools (wall) | tools CPU user / system | restores / sections | vs nftables full sync | upstream layout, ClusterIPs only (one restore) | change p50 | change p99 | of which iptables-restore p50 | resync over live rules (sections) | restart over live rules (sections) |"
     )?;
-    writeln!(s, "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")?;
+    writeln!(s, "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")?;
     for r in results {
         for i in &r.iptables {
             writeln!(
                 s,
-                "| {} | {} | {} | {} | {} / {} | {} / {} | {:.0}× | {} | {:.2} ms | {:.2} ms | {:.2} ms | {} ({}) |",
+                "| {} | {} | {} | {} | {} / {} | {} / {} | {:.0}× | {} | {:.2} ms | {:.2} ms | {:.2} ms | {} ({}) | {} ({}) |",
                 r.mix.services,
                 i.backend,
                 secs(i.full_sync_s),
@@ -167,6 +167,8 @@ fn write_iptables(s: &mut String, results: &[SizeResult]) -> Result<(), std::fmt
                 pct(&i.change_tools_ms, 0.5),
                 i.resync_s.map_or_else(|| "skipped".to_owned(), secs),
                 i.resync_sections,
+                i.restart_s.map_or_else(|| "skipped".to_owned(), secs),
+                i.restart_sections,
             )?;
         }
     }
