@@ -85,6 +85,9 @@ impl Executor for Timed {
     fn save(&mut self, family: IpFamily, table: Table) -> Result<String, ExecError> {
         self.time(|e| e.save(family, table))
     }
+    fn save_all(&mut self, family: IpFamily) -> Result<String, ExecError> {
+        self.time(|e| e.save_all(family))
+    }
     fn run(&mut self, family: IpFamily, args: &[String]) -> Result<Output, ExecError> {
         self.time(|e| e.run(family, args))
     }
