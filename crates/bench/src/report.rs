@@ -138,8 +138,9 @@ fn write_iptables(s: &mut String, results: &[SizeResult]) -> Result<(), std::fmt
     writeln!(
         s,
         "iptables mode, same clusters and changes, each backend in a fresh namespace (full sync: kproxy's rendering, \
-         `iptables-save` for stale chains, the restore, the jump checks; tools: time waiting for the iptables \
-         binaries, and their CPU):"
+         `iptables-save` of what is there, the restore, the jump checks; tools: time waiting for the iptables \
+         binaries, and their CPU; resync / restart: a full sync over the live rules by the same dataplane / by a \
+         fresh one, with the `COMMIT` sections it restored):"
     )?;
     writeln!(s)?;
     writeln!(
