@@ -1,6 +1,8 @@
 //! The iptables dataplane on the same cluster, per iptables backend, in the same child process
 //! as the nftables figures: the first full sync (rendering, `iptables-save` for stale chains,
-//! the restore, the jump checks) and one-endpoint changes, in a fresh network namespace each.
+//! the restore, the jump checks), one-endpoint changes, then a full resync over the live rules
+//! (the hourly one) and a fresh dataplane's full sync over them (a restart), in a fresh network
+//! namespace each.
 //! The time spent waiting for the iptables tools and the CPU they used are kept apart from
 //! kproxy's own.
 
@@ -45,6 +47,12 @@ pub struct IptablesResult {
     /// restart, or the hourly resync): each section's commit then revalidates the table.
     pub resync_s: Option<f64>,
     pub resync_sections: usize,
+    /// Then a fresh dataplane's first full sync over those live rules (a restart of kproxy),
+    /// seconds, and the `COMMIT` sections it restored.
+    #[serde(default)]
+    pub restart_s: Option<f64>,
+    #[serde(default)]
+    pub restart_sections: usize,
     /// The ClusterIP part of the cluster in upstream's layout, one `iptables-restore --noflush`
     /// into an empty namespace ([`crate::upstream_iptables`]).
     pub upstream: UpstreamLoad,
@@ -76,6 +84,9 @@ impl Executor for Timed {
     }
     fn save(&mut self, family: IpFamily, table: Table) -> Result<String, ExecError> {
         self.time(|e| e.save(family, table))
+    }
+    fn save_all(&mut self, family: IpFamily) -> Result<String, ExecError> {
+        self.time(|e| e.save_all(family))
     }
     fn run(&mut self, family: IpFamily, args: &[String]) -> Result<Output, ExecError> {
         self.time(|e| e.run(family, args))
@@ -188,6 +199,18 @@ pub fn run(
             resync_s = Some(start.elapsed().as_secs_f64());
         }
         let resync_sections = dp.executor().sections - sections;
+        let mut restart_s = None;
+        let mut restart_sections = 0;
+        if size <= resync_max {
+            drop(dp);
+            let exec =
+                Timed { inner: IptablesRestore::new(backend), waiting: Duration::ZERO, restores: 0, sections: 0 };
+            let mut dp = IptablesDataplane::new(exec, Config::default());
+            let start = Instant::now();
+            dp.full_sync(&plan).context("iptables restart")?;
+            restart_s = Some(start.elapsed().as_secs_f64());
+            restart_sections = dp.executor().sections;
+        }
         Ok(IptablesResult {
             backend: backend.as_str().to_owned(),
             full_sync_s,
@@ -200,6 +223,8 @@ pub fn run(
             change_tools_ms,
             resync_s,
             resync_sections,
+            restart_s,
+            restart_sections,
             upstream,
         })
     })?

@@ -77,7 +77,7 @@ pub struct Args {
     /// Largest size whose upstream-layout iptables restore is loaded (it grows quadratically).
     #[arg(long, default_value_t = 3000)]
     pub iptables_upstream_max: usize,
-    /// Largest size whose iptables full resync over the live rules is timed (slow at scale).
+    /// Largest size whose iptables full resync and restart over the live rules are timed.
     #[arg(long, default_value_t = 10_000)]
     pub iptables_resync_max: usize,
     /// iptables backends measured (`nft`, `legacy`; empty: none).

@@ -138,20 +138,21 @@ fn write_iptables(s: &mut String, results: &[SizeResult]) -> Result<(), std::fmt
     writeln!(
         s,
         "iptables mode, same clusters and changes, each backend in a fresh namespace (full sync: kproxy's rendering, \
-         `iptables-save` for stale chains, the restore, the jump checks; tools: time waiting for the iptables \
-         binaries, and their CPU):"
+         `iptables-save` of what is there, the restore, the jump checks; tools: time waiting for the iptables \
+         binaries, and their CPU; resync / restart: a full sync over the live rules by the same dataplane / by a \
+         fresh one, with the `COMMIT` sections it restored):"
     )?;
     writeln!(s)?;
     writeln!(
         s,
-        "| services | backend | full sync | of which tools (wall) | tools CPU user / system | restores / sections | vs nftables full sync | upstream layout, ClusterIPs only (one restore) | change p50 | change p99 | of which iptables-restore p50 | resync over live rules (sections) |"
+        "| services | backend | full sync | of which tools (wall) | tools CPU user / system | restores / sections | vs nftables full sync | upstream layout, ClusterIPs only (one restore) | change p50 | change p99 | of which iptables-restore p50 | resync over live rules (sections) | restart over live rules (sections) |"
     )?;
-    writeln!(s, "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")?;
+    writeln!(s, "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")?;
     for r in results {
         for i in &r.iptables {
             writeln!(
                 s,
-                "| {} | {} | {} | {} | {} / {} | {} / {} | {:.0}× | {} | {:.2} ms | {:.2} ms | {:.2} ms | {} ({}) |",
+                "| {} | {} | {} | {} | {} / {} | {} / {} | {:.0}× | {} | {:.2} ms | {:.2} ms | {:.2} ms | {} ({}) | {} ({}) |",
                 r.mix.services,
                 i.backend,
                 secs(i.full_sync_s),
@@ -167,6 +168,8 @@ fn write_iptables(s: &mut String, results: &[SizeResult]) -> Result<(), std::fmt
                 pct(&i.change_tools_ms, 0.5),
                 i.resync_s.map_or_else(|| "skipped".to_owned(), secs),
                 i.resync_sections,
+                i.restart_s.map_or_else(|| "skipped".to_owned(), secs),
+                i.restart_sections,
             )?;
         }
     }

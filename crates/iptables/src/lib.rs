@@ -6,6 +6,8 @@
 //! - [`rules`]: the plan rendered into `iptables-restore` lines, per table.
 //! - [`layout`]: the order and sections a restore is written in, so `iptables-restore` stays linear.
 //! - [`IptablesDataplane`]: the applied state in memory, full and partial restores.
+//! - [`live`]: what `iptables-save` shows, compared with what kproxy would write (full syncs
+//!   over live rules restore only the chains that differ).
 //! - [`restore`]: running `iptables-restore --noflush -w` of one [`Backend`]; a recorder for tests.
 //! - [`backend`]: detecting the host's backend like upstream.
 //! - [`canary`]: noticing that someone flushed kproxy's rules.
@@ -15,7 +17,9 @@
 pub mod backend;
 pub mod canary;
 pub mod cleanup;
+mod fake;
 pub mod layout;
+pub mod live;
 pub mod naming;
 pub mod nfacct;
 pub mod restore;
@@ -25,6 +29,6 @@ mod sync;
 
 pub use cleanup::cleanup;
 pub use nfacct::{Nfacct, NfacctCounters, NfacctCounts};
-pub use restore::{Backend, ExecError, Executor, IptablesRestore, Output, Recording};
+pub use restore::{Backend, ExecError, Executor, IptablesRestore, KernelTables, Output, Recording};
 pub use rule_counts::{RuleCounter, TableRules};
 pub use sync::{Config, IptablesDataplane, SyncError, SyncReport};

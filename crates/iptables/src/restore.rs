@@ -10,6 +10,7 @@ use std::process::{Command, Stdio};
 
 use kproxy_state::IpFamily;
 
+pub use crate::fake::KernelTables;
 use crate::rules::Table;
 
 /// Which iptables implementation the host uses.
@@ -79,6 +80,16 @@ pub trait Executor {
     fn restore(&mut self, family: IpFamily, input: &str) -> Result<(), ExecError>;
     /// `iptables-save -t <table>`.
     fn save(&mut self, family: IpFamily, table: Table) -> Result<String, ExecError>;
+    /// `iptables-save` of every table at once (one run: iptables-nft reads the whole ruleset
+    /// whatever `-t` says, so three runs cost three times one). By default, [`Executor::save`]
+    /// of each of kproxy's tables.
+    fn save_all(&mut self, family: IpFamily) -> Result<String, ExecError> {
+        let mut out = String::new();
+        for table in Table::ALL {
+            out.push_str(&self.save(family, table)?);
+        }
+        Ok(out)
+    }
     /// `iptables -w <args>`; a non-zero exit is an [`Output`] with `success: false`.
     fn run(&mut self, family: IpFamily, args: &[String]) -> Result<Output, ExecError>;
     /// Writes a sysctl under `/proc/sys` (`net/ipv4/conf/all/route_localnet`).
@@ -159,6 +170,10 @@ impl Executor for IptablesRestore {
         self.command(family, "-save", &["-t", table.as_str()], None).map(|o| o.stdout)
     }
 
+    fn save_all(&mut self, family: IpFamily) -> Result<String, ExecError> {
+        self.command(family, "-save", &[], None).map(|o| o.stdout)
+    }
+
     fn run(&mut self, family: IpFamily, args: &[String]) -> Result<Output, ExecError> {
         let mut all = XTABLES_WAIT.to_vec();
         all.extend(args.iter().map(String::as_str));
@@ -195,7 +210,8 @@ impl Executor for IptablesRestore {
     }
 }
 
-/// Records instead of applying (unit tests, `--dry-run`).
+/// Records instead of applying (unit tests, `--dry-run`); with `kernel` set, also applies to
+/// an imitation of the kernel's tables.
 #[derive(Debug, Clone, Default)]
 pub struct Recording {
     /// Every restore input, with its family, in order.
@@ -214,6 +230,9 @@ pub struct Recording {
     pub dropped: Vec<(IpFamily, Table)>,
     /// What [`Executor::section_limit`] answers.
     pub section_limit: Option<usize>,
+    /// Restores and `-C`/`-I`/`-S` go to these tables too, and `iptables-save` prints them
+    /// (instead of `saved`; `-C` answers from them instead of `check_succeeds`).
+    pub kernel: Option<KernelTables>,
 }
 
 impl Recording {
@@ -233,15 +252,27 @@ impl Executor for Recording {
             return Err(ExecError::Injected);
         }
         self.restores.push((family, input.to_owned()));
+        if let Some(kernel) = &mut self.kernel {
+            kernel
+                .restore(family, input)
+                .map_err(|stderr| ExecError::Failed { program: "iptables-restore (fake)".to_owned(), stderr })?;
+        }
         Ok(())
     }
 
     fn save(&mut self, family: IpFamily, table: Table) -> Result<String, ExecError> {
+        if let Some(kernel) = &self.kernel {
+            return Ok(kernel.save(family, table));
+        }
         Ok(self.saved.get(&(family, table)).cloned().unwrap_or_default())
     }
 
     fn run(&mut self, family: IpFamily, args: &[String]) -> Result<Output, ExecError> {
         self.commands.push((family, args.to_vec()));
+        if let Some(kernel) = &mut self.kernel {
+            let (success, stdout) = kernel.run(family, args);
+            return Ok(Output { success, stdout });
+        }
         let success = !args.iter().any(|a| a == "-C") || self.check_succeeds;
         Ok(Output { success, stdout: String::new() })
     }
@@ -267,6 +298,9 @@ impl<E: Executor + ?Sized> Executor for &mut E {
     fn save(&mut self, family: IpFamily, table: Table) -> Result<String, ExecError> {
         (**self).save(family, table)
     }
+    fn save_all(&mut self, family: IpFamily) -> Result<String, ExecError> {
+        (**self).save_all(family)
+    }
     fn run(&mut self, family: IpFamily, args: &[String]) -> Result<Output, ExecError> {
         (**self).run(family, args)
     }
@@ -287,6 +321,9 @@ impl<E: Executor + ?Sized> Executor for Box<E> {
     }
     fn save(&mut self, family: IpFamily, table: Table) -> Result<String, ExecError> {
         (**self).save(family, table)
+    }
+    fn save_all(&mut self, family: IpFamily) -> Result<String, ExecError> {
+        (**self).save_all(family)
     }
     fn run(&mut self, family: IpFamily, args: &[String]) -> Result<Output, ExecError> {
         (**self).run(family, args)

@@ -63,6 +63,22 @@ impl RuleCounter {
         }
     }
 
+    /// A full sync over live rules: kproxy owns every chain of `owned`, and its restore (if
+    /// any) wrote `written`, the chains that differed.
+    pub fn adopted(
+        &self,
+        family: IpFamily,
+        owned: &BTreeMap<Table, TableInput>,
+        written: &BTreeMap<Table, TableInput>,
+    ) {
+        self.restored(family, owned, true);
+        let mut counts = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        for table in Table::ALL {
+            let rules = written.get(&table).map_or(0, |t| t.rules.iter().filter_map(|r| appended_chain(r)).count());
+            counts.last.insert((family, table), rules as u64);
+        }
+    }
+
     /// Every family and table with its counts.
     pub fn snapshot(&self) -> Vec<(IpFamily, Table, TableRules)> {
         let counts = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
@@ -125,5 +141,20 @@ mod tests {
         counter.restored(IpFamily::V4, &BTreeMap::from([(Table::Nat, input(&[("KUBE-SERVICES", 1)], &[]))]), true);
         assert_eq!(counts(&counter, Table::Nat), TableRules { total: 1, last: 1 }, "a full restore owns all");
         assert_eq!(counts(&counter, Table::Filter), TableRules { total: 0, last: 0 });
+    }
+
+    #[test]
+    fn a_full_sync_over_live_rules_owns_all_and_wrote_what_differed() {
+        let counter = RuleCounter::default();
+        let owned = BTreeMap::from([
+            (Table::Nat, input(&[("KUBE-SERVICES", 3), ("KUBE-SVC-A", 2)], &[])),
+            (Table::Filter, input(&[("KUBE-FORWARD", 3)], &[])),
+        ]);
+        let written = BTreeMap::from([(Table::Nat, input(&[("KUBE-SVC-A", 2)], &["KUBE-SVC-OLD"]))]);
+        counter.adopted(IpFamily::V4, &owned, &written);
+        assert_eq!(counts(&counter, Table::Nat), TableRules { total: 5, last: 2 });
+        assert_eq!(counts(&counter, Table::Filter), TableRules { total: 3, last: 0 });
+        counter.adopted(IpFamily::V4, &owned, &BTreeMap::new());
+        assert_eq!(counts(&counter, Table::Nat), TableRules { total: 5, last: 0 }, "nothing written");
     }
 }

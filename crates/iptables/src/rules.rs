@@ -674,6 +674,20 @@ impl Jump {
     pub fn target(&self) -> &str {
         self.args.last().map_or("", String::as_str)
     }
+
+    /// The jump as a restore line (`-A <from> …`).
+    pub fn line(&self) -> String {
+        let mut line = format!("-A {}", self.from);
+        for arg in &self.args {
+            if arg.is_empty() || arg.contains(char::is_whitespace) {
+                line.push_str(&format!(" \"{arg}\""));
+            } else {
+                line.push(' ');
+                line.push_str(arg);
+            }
+        }
+        line
+    }
 }
 
 /// Upstream's jumps from the built-in chains, for `node`.

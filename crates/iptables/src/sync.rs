@@ -5,14 +5,20 @@
 //! the dispatch chains, and a hash of each dispatch chain — lives in memory, so a partial sync
 //! (upstream's MinimizeIPTablesRestore) writes only the chains whose content changed, deletes
 //! the ones that went away, and rewrites a dispatch chain only when its content changed (an
-//! endpoint change never does). Full syncs rewrite everything and delete any stale service
-//! chain they find with `iptables-save`; they happen on start, after any failure, when
-//! node-wide settings change, when the canary is gone, and when the daemon asks (hourly). Each
-//! sync is one `iptables-restore` per family, laid out by [`crate::layout`]: small ones are one
-//! atomic section per table, big ones on iptables-nft several, ordered so nothing dangles.
+//! endpoint change never does). Full syncs happen on start, after any failure, when node-wide
+//! settings change, when the canary is gone, and when the daemon asks (hourly). On a node
+//! without kproxy's chains (the first start) a full sync writes everything. Over live chains (a
+//! restart, the hourly resync, the recovery after a failure) it reads them with
+//! `iptables-save`, one per table, compares each chain with what it would write
+//! ([`crate::live`]) and restores only the chains that differ, deleting stale service chains in
+//! the same restore: nothing at all when the kernel already holds the plan. A chain that differs
+//! although kproxy had written exactly that content is someone else's doing: it is repaired the
+//! same way and reported as drift ([`IptablesDataplane::take_drift`]). Each sync is one
+//! `iptables-restore` per family, laid out by [`crate::layout`]: small ones are one atomic
+//! section per table, big ones on iptables-nft several, ordered so nothing dangles.
 
 use std::collections::hash_map::DefaultHasher;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
 
@@ -21,6 +27,7 @@ use kproxy_state::IpFamily;
 
 use crate::canary;
 use crate::layout;
+use crate::live::{self, LiveTable};
 use crate::naming;
 use crate::nfacct::NfacctCounters;
 use crate::restore::{ExecError, Executor};
@@ -95,6 +102,17 @@ pub struct SyncReport {
     pub chains_written: usize,
     /// Per-service chains deleted.
     pub chains_deleted: usize,
+    /// Node-wide chains (dispatch, forwarding, masquerading, canaries) written.
+    pub node_chains_written: usize,
+    /// A full sync found kproxy's chains live and compared them with what it would write.
+    pub adopted: bool,
+    /// Of those, chains already as wanted, left as they were.
+    pub chains_kept: usize,
+    /// Jumps from the built-in chains inserted.
+    pub jumps_inserted: usize,
+    /// Chains and jumps that differed from what kproxy had written (someone else changed
+    /// them), repaired.
+    pub drift: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -111,13 +129,31 @@ struct FamilyState {
     services: BTreeMap<ServicePortName, AppliedService>,
     /// A hash of each dispatch chain as last written.
     dispatch: BTreeMap<(Table, String), u64>,
-    /// Chains a failed restore was to delete: the next full sync deletes them.
-    maybe_stale: BTreeSet<String>,
 }
 
 impl FamilyState {
     fn new(ctx: Ctx, node: NodePlan) -> Self {
-        Self { ctx, node, services: BTreeMap::new(), dispatch: BTreeMap::new(), maybe_stale: BTreeSet::new() }
+        Self { ctx, node, services: BTreeMap::new(), dispatch: BTreeMap::new() }
+    }
+
+    /// Whether `chain` of `table`, with `rules` as this state would write it, is exactly what
+    /// `self` last wrote (so a live chain differing from it was changed by someone else).
+    fn wrote(
+        &self,
+        now: &FamilyState,
+        table: Table,
+        chain: &str,
+        rules: &[&str],
+        services: &HashMap<&str, u64>,
+    ) -> bool {
+        let key = (table, chain.to_owned());
+        if table == Table::Nat && naming::is_service_chain(chain) {
+            services.get(chain) == Some(&hash(rules))
+        } else if let Some(h) = now.dispatch.get(&key) {
+            self.dispatch.get(&key) == Some(h)
+        } else {
+            self.ctx == now.ctx && self.node == now.node
+        }
     }
 
     /// The dispatch chains for the current services; records what they hash to.
@@ -174,6 +210,10 @@ fn merge(into: &mut BTreeMap<Table, TableInput>, from: BTreeMap<Table, TableInpu
     }
 }
 
+/// At most this many lines describe the drift a sync repaired (a flushed table is one line
+/// per chain), then one that says how many more.
+const DRIFT_LINES: usize = 20;
+
 /// The iptables dataplane over an [`Executor`].
 #[derive(Debug)]
 pub struct IptablesDataplane<E> {
@@ -181,13 +221,32 @@ pub struct IptablesDataplane<E> {
     config: Config,
     families: BTreeMap<IpFamily, FamilyState>,
     needs_full: bool,
+    /// The applied state is what the kernel held after the last sync (it succeeded): a full
+    /// sync finding a chain it had written changed is drift.
+    trusted: bool,
+    /// Drift repaired since [`Self::take_drift`] was last called.
+    drift: Vec<String>,
     rule_counts: RuleCounter,
 }
 
 impl<E: Executor> IptablesDataplane<E> {
     /// A dataplane that applies through `exec`; nothing is applied until the first sync.
     pub fn new(exec: E, config: Config) -> Self {
-        Self { exec, config, families: BTreeMap::new(), needs_full: true, rule_counts: RuleCounter::default() }
+        Self {
+            exec,
+            config,
+            families: BTreeMap::new(),
+            needs_full: true,
+            trusted: false,
+            drift: Vec::new(),
+            rule_counts: RuleCounter::default(),
+        }
+    }
+
+    /// What the syncs since the last call found changed by someone else and repaired, one
+    /// line each (at most a few per sync).
+    pub fn take_drift(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.drift)
     }
 
     /// The rule counts of the `kubeproxy_sync_proxy_rules_iptables_{total,last}` metrics, shared.
@@ -240,9 +299,12 @@ impl<E: Executor> IptablesDataplane<E> {
         self.partial_sync(delta)
     }
 
-    /// Rewrites everything from `plan`, deleting stale chains.
+    /// Brings the kernel in line with `plan` whatever it held: writes everything on a node
+    /// without kproxy's chains; over live chains, restores only those that differ and deletes
+    /// stale service chains.
     pub fn full_sync(&mut self, plan: &Plan) -> Result<SyncReport, SyncError> {
         self.needs_full = true;
+        let trusted = std::mem::take(&mut self.trusted);
         let mut report = SyncReport { full: true, ..SyncReport::default() };
         let gone: Vec<IpFamily> = self.families.keys().filter(|f| !plan.families.contains_key(f)).copied().collect();
         for family in gone {
@@ -250,6 +312,7 @@ impl<E: Executor> IptablesDataplane<E> {
                 .map_err(|source| SyncError::Exec { family, source })?;
             self.families.remove(&family);
         }
+        let mut drift = Vec::new();
         for (&family, fam) in &plan.families {
             let err = |source| SyncError::Exec { family, source };
             let ctx = self.config.ctx(family);
@@ -263,34 +326,67 @@ impl<E: Executor> IptablesDataplane<E> {
                 }
                 state.services.insert(name.clone(), applied(&rendered, p.cluster_ip));
             }
-            report.chains_written += nat.chains.len();
-            let desired: BTreeSet<&String> = nat.chains.iter().collect();
-            let mut existing: BTreeSet<String> =
-                existing_service_chains(&self.exec.save(family, Table::Nat).map_err(err)?);
-            if let Some(old) = self.families.get(&family) {
-                existing.extend(old.services.values().flat_map(|s| s.chains.keys().cloned()));
-                existing.extend(old.maybe_stale.iter().cloned());
-            }
-            nat.delete = existing.into_iter().filter(|c| !desired.contains(c)).collect();
-            report.chains_deleted += nat.delete.len();
+            let service_chains = nat.chains.len();
             merge(&mut tables, state.dispatch());
             merge(&mut tables, BTreeMap::from([(Table::Nat, nat)]));
-            let text = layout::restore_text(&tables, self.exec.section_limit());
-            self.exec.restore(family, &text).map_err(|e| {
-                tracing::warn!(error = %e, ?family, "iptables full restore failed");
-                err(e)
-            })?;
-            report.restores += 1;
-            self.rule_counts.restored(family, &tables, true);
+            // One read of every table (what one table costs with iptables-nft).
+            let live = LiveTable::parse_all(&self.exec.save_all(family).map_err(err)?);
+            let old = if trusted { self.families.get(&family) } else { None };
+            let live = if live.get(&Table::Nat).is_some_and(LiveTable::has_kproxy_chains) {
+                let exec = &mut self.exec;
+                drift.extend(
+                    adopt(exec, &self.rule_counts, family, &tables, (&state, old), &live, &mut report).map_err(err)?,
+                );
+                Some(live)
+            } else {
+                // The first start: nothing of kproxy's to compare with or delete.
+                report.chains_written += service_chains;
+                report.node_chains_written += tables.values().map(|t| t.chains.len()).sum::<usize>() - service_chains;
+                let text = layout::restore_text(&tables, self.exec.section_limit());
+                self.exec.restore(family, &text).map_err(|e| {
+                    tracing::warn!(error = %e, ?family, "iptables full restore failed");
+                    err(e)
+                })?;
+                report.restores += 1;
+                self.rule_counts.restored(family, &tables, true);
+                None
+            };
             for jump in rules::jumps(&ctx, &fam.node) {
-                ensure_jump(&mut self.exec, family, &jump).map_err(err)?;
+                // Over live rules the save shows the jumps that are there; `-C` asks otherwise.
+                if live.as_ref().is_some_and(|l| {
+                    l.get(&jump.table).is_some_and(|t| t.builtin_has(jump.from, &live::save_form(&jump.line(), family)))
+                }) {
+                    continue;
+                }
+                if ensure_jump(&mut self.exec, family, &jump).map_err(err)? {
+                    report.jumps_inserted += 1;
+                    if old.is_some() {
+                        drift.push(format!(
+                            "{family:?} {}: the jump from {} to {} was missing",
+                            jump.table.as_str(),
+                            jump.from,
+                            jump.target()
+                        ));
+                    }
+                }
             }
             if ctx.localhost_nodeports_active(&fam.node) {
                 self.exec.sysctl("net/ipv4/conf/all/route_localnet", "1").map_err(err)?;
             }
             self.families.insert(family, state);
         }
+        report.drift = drift.len();
+        if drift.len() > DRIFT_LINES {
+            let more = drift.len() - DRIFT_LINES;
+            drift.truncate(DRIFT_LINES);
+            drift.push(format!("and {more} more"));
+        }
+        if !drift.is_empty() {
+            tracing::warn!(?drift, "kproxy's iptables rules were changed by someone else; repaired");
+        }
+        self.drift.extend(drift);
         self.needs_full = false;
+        self.trusted = true;
         Ok(report)
     }
 
@@ -343,9 +439,10 @@ impl<E: Executor> IptablesDataplane<E> {
             let text = layout::restore_text(&tables, self.exec.section_limit());
             if let Err(e) = self.exec.restore(family, &text) {
                 tracing::warn!(error = %e, ?family, "iptables partial restore failed; the next sync is a full one");
-                // The chains this restore would have deleted may still be in the kernel.
-                state.maybe_stale.extend(tables.get(&Table::Nat).into_iter().flat_map(|t| t.delete.iter().cloned()));
+                // The full sync reads what the kernel holds (the chains this restore would
+                // have deleted among them).
                 self.needs_full = true;
+                self.trusted = false;
                 return Err(SyncError::Exec { family, source: e });
             }
             report.restores += 1;
@@ -387,22 +484,118 @@ impl<E: Executor> IptablesDataplane<E> {
         self.families.clear();
         self.rule_counts.clear();
         self.needs_full = true;
+        self.trusted = false;
         Ok(())
     }
 }
 
-/// Per-service chains present in `iptables-save -t nat` output.
-fn existing_service_chains(save: &str) -> BTreeSet<String> {
-    save.lines()
-        .filter_map(|l| l.strip_prefix(':'))
-        .filter_map(|l| l.split_whitespace().next())
-        .filter(|c| naming::is_service_chain(c))
-        .map(str::to_owned)
-        .collect()
+/// The full sync of `family` over its live chains: one restore of the chains that differ
+/// from `tables` (everything kproxy wants there) and of the deletion of stale service
+/// chains; none when nothing differs. `old`: the state the last sync left, when the kernel
+/// held it then. Returns the drift: chains that differed from what `old` had written.
+fn adopt(
+    exec: &mut dyn Executor,
+    rule_counts: &RuleCounter,
+    family: IpFamily,
+    tables: &BTreeMap<Table, TableInput>,
+    (state, old): (&FamilyState, Option<&FamilyState>),
+    live: &BTreeMap<Table, LiveTable>,
+    report: &mut SyncReport,
+) -> Result<Vec<String>, ExecError> {
+    report.adopted = true;
+    let old_services: HashMap<&str, u64> = old
+        .map(|o| o.services.values().flat_map(|s| s.chains.iter().map(|(c, h)| (c.as_str(), *h))).collect())
+        .unwrap_or_default();
+    let empty = LiveTable::default();
+    let mut write: BTreeMap<Table, TableInput> = BTreeMap::new();
+    // (table, chain, its digest as written, how it differed)
+    let mut drifted: Vec<(Table, &str, live::ChainDigest, &str)> = Vec::new();
+    for (&table, input) in tables {
+        let live = live.get(&table).unwrap_or(&empty);
+        let mut wanted: HashSet<&str> = HashSet::new();
+        for (chain, rules) in input.chain_rules() {
+            wanted.insert(chain);
+            let is = live.digest(chain);
+            let want = live::digest_of(&rules, family);
+            if is == Some(want) {
+                report.chains_kept += 1;
+                continue;
+            }
+            if table == Table::Nat && naming::is_service_chain(chain) {
+                report.chains_written += 1;
+            } else {
+                report.node_chains_written += 1;
+            }
+            if old.is_some_and(|o| o.wrote(state, table, chain, &rules, &old_services)) {
+                drifted.push((
+                    table,
+                    chain,
+                    want,
+                    if is.is_some() { "its rules were changed" } else { "it was deleted" },
+                ));
+            }
+            write.entry(table).or_default().chain(chain, rules.into_iter().map(str::to_owned));
+        }
+        if table == Table::Nat {
+            let mut stale: Vec<String> = live
+                .kproxy_chains()
+                .filter(|c| naming::is_service_chain(c) && !wanted.contains(c))
+                .map(str::to_owned)
+                .collect();
+            stale.sort_unstable();
+            report.chains_deleted += stale.len();
+            if !stale.is_empty() {
+                write.entry(table).or_default().delete = stale;
+            }
+        }
+    }
+    if write.values().any(|t| !t.is_empty()) {
+        let text = layout::restore_text(&write, exec.section_limit());
+        exec.restore(family, &text).inspect_err(|e| {
+            tracing::warn!(error = %e, ?family, "iptables restore over the live rules failed");
+        })?;
+        report.restores += 1;
+    }
+    if !drifted.is_empty() {
+        // A chain that still differs right after kproxy wrote it is one whose save form
+        // `live::save_form` does not know (other versions of the tools may print rules
+        // otherwise): not drift, only rewritten at each full sync.
+        let mut reread: BTreeMap<Table, LiveTable> = BTreeMap::new();
+        for &(table, ..) in &drifted {
+            if let std::collections::btree_map::Entry::Vacant(e) = reread.entry(table) {
+                e.insert(LiveTable::parse(table, &exec.save(family, table)?));
+            }
+        }
+        drifted.retain(|(table, chain, want, _)| {
+            let comparable = reread.get(table).and_then(|t| t.digest(chain)) == Some(*want);
+            if !comparable {
+                tracing::warn!(
+                    ?family,
+                    table = table.as_str(),
+                    chain,
+                    "iptables-save shows this chain otherwise than kproxy writes it; it is rewritten at each full sync"
+                );
+            }
+            comparable
+        });
+    }
+    tracing::debug!(
+        ?family,
+        kept = report.chains_kept,
+        written = report.chains_written + report.node_chains_written,
+        deleted = report.chains_deleted,
+        "iptables full sync over live rules"
+    );
+    rule_counts.adopted(family, tables, &write);
+    Ok(drifted
+        .into_iter()
+        .map(|(table, chain, _, how)| format!("{family:?} {} chain {chain}: {how}", table.as_str()))
+        .collect())
 }
 
-/// `-C` then `-I`: the jump exists exactly once, first in the built-in chain.
-fn ensure_jump(exec: &mut dyn Executor, family: IpFamily, jump: &rules::Jump) -> Result<(), ExecError> {
+/// `-C` then `-I`: the jump exists exactly once, first in the built-in chain. Whether it was
+/// inserted.
+fn ensure_jump(exec: &mut dyn Executor, family: IpFamily, jump: &rules::Jump) -> Result<bool, ExecError> {
     let spec = |op: &str| {
         let mut a = vec!["-t".to_owned(), jump.table.as_str().to_owned(), op.to_owned(), jump.from.to_owned()];
         a.extend(jump.args.iter().cloned());
@@ -416,8 +609,9 @@ fn ensure_jump(exec: &mut dyn Executor, family: IpFamily, jump: &rules::Jump) ->
                 stderr: "rule not inserted".to_owned(),
             });
         }
+        return Ok(true);
     }
-    Ok(())
+    Ok(false)
 }
 
 impl<E: Executor + Send> kproxy_plan::Dataplane for IptablesDataplane<E> {
@@ -439,9 +633,15 @@ impl<E: Executor + Send> kproxy_plan::Dataplane for IptablesDataplane<E> {
             return Ok(kproxy_plan::Verified::Clean);
         }
         IptablesDataplane::full_sync(self, plan)?;
-        Ok(kproxy_plan::Verified::Repaired(vec![
-            "kproxy's iptables canary was gone (a table was flushed or its chains deleted)".to_owned(),
-        ]))
+        let mut drift = self.take_drift();
+        if drift.is_empty() {
+            drift.push("kproxy's iptables canary was gone (a table was flushed or its chains deleted)".to_owned());
+        }
+        Ok(kproxy_plan::Verified::Repaired(drift))
+    }
+
+    fn take_drift_repairs(&mut self) -> Vec<String> {
+        self.take_drift()
     }
 
     fn cleanup(&mut self) -> Result<(), kproxy_plan::DataplaneError> {

@@ -1,73 +1,212 @@
 //! iptables-specific behaviour on the real kernel, in testbed namespaces, for both backends:
 //! localhost NodePorts and the route_localnet mitigation, canary self-healing after a flush,
-//! and `--cleanup` leaving other tools' rules alone.
+//! `--cleanup` leaving other tools' rules alone, and full syncs over live rules (a restart,
+//! the hourly resync) restoring only the chains that differ.
 
 #![allow(clippy::unwrap_used)]
 
 use std::net::{SocketAddr, UdpSocket};
 use std::time::Duration;
 
-use kproxy_iptables::{Backend, Config, IptablesDataplane, IptablesRestore};
+use kproxy_iptables::rules::Table;
+use kproxy_iptables::{Backend, Config, ExecError, Executor, IptablesDataplane, IptablesRestore, Output, naming};
 use kproxy_packet_suite::{endpoint, node_objects, service, slice};
-use kproxy_plan::{NodeContext, NodePortAddress, Plan, PlanDelta, Planner, ProxyPolicy};
-use kproxy_state::{Change, ClusterState};
+use kproxy_plan::{NodeContext, NodePortAddress, Plan, PlanDelta, Planner, ProxyPolicy, ServicePortName};
+use kproxy_state::{Change, ClusterState, IpFamily, Object, Protocol};
+use kproxy_testbed::kernel::KernelFeature;
 use kproxy_testbed::topology::{CLUSTER_CIDR_V4, CLUSTER_CIDR_V6, NODE_IP_V4, NODE_IP_V6};
 use kproxy_testbed::{ProbeOptions, Proto, Testbed, Where, probe_many};
 use serde_json::json;
 
+/// The real tools of a backend, with what they were given recorded.
+#[derive(Debug)]
+struct Tap {
+    inner: IptablesRestore,
+    restores: Vec<(IpFamily, String)>,
+    commands: Vec<Vec<String>>,
+}
+
+impl Executor for Tap {
+    fn restore(&mut self, family: IpFamily, input: &str) -> Result<(), ExecError> {
+        self.restores.push((family, input.to_owned()));
+        self.inner.restore(family, input)
+    }
+    fn save(&mut self, family: IpFamily, table: Table) -> Result<String, ExecError> {
+        self.inner.save(family, table)
+    }
+    fn save_all(&mut self, family: IpFamily) -> Result<String, ExecError> {
+        self.inner.save_all(family)
+    }
+    fn run(&mut self, family: IpFamily, args: &[String]) -> Result<Output, ExecError> {
+        self.commands.push(args.to_vec());
+        self.inner.run(family, args)
+    }
+    fn sysctl(&mut self, key: &str, value: &str) -> Result<(), ExecError> {
+        self.inner.sysctl(key, value)
+    }
+    fn drop_empty_table(&mut self, family: IpFamily, table: Table) -> Result<(), ExecError> {
+        self.inner.drop_empty_table(family, table)
+    }
+    fn section_limit(&self) -> Option<usize> {
+        self.inner.section_limit()
+    }
+}
+
+impl Tap {
+    fn restores_since(&self, from: usize) -> String {
+        self.restores[from..].iter().map(|(f, text)| format!("# {f:?}\n{text}")).collect()
+    }
+}
+
+type Dp = IptablesDataplane<Tap>;
+
 struct Bed {
     tb: Testbed,
     plan: Plan,
+    /// Pod `a`'s and `b`'s IPv4 addresses.
+    pods: [String; 2],
+    policy: ProxyPolicy,
+    config: Config,
 }
+
+const WEB: &str = "198.18.128.10:80";
 
 /// A testbed with backend `a` on the node and `b` on node2, and a NodePort service `web`
 /// (ClusterIP 198.18.128.10:80, NodePort 30080) on NodePorts of every local address.
 fn bed() -> Option<Bed> {
+    bed_with(|_| Vec::new(), |_| {})
+}
+
+/// [`bed`] with more objects (given pod `a`'s and `b`'s addresses) and another policy.
+fn bed_with(more: impl FnOnce(&[String; 2]) -> Vec<Object>, policy: impl FnOnce(&mut ProxyPolicy)) -> Option<Bed> {
     if !kproxy_testbed::kernel::require_root() {
         return None;
     }
     let tb = Testbed::new().unwrap();
-    let mut objs = node_objects();
-    let mut ips = Vec::new();
+    let mut pods = Vec::new();
     for (name, on) in [("a", Where::Node), ("b", Where::Node2)] {
         let pod = tb.add_pod(name, on).unwrap();
         pod.serve(&[(Proto::Tcp, 8080)]).unwrap();
-        let node = if on == Where::Node { "node-a" } else { "node-b" };
-        ips.push(endpoint(&pod.ipv4().to_string(), node, json!({"ready": true})));
+        pods.push(pod.ipv4().to_string());
     }
-    objs.push(service(
-        "default",
-        "web",
-        json!({"type": "NodePort", "clusterIP": "198.18.128.10", "clusterIPs": ["198.18.128.10"],
-            "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP", "nodePort": 30080}]}),
-        json!({}),
-    ));
-    objs.push(slice("default", "web", "v4", "IPv4", json!([{"name": "http", "protocol": "TCP", "port": 8080}]), ips));
-    let policy = ProxyPolicy {
+    let pods: [String; 2] = [pods[0].clone(), pods[1].clone()];
+    let mut p = ProxyPolicy {
         detect_local: kproxy_plan::DetectLocal::ClusterCidr(vec![CLUSTER_CIDR_V4.into(), CLUSTER_CIDR_V6.into()]),
         nodeport_addresses: vec![NodePortAddress::All],
         ..ProxyPolicy::default()
     };
-    let node = NodeContext {
-        name: "node-a".into(),
-        node_ip_override: Vec::new(),
-        local_addresses: vec![NODE_IP_V4.into(), NODE_IP_V6.into()],
-    };
-    let mut state = ClusterState::new();
-    for o in objs {
-        state.apply(Change::Applied(o));
+    policy(&mut p);
+    let mut bed = Bed { tb, plan: Plan::default(), pods, policy: p, config: Config::default() };
+    let mut objs = web(&bed.pods);
+    objs.extend(more(&bed.pods));
+    bed.plan = bed.plan_of(objs);
+    Some(bed)
+}
+
+/// `web` with these endpoints (on node-a, then node-b).
+fn web(endpoints: &[String]) -> Vec<Object> {
+    let eps = endpoints
+        .iter()
+        .zip(["node-a", "node-b"])
+        .map(|(ip, node)| endpoint(ip, node, json!({"ready": true})))
+        .collect();
+    vec![
+        service(
+            "default",
+            "web",
+            json!({"type": "NodePort", "clusterIP": "198.18.128.10", "clusterIPs": ["198.18.128.10"],
+                "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP", "nodePort": 30080}]}),
+            json!({}),
+        ),
+        slice("default", "web", "v4", "IPv4", json!([{"name": "http", "protocol": "TCP", "port": 8080}]), eps),
+    ]
+}
+
+/// A ClusterIP service `name` on TCP port 80 with one endpoint on node-b.
+fn plain(name: &str, cluster_ip: &str, endpoint_ip: &str) -> Vec<Object> {
+    vec![
+        service(
+            "default",
+            name,
+            json!({"clusterIP": cluster_ip, "clusterIPs": [cluster_ip],
+                "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]}),
+            json!({}),
+        ),
+        slice(
+            "default",
+            name,
+            "v4",
+            "IPv4",
+            json!([{"name": "http", "protocol": "TCP", "port": 8080}]),
+            vec![endpoint(endpoint_ip, "node-b", json!({"ready": true}))],
+        ),
+    ]
+}
+
+fn spn(service: &str, port: &str, protocol: Protocol) -> ServicePortName {
+    ServicePortName { namespace: "default".into(), service: service.into(), port: port.into(), protocol }
+}
+
+/// The chains a restore input declares (to write or to delete), with their table.
+fn declared(input: &str) -> Vec<(String, String)> {
+    let mut table = "";
+    let mut out = Vec::new();
+    for line in input.lines() {
+        if let Some(t) = line.strip_prefix('*') {
+            table = t;
+        } else if let Some(chain) = line.strip_prefix(':').and_then(|l| l.split_whitespace().next()) {
+            out.push((table.to_owned(), chain.to_owned()));
+        }
     }
-    let plan = Planner::new(policy, node).build(&state);
-    Some(Bed { tb, plan })
+    out.sort();
+    out
+}
+
+fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = list.iter().map(|(t, c)| ((*t).to_owned(), (*c).to_owned())).collect();
+    out.sort();
+    out
 }
 
 impl Bed {
-    fn dataplane(&self, backend: Backend) -> IptablesDataplane<IptablesRestore> {
-        IptablesDataplane::new(IptablesRestore::new(backend), Config::default())
+    fn plan_of(&self, objects: Vec<Object>) -> Plan {
+        let node = NodeContext {
+            name: "node-a".into(),
+            node_ip_override: Vec::new(),
+            local_addresses: vec![NODE_IP_V4.into(), NODE_IP_V6.into()],
+        };
+        let mut state = ClusterState::new();
+        for o in node_objects().into_iter().chain(objects) {
+            state.apply(Change::Applied(o));
+        }
+        Planner::new(self.policy.clone(), node).build(&state)
     }
 
-    fn sync(&self, dp: &mut IptablesDataplane<IptablesRestore>, delta: &PlanDelta) -> kproxy_iptables::SyncReport {
+    fn dataplane(&self, backend: Backend) -> Dp {
+        let tap = Tap { inner: IptablesRestore::new(backend), restores: Vec::new(), commands: Vec::new() };
+        IptablesDataplane::new(tap, self.config.clone())
+    }
+
+    fn sync(&self, dp: &mut Dp, delta: &PlanDelta) -> kproxy_iptables::SyncReport {
         self.tb.node().run_in(|| dp.sync(&self.plan, delta)).unwrap().unwrap()
+    }
+
+    /// A full sync of `plan` (a start, or the hourly resync of a running dataplane).
+    fn full(&self, dp: &mut Dp, plan: &Plan) -> kproxy_iptables::SyncReport {
+        self.tb.node().run_in(|| dp.full_sync(plan)).unwrap().unwrap()
+    }
+
+    /// Both families' rules as `iptables-save` prints them, without comments and counters.
+    fn rules(&self, backend: Backend) -> Vec<String> {
+        let mut out = Vec::new();
+        for tool in ["iptables", "ip6tables"] {
+            let program = format!("{tool}-{}-save", backend.as_str());
+            let text = self.tb.node().exec_ok(&program, &[] as &[&str]).unwrap();
+            out.extend(
+                text.lines().filter(|l| !l.starts_with('#')).map(|l| l.split(" [").next().unwrap_or(l).to_owned()),
+            );
+        }
+        out
     }
 
     fn full_delta(&self) -> PlanDelta {
@@ -217,6 +356,251 @@ fn cleanup_keeps_other_rules(backend: Backend) {
     }
 }
 
+/// Every kind of rule kproxy writes, in both families: a LoadBalancer with source ranges and
+/// `externalTrafficPolicy: Local` (firewall, external, local-endpoint chains, health check node
+/// port), ClientIP affinity (endpoint chains, `recent`), three endpoints (the `statistic`
+/// cascade), UDP, a Service without endpoints (filter rejects), a dual-stack Service with an
+/// external IP, two pod CIDRs of one family (`KUBE-MARK-MASQ-NOT-LOCAL`), `noMasqueradeCIDRs`
+/// and SNAT to the node IP (KEP-6246), and the nfacct counters where the kernel has them.
+fn every_rule_kind() -> Option<Bed> {
+    let mut bed = bed_with(
+        |_| {
+            let tcp = |port: u16| json!([{"name": "p", "protocol": "TCP", "port": port}]);
+            let ep = |ip: &str, node: &str| endpoint(ip, node, json!({"ready": true}));
+            vec![
+                service(
+                    "default",
+                    "lb",
+                    json!({"type": "LoadBalancer", "clusterIP": "198.18.128.20", "clusterIPs": ["198.18.128.20"],
+                        "externalTrafficPolicy": "Local", "healthCheckNodePort": 32000,
+                        "loadBalancerSourceRanges": ["203.0.113.0/25"],
+                        "ports": [{"name": "p", "port": 443, "targetPort": 8443, "protocol": "TCP", "nodePort": 30443}]}),
+                    json!({"loadBalancer": {"ingress": [{"ip": "203.0.113.50"}]}}),
+                ),
+                slice(
+                    "default",
+                    "lb",
+                    "v4",
+                    "IPv4",
+                    tcp(8443),
+                    vec![ep("198.18.16.40", "node-a"), ep("198.18.17.40", "node-b")],
+                ),
+                service(
+                    "default",
+                    "sticky",
+                    json!({"clusterIP": "198.18.128.21", "clusterIPs": ["198.18.128.21"], "sessionAffinity": "ClientIP",
+                        "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 600}},
+                        "ports": [{"name": "dns", "port": 53, "targetPort": 5353, "protocol": "UDP"}]}),
+                    json!({}),
+                ),
+                slice(
+                    "default",
+                    "sticky",
+                    "v4",
+                    "IPv4",
+                    json!([{"name": "dns", "protocol": "UDP", "port": 5353}]),
+                    vec![ep("198.18.17.41", "node-b"), ep("198.18.17.42", "node-b")],
+                ),
+                service(
+                    "default",
+                    "three",
+                    json!({"clusterIP": "198.18.128.22", "clusterIPs": ["198.18.128.22"],
+                        "ports": [{"name": "p", "port": 80, "targetPort": 8080, "protocol": "TCP"}]}),
+                    json!({}),
+                ),
+                slice(
+                    "default",
+                    "three",
+                    "v4",
+                    "IPv4",
+                    tcp(8080),
+                    vec![ep("198.18.17.43", "node-b"), ep("198.18.17.44", "node-b"), ep("198.18.16.45", "node-a")],
+                ),
+                service(
+                    "default",
+                    "none",
+                    json!({"type": "NodePort", "clusterIP": "198.18.128.23", "clusterIPs": ["198.18.128.23"],
+                        "ports": [{"name": "p", "port": 80, "targetPort": 8080, "protocol": "TCP", "nodePort": 30081}]}),
+                    json!({}),
+                ),
+                service(
+                    "default",
+                    "dual",
+                    json!({"clusterIP": "198.18.128.24", "clusterIPs": ["198.18.128.24", "fd00:96::24"],
+                        "ipFamilies": ["IPv4", "IPv6"], "ipFamilyPolicy": "RequireDualStack",
+                        "externalIPs": ["192.0.2.24", "fd00:203::24"],
+                        "ports": [{"name": "p", "port": 80, "targetPort": 8080, "protocol": "TCP"}]}),
+                    json!({}),
+                ),
+                slice(
+                    "default",
+                    "dual",
+                    "v4",
+                    "IPv4",
+                    tcp(8080),
+                    vec![ep("198.18.17.46", "node-b"), ep("198.18.16.46", "node-a")],
+                ),
+                slice(
+                    "default",
+                    "dual",
+                    "v6",
+                    "IPv6",
+                    tcp(8080),
+                    vec![ep("fd00:10:17::46", "node-b"), ep("fd00:10:16::46", "node-a")],
+                ),
+            ]
+        },
+        |p| {
+            p.detect_local = kproxy_plan::DetectLocal::ClusterCidr(vec![
+                CLUSTER_CIDR_V4.into(),
+                "192.0.2.128/25".parse().unwrap(),
+                CLUSTER_CIDR_V6.into(),
+            ]);
+            p.no_masquerade_cidrs = vec!["198.51.100.0/24".parse().unwrap(), "fd00:51::/64".parse().unwrap()];
+            p.snat_to_node_ip = true;
+        },
+    )?;
+    if KernelFeature::NfAcct.is_available() {
+        let nfacct = bed.tb.node().run_in(kproxy_iptables::Nfacct::setup).unwrap().unwrap();
+        bed.config.nfacct = nfacct.counters();
+    }
+    Some(bed)
+}
+
+/// The rules a dataplane left are taken over unchanged by the next kproxy (a restart) and by
+/// the hourly resync: no restore, no jump checked with `-C`, not a rule different in the
+/// kernel, and the Service answers before and after.
+fn restart_over_unchanged_rules_restores_nothing(backend: Backend) {
+    let Some(bed) = every_rule_kind() else { return };
+    let tb = &bed.tb;
+    let mut first = bed.dataplane(backend);
+    let report = bed.full(&mut first, &bed.plan);
+    assert!(!report.adopted && report.restores == 2, "the first start writes everything: {report:?}");
+    let t = bed.answered(tb.external(), WEB, 12);
+    assert_eq!(t.answered(), 12, "{t:?}");
+    let before = bed.rules(backend);
+    drop(first);
+
+    let mut second = bed.dataplane(backend);
+    for what in ["restart", "hourly resync"] {
+        let report = bed.full(&mut second, &bed.plan);
+        let restored = second.executor().restores_since(0);
+        assert!(report.adopted, "{what}: {report:?}");
+        assert_eq!(
+            (report.restores, report.chains_written, report.node_chains_written, report.chains_deleted),
+            (0, 0, 0, 0),
+            "{what}: a chain looked different from what kproxy writes: {report:?}\n{restored}"
+        );
+        assert_eq!((report.jumps_inserted, report.drift), (0, 0), "{what}: {report:?}");
+        assert!(report.chains_kept > 30, "{what}: {report:?}");
+        assert!(second.executor().commands.is_empty(), "{what}: {:?}", second.executor().commands);
+        assert!(second.take_drift().is_empty());
+        assert_eq!(bed.rules(backend), before, "{what} changed the kernel's rules");
+        let t = bed.answered(tb.external(), WEB, 12);
+        assert_eq!(t.answered(), 12, "{what}: {t:?}");
+        assert!(t.backends.contains_key("a") && t.backends.contains_key("b"), "{t:?}");
+    }
+    tb.node().run_in(|| second.cleanup()).unwrap().unwrap();
+}
+
+/// Another tool flushes a service chain, and a chain named like kproxy's that it no longer
+/// wants is there: the hourly resync repairs the one and deletes the other in one restore,
+/// touches nothing else, and reports the flush as drift; a restarted kproxy repairs it the
+/// same way (without calling it drift: it wrote nothing yet).
+fn one_sync_repairs_a_flushed_chain_and_deletes_a_stale_one(backend: Backend) {
+    let Some(bed) = bed() else { return };
+    let tb = &bed.tb;
+    let mut dp = bed.dataplane(backend);
+    bed.full(&mut dp, &bed.plan);
+    assert_eq!(bed.answered(tb.external(), WEB, 6).answered(), 6);
+
+    let svc = naming::svc_chain(&spn("web", "http", Protocol::Tcp));
+    let stale = "KUBE-SEP-STALE234567ABCDEF";
+    bed.iptables(backend, &["-t", "nat", "-F", &svc]);
+    bed.iptables(backend, &["-t", "nat", "-N", stale]);
+    bed.iptables(backend, &["-t", "nat", "-A", stale, "-j", "RETURN"]);
+    assert_eq!(bed.answered(tb.external(), WEB, 2).answered(), 0, "the flush did not break the service");
+
+    let from = dp.executor().restores.len();
+    let report = bed.full(&mut dp, &bed.plan);
+    let input = dp.executor().restores_since(from);
+    assert_eq!(
+        (report.restores, report.chains_written, report.node_chains_written, report.chains_deleted, report.drift),
+        (1, 1, 0, 1, 1),
+        "{report:?}\n{input}"
+    );
+    assert_eq!(declared(&input), pairs(&[("nat", &svc), ("nat", stale)]), "{input}");
+    assert!(input.contains(&format!("-X {stale}\n")), "{input}");
+    let drift = dp.take_drift();
+    assert!(drift.len() == 1 && drift[0].contains(&svc), "{drift:?}");
+    let t = bed.answered(tb.external(), WEB, 12);
+    assert_eq!(t.answered(), 12, "{t:?}");
+    assert!(!bed.save(backend).contains(stale));
+
+    bed.iptables(backend, &["-t", "nat", "-F", &svc]);
+    drop(dp);
+    let mut restarted = bed.dataplane(backend);
+    let report = bed.full(&mut restarted, &bed.plan);
+    let input = restarted.executor().restores_since(0);
+    assert_eq!((report.restores, report.chains_written, report.drift), (1, 1, 0), "{report:?}\n{input}");
+    assert_eq!(declared(&input), pairs(&[("nat", &svc)]), "{input}");
+    assert_eq!(bed.answered(tb.external(), WEB, 6).answered(), 6);
+    tb.node().run_in(|| restarted.cleanup()).unwrap().unwrap();
+}
+
+/// While kproxy was down, `web` lost an endpoint, a Service was deleted and one created: the
+/// restarted kproxy writes the chains of those and the dispatch chains that list them, and
+/// nothing else.
+fn changes_while_down_write_only_the_changed_chains(backend: Backend) {
+    let Some(bed) = bed_with(
+        |_| [plain("other", "198.18.128.11", "198.18.17.50"), plain("gone", "198.18.128.12", "198.18.17.51")].concat(),
+        |_| {},
+    ) else {
+        return;
+    };
+    let tb = &bed.tb;
+    let mut dp = bed.dataplane(backend);
+    bed.full(&mut dp, &bed.plan);
+    let t = bed.answered(tb.external(), WEB, 12);
+    assert!(t.backends.contains_key("a") && t.backends.contains_key("b"), "{t:?}");
+    drop(dp);
+
+    let changed = bed.plan_of(
+        [
+            web(&bed.pods[..1]),
+            plain("other", "198.18.128.11", "198.18.17.50"),
+            plain("new", "198.18.128.13", "198.18.17.52"),
+        ]
+        .concat(),
+    );
+    let mut restarted = bed.dataplane(backend);
+    let report = bed.full(&mut restarted, &changed);
+    let input = restarted.executor().restores_since(0);
+    let chain = |name: &str| naming::svc_chain(&spn(name, "http", Protocol::Tcp));
+    let (web_svc, new_svc, gone_svc) = (chain("web"), chain("new"), chain("gone"));
+    assert_eq!(
+        declared(&input),
+        pairs(&[
+            ("filter", "KUBE-SERVICES"),
+            ("nat", "KUBE-SERVICES"),
+            ("nat", &web_svc),
+            ("nat", &new_svc),
+            ("nat", &gone_svc),
+        ]),
+        "{input}"
+    );
+    assert!(input.contains(&format!("-X {gone_svc}\n")), "{input}");
+    assert_eq!(
+        (report.restores, report.chains_written, report.node_chains_written, report.chains_deleted, report.drift),
+        (1, 2, 2, 1, 0),
+        "{report:?}\n{input}"
+    );
+    let t = bed.answered(tb.external(), WEB, 12);
+    assert_eq!(t.answered(), 12, "{t:?}");
+    assert_eq!(t.backends.keys().collect::<Vec<_>>(), ["a"], "{t:?}");
+    tb.node().run_in(|| restarted.cleanup()).unwrap().unwrap();
+}
+
 macro_rules! both_backends {
     ($($name:ident),+ $(,)?) => {
         mod nft {
@@ -228,4 +612,11 @@ macro_rules! both_backends {
     };
 }
 
-both_backends!(localhost_nodeports, canary_heals_a_flush, cleanup_keeps_other_rules);
+both_backends!(
+    localhost_nodeports,
+    canary_heals_a_flush,
+    cleanup_keeps_other_rules,
+    restart_over_unchanged_rules_restores_nothing,
+    one_sync_repairs_a_flushed_chain_and_deletes_a_stale_one,
+    changes_while_down_write_only_the_changed_chains,
+);

@@ -5,7 +5,8 @@
 #![allow(clippy::unwrap_used)]
 
 use kproxy_iptables::naming;
-use kproxy_iptables::{Config, IptablesDataplane, NfacctCounters, Recording};
+use kproxy_iptables::rules::Table;
+use kproxy_iptables::{Config, IptablesDataplane, KernelTables, NfacctCounters, Recording};
 use kproxy_packet_suite::{endpoint, node_objects, service, slice};
 use kproxy_plan::{NodeContext, NodePortAddress, Plan, PlanDelta, Planner, ProxyPolicy, ServicePortName};
 use kproxy_state::{Change, ClusterState, IpFamily, Object, Protocol};
@@ -275,22 +276,99 @@ fn a_new_service_rewrites_the_dispatch_chains_it_changes() {
     assert!(input.contains("-d 198.18.128.11 -j REJECT"), "{input}");
 }
 
+/// A recording executor that also keeps the tables its restores leave, as the kernel would.
+fn kernel() -> Recording {
+    Recording { kernel: Some(KernelTables::default()), ..Recording::default() }
+}
+
 #[test]
 fn a_failed_restore_makes_the_next_sync_full() {
     // With affinity, endpoints keep chains of their own: replacing one makes its chain stale.
     let mut w = World::new([web_affinity(&["198.18.17.10"]), other()].concat());
-    let mut dp = IptablesDataplane::new(Recording::default(), Config::default());
+    let mut dp = IptablesDataplane::new(kernel(), Config::default());
     dp.sync(&w.plan, &PlanDelta::between(&Plan::default(), &w.plan)).unwrap();
     let delta = w.apply(web_affinity(&["198.18.17.11"]));
     dp.executor_mut().fail_next = true;
     assert!(dp.sync(&w.plan, &delta).is_err());
     assert!(dp.full_sync_pending());
     let report = dp.sync(&w.plan, &PlanDelta::default()).unwrap();
-    assert!(report.full, "{report:?}");
+    assert!(report.full && report.adopted, "{report:?}");
     let input = dp.executor().last(IpFamily::V4).unwrap();
     let stale = sep("web", "http", Protocol::Tcp, "198.18.17.10", 8080);
     assert!(input.contains(&format!("-X {stale}\n")), "the full restore must delete the stale chain:\n{input}");
-    assert!(input.contains(&other_svc_line()), "{input}");
+    // The chains the failed restore was to write are written; the other service's, as wanted
+    // in the kernel, are not, and what was not kproxy's doing is no drift.
+    assert!(
+        input.contains(&format!(":{} - [0:0]", sep("web", "http", Protocol::Tcp, "198.18.17.11", 8080))),
+        "{input}"
+    );
+    assert!(!input.contains(&other_svc_line()), "{input}");
+    assert_eq!(report.drift, 0, "{report:?}");
+    assert!(dp.take_drift().is_empty());
+}
+
+fn all_of(w: &World) -> PlanDelta {
+    PlanDelta::between(&Plan::default(), &w.plan)
+}
+
+/// A restarted kproxy (a new dataplane over the tables the last one left) and the hourly
+/// resync restore nothing when nothing changed, and check the jumps in the saves, not with `-C`.
+#[test]
+fn full_syncs_over_unchanged_live_rules_restore_nothing() {
+    let w = World::new([web(&["198.18.17.10", "198.18.17.11"]), web_affinity(&["198.18.17.12"]), other()].concat());
+    let mut first = IptablesDataplane::new(kernel(), Config::default());
+    let report = first.sync(&w.plan, &all_of(&w)).unwrap();
+    assert!(!report.adopted && report.restores == 1 && report.jumps_inserted > 0, "{report:?}");
+    let kernel_tables = first.executor().kernel.clone();
+    let mut restarted =
+        IptablesDataplane::new(Recording { kernel: kernel_tables, ..Recording::default() }, Config::default());
+    for _ in 0..2 {
+        let report = restarted.full_sync(&w.plan).unwrap();
+        assert!(report.adopted && report.chains_kept > 10, "{report:?}");
+        assert_eq!(
+            (report.restores, report.chains_written, report.node_chains_written, report.jumps_inserted),
+            (0, 0, 0, 0),
+            "{report:?}"
+        );
+        assert!(restarted.executor().restores.is_empty() && restarted.executor().commands.is_empty());
+    }
+    // Its rule counts are the whole ruleset's, of which nothing was written.
+    let counts = restarted.rule_counter().snapshot();
+    assert_eq!(
+        counts,
+        first
+            .rule_counter()
+            .snapshot()
+            .into_iter()
+            .map(|(f, t, r)| (f, t, kproxy_iptables::TableRules { last: 0, ..r }))
+            .collect::<Vec<_>>()
+    );
+}
+
+/// Someone flushed a chain kproxy wrote and deleted a jump: the next full sync restores that
+/// chain alone, inserts that jump alone, and reports both as drift.
+#[test]
+fn a_full_sync_repairs_and_reports_drift() {
+    let w = World::new([web(&["198.18.17.10"]), other()].concat());
+    let mut dp = IptablesDataplane::new(kernel(), Config::default());
+    dp.sync(&w.plan, &all_of(&w)).unwrap();
+    let other_svc = naming::svc_chain(&spn("other", "dns", Protocol::Udp));
+    let k = dp.executor_mut().kernel.as_mut().unwrap();
+    k.restore(IpFamily::V4, &format!("*nat\n:{other_svc} - [0:0]\nCOMMIT\n")).unwrap();
+    let jump = k.chain(IpFamily::V4, Table::Nat, "PREROUTING").unwrap().remove(0);
+    k.restore(IpFamily::V4, &format!("*nat\n{}\nCOMMIT\n", jump.replacen("-A", "-D", 1))).unwrap();
+    let restores = dp.executor().restores.len();
+    let report = dp.full_sync(&w.plan).unwrap();
+    assert_eq!(
+        (report.restores, report.chains_written, report.node_chains_written, report.jumps_inserted, report.drift),
+        (1, 1, 0, 1, 2),
+        "{report:?}"
+    );
+    let input = &dp.executor().restores[restores].1;
+    assert_eq!(declared(input), vec![other_svc.as_str()], "{input}");
+    let drift = dp.take_drift();
+    assert!(drift[0].contains(&other_svc) && drift[1].contains("PREROUTING"), "{drift:?}");
+    assert_eq!(dp.full_sync(&w.plan).unwrap().restores, 0, "repaired");
 }
 
 fn other_svc_line() -> String {
@@ -352,4 +430,23 @@ fn a_split_full_restore_declares_every_chain_before_anything_jumps_to_it() {
     ] {
         assert!(declared.contains(&chain.as_str()), "{chain} missing:\n{input}");
     }
+}
+
+/// When `iptables-save` shows a chain otherwise than kproxy's comparison expects even right
+/// after kproxy wrote it (another version of the tools), the chain is rewritten but that is no
+/// drift: a reread after the restore tells the two apart.
+#[test]
+fn a_chain_shown_otherwise_than_kproxy_writes_it_is_rewritten_not_drift() {
+    let w = World::new(other());
+    let mut dp = IptablesDataplane::new(Recording { check_succeeds: true, ..Recording::default() }, Config::default());
+    dp.sync(&w.plan, &all_of(&w)).unwrap();
+    // A save that never changes: as if the tools printed KUBE-SERVICES in a form kproxy does
+    // not know, whatever was restored.
+    dp.executor_mut()
+        .saved
+        .insert((IpFamily::V4, Table::Nat), "*nat\n:KUBE-SERVICES - [0:0]\n-A KUBE-SERVICES -j ODD\nCOMMIT\n".into());
+    let report = dp.full_sync(&w.plan).unwrap();
+    assert!(report.adopted && report.restores == 1 && report.node_chains_written > 0, "{report:?}");
+    assert_eq!(report.drift, 0, "{report:?}");
+    assert!(dp.take_drift().is_empty());
 }

@@ -36,8 +36,8 @@ pub trait SyncObserver: Send {
     fn cleanup_failed(&mut self, _family: IpFamily) {}
     /// Objects were rejected or warned about.
     fn rejected(&mut self, _errors: &[kproxy_state::ObjectError]) {}
-    /// The periodic check found kproxy's rules changed by someone else (each line says how) and
-    /// repaired them.
+    /// The periodic check, or a full sync comparing with what is live, found kproxy's rules
+    /// changed by someone else (each line says how) and repaired them.
     fn drift_repaired(&mut self, _drift: &[String]) {}
     /// Per-Service counters were read.
     fn counted(&mut self, _counts: &[ServicePortCounts]) {}
@@ -355,6 +355,11 @@ impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
             (delta, result)
         };
         self.report_cleanup_failures();
+        let drift = self.dataplane.take_drift_repairs();
+        if !drift.is_empty() {
+            warn!(?drift, full, "a sync found kproxy's rules changed by someone else and repaired them");
+            self.observer.drift_repaired(&drift);
+        }
         let mut tokens = self.tokens.refilled(&self.pacing, start);
         tokens.tokens -= 1.0;
         self.tokens = tokens;

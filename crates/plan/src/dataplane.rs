@@ -30,6 +30,12 @@ pub trait Dataplane: Send {
     fn take_cleanup_failures(&mut self) -> Vec<kproxy_state::IpFamily> {
         Vec::new()
     }
+    /// What the syncs since the last call found changed by someone else in the kernel and
+    /// repaired, one line each: a backend whose full syncs compare with what is live (iptables)
+    /// reports here what they repaired. The periodic check reports its own in [`Verified`].
+    fn take_drift_repairs(&mut self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// What a periodic check found.

@@ -474,7 +474,7 @@ impl Metrics {
         let drift_repairs = Counter::default();
         registry.register(
             "kproxy_sync_proxy_rules_drift_repairs",
-            "Periodic checks that found kproxy's rules changed by someone else and repaired them",
+            "Periodic checks and full syncs that found kproxy's rules changed by someone else and repaired them",
             drift_repairs.clone(),
         );
         let accelerated_connections = Counter::default();
@@ -754,7 +754,7 @@ impl Metrics {
         self.inner.service_bytes.raise(counts);
     }
 
-    /// A periodic check repaired kproxy's rules.
+    /// A periodic check or a full sync repaired kproxy's rules.
     pub fn inc_drift_repair(&self) {
         self.inner.drift_repairs.inc();
     }

@@ -151,22 +151,26 @@ impl KernelProbe {
     /// its netlink payload (one dump of that chain); `None`: no such chain. iptables mode's
     /// witness: an endpoint's address is in its rules (the `-s` match and the DNAT), a jump's
     /// target chain name in the jump.
+    /// A dump that met a concurrent commit (`iptables-restore` writing meanwhile) is taken again.
     pub fn iptables_rules(&mut self, family_of: IpAddr, table: &str, chain: &str) -> io::Result<Option<Vec<Vec<u8>>>> {
-        let mut rules = Vec::new();
-        let (table, chain) = (table.to_owned(), chain.to_owned());
-        let result = self.dumper.dump(
-            NFT_MSG_GETRULE,
-            nfproto_of(family_of),
-            move |m| {
-                m.put_str(NFTA_RULE_TABLE, &table);
-                m.put_str(NFTA_RULE_CHAIN, &chain);
-            },
-            |payload| rules.push(payload.to_vec()),
-        );
-        match result {
-            Ok(()) => Ok(Some(rules)),
-            Err(e) if e.raw_os_error() == Some(libc_enoent()) => Ok(None),
-            Err(e) => Err(e),
+        loop {
+            let mut rules = Vec::new();
+            let (table, chain) = (table.to_owned(), chain.to_owned());
+            let result = self.dumper.dump(
+                NFT_MSG_GETRULE,
+                nfproto_of(family_of),
+                move |m| {
+                    m.put_str(NFTA_RULE_TABLE, &table);
+                    m.put_str(NFTA_RULE_CHAIN, &chain);
+                },
+                |payload| rules.push(payload.to_vec()),
+            );
+            return match result {
+                Ok(()) => Ok(Some(rules)),
+                Err(e) if e.raw_os_error() == Some(libc_enoent()) => Ok(None),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => Err(e),
+            };
         }
     }
 

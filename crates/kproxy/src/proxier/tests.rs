@@ -21,6 +21,8 @@ enum Call {
 struct Recorder {
     calls: Arc<Mutex<Vec<Call>>>,
     fail_next: Arc<Mutex<bool>>,
+    /// What the next `take_drift_repairs` hands over.
+    drift: Arc<Mutex<Vec<String>>>,
 }
 
 impl Dataplane for Recorder {
@@ -36,6 +38,19 @@ impl Dataplane for Recorder {
     fn verify(&mut self, plan: &Plan) -> Result<Verified, kproxy_plan::DataplaneError> {
         self.record(Call::Verify(ports(plan)))?;
         Ok(Verified::Clean)
+    }
+    fn take_drift_repairs(&mut self) -> Vec<String> {
+        std::mem::take(&mut *self.drift.lock().unwrap())
+    }
+}
+
+/// Counts the drift repairs reported.
+#[derive(Clone, Default)]
+struct DriftCounter(Arc<Mutex<Vec<Vec<String>>>>);
+
+impl SyncObserver for DriftCounter {
+    fn drift_repaired(&mut self, drift: &[String]) {
+        self.0.lock().unwrap().push(drift.to_vec());
     }
 }
 
@@ -316,4 +331,21 @@ async fn a_noticed_commit_brings_the_retry_after_a_failed_check_forward() {
     assert!(p.sync(), "the retry is a full sync");
     assert!(!p.check_soon, "which covers the notice");
     assert_eq!(rec.calls(), [Call::Full(1), Call::Verify(1), Call::Full(1)]);
+}
+
+#[test]
+fn drift_a_full_sync_repaired_is_reported_once() {
+    let rec = Recorder::default();
+    let planner = Planner::new(ProxyPolicy::default(), NodeContext { name: "node-a".into(), ..Default::default() });
+    let pacing =
+        Pacing { min_sync_period: Duration::ZERO, sync_period: Duration::from_secs(3600), burst: DEFAULT_BURST };
+    let observer = DriftCounter::default();
+    let mut p = Proxier::new(planner, rec.clone(), observer.clone(), pacing);
+    p.apply(Change::Replaced(Kind::Service, vec![service("a", "198.18.128.1")]));
+    p.apply(Change::Replaced(Kind::EndpointSlice, vec![]));
+    *rec.drift.lock().unwrap() = vec!["V4 nat chain KUBE-SVC-X: its rules were changed".to_owned()];
+    assert!(p.sync());
+    p.apply(Change::Applied(service("b", "198.18.128.2")));
+    assert!(p.sync());
+    assert_eq!(*observer.0.lock().unwrap(), [vec!["V4 nat chain KUBE-SVC-X: its rules were changed".to_owned()]]);
 }
