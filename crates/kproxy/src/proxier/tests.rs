@@ -224,15 +224,21 @@ async fn a_failed_sync_is_retried_after_the_sync_period_unless_an_event_comes_fi
     assert_eq!(rec.calls(), [Call::Full(0), Call::Full(1)], "the retry is a full sync");
 }
 
-#[tokio::test(start_paused = true)]
-async fn the_periodic_sync_is_a_check_and_the_plan_is_rebuilt_only_hourly() {
-    let rec = Recorder::default();
-    let mut p = proxier(&rec);
+/// A proxier with a 30 s sync period, both kinds listed and one Service synced (a full sync).
+fn synced_with_one_service(rec: &Recorder) -> Proxier<Recorder, NoObserver> {
+    let mut p = proxier(rec);
     p.pacing.sync_period = Duration::from_secs(30);
     p.apply(Change::Replaced(Kind::Service, vec![]));
     p.apply(Change::Replaced(Kind::EndpointSlice, vec![]));
     p.apply(Change::Applied(service("a", "198.18.128.1")));
     assert!(p.sync());
+    p
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_periodic_sync_is_a_check_and_the_plan_is_rebuilt_only_hourly() {
+    let rec = Recorder::default();
+    let mut p = synced_with_one_service(&rec);
     let t0 = Instant::now();
     assert_eq!(p.next_sync_at(t0), t0 + Duration::from_secs(30));
     tokio::time::advance(Duration::from_secs(30)).await;
@@ -314,12 +320,7 @@ async fn a_noticed_commit_is_checked_within_the_gap_not_a_sync_period_later() {
 #[tokio::test(start_paused = true)]
 async fn a_noticed_commit_brings_the_retry_after_a_failed_check_forward() {
     let rec = Recorder::default();
-    let mut p = proxier(&rec);
-    p.pacing.sync_period = Duration::from_secs(30);
-    p.apply(Change::Replaced(Kind::Service, vec![]));
-    p.apply(Change::Replaced(Kind::EndpointSlice, vec![]));
-    p.apply(Change::Applied(service("a", "198.18.128.1")));
-    assert!(p.sync());
+    let mut p = synced_with_one_service(&rec);
     tokio::time::advance(Duration::from_secs(30)).await;
     *rec.fail_next.lock().unwrap() = true;
     p.check();
