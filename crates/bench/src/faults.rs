@@ -75,6 +75,9 @@ pub struct FaultResult {
     /// Connection attempts to the unchanged ClusterIP while the fault lasted, and failures.
     pub attempts: usize,
     pub failed: usize,
+    /// How the failed attempts failed (`connect: connection refused`, `read: timed out`...).
+    #[serde(default)]
+    pub failures: std::collections::BTreeMap<String, usize>,
     /// Kernel lookups of unchanged Services while the fault lasted, and how many missed.
     pub lookups: usize,
     pub missing: usize,
@@ -275,6 +278,7 @@ impl Sandbox {
             fault: name.to_owned(),
             attempts: probes.attempts.len(),
             failed: probes.failed(),
+            failures: probes.failures.clone(),
             lookups,
             missing,
             changes: churn.made() - changes_before,

@@ -233,7 +233,7 @@ fn restart_gap(
     let probes = prober.stop()?;
     drop(daemon);
     let (before, after): (Vec<_>, Vec<_>) = probes.attempts.iter().partition(|(at, _)| *at < killed);
-    let after = traffic::ProbeLog { attempts: after };
+    let after = traffic::ProbeLog { attempts: after, ..Default::default() };
     Ok(Restart {
         attempts: probes.attempts.len(),
         failed_before_kill: before.iter().filter(|(_, ok)| !ok).count(),

@@ -13,13 +13,19 @@ use serde::{Deserialize, Serialize};
 /// One new connection: connect, read the backend's one-line answer, close. True when `backend`
 /// answered.
 fn connect_once(dest: SocketAddr, backend: &str, timeout: Duration) -> bool {
-    let Ok(mut stream) = TcpStream::connect_timeout(&dest, timeout) else { return false };
-    if stream.set_read_timeout(Some(timeout)).is_err() {
-        return false;
-    }
+    attempt(dest, backend, timeout).is_ok()
+}
+
+/// One new connection as [`connect_once`]; a failure says what went wrong (`connect: refused`,
+/// `read: timed out`, `another backend answered`...).
+fn attempt(dest: SocketAddr, backend: &str, timeout: Duration) -> Result<(), String> {
+    let kind = |stage: &str, e: std::io::Error| format!("{stage}: {}", e.kind());
+    let mut stream = TcpStream::connect_timeout(&dest, timeout).map_err(|e| kind("connect", e))?;
+    stream.set_read_timeout(Some(timeout)).map_err(|e| kind("read", e))?;
     let mut answer = String::new();
     // The backend writes its line and closes.
-    stream.read_to_string(&mut answer).is_ok() && answer.split_whitespace().next() == Some(backend)
+    stream.read_to_string(&mut answer).map_err(|e| kind("read", e))?;
+    if answer.split_whitespace().next() == Some(backend) { Ok(()) } else { Err("another backend answered".into()) }
 }
 
 /// New connections per second, through the ClusterIP and straight to the pod.
@@ -75,6 +81,9 @@ pub fn connection_rates(
 pub struct ProbeLog {
     /// Each attempt: its start (since the prober started) and whether the backend answered.
     pub attempts: Vec<(Duration, bool)>,
+    /// How the failed attempts failed, and how many of each.
+    #[serde(default)]
+    pub failures: std::collections::BTreeMap<String, usize>,
 }
 
 impl ProbeLog {
@@ -126,8 +135,11 @@ impl Prober {
             let start = started;
             while !flag.load(Ordering::Relaxed) {
                 let at = start.elapsed();
-                let ok = connect_once(dest, &backend, Duration::from_millis(250));
-                log.attempts.push((at, ok));
+                let result = attempt(dest, &backend, Duration::from_millis(250));
+                if let Err(kind) = &result {
+                    *log.failures.entry(kind.clone()).or_default() += 1;
+                }
+                log.attempts.push((at, result.is_ok()));
                 if let Some(rest) = (at + interval).checked_sub(start.elapsed()) {
                     std::thread::sleep(rest);
                 }
@@ -151,6 +163,7 @@ mod tests {
     fn the_longest_outage_runs_from_the_first_failure_to_the_next_success() {
         let ms = Duration::from_millis;
         let log = ProbeLog {
+            failures: Default::default(),
             attempts: vec![
                 (ms(0), true),
                 (ms(5), false),
@@ -162,9 +175,10 @@ mod tests {
         };
         assert_eq!(log.failed(), 3);
         assert_eq!(log.longest_outage(), ms(35));
-        let clean = ProbeLog { attempts: vec![(ms(0), true), (ms(5), true)] };
+        let clean = ProbeLog { attempts: vec![(ms(0), true), (ms(5), true)], ..Default::default() };
         assert_eq!(clean.longest_outage(), Duration::ZERO);
-        let ends_down = ProbeLog { attempts: vec![(ms(0), true), (ms(5), false), (ms(60), false)] };
+        let ends_down =
+            ProbeLog { attempts: vec![(ms(0), true), (ms(5), false), (ms(60), false)], ..Default::default() };
         assert_eq!(ends_down.longest_outage(), ms(55));
     }
 }

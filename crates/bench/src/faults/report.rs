@@ -26,7 +26,7 @@ pub fn render(
     for r in results {
         let converged = r.converged_ms.map_or("not within 180 s".to_owned(), |ms| format!("{ms:.0} ms"));
         let good = if r.damage {
-            // Repaired by the next periodic check, within kproxy's syncPeriod.
+            // Repaired once kproxy noticed it, at the latest by the next periodic check.
             r.alive && r.converged_ms.is_some_and(|ms| ms <= repair_within.as_secs_f64() * 1000.0)
         } else {
             r.failed == 0 && r.missing == 0 && r.alive && r.converged_ms.is_some_and(|ms| ms <= 2000.0)
@@ -34,11 +34,12 @@ pub fn render(
         all_good &= good;
         let _ = writeln!(
             out,
-            "| {}{} | {} of {} | {} of {} lookups | {} | {} | {:.0} → {:.0} MiB |",
+            "| {}{} | {} of {}{} | {} of {} lookups | {} | {} | {:.0} → {:.0} MiB |",
             r.fault,
             if r.alive { "" } else { " (kproxy exited)" },
             r.failed,
             r.attempts,
+            failure_kinds(&r.failures),
             r.missing,
             r.lookups,
             r.changes,
@@ -48,4 +49,13 @@ pub fn render(
         );
     }
     (out, all_good)
+}
+
+/// ` (2 connect: connection refused, 1 read: timed out)`, or nothing when nothing failed.
+fn failure_kinds(failures: &std::collections::BTreeMap<String, usize>) -> String {
+    if failures.is_empty() {
+        return String::new();
+    }
+    let kinds: Vec<String> = failures.iter().map(|(kind, n)| format!("{n} {kind}")).collect();
+    format!(" ({})", kinds.join(", "))
 }
