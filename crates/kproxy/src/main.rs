@@ -519,14 +519,18 @@ fn spawn_proxier<D: kproxy_plan::Dataplane + 'static>(
 
 /// Follows nf_tables' notifications on a thread of its own and passes on a notice whenever a
 /// commit touched one of `tables` (kproxy's), so the sync loop checks and repairs them at once
-/// rather than at the next periodic check. Its own commits are noticed too: their check costs
-/// one netlink round trip (the generation is the one kproxy's commit left).
+/// rather than at the next periodic check. kproxy's own commits are left out by the monitor.
 fn touch_watcher(tables: Vec<kproxy_nftables::TableRef>) -> proxier::TouchWatcher {
     Box::new(move || {
         let (tx, rx) = mpsc::channel(1);
         let spawned = std::thread::Builder::new().name("nft-monitor".into()).spawn(move || {
             let mut monitor = match kproxy_nft_netlink::monitor::Monitor::open(&tables) {
-                Ok(m) => m,
+                // One notice once subscribed: a commit made between the first sync and the
+                // subscription is checked for too.
+                Ok(m) => {
+                    let _ = tx.try_send(());
+                    m
+                }
                 Err(e) => {
                     warn!(error = %e, "cannot follow nf_tables notifications: changes by other programs are found by the periodic check only");
                     return;

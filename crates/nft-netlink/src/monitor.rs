@@ -10,16 +10,11 @@
 //! they cause costs one round trip (the generation is the one kproxy's commit left).
 
 use std::io;
-use std::os::fd::AsFd as _;
-
-use netlink_sys::Socket;
-use netlink_sys::protocols::NETLINK_NETFILTER;
-use nix::sys::socket::{setsockopt, sockopt};
 
 use kproxy_nft_model::TableRef;
 
 use crate::batch::nfproto;
-use crate::socket::messages;
+use crate::socket::{NfSocket, messages};
 use crate::sys::*;
 use crate::wire::{Attrs, NFGENMSG_LEN};
 
@@ -32,7 +27,6 @@ const NFTA_TABLE_OF_OBJECT: u16 = 1;
 const NFTA_GEN_ID: u16 = 1;
 /// `NFTA_GEN_PROC_PID`: the thread that committed, in the commit's notice.
 const NFTA_GEN_PROC_PID: u16 = 2;
-const RCVBUF: usize = 8 << 20;
 
 /// What one wait saw.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,9 +41,8 @@ pub enum Notice {
 /// A subscription to nf_tables' notifications, filtered to some tables.
 #[derive(Debug)]
 pub struct Monitor {
-    sock: Socket,
+    sock: NfSocket,
     tables: Vec<(u8, String)>,
-    buf: Vec<u8>,
     /// A watched table was touched since the last commit notice.
     touched: bool,
 }
@@ -59,68 +52,60 @@ impl Monitor {
     /// `tables`.
     pub fn open(tables: &[TableRef]) -> io::Result<Monitor> {
         let tables = tables.iter().map(|t| (nfproto(t.family), t.name.clone())).collect();
-        let mut sock = Socket::new(NETLINK_NETFILTER)?;
-        sock.bind_auto()?;
-        sock.add_membership(NFNLGRP_NFTABLES)?;
-        if setsockopt(&sock.as_fd(), sockopt::RcvBufForce, &RCVBUF).is_err() {
-            sock.set_rx_buf_sz(RCVBUF)?;
-        }
-        Ok(Monitor { sock, tables, buf: Vec::with_capacity(1 << 20), touched: false })
+        let sock = NfSocket::open()?;
+        sock.subscribe(NFNLGRP_NFTABLES)?;
+        Ok(Monitor { sock, tables, touched: false })
     }
 
     /// Makes [`Monitor::wait`] give up (with `WouldBlock`) after `timeout` without a notice.
     pub fn with_timeout(self, timeout: std::time::Duration) -> io::Result<Monitor> {
-        let tv = nix::sys::time::TimeVal::new(timeout.as_secs() as _, timeout.subsec_micros() as _);
-        setsockopt(&self.sock.as_fd(), sockopt::ReceiveTimeout, &tv).map_err(io::Error::from)?;
+        self.sock.set_receive_timeout(timeout)?;
         Ok(self)
     }
 
     /// Blocks until a commit touched a watched table, or notifications were lost.
     pub fn wait(&mut self) -> io::Result<Notice> {
         loop {
-            self.buf.clear();
-            self.buf.reserve(1 << 20);
-            match self.sock.recv(&mut self.buf, 0) {
-                Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            let datagram = match self.sock.receive() {
+                Ok(datagram) => datagram,
                 Err(e) if e.raw_os_error() == Some(nix::libc::ENOBUFS) => {
                     self.touched = false;
                     return Ok(Notice::Overrun);
                 }
                 Err(e) => return Err(e),
-            }
-            if let Some(generation) = self.scan() {
+            };
+            if let Some(generation) = scan(datagram, &self.tables, &mut self.touched) {
                 return Ok(Notice::Touched(generation));
             }
         }
     }
+}
 
-    /// Reads one datagram of notifications; the generation of the last commit in it that
-    /// another process made and that touched a watched table.
-    fn scan(&mut self) -> Option<u32> {
-        let mut committed = None;
-        for msg in messages(&self.buf) {
-            if msg.kind >> 8 != NFNL_SUBSYS_NFTABLES {
-                continue;
-            }
-            let Some((&family, attrs)) = msg.payload.first().zip(msg.payload.get(NFGENMSG_LEN..)) else { continue };
-            match msg.kind & 0xff {
-                NFT_MSG_NEWGEN => {
-                    let attr = |kind| Attrs(attrs).find(|a| a.kind == kind).and_then(|a| a.be32());
-                    if std::mem::take(&mut self.touched) && !attr(NFTA_GEN_PROC_PID).is_some_and(is_own_thread) {
-                        committed = Some(attr(NFTA_GEN_ID).unwrap_or_default());
-                    }
-                }
-                _ if !self.touched => {
-                    let table = Attrs(attrs).find(|a| a.kind == NFTA_TABLE_OF_OBJECT).map(|a| a.str());
-                    self.touched =
-                        table.is_some_and(|t| self.tables.iter().any(|(f, name)| *f == family && *name == t));
-                }
-                _ => {}
-            }
+/// Reads one datagram of notifications; the generation of the last commit in it that another
+/// process made and that touched one of `tables`. `touched` carries over to the next datagram
+/// whether the commit in progress touched one.
+fn scan(datagram: &[u8], tables: &[(u8, String)], touched: &mut bool) -> Option<u32> {
+    let mut committed = None;
+    for msg in messages(datagram) {
+        if msg.kind >> 8 != NFNL_SUBSYS_NFTABLES {
+            continue;
         }
-        committed
+        let Some((&family, attrs)) = msg.payload.first().zip(msg.payload.get(NFGENMSG_LEN..)) else { continue };
+        match msg.kind & 0xff {
+            NFT_MSG_NEWGEN => {
+                let attr = |kind| Attrs(attrs).find(|a| a.kind == kind).and_then(|a| a.be32());
+                if std::mem::take(touched) && !attr(NFTA_GEN_PROC_PID).is_some_and(is_own_thread) {
+                    committed = Some(attr(NFTA_GEN_ID).unwrap_or_default());
+                }
+            }
+            _ if !*touched => {
+                let table = Attrs(attrs).find(|a| a.kind == NFTA_TABLE_OF_OBJECT).map(|a| a.str());
+                *touched = table.is_some_and(|t| tables.iter().any(|(f, name)| *f == family && *name == t));
+            }
+            _ => {}
+        }
     }
+    committed
 }
 
 /// Whether `tid` is a thread of this process.

@@ -81,6 +81,25 @@ impl NfSocket {
         Ok(NfSocket { sock, sndbuf: 0, recv: Vec::with_capacity(RECV_CHUNK) })
     }
 
+    /// Joins nfnetlink multicast group `group` (`NFNLGRP_*`): the kernel's notices to it arrive
+    /// through [`NfSocket::receive`].
+    pub fn subscribe(&self, group: u32) -> io::Result<()> {
+        self.sock.add_membership(group)
+    }
+
+    /// Makes [`NfSocket::receive`] give up (with `WouldBlock`) after `timeout` without a datagram.
+    pub fn set_receive_timeout(&self, timeout: std::time::Duration) -> io::Result<()> {
+        let tv = nix::sys::time::TimeVal::new(timeout.as_secs() as _, timeout.subsec_micros() as _);
+        setsockopt(&self.sock.as_fd(), sockopt::ReceiveTimeout, &tv).map_err(io::Error::from)
+    }
+
+    /// Waits for the next datagram from the kernel and returns it (several messages; see
+    /// [`messages`]).
+    pub fn receive(&mut self) -> io::Result<&[u8]> {
+        self.recv_some()?;
+        Ok(&self.recv)
+    }
+
     fn ensure_sndbuf(&mut self, len: usize) -> io::Result<()> {
         if len + 4096 > self.sndbuf {
             let want = (len + 65536).next_power_of_two();
