@@ -8,29 +8,13 @@
 
 use kproxy_state::IpFamily;
 
-use crate::naming;
 use crate::restore::{ExecError, Executor};
 use crate::rules::{self, Table, TableInput};
+use crate::{live, naming};
 
 /// Whether `chain` in `table` is one kproxy creates.
 pub fn is_kproxy_chain(table: Table, chain: &str) -> bool {
     rules::fixed_chain_names(table).contains(&chain) || (table == Table::Nat && naming::is_service_chain(chain))
-}
-
-/// Splits a save line into words, keeping double-quoted strings whole.
-fn words(line: &str) -> Vec<&str> {
-    let mut out = Vec::new();
-    let mut rest = line.trim_start();
-    while !rest.is_empty() {
-        let end = if let Some(after) = rest.strip_prefix('"') {
-            after.find('"').map_or(rest.len(), |i| i + 2)
-        } else {
-            rest.find(char::is_whitespace).unwrap_or(rest.len())
-        };
-        out.push(&rest[..end]);
-        rest = rest[end..].trim_start();
-    }
-    out
 }
 
 /// The restore input that removes kproxy from one table, given its `iptables-save` output.
@@ -42,12 +26,13 @@ pub fn cleanup_input(table: Table, save: &str) -> TableInput {
                 t.delete.push(chain.to_owned());
             }
         } else if let Some(rule) = line.strip_prefix("-A ") {
-            let w = words(rule);
+            let w = live::words(rule);
             let Some(chain) = w.first() else { continue };
-            if is_kproxy_chain(table, chain) {
+            if is_kproxy_chain(table, chain.text) {
                 continue;
             }
-            let target = w.windows(2).find(|p| p[0] == "-j" || p[0] == "-g").map(|p| p[1]);
+            let target =
+                w.windows(2).find(|p| !p[0].quoted && (p[0].text == "-j" || p[0].text == "-g")).map(|p| p[1].text);
             if target.is_some_and(|t| is_kproxy_chain(table, t)) {
                 t.delete_rules.push(format!("-D {rule}"));
             }

@@ -8,8 +8,14 @@ use std::collections::BTreeMap;
 
 use kproxy_state::IpFamily;
 
+use crate::layout::jump_target;
 use crate::live::save_form;
-use crate::rules::Table;
+use crate::rules::{Table, restore_line};
+
+/// The chain a save-form rule jumps or goes to, if it is a user chain name (`KUBE-…`).
+fn jumps_to(rule: &str) -> Option<&str> {
+    jump_target(rule).filter(|t| t.starts_with("KUBE-"))
+}
 
 /// One table: each chain with its rules, in save form.
 type Chains = BTreeMap<String, Vec<String>>;
@@ -26,35 +32,6 @@ fn builtin(table: Table) -> &'static [&'static str] {
         Table::Nat => &["PREROUTING", "INPUT", "OUTPUT", "POSTROUTING"],
         Table::Mangle => &["PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING"],
     }
-}
-
-fn table_named(name: &str) -> Option<Table> {
-    Table::ALL.into_iter().find(|t| t.as_str() == name)
-}
-
-/// The chain a save-form rule jumps or goes to, if it is a user chain name (`KUBE-…`).
-fn jumps_to(rule: &str) -> Option<&str> {
-    let mut words = rule.split_whitespace();
-    while let Some(w) = words.next() {
-        if w == "-j" || w == "-g" {
-            return words.next().filter(|t| t.starts_with("KUBE-"));
-        }
-    }
-    None
-}
-
-/// Joins argv into a restore line, quoting words with spaces.
-fn line_of(chain: &str, args: &[String]) -> String {
-    let mut line = format!("-A {chain}");
-    for a in args {
-        if a.is_empty() || a.contains(char::is_whitespace) {
-            line.push_str(&format!(" \"{a}\""));
-        } else {
-            line.push(' ');
-            line.push_str(a);
-        }
-    }
-    line
 }
 
 impl KernelTables {
@@ -80,7 +57,7 @@ impl KernelTables {
                 continue;
             }
             if let Some(name) = line.strip_prefix('*') {
-                let table = table_named(name).ok_or_else(|| format!("no table {name}"))?;
+                let table = Table::named(name).ok_or_else(|| format!("no table {name}"))?;
                 open = Some((table, self.table(family, table)));
                 continue;
             }
@@ -145,7 +122,7 @@ impl KernelTables {
     /// `iptables -t <table> -C|-I|-S <chain> …`: whether it succeeded, and what it printed.
     pub fn run(&mut self, family: IpFamily, args: &[String]) -> (bool, String) {
         let (table, rest) = match args {
-            [t, name, rest @ ..] if t == "-t" => (table_named(name), rest),
+            [t, name, rest @ ..] if t == "-t" => (Table::named(name), rest),
             rest => (Some(Table::Filter), rest),
         };
         let Some(table) = table else { return (false, String::new()) };
@@ -153,9 +130,9 @@ impl KernelTables {
         let mut chains = self.table(family, table);
         let Some(rules) = chains.get_mut(chain.as_str()) else { return (false, String::new()) };
         match op.as_str() {
-            "-C" => (rules.contains(&save_form(&line_of(chain, spec), family)), String::new()),
+            "-C" => (rules.contains(&save_form(&restore_line(chain, spec), family)), String::new()),
             "-I" => {
-                rules.insert(0, save_form(&line_of(chain, spec), family));
+                rules.insert(0, save_form(&restore_line(chain, spec), family));
                 self.tables.insert((family, table), chains);
                 (true, String::new())
             }

@@ -37,7 +37,7 @@ pub fn appended_chain(rule: &str) -> Option<&str> {
 }
 
 /// The chain a rule jumps or goes to (the word after its last `-j`/`-g`), if any.
-fn jump_target(rule: &str) -> Option<&str> {
+pub(crate) fn jump_target(rule: &str) -> Option<&str> {
     let at = rule.rfind(" -j ").max(rule.rfind(" -g "))?;
     rule[at + 4..].split_whitespace().next()
 }

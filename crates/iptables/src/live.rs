@@ -88,7 +88,7 @@ impl LiveTable {
         let mut current = None;
         for line in save.lines() {
             if let Some(name) = line.strip_prefix('*') {
-                current = Table::ALL.into_iter().find(|t| t.as_str() == name.trim_end());
+                current = Table::named(name.trim_end());
             } else if let Some(table) = current
                 && let Some(live) = tables.get_mut(&table)
             {
@@ -164,13 +164,14 @@ fn single_spaced(line: &str) -> std::borrow::Cow<'_, str> {
 }
 
 /// A word of a rule, and whether it was quoted.
-struct Word<'a> {
-    text: &'a str,
-    quoted: bool,
+pub(crate) struct Word<'a> {
+    /// The word, without its quotes.
+    pub(crate) text: &'a str,
+    pub(crate) quoted: bool,
 }
 
-/// Splits a restore line into words, a double-quoted string being one word.
-fn words(line: &str) -> Vec<Word<'_>> {
+/// Splits a restore or save line into words, a double-quoted string being one word.
+pub(crate) fn words(line: &str) -> Vec<Word<'_>> {
     let mut out = Vec::new();
     let mut rest = line.trim_start();
     while !rest.is_empty() {

@@ -64,6 +64,11 @@ impl Table {
         }
     }
 
+    /// The table of this name (`filter`, `nat`, `mangle`).
+    pub fn named(name: &str) -> Option<Table> {
+        Table::ALL.into_iter().find(|t| t.as_str() == name)
+    }
+
     /// Every table, in the order they are restored.
     pub const ALL: [Table; 3] = [Table::Filter, Table::Nat, Table::Mangle];
 }
@@ -677,16 +682,7 @@ impl Jump {
 
     /// The jump as a restore line (`-A <from> …`).
     pub fn line(&self) -> String {
-        let mut line = format!("-A {}", self.from);
-        for arg in &self.args {
-            if arg.is_empty() || arg.contains(char::is_whitespace) {
-                line.push_str(&format!(" \"{arg}\""));
-            } else {
-                line.push(' ');
-                line.push_str(arg);
-            }
-        }
-        line
+        restore_line(self.from, &self.args)
     }
 }
 
@@ -731,4 +727,19 @@ pub fn fixed_chain_names(table: Table) -> &'static [&'static str] {
         }
         Table::Mangle => &[CANARY],
     }
+}
+
+/// The rule `args` appended to `chain`, as a restore line (`-A <chain> …`), quoting the words
+/// that are empty or hold whitespace.
+pub(crate) fn restore_line(chain: &str, args: &[String]) -> String {
+    let mut line = format!("-A {chain}");
+    for arg in args {
+        if arg.is_empty() || arg.contains(char::is_whitespace) {
+            line.push_str(&format!(" \"{arg}\""));
+        } else {
+            line.push(' ');
+            line.push_str(arg);
+        }
+    }
+    line
 }

@@ -560,12 +560,7 @@ fn adopt(
         // A chain that still differs right after kproxy wrote it is one whose save form
         // `live::save_form` does not know (other versions of the tools may print rules
         // otherwise): not drift, only rewritten at each full sync.
-        let mut reread: BTreeMap<Table, LiveTable> = BTreeMap::new();
-        for &(table, ..) in &drifted {
-            if let std::collections::btree_map::Entry::Vacant(e) = reread.entry(table) {
-                e.insert(LiveTable::parse(table, &exec.save(family, table)?));
-            }
-        }
+        let reread = LiveTable::parse_all(&exec.save_all(family)?);
         drifted.retain(|(table, chain, want, _)| {
             let comparable = reread.get(table).and_then(|t| t.digest(chain)) == Some(*want);
             if !comparable {
