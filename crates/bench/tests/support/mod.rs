@@ -15,7 +15,16 @@ pub fn build_kproxy() -> PathBuf {
     cargo.env_clear();
     for (key, value) in std::env::vars_os() {
         let keep = key.to_str().is_some_and(|k| {
-            matches!(k, "PATH" | "HOME" | "CARGO_HOME" | "RUSTUP_HOME" | "RUSTUP_TOOLCHAIN" | "CARGO_TARGET_DIR")
+            matches!(
+                k,
+                "PATH"
+                    | "HOME"
+                    | "CARGO_HOME"
+                    | "RUSTUP_HOME"
+                    | "RUSTUP_TOOLCHAIN"
+                    | "CARGO_TARGET_DIR"
+                    | "CARGO_INCREMENTAL"
+            )
         });
         if keep {
             cargo.env(key, value);
