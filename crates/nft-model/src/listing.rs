@@ -18,6 +18,8 @@ pub struct TableListing {
     pub chains: BTreeMap<String, usize>,
     /// Set name → number of kernel elements, `None` where not counted (see [`TableListing::apply`]).
     pub sets: BTreeMap<String, Option<usize>>,
+    /// Chain name → the comment of its first rule, for chains whose first rule has one.
+    pub first_comments: BTreeMap<String, String>,
 }
 
 /// How many kernel elements an element is: a single-field range is two (its start and the
@@ -58,11 +60,21 @@ impl TableListing {
             }
             Op::FlushChain(t, c) if t == table => {
                 l.chains.insert(c.clone(), 0);
+                l.first_comments.remove(c);
             }
             Op::DeleteChain(t, c) if t == table => {
                 l.chains.remove(c);
+                l.first_comments.remove(c);
             }
-            Op::AddRule { table: t, chain, .. } if t == table => *l.chains.entry(chain.clone()).or_insert(0) += 1,
+            Op::AddRule { table: t, chain, comment, .. } if t == table => {
+                let rules = l.chains.entry(chain.clone()).or_insert(0);
+                if *rules == 0
+                    && let Some(c) = comment
+                {
+                    l.first_comments.insert(chain.clone(), c.clone());
+                }
+                *rules += 1;
+            }
             Op::AddSet(t, s) if t == table => {
                 // Not counted: dynamic sets, whose content the packet path changes, and sets of
                 // single-field ranges, whose kernel elements depend on how the ranges were added
@@ -96,6 +108,9 @@ impl TableListing {
             match self.chains.get(name) {
                 None => out.push(format!("chain {name} is missing")),
                 Some(got) if got != want => out.push(format!("chain {name} has {got} rules, expected {want}")),
+                _ if self.first_comments.get(name) != expected.first_comments.get(name) => {
+                    out.push(format!("chain {name} holds other rules (its first rule's comment differs)"))
+                }
                 _ => {}
             }
         }

@@ -465,7 +465,12 @@ pub fn op(line: &str) -> Result<Op, ParseError> {
         ("delete", "chain") => Op::DeleteChain(t, name()?),
         ("add", "rule") => {
             let prefix = format!("add rule {} {} {} ", w[2], w[3], name()?);
-            Op::AddRule { table: t, chain: name()?, rule: rule(line.get(prefix.len()..).unwrap_or_default())? }
+            let text = line.get(prefix.len()..).unwrap_or_default();
+            let (text, comment) = match text.rsplit_once(" comment \"") {
+                Some((r, c)) if c.ends_with('"') => (r, Some(c.trim_end_matches('"').to_owned())),
+                _ => (text, None),
+            };
+            Op::AddRule { table: t, chain: name()?, rule: rule(text)?, comment }
         }
         ("add", "set" | "map") => {
             let mut def = SetDef::of(name()?, Vec::new());

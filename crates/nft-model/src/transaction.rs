@@ -34,6 +34,10 @@ pub enum Op {
         chain: String,
         /// The rule.
         rule: Rule,
+        /// Its comment (`comment "…"`, kept in the kernel as the rule's userdata): kproxy puts
+        /// the digest of a chain's rules on its first rule, so a restart can tell which chains
+        /// already hold what it would write.
+        comment: Option<String>,
     },
     /// Create a set or map if missing.
     AddSet(TableRef, SetDef),
@@ -120,7 +124,7 @@ impl Transaction {
     /// Appends `add rule` for each rule.
     pub fn add_rules<I: IntoIterator<Item = Rule>>(&mut self, table: &TableRef, chain: &str, rules: I) {
         for rule in rules {
-            self.push(Op::AddRule { table: table.clone(), chain: chain.to_owned(), rule });
+            self.push(Op::AddRule { table: table.clone(), chain: chain.to_owned(), rule, comment: None });
         }
     }
 
@@ -204,7 +208,13 @@ fn render_op(out: &mut String, op: &Op) -> fmt::Result {
         }
         Op::FlushChain(t, name) => write!(out, "flush chain {t} {name}"),
         Op::DeleteChain(t, name) => write!(out, "delete chain {t} {name}"),
-        Op::AddRule { table, chain, rule } => write!(out, "add rule {table} {chain} {rule}"),
+        Op::AddRule { table, chain, rule, comment } => {
+            write!(out, "add rule {table} {chain} {rule}")?;
+            match comment {
+                Some(c) => write!(out, " comment \"{c}\""),
+                None => Ok(()),
+            }
+        }
         Op::AddSet(t, s) => write!(out, "add {} {t} {} {s}", s.keyword(), s.name),
         Op::FlushSet { table, name, is_map } => write!(out, "flush {} {table} {name}", set_keyword(*is_map)),
         Op::DeleteSet { table, name, is_map } => write!(out, "delete {} {table} {name}", set_keyword(*is_map)),

@@ -142,12 +142,7 @@ impl Encoder {
                 self.buf.put_str(NFTA_TABLE_NAME, &table.name);
                 self.buf.put_be32(NFTA_TABLE_FLAGS, 0);
                 if let Some(c) = comment {
-                    let mut s = c.replace('"', "").into_bytes();
-                    s.truncate(254);
-                    s.push(0);
-                    let mut u = vec![0, s.len() as u8];
-                    u.extend_from_slice(&s);
-                    self.buf.put(NFTA_TABLE_USERDATA, &u);
+                    self.buf.put(NFTA_TABLE_USERDATA, &comment_udata(c));
                 }
             }
             Op::DeleteTable(t) => {
@@ -171,7 +166,7 @@ impl Encoder {
                 self.buf.put_str(NFTA_CHAIN_TABLE, &t.name);
                 self.buf.put_str(NFTA_CHAIN_NAME, name);
             }
-            Op::AddRule { table, chain, rule } => {
+            Op::AddRule { table, chain, rule, comment } => {
                 let sets = BatchSets { enc: self, table };
                 let lowered = lower::rule(table.family, rule, &sets)?;
                 let mut exprs = lowered.exprs;
@@ -193,6 +188,9 @@ impl Encoder {
                     e.encode(&mut self.buf);
                 }
                 self.buf.end_nest(n);
+                if let Some(c) = comment {
+                    self.buf.put(NFTA_RULE_USERDATA, &comment_udata(c));
+                }
             }
             Op::AddSet(t, def) => self.add_set(t, def)?,
             Op::FlushSet { table, name, .. } => {
@@ -551,3 +549,30 @@ impl Batch {
         self.msg_ops.get(i as usize).map(|&i| i as usize)
     }
 }
+
+/// A comment as nft stores it in a table's or rule's userdata: one TLV of type 0 (the comment)
+/// holding the NUL-terminated text, so `nft list` shows it as `comment "…"`.
+pub(crate) fn comment_udata(comment: &str) -> Vec<u8> {
+    let mut text = comment.replace('"', "").into_bytes();
+    text.truncate(254);
+    text.push(0);
+    let mut u = vec![UDATA_COMMENT, text.len() as u8];
+    u.extend_from_slice(&text);
+    u
+}
+
+/// The comment in userdata written by [`comment_udata`] (or by nft).
+pub(crate) fn udata_comment(udata: &[u8]) -> Option<String> {
+    let mut rest = udata;
+    while let [kind, len, tail @ ..] = rest {
+        let value = tail.get(..usize::from(*len))?;
+        if *kind == UDATA_COMMENT {
+            return Some(String::from_utf8_lossy(value.strip_suffix(&[0]).unwrap_or(value)).into_owned());
+        }
+        rest = &tail[usize::from(*len)..];
+    }
+    None
+}
+
+/// `NFTNL_UDATA_{TABLE,RULE}_COMMENT`.
+const UDATA_COMMENT: u8 = 0;

@@ -76,7 +76,15 @@ fn dump_table(exec: &mut NetlinkExecutor, table: &TableRef) -> io::Result<TableL
         if ours(p, NFTA_RULE_TABLE)
             && let Some(c) = attr_str(p, NFTA_RULE_CHAIN)
         {
-            *l.chains.entry(c).or_insert(0) += 1;
+            let rules = l.chains.entry(c.clone()).or_insert(0);
+            // The dump lists each chain's rules in order: the first one seen is the first.
+            if *rules == 0
+                && let Some(comment) =
+                    Attrs(p).find(|a| a.kind == NFTA_RULE_USERDATA).and_then(|a| crate::batch::udata_comment(a.data))
+            {
+                l.first_comments.insert(c, comment);
+            }
+            *rules += 1;
         }
     })?;
     let mut sets = Vec::new();

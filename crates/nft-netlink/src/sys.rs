@@ -73,6 +73,7 @@ pub const NFTA_HOOK_PRIORITY: u16 = 2;
 pub const NFTA_RULE_TABLE: u16 = 1;
 pub const NFTA_RULE_CHAIN: u16 = 2;
 pub const NFTA_RULE_EXPRESSIONS: u16 = 4;
+pub const NFTA_RULE_USERDATA: u16 = 7;
 pub const NFTA_LIST_ELEM: u16 = 1;
 pub const NFTA_EXPR_NAME: u16 = 1;
 pub const NFTA_EXPR_DATA: u16 = 2;

@@ -18,6 +18,8 @@ const ACCEL: &str = include_str!("fixtures/nft-commands-accel.nft");
 const ACCEL_MNL: &str = include_str!("fixtures/nft-commands-accel.mnl.hex");
 const COUNTERS: &str = include_str!("fixtures/nft-commands-counters.nft");
 const COUNTERS_MNL: &str = include_str!("fixtures/nft-commands-counters.mnl.hex");
+const COMMENTS: &str = include_str!("fixtures/nft-commands-comments.nft");
+const COMMENTS_MNL: &str = include_str!("fixtures/nft-commands-comments.mnl.hex");
 
 /// A fixture command as a typed operation; it must render back to the same text, so the bytes
 /// `nft` sent for the text are the bytes expected for the operation.
@@ -60,6 +62,14 @@ fn the_acceleration_table_matches_what_nft_sends() {
 fn the_service_counter_statements_match_what_nft_sends() {
     let (compared, elems) = compare(COUNTERS, COUNTERS_MNL);
     assert_eq!((compared, elems), (20, 3));
+}
+
+/// Rule comments (the digest kproxy puts on each chain's first rule), which nft sends as the
+/// rule's userdata after its expressions.
+#[test]
+fn rule_comments_match_what_nft_sends() {
+    let (compared, elems) = compare(COMMENTS, COMMENTS_MNL);
+    assert_eq!((compared, elems), (6, 0));
 }
 
 /// A batch after the first: its rules read maps the encoder has not seen declared, which the

@@ -715,7 +715,7 @@ fn the_monitor_reports_other_processes_commits_to_the_watched_table_and_no_other
         let watched = watched.clone();
         ns.spawn_in("own-commit", move || {
             let mut tx = Transaction::new();
-            tx.push(Op::AddRule { table: watched, chain: "c".into(), rule: rule("counter") });
+            tx.push(Op::AddRule { table: watched, chain: "c".into(), rule: rule("counter"), comment: None });
             committed_tx.send(NetlinkExecutor::new().apply(&tx)).unwrap();
             let _ = released.recv();
         })

@@ -11,6 +11,7 @@
 
 pub mod cleanup;
 pub mod counters;
+pub mod digest;
 pub mod kernel;
 pub mod naming;
 pub mod ruleset;

@@ -202,8 +202,9 @@ impl Batch {
         }
         self.add_sets.into_iter().for_each(|s| out(Op::AddSet(t(), s)));
         for (chain, rules) in self.rules {
+            let mut comment = crate::digest::chain_comment(&rules);
             for rule in rules {
-                out(Op::AddRule { table: t(), chain: chain.clone(), rule });
+                out(Op::AddRule { table: t(), chain: chain.clone(), rule, comment: comment.take() });
             }
         }
         self.add_elements.into_iter().for_each(|e| out(Op::AddElement(t(), e)));
@@ -403,12 +404,13 @@ impl<E: Executor> NftablesDataplane<E> {
             }
         }
         let empty = kproxy_nft_model::TableListing::default();
-        let mut kept_elements = 0;
+        let (mut kept_elements, mut kept_chains) = (0, 0);
         for (table, mut d) in desired {
             let current = existing.get(&table).unwrap_or(&empty);
             let (unflushed, kept) = crate::kernel::keep_present_elements(&mut self.exec, &table, &mut d, current);
             kept_elements += kept;
-            crate::kernel::adopt_ops(&table, Some(TABLE_COMMENT.to_owned()), d, current, &unflushed, &mut tx);
+            kept_chains +=
+                crate::kernel::adopt_ops(&table, Some(TABLE_COMMENT.to_owned()), d, current, &unflushed, &mut tx);
         }
         let report = SyncReport { full: true, ops: tx.len(), counts: tx.counts() };
         // The summary of an adopted table is what a cold start leaves (the rewrite's flushes
@@ -425,6 +427,7 @@ impl<E: Executor> NftablesDataplane<E> {
             Ok(()) => {
                 tracing::info!(
                     ops = report.ops,
+                    kept_chains,
                     kept_elements,
                     tables = existing.len(),
                     "nftables tables adopted in one transaction"

@@ -1,6 +1,7 @@
-//! A restart over unchanged state leaves every element where it is: the adoption (the first sync
-//! of a new kproxy over the tables the last one left) adds no element and flushes no static set,
-//! over netlink into a real kernel; a set holding an element kproxy no longer wants is rewritten
+//! A restart over unchanged state leaves every rule and element where it is: the adoption (the
+//! first sync of a new kproxy over the tables the last one left) adds no rule, flushes no chain,
+//! adds no element and flushes no static set, over netlink into a real kernel (each chain's rule
+//! digest read back from its first rule's comment); a chain or set that differs is rewritten
 //! whole, and either way the kernel ends as a fresh start of the new plan.
 
 #![allow(clippy::unwrap_used)]
@@ -37,7 +38,7 @@ fn start(ns: &Netns, plan: &kproxy_plan::Plan) -> kproxy_nftables::SyncReport {
 }
 
 #[test]
-fn a_restart_over_unchanged_state_adds_no_element_and_one_over_changes_ends_as_a_fresh_start() {
+fn a_restart_over_unchanged_state_adds_no_rule_nor_element_and_one_over_changes_ends_as_a_fresh_start() {
     kproxy_testbed::require_kernel!();
     let ns = Netns::new("nft-adopt").unwrap();
     let list = || ns.exec_ok("nft", &["list", "ruleset"]).unwrap();
@@ -50,7 +51,8 @@ fn a_restart_over_unchanged_state_adds_no_element_and_one_over_changes_ends_as_a
     // Only sets of ranges (interval sets, concatenated ranges) are refilled: their elements have
     // no identity to compare.
     assert_eq!(adopted.counts.elements, range_elements(&plan), "an unchanged restart touches no other element");
-    assert!(adopted.counts.rules > 0, "chains are still rewritten: {adopted:?}");
+    assert!(cold.counts.rules > 0, "{cold:?}");
+    assert_eq!(adopted.counts.rules, 0, "an unchanged restart rewrites no chain: {adopted:?}");
     assert_eq!(list(), before, "the restart changed nothing");
 
     // A Service went while kproxy was down: the sets that held its elements are rewritten.
@@ -62,6 +64,8 @@ fn a_restart_over_unchanged_state_adds_no_element_and_one_over_changes_ends_as_a
     let changed = start(&ns, &fewer);
     assert!(changed.counts.elements > 0, "the sets that lost elements were refilled: {changed:?}");
     assert!(changed.counts.elements < cold.counts.elements, "the others kept theirs: {changed:?}");
+    assert!(changed.counts.chains > 0, "its chains were removed: {changed:?}");
+    assert!(changed.counts.rules < cold.counts.rules / 2, "the other chains kept their rules: {changed:?}");
     let after_restart = list();
     ns.nft("flush ruleset").unwrap();
     start(&ns, &fewer);

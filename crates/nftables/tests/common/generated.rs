@@ -48,7 +48,7 @@ impl Kernel {
                     let rules = self.0.get_mut(&n).unwrap().chains.remove(c).unwrap_or_else(|| panic!("{op:?}"));
                     assert!(rules.is_empty(), "{op:?}: chain still has rules");
                 }
-                Op::AddRule { table: t, chain, rule } => {
+                Op::AddRule { table: t, chain, rule, .. } => {
                     let n = table(self, t);
                     let c = self.0.get_mut(&n).unwrap().chains.get_mut(chain).unwrap_or_else(|| panic!("{op:?}"));
                     c.push(rule.clone());
