@@ -1,10 +1,12 @@
 //! Measures one cluster size (runs in a child process of its own).
 
+use std::collections::BTreeSet;
 use std::io::Write as _;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use kproxy_nft_model::{Element, Op, TableListing, TableRef};
 use kproxy_nft_netlink::NetlinkExecutor;
 use kproxy_nftables::{Config, NftablesDataplane, Recording};
 use kproxy_testbed::Netns;
@@ -51,6 +53,22 @@ pub struct SizeResult {
     pub upstream: UpstreamLoad,
     /// The iptables dataplane on the same cluster, per backend.
     pub iptables: Vec<crate::iptables::IptablesResult>,
+    /// A restarted dataplane's first sync over the live tables of the same plan.
+    pub restart: RestartOverLive,
+}
+
+/// A new dataplane's first sync (what a restarted kproxy does) over tables that already hold
+/// the same plan, in a namespace of its own: once over tables whose chains carry no rule
+/// digest (as a kproxy before digests left them, so every chain is rewritten: what every
+/// restart cost before), then over the tables that adoption left (digests in place).
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+pub struct RestartOverLive {
+    /// Over tables without digests: seconds, operations.
+    pub without_digests_s: f64,
+    pub without_digests_ops: usize,
+    /// Over tables with digests: seconds, operations.
+    pub with_digests_s: f64,
+    pub with_digests_ops: usize,
 }
 
 fn vm_hwm_mib() -> f64 {
@@ -69,16 +87,71 @@ struct Counting {
     transactions: usize,
     /// Time spent applying, in total.
     applying: Duration,
+    /// Drops rule comments before applying: tables as a kproxy without chain digests wrote them.
+    without_digests: bool,
 }
 
 impl kproxy_nftables::Executor for Counting {
     fn apply(&mut self, tx: &kproxy_nftables::Transaction) -> Result<(), kproxy_nftables::ExecError> {
         self.transactions += 1;
+        let stripped;
+        let tx = if self.without_digests {
+            let mut t = kproxy_nftables::Transaction::new();
+            for op in tx.ops() {
+                let mut op = op.clone();
+                if let Op::AddRule { comment, .. } = &mut op {
+                    *comment = None;
+                }
+                t.push(op);
+            }
+            stripped = t;
+            &stripped
+        } else {
+            tx
+        };
         let start = Instant::now();
         let result = self.inner.apply(tx);
         self.applying += start.elapsed();
         result
     }
+    // A restart reads the live tables: the reads go to the kernel too.
+    fn generation(&mut self) -> Result<Option<u32>, kproxy_nftables::ExecError> {
+        self.inner.generation()
+    }
+    fn list(&mut self, table: &TableRef) -> Result<Option<TableListing>, kproxy_nftables::ExecError> {
+        self.inner.list(table)
+    }
+    fn list_without_elements(&mut self, table: &TableRef) -> Result<Option<TableListing>, kproxy_nftables::ExecError> {
+        self.inner.list_without_elements(table)
+    }
+    fn element_identities(
+        &mut self,
+        table: &TableRef,
+        set: &str,
+    ) -> Result<Option<BTreeSet<Vec<u8>>>, kproxy_nftables::ExecError> {
+        self.inner.element_identities(table, set)
+    }
+    fn element_identity(&self, element: &Element) -> Option<Vec<u8>> {
+        self.inner.element_identity(element)
+    }
+}
+
+/// See [`RestartOverLive`].
+fn restart_over_live(plan: &kproxy_plan::Plan) -> anyhow::Result<RestartOverLive> {
+    let ns = Netns::new("bench-restart")?;
+    ns.run_in(|| -> anyhow::Result<RestartOverLive> {
+        let executor = Counting { without_digests: true, ..Counting::default() };
+        NftablesDataplane::new(executor, Config::default()).full_sync(plan).context("cold start without digests")?;
+        let timed = || -> anyhow::Result<(f64, usize)> {
+            let mut dp = NftablesDataplane::new(Counting::default(), Config::default());
+            let start = Instant::now();
+            let report = dp.full_sync(plan).context("restart over live tables")?;
+            Ok((start.elapsed().as_secs_f64(), report.ops))
+        };
+        let (without_digests_s, without_digests_ops) = timed()?;
+        let (with_digests_s, with_digests_ops) = timed()?;
+        Ok(RestartOverLive { without_digests_s, without_digests_ops, with_digests_s, with_digests_ops })
+    })?
 }
 
 /// Loads `script` with `nft -f` inside `ns`, timed; `None` when it ran past `timeout`.
@@ -147,6 +220,8 @@ pub fn run(size: usize, args: &Args) -> anyhow::Result<SizeResult> {
         })??;
     let peak_rss_mib = vm_hwm_mib();
     drop(ns);
+    eprintln!("kproxy-bench: {size} services, restart over live tables ...");
+    let restart = restart_over_live(&final_plan)?;
 
     let text = NftablesDataplane::new(Recording::default(), Config::default()).render_initial(&final_plan).render();
     let floor_ns = Netns::new("bench-floor")?;
@@ -182,6 +257,7 @@ pub fn run(size: usize, args: &Args) -> anyhow::Result<SizeResult> {
     }
     Ok(SizeResult {
         iptables,
+        restart,
         mix,
         full_sync_s,
         full_ops,

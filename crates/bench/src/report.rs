@@ -118,6 +118,7 @@ fn write_report(s: &mut String, command: &str, args: &Args, results: &[SizeResul
         )?;
         writeln!(s)?;
     }
+    write_restarts(s, results)?;
     write_iptables(s, results)?;
     let t = targets(results);
     if !t.is_empty() {
@@ -128,6 +129,34 @@ fn write_report(s: &mut String, command: &str, args: &Args, results: &[SizeResul
         }
     }
     Ok(())
+}
+
+/// A restarted dataplane's first sync over live tables of the same plan (see
+/// [`crate::measure::RestartOverLive`]).
+fn write_restarts(s: &mut String, results: &[SizeResult]) -> Result<(), std::fmt::Error> {
+    writeln!(
+        s,
+        "Restart over live tables (a new dataplane's first sync over the tables of the same plan, own namespace; \
+         listing, comparing and committing included): over chains without rule digests (as a kproxy before \
+         digests left them: every chain rewritten), then over chains with them."
+    )?;
+    writeln!(s)?;
+    writeln!(s, "| services | without digests | ops | with digests | ops | ratio |")?;
+    writeln!(s, "|---:|---:|---:|---:|---:|---:|")?;
+    for r in results {
+        let x = &r.restart;
+        writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {:.1}× |",
+            r.mix.services,
+            secs(x.without_digests_s),
+            x.without_digests_ops,
+            secs(x.with_digests_s),
+            x.with_digests_ops,
+            x.without_digests_s / x.with_digests_s,
+        )?;
+    }
+    writeln!(s)
 }
 
 /// The iptables dataplane next to the nftables one, same clusters, same run.

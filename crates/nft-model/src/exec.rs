@@ -74,6 +74,14 @@ pub trait Executor {
         Ok(None)
     }
 
+    /// Like [`Executor::list`], but without counting the elements of sets (their counts are
+    /// `None`): a restart needs only which chains and sets are there, and reads the elements it
+    /// keeps on its own ([`Executor::element_identities`]). Dumping a large hash set costs the
+    /// kernel time quadratic in its size (each dump part walks the set from its start).
+    fn list_without_elements(&mut self, table: &TableRef) -> Result<Option<TableListing>, ExecError> {
+        self.list(table)
+    }
+
     /// The elements set `set` of `table` holds now, as identities comparable with
     /// [`Executor::element_identity`]. `None`: the executor cannot tell (or the set holds ranges).
     fn element_identities(&mut self, _table: &TableRef, _set: &str) -> Result<Option<BTreeSet<Vec<u8>>>, ExecError> {
@@ -201,6 +209,9 @@ impl<E: Executor + ?Sized> Executor for &mut E {
     fn list(&mut self, table: &TableRef) -> Result<Option<TableListing>, ExecError> {
         (**self).list(table)
     }
+    fn list_without_elements(&mut self, table: &TableRef) -> Result<Option<TableListing>, ExecError> {
+        (**self).list_without_elements(table)
+    }
     fn element_identities(&mut self, table: &TableRef, set: &str) -> Result<Option<BTreeSet<Vec<u8>>>, ExecError> {
         (**self).element_identities(table, set)
     }
@@ -218,6 +229,9 @@ impl<E: Executor + ?Sized> Executor for Box<E> {
     }
     fn list(&mut self, table: &TableRef) -> Result<Option<TableListing>, ExecError> {
         (**self).list(table)
+    }
+    fn list_without_elements(&mut self, table: &TableRef) -> Result<Option<TableListing>, ExecError> {
+        (**self).list_without_elements(table)
     }
     fn element_identities(&mut self, table: &TableRef, set: &str) -> Result<Option<BTreeSet<Vec<u8>>>, ExecError> {
         (**self).element_identities(table, set)

@@ -73,7 +73,11 @@ impl Executor for NetlinkExecutor {
     }
 
     fn list(&mut self, table: &TableRef) -> Result<Option<TableListing>, ExecError> {
-        crate::listing::list_table(self, table).map(Some).map_err(ExecError::Netlink)
+        crate::listing::list_table(self, table, true).map(Some).map_err(ExecError::Netlink)
+    }
+
+    fn list_without_elements(&mut self, table: &TableRef) -> Result<Option<TableListing>, ExecError> {
+        crate::listing::list_table(self, table, false).map(Some).map_err(ExecError::Netlink)
     }
 
     fn element_identities(

@@ -17,7 +17,8 @@ fn attr_str(payload: &[u8], kind: u16) -> Option<String> {
 /// How many times a listing is tried when another process commits while it is read.
 const LISTING_ATTEMPTS: usize = 5;
 
-/// Lists `table` with four dumps (chains, rules, sets, then the elements of each static set).
+/// Lists `table` with four dumps (chains, rules, sets, then, if `count_elements`, the elements
+/// of each static set; else their counts are `None`).
 /// A missing table lists as empty (the kernel answers dumps filtered by it with `ENOENT`).
 ///
 /// The dumps are separate requests, so a commit by another process between them (or during one:
@@ -25,12 +26,12 @@ const LISTING_ATTEMPTS: usize = 5;
 /// the periodic check would "repair" drift that is not there. So the ruleset generation is read
 /// before and after, and a listing that straddles a commit, or an interrupted or overrun dump
 /// (`ENOBUFS`), is read again.
-pub fn list_table(exec: &mut NetlinkExecutor, table: &TableRef) -> io::Result<TableListing> {
+pub fn list_table(exec: &mut NetlinkExecutor, table: &TableRef, count_elements: bool) -> io::Result<TableListing> {
     let mut attempt = 0;
     loop {
         attempt += 1;
         let before = exec.socket()?.generation()?;
-        let listing = match dump_table(exec, table) {
+        let listing = match dump_table(exec, table, count_elements) {
             Err(e) if e.raw_os_error() == Some(libc_enoent()) => Ok(TableListing::default()),
             other => other,
         };
@@ -58,7 +59,7 @@ fn libc_enoent() -> i32 {
     nix::errno::Errno::ENOENT as i32
 }
 
-fn dump_table(exec: &mut NetlinkExecutor, table: &TableRef) -> io::Result<TableListing> {
+fn dump_table(exec: &mut NetlinkExecutor, table: &TableRef, count_elements: bool) -> io::Result<TableListing> {
     let family = nfproto(table.family);
     let sock = exec.socket()?;
     let mut l = TableListing::default();
@@ -97,7 +98,7 @@ fn dump_table(exec: &mut NetlinkExecutor, table: &TableRef) -> io::Result<TableL
         }
     })?;
     for (set, dynamic) in sets {
-        if dynamic {
+        if dynamic || !count_elements {
             l.sets.insert(set, None);
             continue;
         }

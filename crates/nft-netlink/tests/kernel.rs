@@ -515,11 +515,11 @@ fn the_listing_matches_what_was_applied_and_sees_drift() {
         .run_in(|| {
             let mut exec = NetlinkExecutor::new();
             exec.apply(&tx).unwrap();
-            let before = list_table(&mut exec, &table).unwrap();
+            let before = list_table(&mut exec, &table, true).unwrap();
             let mut drift = Transaction::new();
             add_rules(&mut drift, &table, "services", ["drop".to_owned()]);
             exec.apply(&drift).unwrap();
-            (before, list_table(&mut exec, &table).unwrap())
+            (before, list_table(&mut exec, &table, true).unwrap())
         })
         .unwrap();
     assert!(expected.chains.len() > 15 && expected.sets.values().any(|n| n.is_some_and(|n| n > 3)), "{expected:?}");
@@ -667,7 +667,7 @@ fn a_listing_taken_while_another_process_commits_to_the_table_is_one_ruleset() {
             let mut exec = NetlinkExecutor::new();
             let mut listings = Vec::new();
             while commits.load(Ordering::Relaxed) < 60 {
-                listings.push(list_table(&mut exec, &table).unwrap());
+                listings.push(list_table(&mut exec, &table, true).unwrap());
             }
             listings
         })

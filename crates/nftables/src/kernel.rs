@@ -310,14 +310,17 @@ fn chains_holding_their_rules(desired: &Desired, existing: &TableListing) -> BTr
         .collect()
 }
 
-/// Lists each of `tables`; `None` when the executor cannot list.
+/// Lists each of `tables`, counting the elements of sets if `count_elements` (see
+/// [`Executor::list_without_elements`]); `None` when the executor cannot list.
 pub fn list_all<E: Executor + ?Sized>(
     exec: &mut E,
     tables: impl IntoIterator<Item = TableRef>,
+    count_elements: bool,
 ) -> Result<Option<BTreeMap<TableRef, TableListing>>, ExecError> {
     let mut out = BTreeMap::new();
     for t in tables {
-        match exec.list(&t)? {
+        let listing = if count_elements { exec.list(&t)? } else { exec.list_without_elements(&t)? };
+        match listing {
             Some(l) => out.insert(t, l),
             None => return Ok(None),
         };

@@ -348,7 +348,9 @@ impl<E: Executor> NftablesDataplane<E> {
     /// else builds them.
     fn start(&mut self, plan: &Plan) -> Result<SyncReport, SyncError> {
         let tables = plan.families.keys().map(|f| ctx(&self.config, *f).table);
-        let existing = match crate::kernel::list_all(&mut self.exec, tables) {
+        // Adoption reads the elements it keeps set by set; counting them here would dump every
+        // set twice.
+        let existing = match crate::kernel::list_all(&mut self.exec, tables, false) {
             Ok(Some(listings)) => listings.into_iter().filter(|(_, l)| !l.chains.is_empty()).collect(),
             Ok(None) => BTreeMap::new(),
             Err(e) => {
@@ -514,7 +516,7 @@ impl<E: Executor> NftablesDataplane<E> {
             return Ok(Verification::Untouched);
         }
         let tables: Vec<TableRef> = self.families.values().map(|s| s.ctx.table.clone()).collect();
-        let Some(actual) = crate::kernel::list_all(&mut self.exec, tables)? else {
+        let Some(actual) = crate::kernel::list_all(&mut self.exec, tables, true)? else {
             return Ok(Verification::Unverifiable);
         };
         let mut drifted = Vec::new();
