@@ -9,8 +9,11 @@
 //! The first sync builds the tables as a stream of bounded transactions rendered service by
 //! service (so the whole cold start is never in memory), with the hooked base chains last: no
 //! packet sees a half-built table. When kproxy's tables are already there (a restart, an
-//! upgrade, the first sync after a failure), they are adopted instead: rewritten in place in one
-//! transaction, never deleted first, so Services that did not change never stop answering.
+//! upgrade, the first sync after a failure), they are adopted instead, in one transaction, never
+//! deleted first, so Services that did not change never stop answering: chains whose rules are
+//! already what kproxy would write (rule count and the digest on their first rule, see
+//! [`crate::digest`]) and sets that hold only wanted elements are left in place; the rest is
+//! rewritten.
 //!
 //! Steady state costs O(change): the periodic check ([`NftablesDataplane::verify`]) asks the
 //! kernel whether anyone committed since kproxy's last commit, lists kproxy's tables only if so,
@@ -423,7 +426,7 @@ impl<E: Executor> NftablesDataplane<E> {
             one.push(op);
             after.apply(&one);
         });
-        // The adoption rewrites everything its tables hold (see `cold_start`).
+        // What kproxy's own commits leave is known from here on (see `Applied`).
         self.applied.generation = self.exec.generation().ok().flatten();
         match self.applied.apply(&mut self.exec, &tx) {
             Ok(()) => {

@@ -71,3 +71,27 @@ fn a_restart_over_unchanged_state_adds_no_rule_nor_element_and_one_over_changes_
     start(&ns, &fewer);
     assert_eq!(after_restart, list(), "the restart over a change ends as a fresh start");
 }
+
+/// The digest is what tells a chain someone rewrote from one kproxy wrote: the same number of
+/// rules, other rules, and the restart rewrites that chain and nothing else.
+#[test]
+fn a_restart_rewrites_exactly_the_chain_whose_rules_someone_replaced() {
+    kproxy_testbed::require_kernel!();
+    let ns = Netns::new("nft-adopt-chain").unwrap();
+    let list = || ns.exec_ok("nft", &["list", "ruleset"]).unwrap();
+    let plan = common::example_plan();
+    start(&ns, &plan);
+    let before = list();
+    let chain = "mark-for-masquerade";
+    let rules_of = |text: &str| {
+        let from = text.find(&format!("chain {chain} {{")).unwrap();
+        text[from..].lines().skip(1).take_while(|l| l.trim() != "}").count()
+    };
+    assert_eq!(rules_of(&before), 1, "{before}");
+    ns.nft(&format!("flush chain ip kproxy {chain}; add rule ip kproxy {chain} counter")).unwrap();
+    assert_ne!(list(), before, "the chain holds another rule");
+
+    let adopted = start(&ns, &plan);
+    assert_eq!(adopted.counts.rules, 1, "only that chain's one rule is written again: {adopted:?}");
+    assert_eq!(list(), before, "the restart restored it");
+}
