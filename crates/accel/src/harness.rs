@@ -18,8 +18,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use kproxy_packet_suite::{Dataplane, NODE_A, NODE_B, endpoint, node_objects, slice};
 use kproxy_conntrack::{ReconcileStats, Reconciler};
+use kproxy_packet_suite::{Dataplane, NODE_A, NODE_B, endpoint, node_objects, slice};
 use kproxy_plan::{DetectLocal, NodeContext, Plan, Planner, ProxyPolicy};
 use kproxy_state::{Change, ClusterState, Object, ServiceObject};
 use kproxy_testbed::kernel::KernelFeature;
@@ -55,7 +55,8 @@ pub enum ProxyMode {
 
 impl ProxyMode {
     /// Every dataplane, in the order reports list them.
-    pub const ALL: [ProxyMode; 4] = [ProxyMode::Nftables, ProxyMode::Iptables, ProxyMode::IptablesLegacy, ProxyMode::Ipvs];
+    pub const ALL: [ProxyMode; 4] =
+        [ProxyMode::Nftables, ProxyMode::Iptables, ProxyMode::IptablesLegacy, ProxyMode::Ipvs];
 
     /// `nftables`, `iptables-nft`, `iptables-legacy` or `ipvs`.
     pub fn name(self) -> &'static str {
@@ -218,15 +219,15 @@ impl Cluster {
         // What the daemon creates at start, in the node's namespace: the dataplane, the
         // conntrack reconciler, the fast path, probed before the first sync.
         let mut dataplane = node_ns.run_in(|| mode.dataplane()).map_err(|e| e.to_string())?;
-        let mut reconciler =
-            node_ns.run_in(Reconciler::new).map_err(|e| e.to_string())?.map_err(|e| format!("conntrack socket: {e}"))?;
+        let mut reconciler = node_ns
+            .run_in(Reconciler::new)
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("conntrack socket: {e}"))?;
         reconciler.set_local_addresses(vec![NODE_IP_V4.into(), NODE_IP_V6.into()]);
         let mut accelerator = Accelerator::new(NetlinkExecutor::new(), config);
         node_ns.run_in(|| accelerator.probe_once()).map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
         // The first sync: full dataplane sync, conntrack cleanup, full fast-path sync.
-        node_ns
-            .run_in(|| dataplane.full_sync(&plan).map_err(|e| e.to_string()))
-            .map_err(|e| e.to_string())??;
+        node_ns.run_in(|| dataplane.full_sync(&plan).map_err(|e| e.to_string())).map_err(|e| e.to_string())??;
         reconcile(&mut reconciler, &plan)?;
         node_ns.run_in(|| accelerator.full_sync(&plan)).map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
         Ok(Cluster {
@@ -287,7 +288,8 @@ impl Cluster {
         let (plan, dataplane, accel) = (&self.plan, &mut self.dataplane, &self.accel);
         let node = self.testbed.node();
         if !delta.is_empty() {
-            node.run_in(|| dataplane.partial_sync(plan, &delta).map_err(|e| e.to_string())).map_err(|e| e.to_string())??;
+            node.run_in(|| dataplane.partial_sync(plan, &delta).map_err(|e| e.to_string()))
+                .map_err(|e| e.to_string())??;
         }
         let cleaned = reconcile(&mut self.reconciler, plan)?;
         node.run_in(|| lock(accel).sync(plan, &delta)).map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
