@@ -307,6 +307,13 @@ impl Cluster {
             .map_err(|e| e.to_string())
     }
 
+    /// The metric `kubeproxy_accelerated_connections_count_total`: connections handed to the
+    /// flowtable so far (read in the node's namespace).
+    pub fn accelerated_connections_total(&self) -> Result<u64, String> {
+        let accel = &self.accel;
+        self.testbed.node().run_in(|| lock(accel).accelerated_connections_total()).map_err(|e| e.to_string())
+    }
+
     /// A TCP connection from `external` to `address:port`, made in that namespace.
     pub fn connect_tcp(&self, address: IpAddr, port: u16) -> Result<TcpStream, String> {
         let target = SocketAddr::new(address, port);
