@@ -487,9 +487,9 @@ enum Close {
 /// entry is no longer `[OFFLOAD]`. After FINs it reaches TIME_WAIT, like the same close of a
 /// connection on the regular path (`slow`, no hint). After a RST the regular connection's entry
 /// waits in CLOSE (10 s); the offloaded one's is in CLOSE or already gone (seen in the guest
-/// kernel: gone within a second — the flowtable's teardown shortens the entry's timeout by its
-/// own offload timeout, and CLOSE's 10 s is less). Either way nothing of it is left in the
-/// flowtable. A new connection afterwards is served and offloaded.
+/// kernel: already gone, likely because the teardown shortens the entry's timeout by the
+/// flowtable's own offload timeout, more than CLOSE's 10 s). Either way nothing of it is left
+/// in the flowtable. A new connection afterwards is served and offloaded.
 #[test]
 fn offloaded_connections_leave_the_flowtable_on_fin_and_rst_like_regular_ones() {
     let mode = ProxyMode::Nftables;
