@@ -10,7 +10,8 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use kproxy_accel::harness::{
-    Cluster, FAST_NODE_PORT, FAST_VIP, Hint, ProxyMode, SERVICE_PORT, SLOW_VIP, finish, send_bytes, service_object,
+    Cluster, FAST_NODE_PORT, FAST_VIP, Hint, ProxyMode, SERVICE_PORT, SLOW_VIP, endpoint_slice, finish, finish_at,
+    reset, send_bytes, service_object, udp_backend,
 };
 use kproxy_accel::{AccelConfig, TABLE, WatchOptions, offloaded_connections};
 use kproxy_testbed::kernel;
@@ -132,6 +133,11 @@ fn nftables_mode_offloads_opted_in_services_only() {
 #[test]
 fn iptables_mode_offloads_opted_in_services_only() {
     opted_in_services_are_offloaded(ProxyMode::Iptables);
+}
+
+#[test]
+fn iptables_legacy_mode_offloads_opted_in_services_only() {
+    opted_in_services_are_offloaded(ProxyMode::IptablesLegacy);
 }
 
 #[test]
@@ -339,4 +345,190 @@ fn the_probe_answers_whether_the_kernel_has_flowtables_and_leaves_nothing() {
     let supported = ns.run_in(|| kproxy_accel::probe(&mut kproxy_accel::NetlinkExecutor::new())).unwrap().unwrap();
     assert_eq!(supported, kernel::KernelFeature::Flowtable.is_available());
     assert_eq!(ns.exec_ok("nft", &["list", "ruleset"]).unwrap().trim(), "");
+}
+
+/// The TCP state and whether it is offloaded, of the node's conntrack entry of the connection
+/// from `client_port` (`None` when there is no entry). The state is empty while the entry is
+/// offloaded: conntrack lists offloaded entries without timeout and state
+/// (`tcp      6 src=… [OFFLOAD] …`, not `tcp      6 119 TIME_WAIT src=… …`).
+fn tcp_entry_state(cluster: &Cluster, client_port: u16) -> Option<(String, bool)> {
+    let line = cluster.conntrack_entry("tcp", client_port)?;
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    let timed = fields.get(2).is_some_and(|timeout| timeout.parse::<u64>().is_ok());
+    let state = if timed { fields.get(3).copied().unwrap_or_default() } else { "" };
+    Some((state.to_owned(), line.contains("[OFFLOAD]")))
+}
+
+/// A UDP socket in `external` whose flow to `address` has exchanged 30 datagrams (more than the
+/// threshold) with `backend`, offloaded or not as `expect_offload` says.
+fn udp_flow(cluster: &Cluster, address: IpAddr, backend: &str, expect_offload: bool) -> std::net::UdpSocket {
+    let socket = cluster.connect_udp(address, SERVICE_PORT).unwrap();
+    for _ in 0..30 {
+        assert_eq!(udp_backend(&socket).as_deref(), Some(backend), "udp {address}");
+    }
+    let client_port = socket.local_addr().unwrap().port();
+    let offloaded =
+        cluster.wait_offloaded("udp", client_port, if expect_offload { OFFLOAD_WAIT } else { Duration::ZERO });
+    assert_eq!(offloaded, expect_offload, "udp {address}: {:?}", cluster.conntrack_entry("udp", client_port));
+    socket
+}
+
+/// What happened to one Service's connections when its only endpoint was replaced.
+#[derive(Debug, PartialEq, Eq)]
+struct AfterRemoval {
+    /// The established TCP connection's conntrack entry is still there after the sync
+    /// (kube-proxy leaves TCP flows alone).
+    tcp_entry_kept: bool,
+    /// Where the rest of the established TCP upload went, and how many bytes arrived in all.
+    tcp_backend: String,
+    tcp_bytes: u64,
+    /// The established UDP flow's conntrack entry right after the sync's cleanup (gone: the
+    /// cleanup deleted it).
+    udp_entry_after_cleanup: Option<String>,
+    /// Who answers the next datagram of that UDP flow.
+    udp_backend: Option<String>,
+    /// Where a new TCP connection goes.
+    new_tcp_backend: String,
+}
+
+/// Both Services' only endpoint is replaced while each has an established TCP connection and
+/// UDP flow to it, `fast`'s offloaded, `slow`'s (no hint) on the regular path. The same sync
+/// runs the daemon's stale-UDP cleanup, which must delete both UDP entries, the offloaded one
+/// included. What happens next must be the same for both Services: the TCP connections keep
+/// going to the removed endpoint (still a running pod here) with every byte delivered, the UDP
+/// flows' next datagrams reach the new endpoint, new connections go to the new endpoint.
+fn endpoint_removal_matches_the_regular_path(mode: ProxyMode) {
+    if !ready(mode) {
+        return;
+    }
+    let mut cluster = Cluster::start(mode, AccelConfig::default(), Hint::Field).unwrap();
+    let replacement = cluster.add_backend("replacement").unwrap();
+    let removed = cluster.backend.name().to_owned();
+
+    let mut tcp = Vec::new();
+    for (address, offload) in [(FAST_VIP, true), (SLOW_VIP, false)] {
+        let mut stream = cluster.connect_tcp(address.into(), SERVICE_PORT).unwrap();
+        let port = stream.local_addr().unwrap().port();
+        send_bytes(&mut stream, CHUNK).unwrap();
+        let offloaded = cluster.wait_offloaded("tcp", port, if offload { OFFLOAD_WAIT } else { Duration::ZERO });
+        assert_eq!(offloaded, offload, "tcp {address}: {:?}", cluster.conntrack_entry("tcp", port));
+        tcp.push((stream, port));
+    }
+    let udp: Vec<_> = [(FAST_VIP, true), (SLOW_VIP, false)]
+        .map(|(address, offload)| udp_flow(&cluster, address.into(), &removed, offload))
+        .into();
+
+    let cleanup =
+        cluster.apply(vec![endpoint_slice("fast", &[&replacement]), endpoint_slice("slow", &[&replacement])]).unwrap();
+    let deleted: usize = cleanup.iter().map(|stats| stats.deleted).sum();
+    let failed: usize = cleanup.iter().map(|stats| stats.failed).sum();
+    let udp_entries: Vec<Option<String>> =
+        udp.iter().map(|socket| cluster.conntrack_entry("udp", socket.local_addr().unwrap().port())).collect();
+    // The endpoint change did not touch the TCP connections: `fast`'s is still offloaded,
+    // `slow`'s still ESTABLISHED.
+    assert_eq!(tcp_entry_state(&cluster, tcp[0].1), Some((String::new(), true)));
+    assert_eq!(tcp_entry_state(&cluster, tcp[1].1), Some(("ESTABLISHED".to_owned(), false)));
+
+    let mut outcomes = Vec::new();
+    for (((mut stream, port), socket), udp_entry) in tcp.into_iter().zip(&udp).zip(udp_entries) {
+        let tcp_entry_kept = tcp_entry_state(&cluster, port).is_some();
+        send_bytes(&mut stream, CHUNK).unwrap();
+        let (tcp_bytes, tcp_backend) = finish_at(stream).unwrap();
+        let address = socket.peer_addr().unwrap().ip();
+        let new_stream = cluster.connect_tcp(address, SERVICE_PORT).unwrap();
+        let (_, new_tcp_backend) = finish_at(new_stream).unwrap();
+        outcomes.push(AfterRemoval {
+            tcp_entry_kept,
+            tcp_backend,
+            tcp_bytes,
+            udp_entry_after_cleanup: udp_entry,
+            udp_backend: udp_backend(socket),
+            new_tcp_backend,
+        });
+    }
+    let expected = AfterRemoval {
+        tcp_entry_kept: true,
+        tcp_backend: removed,
+        tcp_bytes: 2 * CHUNK as u64,
+        udp_entry_after_cleanup: None,
+        udp_backend: Some(replacement.name().to_owned()),
+        new_tcp_backend: replacement.name().to_owned(),
+    };
+    assert_eq!(
+        (deleted, failed),
+        (2, 0),
+        "the cleanup must delete both stale UDP entries, the offloaded one too: {cleanup:?}\n{}",
+        cluster.node().exec_ok("conntrack", &["-L"]).unwrap_or_default()
+    );
+    assert_eq!(outcomes[0], outcomes[1], "offloaded (fast) vs regular path (slow)");
+    assert_eq!(outcomes[0], expected);
+}
+
+#[test]
+fn nftables_mode_endpoint_removal_keeps_offloaded_tcp_and_cleans_offloaded_udp_like_the_regular_path() {
+    endpoint_removal_matches_the_regular_path(ProxyMode::Nftables);
+}
+
+#[test]
+fn iptables_legacy_mode_endpoint_removal_keeps_offloaded_tcp_and_cleans_offloaded_udp_like_the_regular_path() {
+    endpoint_removal_matches_the_regular_path(ProxyMode::IptablesLegacy);
+}
+
+/// How a test ends a connection.
+#[derive(Debug, Clone, Copy)]
+enum Close {
+    /// `shutdown(SHUT_WR)`, the sink answers and closes: FINs both ways.
+    Fin,
+    /// `SO_LINGER` 0: the client's close sends a RST.
+    Rst,
+}
+
+/// An offloaded connection that ends with FINs or a RST leaves the flowtable: its conntrack
+/// entry is no longer `[OFFLOAD]`. After FINs it reaches TIME_WAIT, like the same close of a
+/// connection on the regular path (`slow`, no hint). After a RST the regular connection's entry
+/// waits in CLOSE (10 s); the offloaded one's is in CLOSE or already gone (seen in the guest
+/// kernel: already gone, likely because the teardown shortens the entry's timeout by the
+/// flowtable's own offload timeout, more than CLOSE's 10 s). Either way nothing of it is left
+/// in the flowtable. A new connection afterwards is served and offloaded.
+#[test]
+fn offloaded_connections_leave_the_flowtable_on_fin_and_rst_like_regular_ones() {
+    let mode = ProxyMode::Nftables;
+    if !ready(mode) {
+        return;
+    }
+    let cluster = Cluster::start(mode, AccelConfig::default(), Hint::Field).unwrap();
+    for close in [Close::Fin, Close::Rst] {
+        let mut ports = Vec::new();
+        for (address, offload) in [(FAST_VIP, true), (SLOW_VIP, false)] {
+            let mut stream = cluster.connect_tcp(address.into(), SERVICE_PORT).unwrap();
+            let port = stream.local_addr().unwrap().port();
+            send_bytes(&mut stream, CHUNK).unwrap();
+            let offloaded = cluster.wait_offloaded("tcp", port, if offload { OFFLOAD_WAIT } else { Duration::ZERO });
+            assert_eq!(offloaded, offload, "{close:?} tcp {address}: {:?}", cluster.conntrack_entry("tcp", port));
+            match close {
+                Close::Fin => assert_eq!(finish(stream).unwrap(), CHUNK as u64, "{close:?} {address}"),
+                Close::Rst => reset(stream).unwrap(),
+            }
+            ports.push(port);
+        }
+        let expected = match close {
+            Close::Fin => "TIME_WAIT",
+            Close::Rst => "CLOSE",
+        };
+        let regular = ports[1];
+        assert!(
+            wait_until(OFFLOAD_WAIT, || tcp_entry_state(&cluster, regular) == Some((expected.into(), false))),
+            "{close:?}: regular connection: {:?}",
+            cluster.conntrack_entry("tcp", regular)
+        );
+        // The flowtable's garbage collection (every second) takes the entry out.
+        let offloaded = ports[0];
+        let left = wait_until(OFFLOAD_WAIT, || match (close, tcp_entry_state(&cluster, offloaded)) {
+            (_, Some((state, false))) => state == expected,
+            (Close::Rst, None) => true,
+            _ => false,
+        });
+        assert!(left, "{close:?}: offloaded connection: {:?}", cluster.conntrack_entry("tcp", offloaded));
+    }
+    tcp_transfer(&cluster, FAST_VIP.into(), SERVICE_PORT, true);
 }
