@@ -138,6 +138,9 @@ impl Prober {
                 let result = attempt(dest, &backend, Duration::from_millis(250));
                 if let Err(kind) = &result {
                     *log.failures.entry(kind.clone()).or_default() += 1;
+                    // Wall-clock time, to line a failure up with kproxy's log.
+                    let unix = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+                    eprintln!("  probe to {dest} failed at unix {:.3} s: {kind}", unix.as_secs_f64());
                 }
                 log.attempts.push((at, result.is_ok()));
                 if let Some(rest) = (at + interval).checked_sub(start.elapsed()) {
