@@ -133,6 +133,11 @@ pub const COUNTERS_PERIOD: Duration = Duration::from_secs(10);
 /// per this much, not a repair war.
 pub const TOUCHED_CHECK_GAP: Duration = Duration::from_millis(200);
 
+/// When a periodic check could not read the tables because another program kept committing,
+/// the next try comes this much later (not a sync period later, and not so soon that a tight
+/// loop of someone else's commits keeps kproxy dumping its tables).
+pub const BUSY_CHECK_GAP: Duration = Duration::from_secs(1);
+
 /// Starts following commits to kproxy's tables; each notice on the channel asks for a check.
 pub type TouchWatcher = Box<dyn FnOnce() -> mpsc::Receiver<()> + Send>;
 
@@ -171,6 +176,9 @@ pub struct Proxier<D, O> {
     touched: Option<mpsc::Receiver<()>>,
     /// A notice came: check the kernel as soon as [`TOUCHED_CHECK_GAP`] allows.
     check_soon: bool,
+    /// How long after the last check a `check_soon` check runs: [`TOUCHED_CHECK_GAP`], or
+    /// [`BUSY_CHECK_GAP`] after a check found the tables too busy to read.
+    check_gap: Duration,
 }
 
 impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
@@ -195,6 +203,7 @@ impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
             touch_watcher: None,
             touched: None,
             check_soon: false,
+            check_gap: TOUCHED_CHECK_GAP,
         }
     }
 
@@ -413,6 +422,7 @@ impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
         }
         self.last_check = Some(start);
         self.check_soon = false;
+        let was_busy = std::mem::replace(&mut self.check_gap, TOUCHED_CHECK_GAP) == BUSY_CHECK_GAP;
         match self.dataplane.verify(&self.plan) {
             Ok(Verified::Clean) => debug!(took_us = start.elapsed().as_micros() as u64, "periodic check: rules intact"),
             Ok(Verified::Repaired(drift)) => {
@@ -434,6 +444,16 @@ impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
                 };
                 self.observer.synced(&synced);
             }
+            Ok(Verified::Busy) => {
+                if !was_busy {
+                    info!(
+                        retry_in_ms = BUSY_CHECK_GAP.as_millis() as u64,
+                        "periodic check: another program kept committing while kproxy's tables were read; checking again"
+                    );
+                }
+                self.check_soon = true;
+                self.check_gap = BUSY_CHECK_GAP;
+            }
             Err(e) => {
                 warn!(error = %e, "periodic check failed; the next sync is a full resync");
                 self.needs_full_sync = true;
@@ -448,7 +468,7 @@ impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
         let earliest = self.tokens.available_at(&self.pacing, now);
         let full_due = self.last_check.map_or(now, |t| t + self.pacing.sync_period);
         // A noticed commit to kproxy's tables: checked (or, after a failure, resynced) soon.
-        let touched = self.check_soon.then(|| self.last_check.map_or(now, |t| t + TOUCHED_CHECK_GAP).max(now));
+        let touched = self.check_soon.then(|| self.last_check.map_or(now, |t| t + self.check_gap).max(now));
         match (self.pending, self.retry_at) {
             (true, _) => earliest,
             (false, Some(retry)) => touched.map_or(retry, |t| t.min(retry)).max(earliest),

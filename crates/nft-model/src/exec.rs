@@ -167,6 +167,9 @@ pub struct Recording {
     pub generation: u32,
     /// How many times a table was listed.
     pub lists: usize,
+    /// The next this many listings fail as a netlink dump does when another program keeps
+    /// committing while it runs (`Interrupted`).
+    pub busy_lists: usize,
 }
 
 impl Recording {
@@ -195,6 +198,11 @@ impl Executor for Recording {
 
     fn list(&mut self, table: &TableRef) -> Result<Option<TableListing>, ExecError> {
         self.lists += 1;
+        if self.busy_lists > 0 {
+            self.busy_lists -= 1;
+            let busy = std::io::Error::new(std::io::ErrorKind::Interrupted, "the dump met a concurrent change");
+            return Err(ExecError::Netlink(busy));
+        }
         Ok(Some(self.tables.get(table)))
     }
 }

@@ -62,6 +62,8 @@ pub enum Verification {
     Repaired(Vec<String>),
     /// The executor cannot read the kernel (tests, `--dry-run`).
     Unverifiable,
+    /// Every listing attempt met another program's commit: nothing was compared.
+    Busy,
 }
 
 /// The differences of one table from what kproxy applied.

@@ -519,8 +519,14 @@ impl<E: Executor> NftablesDataplane<E> {
             return Ok(Verification::Untouched);
         }
         let tables: Vec<TableRef> = self.families.values().map(|s| s.ctx.table.clone()).collect();
-        let Some(actual) = crate::kernel::list_all(&mut self.exec, tables, true)? else {
-            return Ok(Verification::Unverifiable);
+        let actual = match crate::kernel::list_all(&mut self.exec, tables, true) {
+            Ok(Some(actual)) => actual,
+            Ok(None) => return Ok(Verification::Unverifiable),
+            // The listing retried as often as it does; the kernel never held still.
+            Err(ExecError::Netlink(e)) if e.kind() == std::io::ErrorKind::Interrupted => {
+                return Ok(Verification::Busy);
+            }
+            Err(e) => return Err(e.into()),
         };
         let mut drifted = Vec::new();
         let mut lines = Vec::new();
@@ -954,6 +960,7 @@ impl<E: Executor + Send> kproxy_plan::Dataplane for NftablesDataplane<E> {
         Ok(match NftablesDataplane::verify(self, plan)? {
             Verification::Untouched | Verification::Clean | Verification::Unverifiable => kproxy_plan::Verified::Clean,
             Verification::Repaired(drift) => kproxy_plan::Verified::Repaired(drift),
+            Verification::Busy => kproxy_plan::Verified::Busy,
         })
     }
 }

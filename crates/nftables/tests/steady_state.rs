@@ -82,3 +82,20 @@ fn a_deleted_table_is_rebuilt_by_the_periodic_check() {
     assert!(matches!(dp.verify(&plan).unwrap(), Verification::Repaired(_)));
     assert_eq!(dp.executor().tables.get(&table()), whole);
 }
+
+/// Another program committing in a tight loop can make every listing attempt meet a commit:
+/// the check then reports that it could not read the tables, which is not drift and not a
+/// failure, and writes nothing; the next check reads them.
+#[test]
+fn a_check_that_cannot_read_the_busy_tables_says_so_and_writes_nothing() {
+    let plan = common::example_plan();
+    let mut dp = NftablesDataplane::new(Recording::default(), Config::default());
+    dp.full_sync(&plan).unwrap();
+    let applied = dp.executor().applied.len();
+    dp.executor_mut().generation += 1;
+    dp.executor_mut().busy_lists = 1;
+    assert_eq!(dp.verify(&plan).unwrap(), Verification::Busy);
+    assert_eq!(dp.executor().applied.len(), applied, "nothing written");
+    assert_eq!(dp.verify(&plan).unwrap(), Verification::Clean, "the next check reads them");
+    assert_eq!(dp.executor().applied.len(), applied);
+}

@@ -47,4 +47,8 @@ pub enum Verified {
     Repaired(Vec<String>),
     /// The backend rewrote everything (it cannot check more cheaply).
     Rewritten,
+    /// The tables kept changing while they were read (another program committing in a tight
+    /// loop, to tables of its own): nothing was compared. Not a failure; the caller checks
+    /// again a little later.
+    Busy,
 }

@@ -23,6 +23,8 @@ struct Recorder {
     fail_next: Arc<Mutex<bool>>,
     /// What the next `take_drift_repairs` hands over.
     drift: Arc<Mutex<Vec<String>>>,
+    /// The next `verify` finds the tables too busy to read.
+    busy_next: Arc<Mutex<bool>>,
 }
 
 impl Dataplane for Recorder {
@@ -37,6 +39,9 @@ impl Dataplane for Recorder {
     }
     fn verify(&mut self, plan: &Plan) -> Result<Verified, kproxy_plan::DataplaneError> {
         self.record(Call::Verify(ports(plan)))?;
+        if std::mem::take(&mut *self.busy_next.lock().unwrap()) {
+            return Ok(Verified::Busy);
+        }
         Ok(Verified::Clean)
     }
     fn take_drift_repairs(&mut self) -> Vec<String> {
@@ -332,6 +337,26 @@ async fn a_noticed_commit_brings_the_retry_after_a_failed_check_forward() {
     assert!(p.sync(), "the retry is a full sync");
     assert!(!p.check_soon, "which covers the notice");
     assert_eq!(rec.calls(), [Call::Full(1), Call::Verify(1), Call::Full(1)]);
+}
+
+/// A check that could not read the tables (another program committing in a tight loop) is
+/// neither a failure nor a full resync: the check is tried again a second later, and after one
+/// that reads them the checks go back to a sync period apart.
+#[tokio::test(start_paused = true)]
+async fn a_check_that_found_the_tables_busy_is_tried_again_a_second_later_not_failed() {
+    let rec = Recorder::default();
+    let mut p = synced_with_one_service(&rec);
+    tokio::time::advance(Duration::from_secs(30)).await;
+    *rec.busy_next.lock().unwrap() = true;
+    p.check();
+    let t0 = Instant::now();
+    assert_eq!(p.next_sync_at(t0), t0 + BUSY_CHECK_GAP, "tried again soon");
+    assert!(!p.needs_full_sync && p.retry_at.is_none(), "not a failure");
+    tokio::time::advance(BUSY_CHECK_GAP).await;
+    p.check();
+    let t1 = Instant::now();
+    assert_eq!(p.next_sync_at(t1), t1 + Duration::from_secs(30), "back to a sync period");
+    assert_eq!(rec.calls(), [Call::Full(1), Call::Verify(1), Call::Verify(1)]);
 }
 
 #[test]
