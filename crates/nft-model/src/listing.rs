@@ -139,15 +139,20 @@ impl Listings {
     /// Follows an applied transaction: tables it adds appear, tables it deletes go.
     pub fn apply(&mut self, tx: &Transaction) {
         for op in tx.ops() {
-            if let Op::AddTable { table, .. } = op {
-                self.0.entry(table.clone()).or_default();
-            }
-            for (table, listing) in &mut self.0 {
-                listing.apply(op, table);
-            }
-            if let Op::DeleteTable(t) = op {
-                self.0.remove(t);
-            }
+            self.apply_op(op);
+        }
+    }
+
+    /// Follows one applied operation.
+    pub fn apply_op(&mut self, op: &Op) {
+        if let Op::AddTable { table, .. } = op {
+            self.0.entry(table.clone()).or_default();
+        }
+        for (table, listing) in &mut self.0 {
+            listing.apply(op, table);
+        }
+        if let Op::DeleteTable(t) = op {
+            self.0.remove(t);
         }
     }
 

@@ -382,7 +382,11 @@ impl<E: Executor> NftablesDataplane<E> {
         let mut desired: BTreeMap<TableRef, Desired> = BTreeMap::new();
         let mut tx = Transaction::new();
         let mut passthrough = Vec::new();
+        // The summary of an adopted table is what a cold start leaves (the rewrite's flushes
+        // and re-adds do not add up to it): followed in the same pass.
+        let mut after = kproxy_nft_model::Listings::default();
         let families = cold_start(&self.config, plan, &mut |op| {
+            after.apply_op(&op);
             let table = match &op {
                 Op::AddChain(t, _) | Op::AddSet(t, _) | Op::AddElement(t, _) | Op::AddRule { table: t, .. } => {
                     t.clone()
@@ -418,14 +422,6 @@ impl<E: Executor> NftablesDataplane<E> {
                 crate::kernel::adopt_ops(&table, Some(TABLE_COMMENT.to_owned()), d, current, &unflushed, &mut tx);
         }
         let report = SyncReport { full: true, ops: tx.len(), counts: tx.counts() };
-        // The summary of an adopted table is what a cold start leaves (the rewrite's flushes
-        // and re-adds do not add up to it).
-        let mut after = kproxy_nft_model::Listings::default();
-        cold_start(&self.config, plan, &mut |op| {
-            let mut one = Transaction::new();
-            one.push(op);
-            after.apply(&one);
-        });
         // What kproxy's own commits leave is known from here on (see `Applied`).
         self.applied.generation = self.exec.generation().ok().flatten();
         match self.applied.apply(&mut self.exec, &tx) {
