@@ -97,6 +97,8 @@ impl TableListing {
             }
             Op::AddElement(t, e) if t == table => count(l, &e.set, interval_elements(&e.key) as isize),
             Op::DeleteElement(t, e) if t == table => count(l, &e.set, -(interval_elements(&e.key) as isize)),
+            // Identities exist only for plain elements: one kernel element each.
+            Op::DeleteElementByIdentity { table: t, set, .. } if t == table => count(l, set, -1),
             _ => {}
         }
     }

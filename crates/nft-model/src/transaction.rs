@@ -63,6 +63,17 @@ pub enum Op {
     AddElement(TableRef, Element),
     /// Delete an element (the value is ignored).
     DeleteElement(TableRef, Element),
+    /// Delete the element that [`crate::Executor::element_identities`] reported as `identity`:
+    /// how a restart removes what a set holds and kproxy no longer wants without flushing the
+    /// set. Only an executor that reports identities can apply it (nft text has no form for it).
+    DeleteElementByIdentity {
+        /// Table.
+        table: TableRef,
+        /// Set or map.
+        set: String,
+        /// The identity, as the executor reported it.
+        identity: Vec<u8>,
+    },
     /// Create a flowtable, or register the devices an existing one lacks (Linux 5.13+).
     AddFlowtable(TableRef, Flowtable),
     /// Unregister devices from a flowtable, leaving it and its other devices in place.
@@ -157,7 +168,7 @@ impl Transaction {
                 Op::AddChain(..) | Op::FlushChain(..) | Op::DeleteChain(..) => c.chains += 1,
                 Op::AddRule { .. } => c.rules += 1,
                 Op::AddSet(..) | Op::FlushSet { .. } | Op::DeleteSet { .. } => c.sets += 1,
-                Op::AddElement(..) | Op::DeleteElement(..) => c.elements += 1,
+                Op::AddElement(..) | Op::DeleteElement(..) | Op::DeleteElementByIdentity { .. } => c.elements += 1,
                 Op::AddFlowtable(..) | Op::DeleteFlowtableDevices { .. } => c.flowtables += 1,
             }
         }
@@ -220,6 +231,10 @@ fn render_op(out: &mut String, op: &Op) -> fmt::Result {
         Op::DeleteSet { table, name, is_map } => write!(out, "delete {} {table} {name}", set_keyword(*is_map)),
         Op::AddElement(t, e) => write!(out, "add element {t} {} {e}", e.set),
         Op::DeleteElement(t, e) => write!(out, "delete element {t} {} {{ {} }}", e.set, e.key),
+        Op::DeleteElementByIdentity { table, set, identity } => {
+            let hex: String = identity.iter().map(|b| format!("{b:02x}")).collect();
+            write!(out, "# delete element {table} {set} by identity {hex} (netlink only)")
+        }
         Op::AddFlowtable(t, ft) => {
             write!(out, "add flowtable {t} {} {{ hook ingress priority {};", ft.name, ft.priority)?;
             if !ft.devices.is_empty() {

@@ -207,6 +207,15 @@ impl Encoder {
             }
             Op::AddElement(t, e) => self.element(t, e, true)?,
             Op::DeleteElement(t, e) => self.element(t, e, false)?,
+            Op::DeleteElementByIdentity { table, set, identity } => {
+                let key = crate::identity::identity_key(identity)
+                    .ok_or_else(|| LowerError::new(format!("{} is not an element identity", op_text(op))))?;
+                self.begin(NFT_MSG_DELSETELEM, 0, nfproto(table.family));
+                self.elem_header(table, set, false);
+                let list = self.buf.begin_nest(NFTA_SET_ELEM_LIST_ELEMENTS);
+                self.elem_range(1, key, None, None, false);
+                self.buf.end_nest(list);
+            }
             Op::AddFlowtable(t, ft) => {
                 self.begin(NFT_MSG_NEWFLOWTABLE, NLM_F_CREATE, nfproto(t.family));
                 self.flowtable_hook(t, &ft.name, ft.priority, &ft.devices);

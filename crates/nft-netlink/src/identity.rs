@@ -19,8 +19,12 @@ use crate::wire::{Attr, Attrs};
 const DATA_MARK: u8 = 0xfe;
 const VERDICT_MARK: u8 = 0xff;
 
+/// `[key length] key [DATA_MARK value | VERDICT_MARK code chain]`: the key comes first, with its
+/// length, so [`identity_key`] can take it back out for a deletion.
 fn identity(key: &[u8], value: Option<&[u8]>, verdict: Option<(u32, &str)>) -> Vec<u8> {
-    let mut out = key.to_vec();
+    let mut out = Vec::with_capacity(1 + key.len());
+    out.push(key.len() as u8);
+    out.extend_from_slice(key);
     if let Some(v) = value {
         out.push(DATA_MARK);
         out.extend_from_slice(v);
@@ -31,6 +35,12 @@ fn identity(key: &[u8], value: Option<&[u8]>, verdict: Option<(u32, &str)>) -> V
         out.extend_from_slice(chain.as_bytes());
     }
     out
+}
+
+/// The key bytes of an identity made by this module (`None` for anything else).
+pub fn identity_key(identity: &[u8]) -> Option<&[u8]> {
+    let (len, rest) = identity.split_first()?;
+    rest.get(..usize::from(*len))
 }
 
 /// The identity of a model element; `None` for a range (interval or concatenated range).

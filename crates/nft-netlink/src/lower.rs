@@ -28,7 +28,7 @@ pub struct LowerError {
 }
 
 impl LowerError {
-    fn new(what: impl Into<String>) -> Self {
+    pub(crate) fn new(what: impl Into<String>) -> Self {
         LowerError { what: what.into() }
     }
 }

@@ -8,11 +8,12 @@
 //!   rewrites only the chains and sets that differ, in one transaction.
 //! - [`adopt_ops`] takes over the tables a previous kproxy left (a restart, an upgrade): one
 //!   transaction that rewrites them in place, so no packet ever sees them missing or half-built.
-//!   A set that already holds nothing kproxy does not want ([`keep_present_elements`]) is not flushed
-//!   and refilled: only its missing elements are added. A restart over unchanged state then
-//!   leaves every element where it is (and their per-Service counters). Likewise a chain whose
-//!   rule count and digest ([`crate::digest`]) are what kproxy would write is neither flushed
-//!   nor refilled, so a restart over unchanged state commits almost nothing.
+//!   A set whose elements the executor can read ([`keep_present_elements`]) is not flushed and
+//!   refilled: the elements kproxy no longer wants are deleted and the missing ones added. A
+//!   restart over unchanged state then leaves every element where it is (and their per-Service
+//!   counters). Likewise a chain whose rule count and digest ([`crate::digest`]) are what kproxy
+//!   would write is neither flushed nor refilled, so a restart over unchanged state commits
+//!   almost nothing, and one over a few changes commits about as much as those changes.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -120,6 +121,9 @@ pub struct Desired {
     sets: Vec<SetDef>,
     rules: Vec<Op>,
     elements: Vec<Op>,
+    /// Elements the kernel holds and kproxy no longer wants, deleted one by one (see
+    /// [`keep_present_elements`]).
+    unwanted: Vec<Op>,
 }
 
 impl Desired {
@@ -156,11 +160,13 @@ fn set_of(op: &Op) -> Option<&str> {
     }
 }
 
-/// For the sets of `existing` whose elements kproxy all still wants, takes out of `desired` the
-/// elements they already hold (see [`Executor::element_identities`]) and returns their names:
-/// an adoption neither flushes those sets nor adds those elements again. A set the executor
-/// cannot read, one holding ranges, or one holding an element kproxy no longer wants is left
-/// in `desired` whole (it is rewritten). The second value counts the elements taken out.
+/// For the static sets of `existing` the executor can read (see
+/// [`Executor::element_identities`]), takes out of `desired` the elements they already hold and
+/// queues the deletion of those kproxy no longer wants; returns their names: an adoption neither
+/// flushes those sets nor adds those elements again, so a restart after a few changes rewrites a
+/// few elements, not every element of every set they touched. A set the executor cannot read
+/// (or one holding ranges) is left in `desired` whole (it is rewritten). The second value counts
+/// the elements taken out.
 pub fn keep_present_elements<E: Executor + ?Sized>(
     exec: &mut E,
     table: &TableRef,
@@ -169,6 +175,7 @@ pub fn keep_present_elements<E: Executor + ?Sized>(
 ) -> (BTreeSet<String>, usize) {
     let mut keep = BTreeSet::new();
     let mut present_ops = BTreeSet::new();
+    let mut unwanted = Vec::new();
     for def in desired.sets.iter().filter(|s| !s.has(SetFlag::Dynamic) && existing.sets.contains_key(&s.name)) {
         let Ok(Some(present)) = exec.element_identities(table, &def.name) else { continue };
         let wanted: Option<Vec<(usize, Vec<u8>)>> = desired
@@ -182,16 +189,22 @@ pub fn keep_present_elements<E: Executor + ?Sized>(
             .collect();
         let Some(wanted) = wanted else { continue };
         let wanted_ids: BTreeSet<&Vec<u8>> = wanted.iter().map(|(_, id)| id).collect();
-        if present.iter().all(|id| wanted_ids.contains(id)) {
-            present_ops.extend(wanted.iter().filter(|(_, id)| present.contains(id)).map(|(i, _)| *i));
-            keep.insert(def.name.clone());
-        }
+        present_ops.extend(wanted.iter().filter(|(_, id)| present.contains(id)).map(|(i, _)| *i));
+        unwanted.extend(
+            present.into_iter().filter(|id| !wanted_ids.contains(id)).map(|identity| Op::DeleteElementByIdentity {
+                table: table.clone(),
+                set: def.name.clone(),
+                identity,
+            }),
+        );
+        keep.insert(def.name.clone());
     }
     let mut index = 0;
     desired.elements.retain(|_| {
         index += 1;
         !present_ops.contains(&(index - 1))
     });
+    desired.unwanted = unwanted;
     (keep, present_ops.len())
 }
 
@@ -224,6 +237,11 @@ fn rewrite(
     }
     for s in set_defs.iter().filter(|s| !s.has(SetFlag::Dynamic) && !unflushed.contains(&s.name)) {
         tx.push(Op::FlushSet { table: t(), name: s.name.clone(), is_map: s.is_map() });
+    }
+    // Before the chains they may jump to are deleted (a chain still referenced cannot be), and
+    // before the additions (a map element whose data changed is deleted, then added anew).
+    for op in desired.unwanted {
+        tx.push(op);
     }
     for c in remove_chains {
         tx.push(Op::DeleteChain(t(), c.clone()));

@@ -1,8 +1,9 @@
 //! A restart over unchanged state leaves every rule and element where it is: the adoption (the
 //! first sync of a new kproxy over the tables the last one left) adds no rule, flushes no chain,
 //! adds no element and flushes no static set, over netlink into a real kernel (each chain's rule
-//! digest read back from its first rule's comment); a chain or set that differs is rewritten
-//! whole, and either way the kernel ends as a fresh start of the new plan.
+//! digest read back from its first rule's comment); a chain that differs is rewritten whole, an
+//! element kproxy no longer wants is deleted by the identity the kernel listed, and either way
+//! the kernel ends as a fresh start of the new plan.
 
 #![allow(clippy::unwrap_used)]
 
@@ -55,14 +56,15 @@ fn a_restart_over_unchanged_state_adds_no_rule_nor_element_and_one_over_changes_
     assert_eq!(adopted.counts.rules, 0, "an unchanged restart rewrites no chain: {adopted:?}");
     assert_eq!(list(), before, "the restart changed nothing");
 
-    // A Service went while kproxy was down: the sets that held its elements are rewritten.
+    // A Service went while kproxy was down: its elements are deleted one by one (with the
+    // chains they jump to), every other element stays.
     let planner = common::planner();
     let mut state = common::state(common::example_objects());
     state.apply(Change::Deleted(Kind::Service, ObjectKey::new("default", "lb")));
     let _ = state.take_dirty();
     let fewer = planner.build(&state);
     let changed = start(&ns, &fewer);
-    assert!(changed.counts.elements > 0, "the sets that lost elements were refilled: {changed:?}");
+    assert!(changed.counts.elements > 0, "its elements were deleted: {changed:?}");
     assert!(changed.counts.elements < cold.counts.elements, "the others kept theirs: {changed:?}");
     assert!(changed.counts.chains > 0, "its chains were removed: {changed:?}");
     assert!(changed.counts.rules < cold.counts.rules / 2, "the other chains kept their rules: {changed:?}");
