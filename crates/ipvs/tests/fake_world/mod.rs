@@ -10,7 +10,20 @@ use kproxy_plan::{DetectLocal, NodeContext, Plan, PlanDelta, Planner, ProxyPolic
 use kproxy_state::{Change, ClusterState, Object, Protocol};
 use serde_json::json;
 
+/// Service `name` (ClusterIP `ip`, port 80 → 8080, `extra` merged into its spec) and its slice
+/// of `eps` (address, node).
 pub fn svc(name: &str, ip: &str, eps: &[(&str, &str)], extra: serde_json::Value) -> Vec<Object> {
+    svc_with_status(name, ip, eps, extra, json!({}))
+}
+
+/// [`svc`] with a status (`{"loadBalancer": {"ingress": [...]}}`).
+pub fn svc_with_status(
+    name: &str,
+    ip: &str,
+    eps: &[(&str, &str)],
+    extra: serde_json::Value,
+    status: serde_json::Value,
+) -> Vec<Object> {
     let mut spec = json!({"clusterIP": ip, "clusterIPs": [ip],
         "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]});
     if let (Some(s), serde_json::Value::Object(e)) = (spec.as_object_mut(), extra) {
@@ -21,7 +34,7 @@ pub fn svc(name: &str, ip: &str, eps: &[(&str, &str)], extra: serde_json::Value)
         .map(|(ip, node)| json!({"addresses": [ip], "nodeName": node, "conditions": {"ready": true}}))
         .collect();
     vec![
-        service("default", name, spec, json!({})),
+        service("default", name, spec, status),
         slice("default", name, "v4", "IPv4", json!([{"name": "http", "protocol": "TCP", "port": 8080}]), endpoints),
     ]
 }
