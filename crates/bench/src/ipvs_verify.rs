@@ -10,7 +10,9 @@
 //! - the new check with nothing changed anywhere (`verify`; must find it clean);
 //! - the new check after someone committed to another nftables table (the generation moved, so
 //!   the auxiliary table is listed and compared; must find it clean);
-//! - the new check after one virtual service was deleted from outside (must repair just it).
+//! - the new check after one virtual service was deleted from outside (must repair just it);
+//! - and, apart, the two ways of reading every real server: the check's (one dump of the
+//!   services, one read of `/proc/net/ip_vs`) and the full sync's (a dump per service).
 
 use std::time::{Duration, Instant};
 
@@ -45,6 +47,8 @@ struct Figures {
     clean: Vec<Duration>,
     listed: Vec<Duration>,
     repair: Vec<Duration>,
+    read_text: Vec<Duration>,
+    read_per_service: Vec<Duration>,
     virtual_services: usize,
 }
 
@@ -107,6 +111,20 @@ fn measure(plan: &Plan, rounds: usize) -> anyhow::Result<Figures> {
             other => bail!("one deleted virtual service: the check found {other:?}"),
         }
         f.repair.push(took);
+        // The check's read of every real server, and the full sync's way, alone.
+        let (result, took) = timed(|| dp.host_mut().ipvs_table());
+        result.context("reading the IPVS table")?;
+        f.read_text.push(took);
+        let (result, took) = timed(|| -> Result<usize, kproxy_ipvs::Error> {
+            let host = dp.host_mut();
+            let mut dests = 0;
+            for s in host.ipvs_services()? {
+                dests += host.ipvs_dests(&s.key)?.len();
+            }
+            Ok(dests)
+        });
+        result.context("dumping real servers service by service")?;
+        f.read_per_service.push(took);
     }
     dp.cleanup().context("cleanup")?;
     Ok(f)
@@ -127,21 +145,23 @@ pub fn main(args: &IpvsVerifyArgs) -> anyhow::Result<bool> {
     );
     println!(
         "| Services | virtual services | first sync | old check: full sync | new check, untouched | \
-         new check, generation moved | new check, one service deleted |"
+         new check, generation moved | new check, one service deleted | IPVS read: text | IPVS read: dump per service |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for &n in &args.services {
         let (plan, _) = cluster::plan(n, args.endpoints);
         let ns = Netns::new("kpb-ipvs").context("creating the namespace")?;
         let f = ns.run_in(|| measure(&plan, args.rounds.max(1))).context("entering the namespace")??;
         println!(
-            "| {n} | {} | {} | {} | {} | {} | {} |",
+            "| {n} | {} | {} | {} | {} | {} | {} | {} | {} |",
             f.virtual_services,
             ms(f.first_sync),
             ms(median(&f.full_sync)),
             ms(median(&f.clean)),
             ms(median(&f.listed)),
             ms(median(&f.repair)),
+            ms(median(&f.read_text)),
+            ms(median(&f.read_per_service)),
         );
     }
     Ok(true)
