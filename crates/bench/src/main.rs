@@ -15,6 +15,7 @@ mod cluster;
 mod daemon;
 mod faults;
 mod iptables;
+mod ipvs_verify;
 mod measure;
 mod monitor_cost;
 mod report;
@@ -51,6 +52,8 @@ enum Bench {
     Soak(soak::SoakArgs),
     /// What following nf_tables' notifications costs kproxy's own commits.
     MonitorCost(monitor_cost::MonitorCostArgs),
+    /// The IPVS dataplane's periodic check against a full sync (guest kernel: needs IPVS).
+    IpvsVerify(ipvs_verify::IpvsVerifyArgs),
 }
 
 /// The dataplane-only benchmark's options.
@@ -102,6 +105,7 @@ fn main() -> ExitCode {
         Some(Bench::Faults(args)) => Some(("faults", faults::main(args))),
         Some(Bench::Soak(args)) => Some(("soak", soak::main(args))),
         Some(Bench::MonitorCost(args)) => Some(("monitor-cost", monitor_cost::main(args))),
+        Some(Bench::IpvsVerify(args)) => Some(("ipvs-verify", ipvs_verify::main(args))),
         None => None,
     };
     if let Some((name, result)) = subcommand {

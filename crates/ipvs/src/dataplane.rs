@@ -8,6 +8,9 @@
 //! delta against the state kept in memory: an endpoint change is a real-server add or delete on
 //! that service port's virtual services and nothing else.
 //!
+//! The periodic check ([`IpvsDataplane::verify`], in [`verify`]) reads the kernel in a few
+//! dumps and repairs only what someone else changed; it rewrites nothing while nothing differs.
+//!
 //! Graceful termination: a real server that leaves the plan keeps serving its connections at
 //! weight 0 (no new ones) until it has none or [`Config::graceful_period`] passed; UDP ones go at
 //! once (IPVS would otherwise keep sending a flow's datagrams to a dead pod). The kernel's
@@ -17,7 +20,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::time::Instant;
 
-use kproxy_nft_model::{Element, Key, MapData, Op, TableFamily, TableRef, Transaction};
+use kproxy_nft_model::{Element, Key, Listings, MapData, Op, TableFamily, TableRef, Transaction};
+use kproxy_nftables::kernel::Applied;
 use kproxy_nftables::ruleset::Ctx;
 use kproxy_plan::{NodePlan, Plan, PlanDelta, ServicePortName};
 use kproxy_state::{IpFamily, Protocol};
@@ -27,8 +31,10 @@ use crate::config::Config;
 use crate::error::Error;
 use crate::fwmark::Fwmarks;
 use crate::genl::{DestKey, DestSpec, IpvsOp, ServiceKey, ServiceSpec};
-use crate::host::{EEXIST, ENOENT, ESRCH, Host};
+use crate::host::{EEXIST, ENOENT, ESRCH, Host, HostNft};
 use crate::render::{DesiredVs, PortObjects, render_port};
+
+mod verify;
 
 /// What a sync did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -82,6 +88,9 @@ pub struct IpvsDataplane<H> {
     applied_addrs: BTreeSet<IpAddr>,
     link: Option<u32>,
     fwmarks: Fwmarks,
+    /// What the auxiliary tables hold as far as kproxy knows (a summary, and the nf_tables
+    /// generation of kproxy's last commit): what the periodic check compares with.
+    aux: Applied,
 }
 
 impl<H: Host> IpvsDataplane<H> {
@@ -100,6 +109,7 @@ impl<H: Host> IpvsDataplane<H> {
             applied_addrs: BTreeSet::new(),
             link: None,
             fwmarks,
+            aux: Applied::default(),
         }
     }
 
@@ -211,7 +221,10 @@ impl<H: Host> IpvsDataplane<H> {
             tx.push(Op::DeleteTable(table));
         }
         report.nft_ops = tx.len();
-        self.host.nft(&tx)?;
+        // The transaction decides everything the auxiliary tables hold.
+        self.aux.listings = Listings::default();
+        self.aux.generation = self.host.nft_generation().ok().flatten();
+        self.aux.apply(&mut HostNft(&mut self.host), &tx)?;
         self.families = families;
         report.drained = self.reap_drained()?;
         self.in_sync = true;
@@ -278,7 +291,7 @@ impl<H: Host> IpvsDataplane<H> {
             report.ipvs_ops += self.reconcile_service(key)?;
         }
         report.nft_ops = tx.len();
-        self.host.nft(&tx)?;
+        self.aux.apply(&mut HostNft(&mut self.host), &tx)?;
         for addr in old_addrs {
             report.address_ops += self.reconcile_address(addr)?;
         }
@@ -288,6 +301,28 @@ impl<H: Host> IpvsDataplane<H> {
 
     /// Sysctls, IPVS timeouts and the dummy interface.
     fn prepare_node(&mut self, plan: &Plan) -> Result<(), Error> {
+        self.ensure_sysctls(plan)?;
+        let secs = |d: std::time::Duration| u32::try_from(d.as_secs()).unwrap_or(u32::MAX);
+        let (tcp, tcp_fin, udp) =
+            (secs(self.config.tcp_timeout), secs(self.config.tcp_fin_timeout), secs(self.config.udp_timeout));
+        if tcp != 0 || tcp_fin != 0 || udp != 0 {
+            self.host.ipvs(&IpvsOp::SetTimeouts { tcp, tcp_fin, udp })?;
+        }
+        let name = self.config.interface.clone();
+        let index = match self.host.link(&name)? {
+            None => self.host.create_dummy(&name)?,
+            Some((index, Some(kind))) if kind == "dummy" => {
+                self.host.set_up(index)?;
+                index
+            }
+            Some(_) => return Err(Error::NotDummy(name)),
+        };
+        self.link = Some(index);
+        Ok(())
+    }
+
+    /// Sets the sysctls IPVS mode needs where they differ; returns one line per sysctl set.
+    fn ensure_sysctls(&mut self, plan: &Plan) -> Result<Vec<String>, Error> {
         let mut wanted = vec![
             // IPVS keeps conntrack entries: the auxiliary table's marks and masquerading need them.
             ("net/ipv4/vs/conntrack", "1"),
@@ -306,33 +341,19 @@ impl<H: Host> IpvsDataplane<H> {
             wanted.push(("net/ipv4/conf/all/arp_ignore", "1"));
             wanted.push(("net/ipv4/conf/all/arp_announce", "2"));
         }
+        let mut set = Vec::new();
         for (path, value) in wanted {
             match self.host.sysctl(path)? {
                 Some(v) if v == value => {}
-                Some(_) => {
+                Some(was) => {
                     tracing::info!(sysctl = path, value, "setting sysctl");
                     self.host.set_sysctl(path, value)?;
+                    set.push(format!("sysctl {path} was {was}, set to {value}"));
                 }
                 None => tracing::warn!(sysctl = path, "sysctl missing; not set"),
             }
         }
-        let secs = |d: std::time::Duration| u32::try_from(d.as_secs()).unwrap_or(u32::MAX);
-        let (tcp, tcp_fin, udp) =
-            (secs(self.config.tcp_timeout), secs(self.config.tcp_fin_timeout), secs(self.config.udp_timeout));
-        if tcp != 0 || tcp_fin != 0 || udp != 0 {
-            self.host.ipvs(&IpvsOp::SetTimeouts { tcp, tcp_fin, udp })?;
-        }
-        let name = self.config.interface.clone();
-        let index = match self.host.link(&name)? {
-            None => self.host.create_dummy(&name)?,
-            Some((index, Some(kind))) if kind == "dummy" => {
-                self.host.set_up(index)?;
-                index
-            }
-            Some(_) => return Err(Error::NotDummy(name)),
-        };
-        self.link = Some(index);
-        Ok(())
+        Ok(set)
     }
 
     /// Takes one virtual service from what is applied to what is wanted; returns the number of
@@ -451,6 +472,7 @@ impl<H: Host> IpvsDataplane<H> {
         self.addr_owners.clear();
         self.applied_addrs.clear();
         self.link = None;
+        self.aux = Applied::default();
         self.in_sync = false;
         Ok(())
     }
@@ -622,5 +644,9 @@ impl<H: Host + Send> kproxy_plan::Dataplane for IpvsDataplane<H> {
     fn cleanup(&mut self) -> Result<(), kproxy_plan::DataplaneError> {
         IpvsDataplane::cleanup(self)?;
         Ok(())
+    }
+
+    fn verify(&mut self, plan: &Plan) -> Result<kproxy_plan::Verified, kproxy_plan::DataplaneError> {
+        Ok(IpvsDataplane::verify(self, plan)?)
     }
 }

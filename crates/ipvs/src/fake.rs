@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
+use kproxy_nft_model::{Listings, TableListing, TableRef};
 use kproxy_nftables::Transaction;
 
 use crate::error::Error;
@@ -45,11 +46,18 @@ pub struct FakeHost {
     pub sysctls: BTreeMap<String, String>,
     /// Every nftables transaction applied.
     pub nft: Vec<Transaction>,
+    /// What the nftables tables hold, summarised as the kernel lists them (tests change it to
+    /// play someone else; see [`FakeHost::tamper_nft`]).
+    pub nft_tables: Listings,
+    /// The nf_tables generation: bumped by every transaction, kproxy's or a tamperer's.
+    pub nft_generation: u32,
+    /// Number of nftables table listings answered.
+    pub nft_listings: usize,
     /// Every IPVS change accepted, in order.
     pub ipvs_ops: Vec<IpvsOp>,
     /// Every change of any kind, in order, as text.
     pub log: Vec<String>,
-    /// Number of dumps (services or real servers) answered.
+    /// Number of dumps (services, real servers, or the whole table) answered.
     pub dumps: usize,
     /// Fail the next IPVS change.
     pub fail_next_ipvs: bool,
@@ -88,6 +96,14 @@ impl FakeHost {
         self.log.clear();
         self.nft.clear();
         self.dumps = 0;
+        self.nft_listings = 0;
+    }
+
+    /// Someone else changes the nftables tables: `change` edits their summary, and the
+    /// generation moves as a commit moves it.
+    pub fn tamper_nft(&mut self, change: impl FnOnce(&mut Listings)) {
+        change(&mut self.nft_tables);
+        self.nft_generation = self.nft_generation.wrapping_add(1);
     }
 
     /// Pretends `conns` connections are active on a real server.
@@ -114,6 +130,12 @@ impl Host for FakeHost {
             Some(s) => Ok(s.dests.values().copied().collect()),
             None => Err(Error::Ipvs { op: "list".into(), source: NetlinkError::Kernel(ESRCH) }),
         }
+    }
+
+    /// The whole table in one dump, as the kernel host reads it.
+    fn ipvs_table(&mut self) -> Result<Vec<(ServiceSpec, Vec<DestState>)>, Error> {
+        self.dumps += 1;
+        Ok(self.services.values().map(|s| (s.spec.clone(), s.dests.values().copied().collect())).collect())
     }
 
     fn ipvs(&mut self, op: &IpvsOp) -> Result<(), Error> {
@@ -230,7 +252,18 @@ impl Host for FakeHost {
         if !tx.is_empty() {
             self.log.push(format!("nft {} ops", tx.len()));
             self.nft.push(tx.clone());
+            self.nft_tables.apply(tx);
+            self.nft_generation = self.nft_generation.wrapping_add(1);
         }
         Ok(())
+    }
+
+    fn nft_generation(&mut self) -> Result<Option<u32>, Error> {
+        Ok(Some(self.nft_generation))
+    }
+
+    fn nft_list(&mut self, table: &TableRef) -> Result<Option<TableListing>, Error> {
+        self.nft_listings += 1;
+        Ok(Some(self.nft_tables.get(table)))
     }
 }

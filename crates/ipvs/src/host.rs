@@ -8,14 +8,14 @@ use std::net::IpAddr;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use kproxy_nft_model::{Executor, Transaction};
+use kproxy_nft_model::{ExecError, Executor, TableListing, TableRef, Transaction};
 use kproxy_nft_netlink::NetlinkExecutor;
 use netlink_sys::protocols::{NETLINK_GENERIC, NETLINK_ROUTE};
 
 use crate::error::Error;
 use crate::genl::{self, DestState, IpvsOp, ServiceKey, ServiceSpec};
 use crate::netlink::{Client, NetlinkError};
-use crate::rtnl;
+use crate::{proc_table, rtnl};
 
 /// `EEXIST`.
 pub const EEXIST: i32 = 17;
@@ -32,6 +32,12 @@ pub trait Host: Send {
     fn ipvs_services(&mut self) -> Result<Vec<ServiceSpec>, Error>;
     /// The real servers of one virtual service.
     fn ipvs_dests(&mut self, key: &ServiceKey) -> Result<Vec<DestState>, Error>;
+    /// Every virtual service with its real servers. This default asks for each service's real
+    /// servers in turn (one dump per service).
+    fn ipvs_table(&mut self) -> Result<Vec<(ServiceSpec, Vec<DestState>)>, Error> {
+        let services = self.ipvs_services()?;
+        dests_one_by_one(self, services)
+    }
     /// One IPVS change, as is (errors such as `EEXIST` are the caller's to interpret).
     fn ipvs(&mut self, op: &IpvsOp) -> Result<(), Error>;
     /// The index and link kind of interface `name`, if it exists.
@@ -52,6 +58,60 @@ pub trait Host: Send {
     fn set_sysctl(&mut self, path: &str, value: &str) -> Result<(), Error>;
     /// Applies an nftables transaction atomically.
     fn nft(&mut self, tx: &Transaction) -> Result<(), Error>;
+    /// The nf_tables generation: every commit in the namespace, by anyone, bumps it. `None`:
+    /// the host cannot tell.
+    fn nft_generation(&mut self) -> Result<Option<u32>, Error> {
+        Ok(None)
+    }
+    /// What nftables table `table` holds now, summarised (an absent table lists as empty).
+    /// `None`: the host cannot list.
+    fn nft_list(&mut self, _table: &TableRef) -> Result<Option<TableListing>, Error> {
+        Ok(None)
+    }
+}
+
+/// The real servers of each of `services`, one dump each; a service deleted meanwhile is left
+/// out.
+pub fn dests_one_by_one<H: Host + ?Sized>(
+    host: &mut H,
+    services: Vec<ServiceSpec>,
+) -> Result<Vec<(ServiceSpec, Vec<DestState>)>, Error> {
+    let mut out = Vec::with_capacity(services.len());
+    for spec in services {
+        match host.ipvs_dests(&spec.key) {
+            Ok(dests) => out.push((spec, dests)),
+            Err(e) if matches!(e.errno(), Some(ESRCH | ENOENT)) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(out)
+}
+
+/// The auxiliary table's side of a [`Host`] as an nftables [`Executor`], so the nftables
+/// dataplane's follow-and-check machinery (`kproxy_nftables::kernel`) serves it too.
+#[derive(Debug)]
+pub struct HostNft<'a, H: ?Sized>(pub &'a mut H);
+
+fn exec_error(e: Error) -> ExecError {
+    match e {
+        Error::Nft(e) => e,
+        Error::Injected => ExecError::Injected,
+        other => ExecError::Netlink(std::io::Error::other(other.to_string())),
+    }
+}
+
+impl<H: Host + ?Sized> Executor for HostNft<'_, H> {
+    fn apply(&mut self, tx: &Transaction) -> Result<(), ExecError> {
+        self.0.nft(tx).map_err(exec_error)
+    }
+
+    fn generation(&mut self) -> Result<Option<u32>, ExecError> {
+        self.0.nft_generation().map_err(exec_error)
+    }
+
+    fn list(&mut self, table: &TableRef) -> Result<Option<TableListing>, ExecError> {
+        self.0.nft_list(table).map_err(exec_error)
+    }
 }
 
 /// The real kernel, through netlink sockets opened on first use (in the calling thread's
@@ -141,6 +201,23 @@ impl Host for KernelHost {
         Ok(answers.iter().filter_map(|p| genl::parse_dest(p, key.family())).collect())
     }
 
+    /// One dump of the services and one read of [`proc_table::PATH`] for every real server;
+    /// service by service only where the text is missing or not understood.
+    fn ipvs_table(&mut self) -> Result<Vec<(ServiceSpec, Vec<DestState>)>, Error> {
+        let services = self.ipvs_services()?;
+        let listed = std::fs::read_to_string(proc_table::PATH).ok().and_then(|text| proc_table::parse(&text));
+        let Some(listed) = listed else {
+            tracing::debug!(
+                path = proc_table::PATH,
+                "IPVS table text unreadable; listing real servers service by service"
+            );
+            return dests_one_by_one(self, services);
+        };
+        let (mut table, unmatched) = proc_table::join(services, listed);
+        table.extend(dests_one_by_one(self, unmatched)?);
+        Ok(table)
+    }
+
     fn ipvs(&mut self, op: &IpvsOp) -> Result<(), Error> {
         let (client, id) = self.genl()?;
         client
@@ -213,5 +290,13 @@ impl Host for KernelHost {
 
     fn nft(&mut self, tx: &Transaction) -> Result<(), Error> {
         self.nft.apply(tx).map_err(Error::from)
+    }
+
+    fn nft_generation(&mut self) -> Result<Option<u32>, Error> {
+        self.nft.generation().map_err(Error::from)
+    }
+
+    fn nft_list(&mut self, table: &TableRef) -> Result<Option<TableListing>, Error> {
+        self.nft.list(table).map_err(Error::from)
     }
 }

@@ -11,7 +11,8 @@
 //!
 //! - [`IpvsDataplane`]: `new(host, config)`, `sync(plan, delta)`, `cleanup()`.
 //! - [`KernelHost`] talks netlink: [`genl`] for IPVS, [`rtnl`] for the interface, nf_tables
-//!   (`kproxy-nft-netlink`) for the auxiliary table;
+//!   (`kproxy-nft-netlink`) for the auxiliary table; [`proc_table`] reads every real server in
+//!   one go for the periodic check;
 //!   [`FakeHost`] is an in-memory kernel for tests and dry runs.
 //! - [`cleanup()`]: `kproxy --cleanup` without a dataplane.
 
@@ -24,6 +25,7 @@ mod fwmark;
 pub mod genl;
 mod host;
 pub mod netlink;
+pub mod proc_table;
 pub mod render;
 pub mod rtnl;
 

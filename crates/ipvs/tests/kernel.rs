@@ -1,5 +1,6 @@
 //! IPVS-specific kernel tests (guest kernel): every scheduler in the kernel's table, `sh`
-//! stickiness, persistence, the VIP port guard, graceful termination and restart adoption.
+//! stickiness, persistence, the VIP port guard, graceful termination, restart adoption, and the
+//! periodic check repairing what other tools deleted.
 //! On the host they skip (no IPVS, no dummy devices) with a message, per `kproxy_testbed::kernel`.
 
 #![allow(clippy::unwrap_used)]
@@ -11,7 +12,7 @@ use std::time::Duration;
 
 use kproxy_ipvs::{Config, IpvsDataplane, KernelHost, Scheduler};
 use kproxy_packet_suite::{NODE_A, NODE_B, node_objects, service, slice};
-use kproxy_plan::{DetectLocal, NodeContext, Plan, PlanDelta, Planner, ProxyPolicy};
+use kproxy_plan::{DetectLocal, NodeContext, Plan, PlanDelta, Planner, ProxyPolicy, Verified};
 use kproxy_state::{Change, ClusterState, Object};
 use kproxy_testbed::kernel::{self, KernelFeature};
 use kproxy_testbed::topology::{CLUSTER_CIDR_V4, CLUSTER_CIDR_V6, NODE_IP_V4, NODE_IP_V6};
@@ -438,5 +439,117 @@ fn a_client_reusing_the_port_of_a_closed_connection() {
         "the reused port's first INIT was answered at once ({took:?}): the kernel no longer drops it, so \
          this test's explanation of clusterip_sctp timeouts is out of date"
     );
+    tb.node().run_in(|| dp.cleanup()).unwrap().unwrap();
+}
+
+fn verify(tb: &Testbed, dp: &mut IpvsDataplane<KernelHost>, plan: &Plan) -> Verified {
+    tb.node().run_in(|| dp.verify(plan)).unwrap().unwrap()
+}
+
+fn repaired(v: Verified) -> Vec<String> {
+    match v {
+        Verified::Repaired(lines) => lines,
+        other => panic!("expected a repair, got {other:?}"),
+    }
+}
+
+/// The backends that answer 10 connections from `from` to `to`.
+fn answering(from: &Netns, to: &str) -> Vec<String> {
+    let tally = probe_many(from, Proto::Tcp, sa(to), 10, &ProbeOptions::with_timeout(Duration::from_secs(1))).unwrap();
+    tally.backends.into_keys().collect()
+}
+
+/// `web` with endpoints a (node) and b (node2) and a NodePort (a firewall-mark service, so the
+/// check's reading of firewall-mark services is on trial too), synced and checked clean.
+fn web_synced(tb: &Testbed) -> (Vec<Arc<Pod>>, Cluster, IpvsDataplane<KernelHost>) {
+    let ps = pods(tb, &[("a", Where::Node), ("b", Where::Node2), ("client", Where::Node)]);
+    let node_port = json!({"type": "NodePort",
+        "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP", "nodePort": 30080}]});
+    let cluster = Cluster::new(web(&[(&ps[0], NODE_A), (&ps[1], NODE_B)], 8080, node_port));
+    let mut dp = dataplane(tb, Config::default());
+    sync(tb, &mut dp, &cluster.plan, &cluster.full());
+    let table = ipvsadm(tb.node());
+    assert_eq!(verify(tb, &mut dp, &cluster.plan), Verified::Clean, "a fresh sync is clean");
+    assert_eq!(ipvsadm(tb.node()), table, "a clean check writes nothing");
+    assert_eq!(answering(ps[2].netns(), CIP), ["a", "b"]);
+    (ps, cluster, dp)
+}
+
+#[test]
+fn the_periodic_check_restores_a_virtual_service_real_server_and_vip_deleted_from_outside() {
+    if !ready() {
+        return;
+    }
+    let tb = Testbed::new().unwrap();
+    let (ps, cluster, mut dp) = web_synced(&tb);
+    let (client, a) = (ps[2].netns(), ps[0].ipv4());
+    let t = Duration::from_secs(1);
+
+    tb.node().exec_ok("ipvsadm", &["-D", "-t", CIP]).unwrap();
+    let got = probe(client, Proto::Tcp, sa(CIP), t).unwrap();
+    assert_eq!(got, ProbeResult::Refused, "no virtual service: the node itself refuses");
+    let lines = repaired(verify(&tb, &mut dp, &cluster.plan));
+    assert_eq!(lines, [format!("IPVS virtual service tcp {CIP} is missing")]);
+    assert_eq!(answering(client, CIP), ["a", "b"]);
+
+    tb.node().exec_ok("ipvsadm", &["-d", "-t", CIP, "-r", &format!("{a}:8080")]).unwrap();
+    assert_eq!(answering(client, CIP), ["b"], "a is out of the virtual service");
+    let lines = repaired(verify(&tb, &mut dp, &cluster.plan));
+    assert_eq!(lines, [format!("real server {a}:8080 of IPVS virtual service tcp {CIP} is missing")]);
+    assert_eq!(answering(client, CIP), ["a", "b"]);
+
+    tb.node().ip(["addr", "del", "198.18.128.10/32", "dev", "kube-ipvs0"]).unwrap();
+    let got = probe(client, Proto::Tcp, sa(CIP), t).unwrap();
+    assert_eq!(got.backend(), None, "the VIP is not local: IPVS never sees it ({got:?})");
+    let lines = repaired(verify(&tb, &mut dp, &cluster.plan));
+    assert_eq!(lines, ["address 198.18.128.10 is missing from kube-ipvs0"]);
+    assert_eq!(answering(client, CIP), ["a", "b"]);
+
+    assert_eq!(verify(&tb, &mut dp, &cluster.plan), Verified::Clean);
+    tb.node().run_in(|| dp.cleanup()).unwrap().unwrap();
+}
+
+/// The auxiliary table's guard (a VIP answers only on its service ports) shows whether the
+/// table works: a host service on port 9999 is refused on the ClusterIP while it does, and
+/// answers there when the guard is gone.
+#[test]
+fn the_periodic_check_restores_an_aux_chain_set_and_table_deleted_from_outside() {
+    if !ready() {
+        return;
+    }
+    let tb = Testbed::new().unwrap();
+    let _host = EchoServer::start(tb.node(), "host", &[(Proto::Tcp, 9999)]).unwrap();
+    let (ps, cluster, mut dp) = web_synced(&tb);
+    let client = ps[2].netns();
+    let t = Duration::from_secs(1);
+    let host_port = "198.18.128.10:9999";
+    let host_on_vip = || probe(client, Proto::Tcp, sa(host_port), t).unwrap();
+    let direct = probe(client, Proto::Tcp, sa("198.18.0.2:9999"), t).unwrap();
+    assert_eq!(direct.backend(), Some("host"), "the host service answers on the node's address: {direct:?}");
+    assert_eq!(host_on_vip(), ProbeResult::Refused, "and not on the ClusterIP");
+
+    tb.node().nft("flush chain ip kproxy-ipvs service-checks").unwrap();
+    assert_eq!(host_on_vip().backend(), Some("host"), "the guard is gone");
+    let lines = repaired(verify(&tb, &mut dp, &cluster.plan));
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(lines[0].starts_with("ip kproxy-ipvs: chain service-checks has 0 rules, expected"), "{lines:?}");
+    assert_eq!(host_on_vip(), ProbeResult::Refused, "the guard is back");
+    assert_eq!(verify(&tb, &mut dp, &cluster.plan), Verified::Clean, "listed again: nothing else differs");
+
+    tb.node().nft("flush set ip kproxy-ipvs vip-ports").unwrap();
+    let got = probe(client, Proto::Tcp, sa(CIP), t).unwrap();
+    assert_eq!(got, ProbeResult::Refused, "port 80 is no service port of the VIP any more");
+    let lines = repaired(verify(&tb, &mut dp, &cluster.plan));
+    assert_eq!(lines, ["ip kproxy-ipvs: set vip-ports has 0 elements, expected 1"]);
+    assert_eq!(answering(client, CIP), ["a", "b"]);
+
+    tb.node().nft("delete table ip kproxy-ipvs").unwrap();
+    assert_eq!(host_on_vip().backend(), Some("host"), "no table, no guard");
+    let lines = repaired(verify(&tb, &mut dp, &cluster.plan));
+    assert_eq!(lines, ["ip kproxy-ipvs: the table is gone"]);
+    assert_eq!(host_on_vip(), ProbeResult::Refused);
+    assert_eq!(answering(client, CIP), ["a", "b"]);
+
+    assert_eq!(verify(&tb, &mut dp, &cluster.plan), Verified::Clean);
     tb.node().run_in(|| dp.cleanup()).unwrap().unwrap();
 }

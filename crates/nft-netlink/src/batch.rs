@@ -99,6 +99,9 @@ struct Encoder {
     /// The id of the next anonymous set: nft numbers them after every named set of the batch.
     next_anon_id: u32,
     index: u32,
+    /// Where the last message begins (an operation may take several: a rule's anonymous sets
+    /// come before the rule).
+    last_msg_start: usize,
     /// Data maps declared by `typeof` in this batch, with the protocol match their data implies
     /// for the rules that read them.
     map_deps: HashMap<(TableRef, String), Option<u8>>,
@@ -128,6 +131,7 @@ impl Encoder {
     fn begin(&mut self, msg: u16, flags: u16, family: u8) {
         self.seq = self.seq.wrapping_add(1);
         self.msg_ops.push(self.index);
+        self.last_msg_start = self.buf.len();
         self.buf.begin_nft(msg, NLM_F_REQUEST | flags, self.seq, family);
     }
 
@@ -495,6 +499,7 @@ impl Batch {
             next_set_id: 0,
             next_anon_id: tx.ops().iter().filter(|op| matches!(op, Op::AddSet(..))).count() as u32,
             index: 0,
+            last_msg_start: 0,
             intervals: HashMap::new(),
             range_sets: HashSet::new(),
             map_deps: HashMap::new(),
@@ -510,16 +515,15 @@ impl Batch {
         }
         enc.buf.begin(NFNL_MSG_BATCH_BEGIN, NLM_F_REQUEST, first_seq, NFPROTO_UNSPEC, NFNL_SUBSYS_NFTABLES);
         enc.buf.end();
-        let mut last_start = 0;
         for (index, op) in tx.ops().iter().enumerate() {
             enc.index = index as u32;
-            last_start = enc.buf.len();
             enc.op(op).map_err(|source| EncodeError { index, op: op_text(op), source })?;
         }
         if !tx.is_empty() {
-            // NLM_F_ACK on the last message: flags live at bytes 6..8 of its header.
-            let b = &mut enc.buf;
-            b.set_flag(last_start, NLM_F_ACK);
+            // NLM_F_ACK on the last message (not the first of the last operation's: the sender
+            // waits for the acknowledgement of `last_seq`): flags live at bytes 6..8 of its header.
+            let start = enc.last_msg_start;
+            enc.buf.set_flag(start, NLM_F_ACK);
         }
         enc.seq = enc.seq.wrapping_add(1);
         enc.buf.begin(NFNL_MSG_BATCH_END, NLM_F_REQUEST, enc.seq, NFPROTO_UNSPEC, NFNL_SUBSYS_NFTABLES);

@@ -1,5 +1,5 @@
 //! One netlink listing of a table: the [`TableListing`] summary (chains with their rule counts,
-//! sets with their element counts) read from the kernel.
+//! named sets with their element counts) read from the kernel.
 
 use std::io;
 
@@ -94,7 +94,11 @@ fn dump_table(exec: &mut NetlinkExecutor, table: &TableRef, count_elements: bool
             && let Some(s) = attr_str(p, NFTA_SET_NAME)
         {
             let flags = Attrs(p).find(|a| a.kind == NFTA_SET_FLAGS).and_then(|a| a.be32()).unwrap_or(0);
-            sets.push((s, flags & NFT_SET_EVAL != 0));
+            // A rule's anonymous set (`meta l4proto { tcp, udp }`) is part of that rule, which
+            // the rule count covers; it is not one of the table's sets.
+            if flags & NFT_SET_ANONYMOUS == 0 {
+                sets.push((s, flags & NFT_SET_EVAL != 0));
+            }
         }
     })?;
     for (set, dynamic) in sets {

@@ -194,6 +194,22 @@ fn kernel_errors_map_back_to_operations() {
     assert_eq!(acked, vec![batch.last_seq()]);
 }
 
+#[test]
+fn a_batch_ending_in_a_rule_with_an_anonymous_set_acknowledges_the_rule() {
+    // The rule's anonymous set is two messages before it: the acknowledged message must still
+    // be the last one, or the sender waits for an acknowledgement that never comes.
+    let mut tx = Transaction::new();
+    for line in ["add table ip t", "add chain ip t c", "add rule ip t c meta l4proto { tcp, udp, sctp } accept"] {
+        tx.push(op(line));
+    }
+    let batch = Batch::encode(&tx, 100).unwrap();
+    let seqs: Vec<u32> = messages(batch.bytes()).map(|m| m.seq).collect();
+    assert_eq!(seqs.len(), 7, "begin, table, chain, set, its elements, rule, end: {seqs:?}");
+    let acked: Vec<u32> = messages(batch.bytes()).filter(|m| m.flags & 0x4 != 0).map(|m| m.seq).collect();
+    assert_eq!(acked, vec![batch.last_seq()]);
+    assert_eq!(batch.last_seq(), seqs[5], "the rule's message");
+}
+
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
