@@ -6,12 +6,15 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod fake_world;
+
+use fake_world::World;
 use kproxy_ipvs::{Config, FakeHost, IpvsDataplane};
 use kproxy_nft_model::{Executor, NftCommand, Transaction};
 use kproxy_nft_netlink::NetlinkExecutor;
-use kproxy_packet_suite::{NODE_A, NODE_B, node_objects, service, slice};
-use kproxy_plan::{DetectLocal, NodeContext, Plan, PlanDelta, Planner, ProxyPolicy};
-use kproxy_state::{Change, ClusterState, IpFamily, Object, Protocol};
+use kproxy_packet_suite::{NODE_A, NODE_B, service, slice};
+use kproxy_plan::{DetectLocal, Plan, PlanDelta, ProxyPolicy};
+use kproxy_state::{IpFamily, Object, Protocol};
 use kproxy_testbed::Netns;
 use kproxy_testbed::kernel::require_root;
 use serde_json::{Value, json};
@@ -69,51 +72,24 @@ fn cluster() -> Vec<Object> {
     o
 }
 
-struct World {
-    planner: Planner,
-    state: ClusterState,
-    plan: Plan,
-}
-
-impl World {
-    fn new(objects: Vec<Object>) -> Self {
-        let policy = ProxyPolicy {
-            families: vec![IpFamily::V4, IpFamily::V6],
-            detect_local: DetectLocal::ClusterCidr(vec![
-                "198.18.16.0/20".parse().unwrap(),
-                "fd00:16::/48".parse().unwrap(),
-            ]),
-            no_masquerade_cidrs: vec!["198.19.0.0/16".parse().unwrap()],
-            ..ProxyPolicy::default()
-        };
-        let node = NodeContext {
-            name: NODE_A.into(),
-            node_ip_override: Vec::new(),
-            local_addresses: vec!["198.18.0.2".parse().unwrap()],
-        };
-        let planner = Planner::new(policy, node);
-        let mut state = ClusterState::new();
-        for o in node_objects().into_iter().chain(objects) {
-            state.apply(Change::Applied(o));
-        }
-        let _ = state.take_dirty();
-        let plan = planner.build(&state);
-        Self { planner, state, plan }
-    }
-
-    fn apply(&mut self, objects: Vec<Object>) -> PlanDelta {
-        for o in objects {
-            self.state.apply(Change::Applied(o));
-        }
-        let dirty = self.state.take_dirty();
-        self.planner.update(&mut self.plan, &self.state, &dirty)
-    }
+/// The dual-stack cluster of these tests, with `objects`.
+fn dual_stack_world(objects: Vec<Object>) -> World {
+    let policy = ProxyPolicy {
+        families: vec![IpFamily::V4, IpFamily::V6],
+        detect_local: DetectLocal::ClusterCidr(vec![
+            "198.18.16.0/20".parse().unwrap(),
+            "fd00:16::/48".parse().unwrap(),
+        ]),
+        no_masquerade_cidrs: vec!["198.19.0.0/16".parse().unwrap()],
+        ..ProxyPolicy::default()
+    };
+    World::with_policy(policy, objects)
 }
 
 /// The auxiliary table's transactions of a cold start, then of a partial sync after which the
 /// NodePort service lost its endpoints and the LoadBalancer moved its endpoints.
 fn transactions() -> Vec<Transaction> {
-    let mut world = World::new(cluster());
+    let mut world = dual_stack_world(cluster());
     let mut dp = IpvsDataplane::new(FakeHost::new(), Config::default());
     dp.sync(&world.plan, &PlanDelta::between(&Plan::default(), &world.plan)).unwrap();
     let mut changed = svc(
@@ -230,27 +206,6 @@ fn accel_cluster() -> Vec<Object> {
     o
 }
 
-fn v4_world(objects: Vec<Object>) -> World {
-    let policy = ProxyPolicy {
-        families: vec![IpFamily::V4],
-        detect_local: DetectLocal::ClusterCidr(vec!["198.18.16.0/20".parse().unwrap()]),
-        ..ProxyPolicy::default()
-    };
-    let node = NodeContext {
-        name: NODE_A.into(),
-        node_ip_override: Vec::new(),
-        local_addresses: vec!["198.18.0.2".parse().unwrap()],
-    };
-    let planner = Planner::new(policy, node);
-    let mut state = ClusterState::new();
-    for o in node_objects().into_iter().chain(objects) {
-        state.apply(Change::Applied(o));
-    }
-    let _ = state.take_dirty();
-    let plan = planner.build(&state);
-    World { planner, state, plan }
-}
-
 /// The rules of `chain` in a transaction's text.
 fn rules_of(text: &str, chain: &str) -> Vec<String> {
     let prefix = format!("add rule ip kproxy-ipvs {chain} ");
@@ -262,7 +217,7 @@ fn rules_of(text: &str, chain: &str) -> Vec<String> {
 /// firewall marks; every virtual service stays in IPVS.
 #[test]
 fn opted_in_services_are_dnated_in_the_auxiliary_table_ahead_of_ipvs() {
-    let world = v4_world(accel_cluster());
+    let world = World::new(accel_cluster());
     let mut dp = IpvsDataplane::new(FakeHost::new(), Config::default());
     dp.sync(&world.plan, &PlanDelta::between(&Plan::default(), &world.plan)).unwrap();
     let text = dp.host().nft[0].render();
@@ -356,7 +311,7 @@ fn opted_in_services_are_dnated_in_the_auxiliary_table_ahead_of_ipvs() {
 /// adding it again swaps them back; no rule or chain is touched.
 #[test]
 fn opted_in_services_change_by_elements_only() {
-    let mut world = v4_world(accel_cluster());
+    let mut world = World::new(accel_cluster());
     let mut dp = IpvsDataplane::new(FakeHost::new(), Config::default());
     dp.sync(&world.plan, &PlanDelta::between(&Plan::default(), &world.plan)).unwrap();
     let np = json!({"type": "NodePort", "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP", "nodePort": 30020}]});
@@ -398,7 +353,7 @@ fn the_accelerated_path_lists_the_same_over_netlink_and_as_nft_text() {
     if !require_root() {
         return;
     }
-    let mut world = v4_world(accel_cluster());
+    let mut world = World::new(accel_cluster());
     let mut dp = IpvsDataplane::new(FakeHost::new(), Config::default());
     dp.sync(&world.plan, &PlanDelta::between(&Plan::default(), &world.plan)).unwrap();
     let np = json!({"type": "NodePort", "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP", "nodePort": 30020}]});

@@ -46,12 +46,18 @@ pub struct World {
 }
 
 impl World {
+    /// An IPv4-only cluster (pods in 198.18.16.0/20) holding `objects`.
     pub fn new(objects: Vec<Object>) -> Self {
         let policy = ProxyPolicy {
             families: vec![kproxy_state::IpFamily::V4],
             detect_local: DetectLocal::ClusterCidr(vec!["198.18.16.0/20".parse().unwrap()]),
             ..ProxyPolicy::default()
         };
+        Self::with_policy(policy, objects)
+    }
+
+    /// A cluster planned with `policy` on node A (198.18.0.2), holding `objects`.
+    pub fn with_policy(policy: ProxyPolicy, objects: Vec<Object>) -> Self {
         let node = NodeContext {
             name: NODE_A.into(),
             node_ip_override: Vec::new(),
