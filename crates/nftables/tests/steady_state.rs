@@ -68,6 +68,35 @@ fn the_periodic_check_rewrites_only_the_chain_and_map_that_someone_else_changed(
     assert_eq!(dp.verify(&plan).unwrap(), Verification::Clean);
 }
 
+/// Someone replaced the rules of a chain with as many others: the count is the same, the
+/// digest on its first rule is not, and the check rewrites that chain alone.
+#[test]
+fn the_periodic_check_rewrites_a_chain_someone_refilled_with_as_many_other_rules() {
+    let plan = common::example_plan();
+    let mut dp = NftablesDataplane::new(Recording::default(), Config::default());
+    dp.full_sync(&plan).unwrap();
+    {
+        let rec = dp.executor_mut();
+        let listing = rec.tables.0.get_mut(&table()).unwrap();
+        assert!(listing.first_comments.contains_key("services"), "kproxy's chains carry their digest");
+        listing.first_comments.remove("services");
+        rec.generation += 1;
+    }
+    let Verification::Repaired(drift) = dp.verify(&plan).unwrap() else { panic!("no repair") };
+    assert_eq!(drift.len(), 1, "{drift:?}");
+    let repair = dp.executor().last().unwrap().clone();
+    let flushed: Vec<&str> = repair
+        .ops()
+        .iter()
+        .filter_map(|op| match op {
+            Op::FlushChain(_, c) => Some(c.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(flushed, ["services"], "{}", repair.render());
+    assert_eq!(dp.verify(&plan).unwrap(), Verification::Clean);
+}
+
 #[test]
 fn a_deleted_table_is_rebuilt_by_the_periodic_check() {
     let plan = common::example_plan();
