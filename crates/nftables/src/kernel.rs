@@ -333,17 +333,30 @@ fn chains_holding_their_rules(desired: &Desired, existing: &TableListing) -> BTr
         .collect()
 }
 
-/// Lists each of `tables`, counting the elements of sets if `count_elements` (see
-/// [`Executor::list_without_elements`]); `None` when the executor cannot list.
+/// Lists each of `tables`; `None` when the executor cannot list.
 pub fn list_all<E: Executor + ?Sized>(
     exec: &mut E,
     tables: impl IntoIterator<Item = TableRef>,
-    count_elements: bool,
+) -> Result<Option<BTreeMap<TableRef, TableListing>>, ExecError> {
+    list_each(tables, |t| exec.list(t))
+}
+
+/// [`list_all`] without counting the elements of sets (see
+/// [`Executor::list_without_elements`]).
+pub fn list_all_without_elements<E: Executor + ?Sized>(
+    exec: &mut E,
+    tables: impl IntoIterator<Item = TableRef>,
+) -> Result<Option<BTreeMap<TableRef, TableListing>>, ExecError> {
+    list_each(tables, |t| exec.list_without_elements(t))
+}
+
+fn list_each(
+    tables: impl IntoIterator<Item = TableRef>,
+    mut list: impl FnMut(&TableRef) -> Result<Option<TableListing>, ExecError>,
 ) -> Result<Option<BTreeMap<TableRef, TableListing>>, ExecError> {
     let mut out = BTreeMap::new();
     for t in tables {
-        let listing = if count_elements { exec.list(&t)? } else { exec.list_without_elements(&t)? };
-        match listing {
+        match list(&t)? {
             Some(l) => out.insert(t, l),
             None => return Ok(None),
         };

@@ -353,7 +353,7 @@ impl<E: Executor> NftablesDataplane<E> {
         let tables = plan.families.keys().map(|f| ctx(&self.config, *f).table);
         // Adoption reads the elements it keeps set by set; counting them here would dump every
         // set twice.
-        let existing = match crate::kernel::list_all(&mut self.exec, tables, false) {
+        let existing = match crate::kernel::list_all_without_elements(&mut self.exec, tables) {
             Ok(Some(listings)) => listings.into_iter().filter(|(_, l)| !l.chains.is_empty()).collect(),
             Ok(None) => BTreeMap::new(),
             Err(e) => {
@@ -515,7 +515,7 @@ impl<E: Executor> NftablesDataplane<E> {
             return Ok(Verification::Untouched);
         }
         let tables: Vec<TableRef> = self.families.values().map(|s| s.ctx.table.clone()).collect();
-        let actual = match crate::kernel::list_all(&mut self.exec, tables, true) {
+        let actual = match crate::kernel::list_all(&mut self.exec, tables) {
             Ok(Some(actual)) => actual,
             Ok(None) => return Ok(Verification::Unverifiable),
             // The listing retried as often as it does; the kernel never held still.

@@ -163,7 +163,7 @@ impl<H: Host> IpvsDataplane<H> {
             return Ok(None);
         }
         let tables = self.families.values().map(|s| s.ctx.table.clone());
-        let Some(live) = list_all(&mut HostNft(&mut self.host), tables, true)? else { return Ok(None) };
+        let Some(live) = list_all(&mut HostNft(&mut self.host), tables)? else { return Ok(None) };
         let mut tx = Transaction::new();
         for state in self.families.values() {
             let table = &state.ctx.table;
