@@ -186,12 +186,7 @@ impl<H: Host> IpvsDataplane<H> {
                 continue;
             }
             let dests = self.host.ipvs_dests(&spec.key)?;
-            let protocol = match spec.key {
-                ServiceKey::Addr { protocol, .. } => protocol,
-                ServiceKey::Fwmark { .. } => {
-                    self.vs_owners.get(&spec.key).and_then(|o| o.values().next()).map_or(Protocol::Tcp, |d| d.protocol)
-                }
-            };
+            let protocol = self.protocol_of(&spec.key);
             let dests = dests.into_iter().map(|d| (d.spec.key, d.spec.weight)).collect();
             self.applied.insert(spec.key, AppliedVs { spec, protocol, dests });
         }
@@ -297,6 +292,17 @@ impl<H: Host> IpvsDataplane<H> {
         }
         report.drained = self.reap_drained()?;
         Ok(report)
+    }
+
+    /// The protocol of a virtual service as the kernel lists it (a firewall-mark service has
+    /// none there: the one its owner wants, else TCP).
+    fn protocol_of(&self, key: &ServiceKey) -> Protocol {
+        match key {
+            ServiceKey::Addr { protocol, .. } => *protocol,
+            ServiceKey::Fwmark { .. } => {
+                self.vs_owners.get(key).and_then(|o| o.values().next()).map_or(Protocol::Tcp, |d| d.protocol)
+            }
+        }
     }
 
     /// Sysctls, IPVS timeouts and the dummy interface.

@@ -21,7 +21,6 @@ use std::net::{IpAddr, SocketAddr};
 use kproxy_nft_model::Transaction;
 use kproxy_nftables::kernel::{Desired, Drift, list_all, repair_ops};
 use kproxy_plan::{Plan, Verified};
-use kproxy_state::Protocol;
 
 use super::{AppliedVs, IpvsDataplane, full_table, is_link_local, owned};
 use crate::error::Error;
@@ -142,17 +141,6 @@ impl<H: Host> IpvsDataplane<H> {
             differing.push(key);
         }
         Ok(differing)
-    }
-
-    /// The protocol of a virtual service kproxy did not apply (a firewall-mark service has none
-    /// in the kernel: the one its owner wants, else TCP, as a full sync assumes).
-    fn protocol_of(&self, key: &ServiceKey) -> Protocol {
-        match key {
-            ServiceKey::Addr { protocol, .. } => *protocol,
-            ServiceKey::Fwmark { .. } => {
-                self.vs_owners.get(key).and_then(|o| o.values().next()).map_or(Protocol::Tcp, |d| d.protocol)
-            }
-        }
     }
 
     /// Lists the auxiliary tables if anyone committed to nf_tables since kproxy's last commit;
