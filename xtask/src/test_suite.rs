@@ -104,6 +104,17 @@ pub fn take_host_skips(target: &Path) -> Vec<String> {
     skips
 }
 
+/// libtest arguments that select exactly the tests of ledger lines (`SKIPPED <test>: <reason>`).
+pub fn exact_filters(skips: &[String]) -> Vec<OsString> {
+    let mut args: Vec<OsString> = skips
+        .iter()
+        .filter_map(|line| line.strip_prefix("SKIPPED ")?.split_once(": ").map(|(test, _)| test.into()))
+        .collect();
+    args.dedup();
+    args.push("--exact".into());
+    args
+}
+
 /// The distinct non-empty lines of a skip ledger, in order.
 fn ledger_lines(text: &str) -> Vec<String> {
     let mut lines: Vec<String> = Vec::new();
@@ -152,6 +163,13 @@ pub fn suite_command() -> Vec<OsString> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ledger_lines_become_exact_test_filters() {
+        let skips =
+            ["SKIPPED tests::a: needs IPVS".to_owned(), "SKIPPED b: needs SCTP: the kernel lacks it".to_owned()];
+        assert_eq!(exact_filters(&skips), ["tests::a", "b", "--exact"]);
+    }
 
     #[test]
     fn ledger_lines_are_distinct_and_ordered() {

@@ -16,8 +16,8 @@
 mod support;
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kproxy_state::Kind;
@@ -91,7 +91,9 @@ fn kill_9_at_random_points_never_breaks_new_connections_and_ends_as_a_fresh_star
     let service: SocketAddr = WEB.parse().unwrap();
 
     // A cold start killed at a random point, on an empty kernel: nothing to protect yet.
-    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1;
+    let seed = std::env::var("CRASH_RESTART_SEED").ok().and_then(|seed| seed.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1
+    });
     eprintln!("crash_restart seed {seed}");
     let mut rng = Rng(seed);
     let spawned = Instant::now();
@@ -108,13 +110,17 @@ fn kill_9_at_random_points_never_breaks_new_connections_and_ends_as_a_fresh_star
     let control: SocketAddr = CONTROL.parse().unwrap();
     tb.node().nft(&control_table(control, web.ipv4())).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
+    let timeline = Timeline::default();
     let prober = {
-        let (stop, from) = (stop.clone(), client.clone());
+        let (stop, from, timeline) = (stop.clone(), client.clone(), timeline.clone());
         client.netns().spawn_in("crash-prober", move || {
-            let mut tally = Tally::default();
+            let mut tally = Tally { timeline, ..Tally::default() };
             while !stop.load(Ordering::Relaxed) {
-                tally.service.push(probe(from.netns(), Proto::Tcp, service, Duration::from_millis(500)));
-                tally.control.push(probe(from.netns(), Proto::Tcp, control, Duration::from_millis(500)));
+                for (dest, results) in [(service, &mut tally.service), (control, &mut tally.control)] {
+                    let at = tally.timeline.now();
+                    let got = probe(from.netns(), Proto::Tcp, dest, Duration::from_millis(500));
+                    results.push(Probe { at, took: tally.timeline.now() - at, got });
+                }
                 std::thread::sleep(Duration::from_millis(20));
             }
             tally
@@ -123,12 +129,14 @@ fn kill_9_at_random_points_never_breaks_new_connections_and_ends_as_a_fresh_star
     let mut generation = 0;
     for round in 0..6 {
         let (daemon, _) = start();
+        timeline.event(format!("round {round}: kproxy started"));
         if round % 2 == 0 {
             // Killed during its start: adoption of the existing tables.
             std::thread::sleep(Duration::from_millis(rng.below(cold_start.as_millis() as u64)));
         } else {
             // Killed right after changes: a partial sync in flight.
             wait_settled(tb.node(), metrics);
+            timeline.event(format!("round {round}: settled; changes applied"));
             generation += 1;
             for i in (0..SERVICES).step_by(97) {
                 api.server.apply(Kind::EndpointSlice, support::bulk_slice(i, generation));
@@ -137,9 +145,12 @@ fn kill_9_at_random_points_never_breaks_new_connections_and_ends_as_a_fresh_star
             std::thread::sleep(Duration::from_millis(rng.below(1500)));
         }
         drop(daemon);
+        timeline.event(format!("round {round}: kproxy killed"));
     }
     let (daemon, _) = start();
+    timeline.event("last start".into());
     wait_settled(tb.node(), metrics);
+    timeline.event("settled".into());
     stop.store(true, Ordering::Relaxed);
     let tally = prober.unwrap().join().unwrap();
     tally.assert_no_failure_of_kproxys(seed);
@@ -176,21 +187,93 @@ fn control_table(control: SocketAddr, pod: std::net::Ipv4Addr) -> String {
     )
 }
 
+/// When things happened, in milliseconds since the prober started: kproxy's starts and kills,
+/// so that a failed probe can be told apart from what kproxy was doing at the time.
+#[derive(Clone)]
+struct Timeline {
+    started: Instant,
+    /// The same moment by the wall clock, to match kproxy's log lines.
+    started_utc: std::time::SystemTime,
+    events: Arc<Mutex<Vec<(u128, String)>>>,
+}
+
+impl Default for Timeline {
+    fn default() -> Self {
+        Self { started: Instant::now(), started_utc: std::time::SystemTime::now(), events: Arc::default() }
+    }
+}
+
+impl Timeline {
+    fn now(&self) -> u128 {
+        self.started.elapsed().as_millis()
+    }
+
+    fn event(&self, what: String) {
+        self.events.lock().unwrap().push((self.now(), what));
+    }
+
+    /// `at` as the UTC time of day, as kproxy's log lines give it.
+    fn utc(&self, at: u128) -> String {
+        let since_epoch = self.started_utc + Duration::from_millis(at as u64);
+        let ms = since_epoch.duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() % 86_400_000;
+        format!("{:02}:{:02}:{:02}.{:03}Z", ms / 3_600_000, ms / 60_000 % 60, ms / 1000 % 60, ms % 1000)
+    }
+
+    /// The last two events before `at` and the first one after.
+    fn around(&self, at: u128) -> Vec<String> {
+        let events = self.events.lock().unwrap();
+        let next = events.iter().position(|(t, _)| *t > at).unwrap_or(events.len());
+        events[next.saturating_sub(2)..(next + 1).min(events.len())]
+            .iter()
+            .map(|(t, what)| format!("{t} ms: {what}"))
+            .collect()
+    }
+}
+
+/// One probe: when it started (ms on the [`Timeline`]), how long it took, what it got.
+struct Probe {
+    at: u128,
+    took: u128,
+    got: kproxy_testbed::Result<ProbeResult>,
+}
+
+impl Probe {
+    fn failed(&self) -> bool {
+        !matches!(&self.got, Ok(ProbeResult::Answered { backend, .. }) if backend == "web-b")
+    }
+
+    fn describe(&self, i: usize) -> String {
+        format!("probe {i} at {} ms, {} ms: {:?}", self.at, self.took, self.got)
+    }
+}
+
 /// What the prober saw, per destination.
 #[derive(Default)]
 struct Tally {
-    service: Vec<kproxy_testbed::Result<ProbeResult>>,
-    control: Vec<kproxy_testbed::Result<ProbeResult>>,
+    service: Vec<Probe>,
+    control: Vec<Probe>,
+    timeline: Timeline,
 }
 
 impl Tally {
-    fn failures(results: &[kproxy_testbed::Result<ProbeResult>]) -> Vec<String> {
-        results
-            .iter()
-            .enumerate()
-            .filter(|(_, got)| !matches!(got, Ok(ProbeResult::Answered { backend, .. }) if backend == "web-b"))
-            .map(|(i, got)| format!("probe {i}: {got:?}"))
-            .collect()
+    fn failures(probes: &[Probe]) -> Vec<String> {
+        probes.iter().enumerate().filter(|(_, p)| p.failed()).map(|(i, p)| p.describe(i)).collect()
+    }
+
+    /// Each failed probe of the Service with the control probes next to it and what kproxy was
+    /// doing around then, for the failure message.
+    fn context_of_failures(&self) -> String {
+        let mut text = String::new();
+        for (i, failed) in self.service.iter().enumerate().filter(|(_, p)| p.failed()) {
+            text += &format!("{} ({})\n", failed.describe(i), self.timeline.utc(failed.at));
+            for j in i.saturating_sub(1)..(i + 1).min(self.control.len()) {
+                text += &format!("  control {}\n", self.control[j].describe(j));
+            }
+            for event in self.timeline.around(failed.at) {
+                text += &format!("  {event}\n");
+            }
+        }
+        text
     }
 
     /// On the host's kernel no probe may fail, to either destination. In the guest's 6.1 the
@@ -200,11 +283,12 @@ impl Tally {
     fn assert_no_failure_of_kproxys(&self, seed: u64) {
         let (service, control) = (Self::failures(&self.service), Self::failures(&self.control));
         eprintln!(
-            "crash_restart: {} of {} probes of the Service failed, {} of {} of the control",
+            "crash_restart: {} of {} probes of the Service failed, {} of {} of the control\n{}",
             service.len(),
             self.service.len(),
             control.len(),
-            self.control.len()
+            self.control.len(),
+            self.context_of_failures()
         );
         assert!(self.service.len() > 20, "the prober ran: {}", self.service.len());
         if !kproxy_testbed::kernel::in_guest() {
