@@ -336,7 +336,10 @@ fn cleanup_keeps_other_rules(backend: Backend) {
     }
     // A fresh process (`kproxy --cleanup`) knows nothing of what was applied.
     drop(dp);
-    tb.node().run_in(|| kproxy_iptables::cleanup(&mut IptablesRestore::new(backend))).unwrap().unwrap();
+    tb.node()
+        .run_in(|| kproxy_iptables::cleanup(&mut IptablesRestore::new(backend), &IpFamily::BOTH))
+        .unwrap()
+        .unwrap();
     let after = bed.save(backend);
     assert!(!after.contains("KUBE-"), "kproxy left something:\n{after}");
     for rule in [
