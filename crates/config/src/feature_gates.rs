@@ -83,31 +83,37 @@ pub struct GateDecisions {
 /// Checks the gates as given: a locked or always-on gate turned off, or an unimplemented one
 /// turned on, is an error (`(gate, reason)`), never silently ignored. The gates that act:
 /// `KubeProxyIPVS=false` forbids IPVS mode (upstream's plan for 1.40); `KubeProxyAcceleration`
-/// switches Services acceleration on or off over `acceleration.enabled`;
+/// (explicit, or on through `AllAlpha=true`) switches Services acceleration over `acceleration.enabled`;
 /// `KubeProxyNoMasqueradeCIDRs=false` forbids `noMasqueradeCIDRs`.
 pub fn check(set: &BTreeMap<String, bool>) -> (GateDecisions, Vec<(String, String)>) {
     let mut errors = Vec::new();
     let effective = effective(set);
     let value = |name: &str| effective.iter().find(|(gate, _)| gate.name == name).map(|(_, on)| *on);
     for (gate, enabled) in &effective {
-        let explicit = set.contains_key(gate.name);
         match (effect(gate.name), enabled) {
             (Effect::LockedOn, false) => errors.push((
                 gate.name.to_owned(),
                 format!("cannot set feature gate {} to false: it is GA and locked to true (as upstream)", gate.name),
             )),
-            (Effect::AlwaysOn, false) => errors.push((
-                gate.name.to_owned(),
-                format!("kproxy cannot run with {}=false: it always behaves as if it were on", gate.name),
-            )),
-            // AllAlpha turns alpha gates on wholesale; only an explicit request is refused.
-            (Effect::NotImplemented, true) if explicit => errors
+            (Effect::AlwaysOn, false) => {
+                let by = match switch(set, gate) {
+                    Some((name, false)) if !set.contains_key(gate.name) => format!(" (set by {name}=false)"),
+                    _ => String::new(),
+                };
+                errors.push((
+                    gate.name.to_owned(),
+                    format!("kproxy cannot run with {}=false{by}: it always behaves as if it were on", gate.name),
+                ))
+            }
+            // Only an explicit value turns these on (see `effective`).
+            (Effect::NotImplemented, true) => errors
                 .push((gate.name.to_owned(), format!("kproxy does not implement the feature gated by {}", gate.name))),
             _ => {}
         }
     }
     let decisions = GateDecisions {
-        acceleration: set.get("KubeProxyAcceleration").copied(),
+        // A switch turning the gate on counts as setting it; at its default the field decides.
+        acceleration: set.get("KubeProxyAcceleration").copied().or(value("KubeProxyAcceleration").filter(|on| *on)),
         ipvs: value("KubeProxyIPVS").unwrap_or(true),
         no_masquerade_cidrs_off: set.get("KubeProxyNoMasqueradeCIDRs") == Some(&false),
     };
@@ -146,19 +152,40 @@ pub fn is_known(name: &str) -> bool {
     GATE_SWITCHES.contains(&name) || FEATURE_GATES.iter().any(|gate| gate.name == name)
 }
 
+/// The switch (`AllAlpha` / `AllBeta`) and its value that covers `gate`, if one is set.
+fn switch(set: &BTreeMap<String, bool>, gate: &FeatureGate) -> Option<(&'static str, bool)> {
+    let name = match gate.stage {
+        Stage::Alpha => "AllAlpha",
+        Stage::Beta => "AllBeta",
+        Stage::Ga | Stage::Deprecated => return None,
+    };
+    set.get(name).map(|on| (name, *on))
+}
+
 /// The effective value of every known gate given the explicitly set ones: an explicit value,
-/// else `AllAlpha` / `AllBeta` for gates of that stage, else the default.
+/// else `AllAlpha` / `AllBeta` for gates of that stage (as upstream's component-base), else the
+/// default. A switch does not turn on a gate whose feature kproxy lacks ([`left_off_by_switches`]).
 pub fn effective(set: &BTreeMap<String, bool>) -> Vec<(FeatureGate, bool)> {
     FEATURE_GATES
         .iter()
         .map(|gate| {
-            let switch = match gate.stage {
-                Stage::Alpha => set.get("AllAlpha"),
-                Stage::Beta => set.get("AllBeta"),
-                Stage::Ga | Stage::Deprecated => None,
-            };
-            let enabled = set.get(gate.name).or(switch).copied().unwrap_or(gate.default);
+            let switched =
+                switch(set, gate).map(|(_, on)| on).filter(|on| !on || effect(gate.name) != Effect::NotImplemented);
+            let enabled = set.get(gate.name).copied().or(switched).unwrap_or(gate.default);
             (*gate, enabled)
+        })
+        .collect()
+}
+
+/// The gates a switch set to true would turn on upstream but kproxy leaves off, because it does
+/// not implement their feature, as `(switch, gate)`. The caller warns about them.
+pub fn left_off_by_switches(set: &BTreeMap<String, bool>) -> Vec<(&'static str, &'static str)> {
+    FEATURE_GATES
+        .iter()
+        .filter(|gate| effect(gate.name) == Effect::NotImplemented && !set.contains_key(gate.name))
+        .filter_map(|gate| match switch(set, gate) {
+            Some((name, true)) if !gate.default => Some((name, gate.name)),
+            _ => None,
         })
         .collect()
 }
@@ -173,7 +200,7 @@ mod tests {
             [("AllAlpha".to_owned(), true), ("KubeProxyAcceleration".to_owned(), false)].into();
         let value = |name: &str| effective(&set).into_iter().find(|(g, _)| g.name == name).map(|(_, on)| on);
         assert_eq!(value("KubeProxyAcceleration"), Some(false), "explicit");
-        assert_eq!(value("KubeProxyNFTablesLocalhostNodePorts"), Some(true), "AllAlpha");
+        assert_eq!(value("KubeProxyNoMasqueradeCIDRs"), Some(true), "AllAlpha");
         assert_eq!(value("NFTablesNetlink"), Some(true), "default");
         assert_eq!(value("Unknown"), None);
         assert!(is_known("AllBeta") && is_known("KubeProxyIPVS") && !is_known("NoSuchGate"));
@@ -198,6 +225,50 @@ mod tests {
         assert_eq!(
             check(&set(&[])).0,
             GateDecisions { acceleration: None, ipvs: true, no_masquerade_cidrs_off: false }
+        );
+    }
+
+    fn gates(pairs: &[(&str, bool)]) -> BTreeMap<String, bool> {
+        pairs.iter().map(|(name, on)| ((*name).to_owned(), *on)).collect()
+    }
+
+    #[test]
+    fn switches_turn_on_implemented_gates_only_and_name_the_others() {
+        let value = |set: &BTreeMap<String, bool>, name: &str| {
+            effective(set).into_iter().find(|(g, _)| g.name == name).map(|(_, on)| on)
+        };
+        let all_alpha = gates(&[("AllAlpha", true)]);
+        // What kubernetes_feature_enabled reports: on for what kproxy does, off for what it lacks.
+        assert_eq!(value(&all_alpha, "KubeProxyAcceleration"), Some(true));
+        assert_eq!(value(&all_alpha, "KubeProxyNFTablesLocalhostNodePorts"), Some(false));
+        assert_eq!(value(&all_alpha, "PreserveUDPFlowsTerminatingEndpoints"), Some(false));
+        assert_eq!(
+            left_off_by_switches(&all_alpha),
+            [("AllAlpha", "KubeProxyNFTablesLocalhostNodePorts"), ("AllAlpha", "PreserveUDPFlowsTerminatingEndpoints")]
+        );
+        let (decided, errors) = check(&all_alpha);
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(decided.acceleration, Some(true), "AllAlpha=true turns KubeProxyAcceleration on");
+        // An explicit value wins over the switch; at its default the field decides.
+        assert_eq!(check(&gates(&[("AllAlpha", true), ("KubeProxyAcceleration", false)])).0.acceleration, Some(false));
+        assert_eq!(check(&gates(&[("AllAlpha", false)])).0.acceleration, None);
+        assert!(
+            left_off_by_switches(&gates(&[("AllAlpha", true), ("PreserveUDPFlowsTerminatingEndpoints", false)]))
+                .iter()
+                .all(|(_, gate)| *gate != "PreserveUDPFlowsTerminatingEndpoints")
+        );
+        for off in [gates(&[]), gates(&[("AllAlpha", false)]), gates(&[("AllBeta", true)])] {
+            assert!(left_off_by_switches(&off).is_empty(), "{off:?}");
+        }
+        // AllBeta=false turns beta gates off, as upstream: kproxy cannot run without these, and says why.
+        let (_, errors) = check(&gates(&[("AllBeta", false)]));
+        let refused: Vec<&str> = errors.iter().map(|(gate, _)| gate.as_str()).collect();
+        assert_eq!(refused, ["AllowServiceExternalIPs", "NFTablesNetlink"]);
+        assert!(errors.iter().all(|(_, reason)| reason.contains("set by AllBeta=false")), "{errors:?}");
+        assert!(
+            check(&gates(&[("AllBeta", false), ("NFTablesNetlink", true), ("AllowServiceExternalIPs", true)]))
+                .1
+                .is_empty()
         );
     }
 

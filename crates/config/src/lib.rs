@@ -77,7 +77,9 @@
 //!   IPVS mode, `KubeProxyAcceleration` switches acceleration, gates of features kproxy lacks
 //!   (`KubeProxyNFTablesLocalhostNodePorts`, `PreserveUDPFlowsTerminatingEndpoints`) cannot be
 //!   turned on, and behaviours kproxy always has (`NFTablesNetlink`, `AllowServiceExternalIPs`)
-//!   cannot be turned off.
+//!   cannot be turned off. `AllAlpha` / `AllBeta` set the unset gates of their stage as upstream,
+//!   except that they leave the gates of features kproxy lacks off (a warning names them), so
+//!   `kubernetes_feature_enabled` never reports those on.
 //! * `clientConnection.contentType` defaults to `application/json`: kproxy's client (kube-rs)
 //!   speaks JSON; an explicit protobuf type is accepted with a warning and JSON is used.
 //! * `configSyncPeriod` is validated but not used (no informer resync exists to pace); a

@@ -164,6 +164,14 @@ pub(crate) fn validate(s: &Settings, warnings: &mut Vec<String>) -> Result<Proxy
         }
     }
 
+    let left_off = crate::feature_gates::left_off_by_switches(&s.feature_gates);
+    if !left_off.is_empty() {
+        let names: Vec<String> = left_off.iter().map(|(switch, gate)| format!("{gate} ({switch}=true)")).collect();
+        warnings.push(format!(
+            "featureGates: kproxy does not implement these gates' features, so they stay off: {}",
+            names.join(", ")
+        ));
+    }
     let (gates, gate_errors) = crate::feature_gates::check(&s.feature_gates);
     for (gate, reason) in gate_errors {
         c.fail("featureGates", gate, reason);

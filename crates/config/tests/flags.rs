@@ -310,3 +310,29 @@ fn feature_gates_act_or_are_refused() {
         assert!(err.contains("featureGates"), "{gate}: {err}");
     }
 }
+
+#[test]
+fn all_alpha_acts_on_implemented_gates_and_names_the_others_once() {
+    let c = resolve_ok(&["--feature-gates=AllAlpha=true", "--acceleration=false"]);
+    assert!(c.acceleration.active(), "AllAlpha=true turns KubeProxyAcceleration on, over acceleration.enabled");
+    let named: Vec<&String> = c.warnings.iter().filter(|w| w.contains("KubeProxyNFTablesLocalhostNodePorts")).collect();
+    assert_eq!(named.len(), 1, "{:?}", c.warnings);
+    assert!(
+        named[0].contains("PreserveUDPFlowsTerminatingEndpoints") && named[0].contains("AllAlpha=true"),
+        "{named:?}"
+    );
+    let c = resolve_ok(&["--feature-gates=AllAlpha=true,KubeProxyAcceleration=false"]);
+    assert!(!c.acceleration.active(), "an explicit value wins over AllAlpha");
+    assert!(resolve_ok(&["--feature-gates=AllAlpha=false"]).warnings.is_empty());
+    let err = resolve(&["--feature-gates=AllBeta=false"]).unwrap_err().to_string();
+    assert!(err.contains("NFTablesNetlink") && err.contains("AllBeta=false"), "{err}");
+}
+
+#[test]
+fn settings_kproxy_does_not_use_are_warned_about() {
+    let c = resolve_ok(&["--config-sync-period=5m"]);
+    assert!(c.warnings.iter().any(|w| w.starts_with("configSyncPeriod is not used")), "{:?}", c.warnings);
+    let c = resolve_ok(&["--kube-api-content-type=application/vnd.kubernetes.protobuf"]);
+    assert!(c.warnings.iter().any(|w| w.contains("contentType") && w.contains("JSON is used")), "{:?}", c.warnings);
+    assert!(resolve_ok(&["--config-sync-period=15m", "--kube-api-content-type=application/json"]).warnings.is_empty());
+}

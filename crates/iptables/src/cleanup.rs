@@ -68,9 +68,10 @@ pub fn cleanup_family(exec: &mut dyn Executor, family: IpFamily) -> Result<(), E
     Ok(())
 }
 
-/// Removes kproxy from both families.
-pub fn cleanup(exec: &mut dyn Executor) -> Result<(), ExecError> {
-    for family in IpFamily::BOTH {
+/// Removes kproxy from each of `families`: those the node has (on an IPv4-only node,
+/// `ip6tables-save` fails and there is nothing of kproxy's to remove).
+pub fn cleanup(exec: &mut dyn Executor, families: &[IpFamily]) -> Result<(), ExecError> {
+    for &family in families {
         cleanup_family(exec, family)?;
     }
     Ok(())
@@ -98,6 +99,38 @@ mod tests {
         let text = crate::layout::restore_text(&std::collections::BTreeMap::from([(Table::Nat, t)]), None);
         assert!(!text.contains("OTHER") && !text.contains("192.0.2.1"), "{text}");
         assert!(text.contains("-X KUBE-SVC-XPGD46QRK7WJZT7O\n"), "{text}");
+    }
+
+    /// A node without ip6tables: every IPv6 tool run fails.
+    struct Ipv4Only(crate::Recording);
+
+    impl Executor for Ipv4Only {
+        fn restore(&mut self, family: IpFamily, input: &str) -> Result<(), ExecError> {
+            if family == IpFamily::V6 { Err(ExecError::Injected) } else { self.0.restore(family, input) }
+        }
+        fn save(&mut self, family: IpFamily, table: Table) -> Result<String, ExecError> {
+            if family == IpFamily::V6 { Err(ExecError::Injected) } else { self.0.save(family, table) }
+        }
+        fn run(&mut self, family: IpFamily, args: &[String]) -> Result<crate::Output, ExecError> {
+            if family == IpFamily::V6 { Err(ExecError::Injected) } else { self.0.run(family, args) }
+        }
+        fn sysctl(&mut self, key: &str, value: &str) -> Result<(), ExecError> {
+            self.0.sysctl(key, value)
+        }
+        fn drop_empty_table(&mut self, family: IpFamily, table: Table) -> Result<(), ExecError> {
+            self.0.drop_empty_table(family, table)
+        }
+    }
+
+    #[test]
+    fn cleanup_walks_only_the_families_given() {
+        let mut recording = crate::Recording::default();
+        recording.saved.insert((IpFamily::V4, Table::Nat), SAVE.to_owned());
+        let mut exec = Ipv4Only(recording);
+        cleanup(&mut exec, &[IpFamily::V4]).unwrap();
+        assert_eq!(exec.0.restores.len(), 1);
+        assert!(exec.0.last(IpFamily::V4).is_some_and(|text| text.contains("-X KUBE-SERVICES")));
+        assert!(matches!(cleanup(&mut exec, &IpFamily::BOTH), Err(ExecError::Injected)), "IPv6 is walked when given");
     }
 
     #[test]

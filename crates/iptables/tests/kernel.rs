@@ -318,6 +318,39 @@ fn canary_heals_a_flush(backend: Backend) {
     tb.node().run_in(|| dp.cleanup()).unwrap().unwrap();
 }
 
+/// The periodic check ([`kproxy_plan::Dataplane::verify`], what the daemon runs on its own timer)
+/// notices another tool flushing kproxy's chains and heals them without any cluster change.
+fn periodic_check_heals_a_flush(backend: Backend) {
+    use kproxy_plan::{Dataplane, Verified};
+    let Some(bed) = bed() else { return };
+    let tb = &bed.tb;
+    let mut dp = bed.dataplane(backend);
+    let verify = |dp: &mut Dp| tb.node().run_in(|| dp.verify(&bed.plan)).unwrap().unwrap();
+    bed.full(&mut dp, &bed.plan);
+    assert_eq!(verify(&mut dp), Verified::Clean);
+    assert_eq!(bed.answered(tb.external(), WEB, 6).answered(), 6);
+
+    // Another tool flushes the nat table: the Service is gone until the check runs.
+    bed.iptables(backend, &["-t", "nat", "-F"]);
+    assert_eq!(bed.answered(tb.external(), WEB, 2).answered(), 0, "the flush did not break the Service");
+    let Verified::Repaired(drift) = verify(&mut dp) else { panic!("the periodic check missed the flush") };
+    for chain in ["nat chain KUBE-PROXY-CANARY", "nat chain KUBE-SERVICES", "jump from PREROUTING to KUBE-SERVICES"] {
+        assert!(drift.iter().any(|d| d.contains(chain)), "{chain} not reported: {drift:?}");
+    }
+    let t = bed.answered(tb.external(), WEB, 12);
+    assert_eq!(t.answered(), 12, "{t:?}");
+    assert!(t.backends.contains_key("a") && t.backends.contains_key("b"), "{t:?}");
+    assert_eq!(verify(&mut dp), Verified::Clean, "the repair holds");
+
+    // Only the canary chain flushed, in one table: noticed, and the canary is back after.
+    bed.iptables(backend, &["-t", "filter", "-F", "KUBE-PROXY-CANARY"]);
+    assert!(matches!(verify(&mut dp), Verified::Repaired(_)));
+    assert!(bed.iptables(backend, &["-t", "filter", "-S", "KUBE-PROXY-CANARY"]).contains("-A KUBE-PROXY-CANARY"));
+    assert_eq!(verify(&mut dp), Verified::Clean);
+    assert_eq!(bed.answered(tb.external(), WEB, 6).answered(), 6);
+    tb.node().run_in(|| dp.cleanup()).unwrap().unwrap();
+}
+
 fn cleanup_keeps_other_rules(backend: Backend) {
     let Some(bed) = bed() else { return };
     let tb = &bed.tb;
@@ -336,7 +369,10 @@ fn cleanup_keeps_other_rules(backend: Backend) {
     }
     // A fresh process (`kproxy --cleanup`) knows nothing of what was applied.
     drop(dp);
-    tb.node().run_in(|| kproxy_iptables::cleanup(&mut IptablesRestore::new(backend))).unwrap().unwrap();
+    tb.node()
+        .run_in(|| kproxy_iptables::cleanup(&mut IptablesRestore::new(backend), &IpFamily::BOTH))
+        .unwrap()
+        .unwrap();
     let after = bed.save(backend);
     assert!(!after.contains("KUBE-"), "kproxy left something:\n{after}");
     for rule in [
@@ -615,6 +651,7 @@ macro_rules! both_backends {
 both_backends!(
     localhost_nodeports,
     canary_heals_a_flush,
+    periodic_check_heals_a_flush,
     cleanup_keeps_other_rules,
     restart_over_unchanged_rules_restores_nothing,
     one_sync_repairs_a_flushed_chain_and_deletes_a_stale_one,

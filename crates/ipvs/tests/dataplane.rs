@@ -9,7 +9,8 @@ use std::time::Duration;
 use fake_world::{World, cip, dest, svc, two_services};
 use kproxy_ipvs::{Config, FakeHost, IpvsDataplane, IpvsOp, ServiceKey};
 use kproxy_packet_suite::{NODE_A, NODE_B};
-use kproxy_state::Protocol;
+use kproxy_plan::{DetectLocal, ProxyPolicy};
+use kproxy_state::{IpFamily, Protocol};
 use serde_json::json;
 
 #[test]
@@ -31,6 +32,33 @@ fn first_sync_creates_services_vips_sysctls_and_the_table() {
     assert_eq!(host.sysctls["net/ipv4/conf/all/arp_ignore"], "0", "strictARP is off by default");
     let text = host.nft.last().unwrap().render();
     assert!(text.contains("198.18.128.10 . tcp . 80"), "{text}");
+}
+
+#[test]
+fn ipv6_forwarding_is_set_only_when_ipv6_is_planned() {
+    // Setting net.ipv6.conf.all.forwarding turns off router-advertisement acceptance, so an
+    // IPv4-only node must keep its value.
+    const V6_FORWARDING: &str = "net/ipv6/conf/all/forwarding";
+    let ipv4_only = World::new(two_services());
+    let mut dp = IpvsDataplane::new(FakeHost::new(), Config::default());
+    dp.sync(&ipv4_only.plan, &ipv4_only.full()).unwrap();
+    assert_eq!(dp.host().sysctls["net/ipv4/ip_forward"], "1");
+    assert_eq!(dp.host().sysctls[V6_FORWARDING], "0");
+    assert!(!dp.host().log.iter().any(|l| l.contains(V6_FORWARDING)), "{:?}", dp.host().log);
+
+    let policy = ProxyPolicy {
+        families: vec![IpFamily::V4, IpFamily::V6],
+        detect_local: DetectLocal::ClusterCidr(vec![
+            "198.18.16.0/20".parse().unwrap(),
+            "fd00:16::/48".parse().unwrap(),
+        ]),
+        ..ProxyPolicy::default()
+    };
+    let dual_stack = World::with_policy(policy, two_services());
+    let mut dp = IpvsDataplane::new(FakeHost::new(), Config::default());
+    dp.sync(&dual_stack.plan, &dual_stack.full()).unwrap();
+    assert_eq!(dp.host().sysctls["net/ipv4/ip_forward"], "1");
+    assert_eq!(dp.host().sysctls[V6_FORWARDING], "1");
 }
 
 #[test]

@@ -31,12 +31,7 @@ pub fn kernel_ipv6(disable_ipv6: Option<&str>) -> Ipv6Support {
 
 /// The families to plan in `mode`. `dry_run` skips the probes that run tools.
 pub fn probe(mode: ProxyMode, dry_run: bool) -> Vec<IpFamily> {
-    let disable_ipv6 = fs::read_to_string("/proc/sys/net/ipv6/conf/all/disable_ipv6").ok();
-    let mut ipv6 = kernel_ipv6(disable_ipv6.as_deref());
-    if ipv6 == Ipv6Support::Available && mode == ProxyMode::Iptables && !dry_run {
-        ipv6 = ip6tables_works();
-    }
-    match ipv6 {
+    match ipv6_support(mode, dry_run) {
         Ipv6Support::Available => {
             info!("IPv4 and IPv6 available: proxying both families (dual-stack)");
             IpFamily::BOTH.to_vec()
@@ -46,6 +41,24 @@ pub fn probe(mode: ProxyMode, dry_run: bool) -> Vec<IpFamily> {
             vec![IpFamily::V4]
         }
     }
+}
+
+/// The families whose iptables chains `--cleanup` removes: IPv6 only where `ip6tables` runs
+/// (on an IPv4-only node it fails, and kproxy has nothing there to remove).
+pub fn for_iptables_cleanup() -> Vec<IpFamily> {
+    match ipv6_support(ProxyMode::Iptables, false) {
+        Ipv6Support::Available => IpFamily::BOTH.to_vec(),
+        Ipv6Support::Missing(why) => {
+            info!("{why}: cleaning up IPv4 iptables chains only");
+            vec![IpFamily::V4]
+        }
+    }
+}
+
+fn ipv6_support(mode: ProxyMode, dry_run: bool) -> Ipv6Support {
+    let disable_ipv6 = fs::read_to_string("/proc/sys/net/ipv6/conf/all/disable_ipv6").ok();
+    let ipv6 = kernel_ipv6(disable_ipv6.as_deref());
+    if ipv6 == Ipv6Support::Available && mode == ProxyMode::Iptables && !dry_run { ip6tables_works() } else { ipv6 }
 }
 
 /// Whether `ip6tables` of the backend kproxy would use can read the nat table.

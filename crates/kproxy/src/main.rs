@@ -178,7 +178,11 @@ fn cleanup(config: &ProxyConfig) -> anyhow::Result<()> {
     let backend = kproxy_iptables::backend::detect();
     step(
         "kproxy's iptables chains",
-        kproxy_iptables::cleanup(&mut kproxy_iptables::IptablesRestore::new(backend)).map_err(|e| e.to_string()),
+        kproxy_iptables::cleanup(
+            &mut kproxy_iptables::IptablesRestore::new(backend),
+            &families::for_iptables_cleanup(),
+        )
+        .map_err(|e| e.to_string()),
     );
     if failed.is_empty() { Ok(()) } else { anyhow::bail!("cleanup incomplete: {}", failed.join(", ")) }
 }

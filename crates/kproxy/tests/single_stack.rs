@@ -1,6 +1,7 @@
 //! A node without IPv6 (a sandbox whose namespace has IPv6 disabled): kproxy probes the families
 //! at start and runs IPv4 only, so its iptables syncs succeed, IPv4 Services are served, and no
 //! IPv6 series is exported; the same binary on a dual-stack node exports both (the control).
+//! `--cleanup` there removes the IPv4 chains and succeeds without ip6tables.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers: a panic is a test failure
 
@@ -87,4 +88,41 @@ fn dual_stack_node_exports_both_families() {
     }
     let text = run("iptables", true);
     assert!(text.contains("kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=\"IPv6\"}"), "{text}");
+}
+
+/// `--cleanup` on a node without IPv6 and without `ip6tables` (every `ip6tables*` tool on
+/// `PATH` fails): kproxy's IPv4 chains go, and the cleanup reports success instead of failing on
+/// the family the node does not have. (The backend probe still reads `ip6tables-save`, as
+/// upstream's iptables-wrapper does, ignoring failures.)
+#[test]
+fn cleanup_on_a_node_without_ipv6_succeeds_and_removes_ipv4_chains() {
+    use std::os::unix::fs::PermissionsExt;
+    if !kproxy_testbed::kernel::require_root() {
+        return;
+    }
+    let tb = Testbed::new().unwrap();
+    tb.node().exec_ok("sysctl", &["-q", "-w", "net.ipv6.conf.all.disable_ipv6=1"]).unwrap();
+    // An IPv4 chain of kproxy's in the backend cleanup picks on a fresh node (nft).
+    tb.node().exec_ok("iptables-nft", &["-t", "nat", "-N", "KUBE-SERVICES"]).unwrap();
+    let tools = std::env::temp_dir().join(format!("kproxy-no-ip6tables-{}", std::process::id()));
+    std::fs::create_dir_all(&tools).unwrap();
+    for backend in ["nft", "legacy"] {
+        for tool in ["", "-save", "-restore"] {
+            let path = tools.join(format!("ip6tables-{backend}{tool}"));
+            std::fs::write(&path, "#!/bin/sh\necho 'ip6tables: no IPv6 here' >&2\nexit 3\n").unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+    }
+    let path = format!("{}:{}", tools.display(), std::env::var("PATH").unwrap_or_default());
+    let out = std::process::Command::new("ip")
+        .args(["netns", "exec", tb.node().name(), env!("CARGO_BIN_EXE_kproxy"), "--cleanup"])
+        .env("PATH", &path)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let _ = std::fs::remove_dir_all(&tools);
+    assert!(out.status.success(), "cleanup failed:\n{stderr}");
+    assert!(!stderr.contains("could not remove"), "{stderr}");
+    let saved = tb.node().exec_ok("iptables-nft-save", &["-t", "nat"]).unwrap();
+    assert!(!saved.contains("KUBE-SERVICES"), "IPv4 chain left:\n{saved}");
 }

@@ -405,12 +405,26 @@ pub fn all_cases() -> Vec<Case> {
                 o.push(service("default", "lb", json!({"type": "LoadBalancer", "clusterIP": "198.18.128.11", "externalTrafficPolicy": "Local",
                     "healthCheckNodePort": 31000, "ports": [{"name": "http", "port": 80, "targetPort": 8080, "nodePort": 30081}]}), lb_status("203.0.113.12")));
                 o.push(slice("default", "lb", "v4", "IPv4", ports(&[("http", "TCP", 8080)]), vec![env.ep("b", false)]));
+                o.push(service("default", "lb-local", json!({"type": "LoadBalancer", "clusterIP": "198.18.128.12", "externalTrafficPolicy": "Local",
+                    "healthCheckNodePort": 31001, "ports": [{"name": "http", "port": 80, "targetPort": 8080, "nodePort": 30082}]}), lb_status("203.0.113.13")));
+                o.push(slice(
+                    "default",
+                    "lb-local",
+                    "v4",
+                    "IPv4",
+                    ports(&[("http", "TCP", 8080)]),
+                    vec![env.ep("a", false)],
+                ));
                 o
             },
             vec![
-                // The path works when the policy allows it: the same endpoint through the other
-                // service's ClusterIP (Cluster policy), so the drops below are the policy's.
+                // The paths work when the policy allows it: the same endpoint through the other
+                // service's ClusterIP (Cluster policy), and the External client through the
+                // LoadBalancer IP and NodePort of a Local service with a local endpoint, so the
+                // drops below are the policy's.
                 tcp(Client::Pod("client"), Dest::ClusterIp(sa("198.18.128.11:80")), backends(&["b"]), Source::Client),
+                tcp(Client::External, Dest::LoadBalancer(sa("203.0.113.13:80")), backends(&["a"]), Source::Client),
+                tcp(Client::External, Dest::NodePort(sa("198.18.0.2:30082")), backends(&["a"]), Source::Client),
                 Step::Probe(
                     Check::tcp(Client::Pod("client"), Dest::ClusterIp(sa(CIP)), Expect::Drop, Source::Any).count(2),
                 ),
