@@ -10,16 +10,13 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use kproxy_state::Kind;
+use kproxy_testbed::kernel::KernelFeature;
 use kproxy_testbed::{Proto, Testbed, Where};
 use serde_json::json;
 
 const HEALTH_CHECK_PORT: u16 = 31000;
 
-#[test]
-fn health_check_port_answers_on_node_port_addresses_only() {
-    if !kproxy_testbed::kernel::require_root() {
-        return;
-    }
+fn health_check_port_answers_on_node_port_addresses_only(mode: &str) {
     let tb = Testbed::new().unwrap();
     let pod = tb.add_pod("web-a", Where::Node).unwrap();
     pod.serve(&[(Proto::Tcp, 8080)]).unwrap();
@@ -36,7 +33,7 @@ fn health_check_port_answers_on_node_port_addresses_only() {
     );
     support::apply_one_endpoint_slice(&api.server, "lb", "p", &pod.ipv4().to_string(), "node-a");
     let args: Vec<String> = [
-        "--proxy-mode=iptables",
+        &format!("--proxy-mode={mode}"),
         "--nodeport-addresses=198.18.0.2/32",
         "--hostname-override=node-a",
         "--detect-local-mode=NodeCIDR",
@@ -46,7 +43,7 @@ fn health_check_port_answers_on_node_port_addresses_only() {
     ]
     .map(String::from)
     .to_vec();
-    let (_kproxy, dir) = support::kproxy_in(tb.node().name(), &api.server.url(), "hc", &args);
+    let (_kproxy, dir) = support::kproxy_in(tb.node().name(), &api.server.url(), &format!("hc-{mode}"), &args);
 
     let on_node_ip: SocketAddr = format!("198.18.0.2:{HEALTH_CHECK_PORT}").parse().unwrap();
     let deadline = Instant::now() + support::START;
@@ -58,12 +55,38 @@ fn health_check_port_answers_on_node_port_addresses_only() {
         std::thread::sleep(Duration::from_millis(100));
     };
     let (status, body) = answer.expect("the health check answers on the node IP");
-    assert_eq!(status, 200, "one local endpoint: {body}");
+    assert_eq!(status, 200, "{mode}: one local endpoint: {body}");
     let body: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(body["localEndpoints"], 1, "{body}");
 
     let elsewhere: SocketAddr = format!("198.18.0.4:{HEALTH_CHECK_PORT}").parse().unwrap();
     let other = tb.external().run_in(move || support::http_get(elsewhere, "/healthz")).unwrap();
-    assert!(other.is_none(), "the health check must not answer outside nodePortAddresses: {other:?}");
+    assert!(other.is_none(), "{mode}: the health check must not answer outside nodePortAddresses: {other:?}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn iptables_mode_health_check_port_answers_on_node_port_addresses_only() {
+    if !kproxy_testbed::kernel::require_root() {
+        return;
+    }
+    health_check_port_answers_on_node_port_addresses_only("iptables");
+}
+
+#[test]
+fn nftables_mode_health_check_port_answers_on_node_port_addresses_only() {
+    if !kproxy_testbed::kernel::require_root() {
+        return;
+    }
+    health_check_port_answers_on_node_port_addresses_only("nftables");
+}
+
+#[test]
+fn ipvs_mode_health_check_port_answers_on_node_port_addresses_only() {
+    if !kproxy_testbed::kernel::require_root()
+        || !kproxy_testbed::kernel::require(&[KernelFeature::Ipvs, KernelFeature::Dummy])
+    {
+        return;
+    }
+    health_check_port_answers_on_node_port_addresses_only("ipvs");
 }

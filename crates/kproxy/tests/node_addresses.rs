@@ -9,6 +9,7 @@ mod support;
 use std::net::SocketAddr;
 
 use kproxy_state::Kind;
+use kproxy_testbed::kernel::KernelFeature;
 use kproxy_testbed::{ProbeResult, Proto, Testbed, Where};
 use serde_json::json;
 
@@ -63,4 +64,14 @@ fn iptables_mode_serves_node_ports_on_an_address_added_later() {
         return;
     }
     node_port_on_an_address_added_later_is_served("iptables");
+}
+
+#[test]
+fn ipvs_mode_serves_node_ports_on_an_address_added_later() {
+    if !kproxy_testbed::kernel::require_root()
+        || !kproxy_testbed::kernel::require(&[KernelFeature::Ipvs, KernelFeature::Dummy])
+    {
+        return;
+    }
+    node_port_on_an_address_added_later_is_served("ipvs");
 }
