@@ -179,13 +179,13 @@ impl<H: Host> IpvsDataplane<H> {
         }
         self.fwmarks = fwmarks;
 
-        // IPVS: what the kernel has, ours only.
+        // IPVS: what the kernel has, ours only, in one read of the whole table (as the periodic
+        // check reads it), not one dump per virtual service.
         self.applied.clear();
-        for spec in self.host.ipvs_services()? {
+        for (spec, dests) in self.host.ipvs_table()? {
             if !owned(&self.config, &spec.key) {
                 continue;
             }
-            let dests = self.host.ipvs_dests(&spec.key)?;
             let protocol = self.protocol_of(&spec.key);
             let dests = dests.into_iter().map(|d| (d.spec.key, d.spec.weight)).collect();
             self.applied.insert(spec.key, AppliedVs { spec, protocol, dests });

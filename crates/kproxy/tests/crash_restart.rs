@@ -283,7 +283,7 @@ impl Tally {
     fn assert_no_failure_of_kproxys(&self, seed: u64) {
         let (service, control) = (Self::failures(&self.service), Self::failures(&self.control));
         eprintln!(
-            "crash_restart: {} of {} probes of the Service failed, {} of {} of the control\n{}",
+            "crash_restart: {} of {} probes of the Service failed, {} of {} of the control\n{}control failures: {control:#?}",
             service.len(),
             self.service.len(),
             control.len(),
