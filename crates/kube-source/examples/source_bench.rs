@@ -4,7 +4,15 @@
 //! ```sh
 //! cargo run --release -p kproxy-kube-source --example source_bench -- bytes
 //! cargo run --release -p kproxy-kube-source --example source_bench -- list --services 100000
+//! cargo run --release -p kproxy-kube-source --example source_bench -- decode --services 10000
 //! ```
+//!
+//! `decode` times, on one thread, kproxy's decode of each object's JSON as the API server sends
+//! it (`kproxy_kube_source::decode`: lenient read into a JSON tree, then the strict typed
+//! conversion that names a bad field), against a plain `serde_json` decode straight into the
+//! typed objects (which would fail a whole list page on one bad object), and reading the bytes
+//! as a JSON tree alone: the ceiling of what a cheaper encoding (protobuf) could save on the
+//! client's side. The objects are serialized beforehand and not timed.
 //!
 //! `bytes` builds Services (one TCP port) with one 5-endpoint EndpointSlice each, shaped like a
 //! real cluster's (`fake::objects`), applies them to a `ClusterState`, builds the plan, and
@@ -130,6 +138,49 @@ fn typed(i: usize) -> (Object, Object) {
     let service: Service = serde_json::from_value(service).unwrap();
     let slice: EndpointSlice = serde_json::from_value(slice).unwrap();
     (Object::Service(Box::new(ServiceObject::from(service))), Object::EndpointSlice(Box::new(slice)))
+}
+
+fn decode(n: usize) {
+    let (mut services, mut slices) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for i in 0..n {
+        let (service, slice) = cluster(i);
+        services.push(serde_json::to_vec(&service).unwrap());
+        slices.push(serde_json::to_vec(&slice).unwrap());
+    }
+    let megabytes = services.iter().chain(&slices).map(Vec::len).sum::<usize>() as f64 / 1e6;
+    let time = |decode: &dyn Fn()| {
+        let start = Instant::now();
+        decode();
+        start.elapsed().as_secs_f64()
+    };
+    println!("{n} Services and {n} EndpointSlices, {megabytes:.1} MB of JSON, one thread; seconds per round:");
+    for round in 1..=3 {
+        let kproxy = time(&|| {
+            for bytes in &services {
+                std::hint::black_box(kproxy_kube_source::decode(Kind::Service, bytes).unwrap());
+            }
+            for bytes in &slices {
+                std::hint::black_box(kproxy_kube_source::decode(Kind::EndpointSlice, bytes).unwrap());
+            }
+        });
+        let direct = time(&|| {
+            for bytes in &services {
+                std::hint::black_box(serde_json::from_slice::<Service>(bytes).unwrap());
+            }
+            for bytes in &slices {
+                std::hint::black_box(serde_json::from_slice::<EndpointSlice>(bytes).unwrap());
+            }
+        });
+        let tree = time(&|| {
+            for bytes in services.iter().chain(&slices) {
+                std::hint::black_box(serde_json::from_slice::<Value>(bytes).unwrap());
+            }
+        });
+        println!(
+            "  round {round}: kproxy's decode {kproxy:.3} s | straight into typed objects {direct:.3} s ({:.2}×) | JSON tree only {tree:.3} s",
+            kproxy / direct
+        );
+    }
 }
 
 fn bytes(n: usize) {
@@ -290,6 +341,7 @@ fn main() {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     match args.first().map(String::as_str) {
         Some("bytes") => bytes(n),
+        Some("decode") => decode(n),
         Some("serve") => runtime.block_on(serve(n)),
         Some("load") => runtime.block_on(load(&arg(&args, "--server").expect("--server URL"), &mode, n, None)),
         Some("list") => {
@@ -309,7 +361,7 @@ fn main() {
             child.wait().unwrap();
         }
         _ => eprintln!(
-            "usage: source_bench bytes|list|serve|load [--services N] [--mode streaming|watch-cache|paginated] [--server URL]"
+            "usage: source_bench bytes|decode|list|serve|load [--services N] [--mode streaming|watch-cache|paginated] [--server URL]"
         ),
     }
 }
