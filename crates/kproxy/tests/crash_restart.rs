@@ -86,7 +86,9 @@ fn kill_9_at_random_points_never_breaks_new_connections_and_ends_as_a_fresh_star
     let api = support::api_in(tb.node());
     support::apply_bulk_cluster(&api.server, &web.ipv4().to_string(), SERVICES);
     let metrics = support::free_port();
-    let args = support::node_a_args(metrics, &[]);
+    // Extra kproxy flags, to bisect a failure (e.g. `--feature-gates=KubeProxyAcceleration=false`).
+    let extra = std::env::var("CRASH_RESTART_KPROXY_ARGS").unwrap_or_default();
+    let args = support::node_a_args(metrics, &extra.split_whitespace().collect::<Vec<_>>());
     let start = || support::kproxy_in(tb.node().name(), &api.server.url(), "crash-restart", &args);
     let service: SocketAddr = WEB.parse().unwrap();
 

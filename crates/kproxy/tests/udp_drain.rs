@@ -1,7 +1,12 @@
 //! A UDP flow to an endpoint that is terminating but still serving keeps going while the
 //! endpoint drains (new flows go to the ready endpoint), and is cut over to the ready endpoint
 //! once the draining one stops serving: the stale-flow cleanup keeps conntrack entries of every
-//! serving endpoint, as upstream. The real binary, a fake API server, packets, every dataplane.
+//! serving endpoint, as upstream. The real binary, a fake API server, packets.
+//!
+//! IPVS mode differs, as upstream's does: a terminating endpoint leaves the virtual service's
+//! real servers, and UDP gets no graceful termination (upstream deletes UDP and SCTP real
+//! servers at once, `expire_nodest_conn` expiring their connections on the next packet), so the
+//! flow moves to the ready endpoint as soon as the other terminates.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers: a panic is a test failure
 
@@ -58,7 +63,17 @@ fn until_answered_by(from: &Netns, flow: bool, want: &str, within: Duration) -> 
     }
 }
 
-fn udp_flow_to_a_draining_endpoint_keeps_going_until_it_stops_serving(mode: &str) {
+/// How a mode treats a live UDP flow to an endpoint that starts terminating while another is
+/// ready.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Terminating {
+    /// The flow keeps reaching it until it stops serving (conntrack-based modes).
+    Drains,
+    /// The flow moves to the ready endpoint at once (IPVS mode, as upstream).
+    CutsOver,
+}
+
+fn udp_flow_to_a_terminating_endpoint(mode: &str, expected: Terminating) {
     let tb = Testbed::new().unwrap();
     let a = tb.add_pod("dns-a", Where::Node2).unwrap();
     a.serve(&[(Proto::Udp, 8053)]).unwrap();
@@ -94,11 +109,23 @@ fn udp_flow_to_a_draining_endpoint_keeps_going_until_it_stops_serving(mode: &str
         b_answers += usize::from(backend(&got) == Some("dns-b"));
     }
     assert_eq!(b_answers, 20, "{mode}: every new flow goes to B while A drains");
-    // Several syncs' worth of time: the cleanup runs after each sync.
-    for _ in 0..10 {
-        let got = udp(client.netns(), true);
-        assert_eq!(backend(&got), Some("dns-a"), "{mode}: the live flow keeps reaching the draining A: {got:?}");
-        std::thread::sleep(Duration::from_millis(300));
+    match expected {
+        Terminating::Drains => {
+            // Several syncs' worth of time: the cleanup runs after each sync.
+            for _ in 0..10 {
+                let got = udp(client.netns(), true);
+                assert_eq!(
+                    backend(&got),
+                    Some("dns-a"),
+                    "{mode}: the live flow keeps reaching the draining A: {got:?}"
+                );
+                std::thread::sleep(Duration::from_millis(300));
+            }
+        }
+        Terminating::CutsOver => {
+            let got = until_answered_by(client.netns(), true, "dns-b", support::CHANGE);
+            assert_eq!(backend(&got), Some("dns-b"), "{mode}: the flow moves to B once A terminates: {got:?}");
+        }
     }
 
     // A stops serving: its flow is stale, deleted, and the next datagram of the flow reaches B.
@@ -113,7 +140,7 @@ fn nftables_mode_keeps_a_udp_flow_to_a_draining_endpoint_until_it_stops_serving(
     if !kproxy_testbed::kernel::require_root() {
         return;
     }
-    udp_flow_to_a_draining_endpoint_keeps_going_until_it_stops_serving("nftables");
+    udp_flow_to_a_terminating_endpoint("nftables", Terminating::Drains);
 }
 
 #[test]
@@ -121,15 +148,15 @@ fn iptables_mode_keeps_a_udp_flow_to_a_draining_endpoint_until_it_stops_serving(
     if !kproxy_testbed::kernel::require_root() {
         return;
     }
-    udp_flow_to_a_draining_endpoint_keeps_going_until_it_stops_serving("iptables");
+    udp_flow_to_a_terminating_endpoint("iptables", Terminating::Drains);
 }
 
 #[test]
-fn ipvs_mode_keeps_a_udp_flow_to_a_draining_endpoint_until_it_stops_serving() {
+fn ipvs_mode_moves_a_udp_flow_off_a_terminating_endpoint_at_once_as_upstream_ipvs() {
     if !kproxy_testbed::kernel::require_root()
         || !kproxy_testbed::kernel::require(&[KernelFeature::Ipvs, KernelFeature::Dummy])
     {
         return;
     }
-    udp_flow_to_a_draining_endpoint_keeps_going_until_it_stops_serving("ipvs");
+    udp_flow_to_a_terminating_endpoint("ipvs", Terminating::CutsOver);
 }

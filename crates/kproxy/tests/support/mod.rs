@@ -240,12 +240,13 @@ pub fn bulk_service(i: usize) -> serde_json::Value {
                     "ports": [{"name": "p", "port": 80, "protocol": "TCP", "targetPort": 8080}]}})
 }
 
-/// EndpointSlice of `bulk/svc-<i>`: three ready endpoints on node-b (198.18.32.0 and up, which
-/// nothing serves), moved by `generation`.
+/// EndpointSlice of `bulk/svc-<i>`: three ready endpoints on node-b (198.18.32.1 to
+/// 198.18.255.250, which nothing serves: 56,000 addresses, reused beyond 18,666 Services), moved
+/// by `generation`.
 pub fn bulk_slice(i: usize, generation: usize) -> serde_json::Value {
     let endpoints: Vec<serde_json::Value> = (0..3)
         .map(|j| {
-            let n = (i * 3 + j + generation * 7) % 60_000;
+            let n = (i * 3 + j + generation * 7) % 56_000;
             json!({"addresses": [format!("198.18.{}.{}", 32 + n / 250, 1 + n % 250)], "nodeName": "node-b",
                    "conditions": {"ready": true}})
         })
