@@ -46,17 +46,13 @@ fn udp(from: &Netns, flow: bool) -> ProbeResult {
     probe_with(from, Proto::Udp, SERVICE.parse().unwrap(), &options).unwrap()
 }
 
-fn backend(got: &ProbeResult) -> Option<&str> {
-    got.backend()
-}
-
-/// Probes until `backend` answers a datagram (from the flow's port when `flow`) or `within`
+/// Probes until `want` answers a datagram (from the flow's port when `flow`) or `within`
 /// passed; returns the last result.
 fn until_answered_by(from: &Netns, flow: bool, want: &str, within: Duration) -> ProbeResult {
     let deadline = Instant::now() + within;
     loop {
         let got = udp(from, flow);
-        if backend(&got) == Some(want) || Instant::now() > deadline {
+        if got.backend() == Some(want) || Instant::now() > deadline {
             return got;
         }
         std::thread::sleep(Duration::from_millis(100));
@@ -97,16 +93,16 @@ fn udp_flow_to_a_terminating_endpoint(mode: &str, expected: Terminating) {
 
     // The flow starts on A, the only endpoint.
     let got = until_answered_by(client.netns(), true, "dns-a", support::START);
-    assert_eq!(backend(&got), Some("dns-a"), "{mode}: the flow reaches A: {got:?}");
+    assert_eq!(got.backend(), Some("dns-a"), "{mode}: the flow reaches A: {got:?}");
 
     // A terminates but still serves; B is ready: new flows go to B, the flow stays on A.
     api.server.apply(Kind::EndpointSlice, slice(&[(&a_ip, false, true), (&b_ip, true, true)]));
     let got = until_answered_by(client.netns(), false, "dns-b", support::CHANGE);
-    assert_eq!(backend(&got), Some("dns-b"), "{mode}: new flows go to the ready B: {got:?}");
+    assert_eq!(got.backend(), Some("dns-b"), "{mode}: new flows go to the ready B: {got:?}");
     let mut b_answers = 0;
     for _ in 0..20 {
         let got = udp(client.netns(), false);
-        b_answers += usize::from(backend(&got) == Some("dns-b"));
+        b_answers += usize::from(got.backend() == Some("dns-b"));
     }
     assert_eq!(b_answers, 20, "{mode}: every new flow goes to B while A drains");
     match expected {
@@ -115,7 +111,7 @@ fn udp_flow_to_a_terminating_endpoint(mode: &str, expected: Terminating) {
             for _ in 0..10 {
                 let got = udp(client.netns(), true);
                 assert_eq!(
-                    backend(&got),
+                    got.backend(),
                     Some("dns-a"),
                     "{mode}: the live flow keeps reaching the draining A: {got:?}"
                 );
@@ -124,14 +120,14 @@ fn udp_flow_to_a_terminating_endpoint(mode: &str, expected: Terminating) {
         }
         Terminating::CutsOver => {
             let got = until_answered_by(client.netns(), true, "dns-b", support::CHANGE);
-            assert_eq!(backend(&got), Some("dns-b"), "{mode}: the flow moves to B once A terminates: {got:?}");
+            assert_eq!(got.backend(), Some("dns-b"), "{mode}: the flow moves to B once A terminates: {got:?}");
         }
     }
 
     // A stops serving: its flow is stale, deleted, and the next datagram of the flow reaches B.
     api.server.apply(Kind::EndpointSlice, slice(&[(&a_ip, false, false), (&b_ip, true, true)]));
     let got = until_answered_by(client.netns(), true, "dns-b", support::CHANGE);
-    assert_eq!(backend(&got), Some("dns-b"), "{mode}: the flow moves to B once A stops serving: {got:?}");
+    assert_eq!(got.backend(), Some("dns-b"), "{mode}: the flow moves to B once A stops serving: {got:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
