@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kproxy_state::Kind;
-use kproxy_testbed::{Netns, ProbeResult, Proto, Testbed, Where, probe};
+use kproxy_testbed::{Netns, ProbeResult, Proto, probe};
 use serde_json::Value;
 
 const SERVICES: usize = 2000;
@@ -79,12 +79,7 @@ fn kill_9_at_random_points_never_breaks_new_connections_and_ends_as_a_fresh_star
     if !kproxy_testbed::kernel::require_root() {
         return;
     }
-    let tb = Testbed::new().unwrap();
-    let web = tb.add_pod("web-b", Where::Node2).unwrap();
-    web.serve(&[(Proto::Tcp, 8080)]).unwrap();
-    let client = tb.add_pod("client", Where::Node).unwrap();
-    let api = support::api_in(tb.node());
-    support::apply_bulk_cluster(&api.server, &web.ipv4().to_string(), SERVICES);
+    let support::BulkSandbox { tb, web, client, api } = support::bulk_sandbox(SERVICES);
     let metrics = support::free_port();
     // Extra kproxy flags, to bisect a failure (e.g. `--feature-gates=KubeProxyAcceleration=false`).
     let extra = std::env::var("CRASH_RESTART_KPROXY_ARGS").unwrap_or_default();

@@ -157,16 +157,11 @@ fn kproxy_tables(ns: &kproxy_testbed::Netns) -> Vec<(String, Vec<String>)> {
 /// no base chain, the node's traffic as it was without kproxy; a restart replaces the tables.
 #[test]
 fn sigterm_during_a_cold_start_exits_within_a_second_with_no_base_chain_hooked_and_a_restart_serves() {
-    use kproxy_testbed::{ProbeResult, Proto, Testbed, Where, probe};
+    use kproxy_testbed::{ProbeResult, Proto, probe};
     if !kproxy_testbed::kernel::require_root() {
         return;
     }
-    let tb = Testbed::new().unwrap();
-    let web = tb.add_pod("web-b", Where::Node2).unwrap();
-    web.serve(&[(Proto::Tcp, 8080)]).unwrap();
-    let client = tb.add_pod("client", Where::Node).unwrap();
-    let api = support::api_in(tb.node());
-    support::apply_bulk_cluster(&api.server, &web.ipv4().to_string(), COLD_START_SERVICES);
+    let support::BulkSandbox { tb, web, client, api } = support::bulk_sandbox(COLD_START_SERVICES);
     let dir = std::env::temp_dir().join(format!("kproxy-sigterm-cold-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let args = support::node_a_args(support::free_port(), &["--proxy-mode=nftables"]);
@@ -258,16 +253,11 @@ fn jumps_into_kproxy(ns: &kproxy_testbed::Netns, family: &str) -> Vec<String> {
 /// kproxy's sees the node's packets.
 #[test]
 fn sigterm_during_an_iptables_cold_start_restore_exits_within_a_second_leaving_the_kernel_consistent() {
-    use kproxy_testbed::{ProbeResult, Proto, Testbed, Where, probe};
+    use kproxy_testbed::{ProbeResult, Proto, probe};
     if !kproxy_testbed::kernel::require_root() {
         return;
     }
-    let tb = Testbed::new().unwrap();
-    let web = tb.add_pod("web-b", Where::Node2).unwrap();
-    web.serve(&[(Proto::Tcp, 8080)]).unwrap();
-    let client = tb.add_pod("client", Where::Node).unwrap();
-    let api = support::api_in(tb.node());
-    support::apply_bulk_cluster(&api.server, &web.ipv4().to_string(), COLD_START_SERVICES);
+    let support::BulkSandbox { tb, web, client, api } = support::bulk_sandbox(COLD_START_SERVICES);
     let dir = std::env::temp_dir().join(format!("kproxy-sigterm-iptables-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let args = support::node_a_args(support::free_port(), &["--proxy-mode=iptables"]);

@@ -221,6 +221,27 @@ pub fn apply_bulk_cluster(server: &FakeApiServer, web_pod: &str, services: usize
     }
 }
 
+/// A sandbox for kproxy against a big cluster: the testbed, pod `web-b` on node-b serving TCP
+/// 8080 (the endpoint of `demo/web`), a client pod on the node, and a fake API server in the
+/// node's namespace holding [`apply_bulk_cluster`] with `services` bulk Services.
+pub struct BulkSandbox {
+    pub tb: kproxy_testbed::Testbed,
+    pub web: std::sync::Arc<kproxy_testbed::Pod>,
+    pub client: std::sync::Arc<kproxy_testbed::Pod>,
+    pub api: Api,
+}
+
+pub fn bulk_sandbox(services: usize) -> BulkSandbox {
+    use kproxy_testbed::{Proto, Testbed, Where};
+    let tb = Testbed::new().unwrap();
+    let web = tb.add_pod("web-b", Where::Node2).unwrap();
+    web.serve(&[(Proto::Tcp, 8080)]).unwrap();
+    let client = tb.add_pod("client", Where::Node).unwrap();
+    let api = api_in(tb.node());
+    apply_bulk_cluster(&api.server, &web.ipv4().to_string(), services);
+    BulkSandbox { tb, web, client, api }
+}
+
 /// Service `demo/web`: ClusterIP 198.18.128.10, TCP port `port_name` 80 → 8080.
 pub fn apply_web_service(server: &FakeApiServer, port_name: &str) {
     server.apply(
