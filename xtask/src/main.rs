@@ -86,16 +86,18 @@ fn guest_test(layout: &Layout, args: &[OsString]) -> Result<i32> {
         return Err(Error::Usage(USAGE.into()));
     }
     let host_skips = test_suite::take_host_skips(&layout.target);
-    let libtest_args: Vec<OsString> = if before.is_empty() && !host_skips.is_empty() {
-        // The host run just now ran every other kernel test on this machine's kernel: the guest
-        // runs the ones it could not (CI's time budget has no room for running the rest twice).
-        tracing::info!(
-            "guest-test: running the {} tests the host skipped; without a host skip ledger (outside CI) every kernel test runs",
-            host_skips.len()
-        );
-        test_suite::exact_filters(&host_skips).into_iter().chain(after.iter().cloned()).collect()
-    } else {
-        before.iter().chain(after).cloned().collect()
+    // After a CI host run, which ran every other kernel test on this machine's kernel, the guest
+    // runs the ones the host could not (CI's time budget has no room for running the rest twice).
+    let only_skipped = if before.is_empty() { test_suite::exact_filters(&host_skips) } else { None };
+    let libtest_args: Vec<OsString> = match only_skipped {
+        Some(filters) if !host_skips.is_empty() => {
+            tracing::info!(
+                "guest-test: running the {} tests the host skipped; without a host skip ledger (outside CI) every kernel test runs",
+                host_skips.len()
+            );
+            filters.into_iter().chain(after.iter().cloned()).collect()
+        }
+        _ => before.iter().chain(after).cloned().collect(),
     };
     let binaries = test_suite::build(&layout.workspace)?;
     let built = started.elapsed();

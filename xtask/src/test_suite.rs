@@ -104,15 +104,21 @@ pub fn take_host_skips(target: &Path) -> Vec<String> {
     skips
 }
 
-/// libtest arguments that select exactly the tests of ledger lines (`SKIPPED <test>: <reason>`).
-pub fn exact_filters(skips: &[String]) -> Vec<OsString> {
-    let mut args: Vec<OsString> = skips
-        .iter()
-        .filter_map(|line| line.strip_prefix("SKIPPED ")?.split_once(": ").map(|(test, _)| test.into()))
-        .collect();
+/// libtest arguments that select exactly the tests of ledger lines (`SKIPPED <test>: <reason>`),
+/// or `None` when a line names no test: a skip recorded outside a named test thread names the
+/// executable instead (`kernel-0f3a…`, never a Rust test name, which has no `-` or space).
+pub fn exact_filters(skips: &[String]) -> Option<Vec<OsString>> {
+    let mut args: Vec<OsString> = Vec::new();
+    for line in skips {
+        let (test, _) = line.strip_prefix("SKIPPED ")?.split_once(": ")?;
+        if test.contains(['-', ' ']) {
+            return None;
+        }
+        args.push(test.into());
+    }
     args.dedup();
     args.push("--exact".into());
-    args
+    Some(args)
 }
 
 /// The distinct non-empty lines of a skip ledger, in order.
@@ -168,7 +174,10 @@ mod tests {
     fn ledger_lines_become_exact_test_filters() {
         let skips =
             ["SKIPPED tests::a: needs IPVS".to_owned(), "SKIPPED b: needs SCTP: the kernel lacks it".to_owned()];
-        assert_eq!(exact_filters(&skips), ["tests::a", "b", "--exact"]);
+        assert_eq!(exact_filters(&skips).unwrap(), ["tests::a", "b", "--exact"]);
+        let unnamed = ["SKIPPED tests::a: needs IPVS".to_owned(), "SKIPPED kernel-0f3a9c: needs IPVS".to_owned()];
+        assert_eq!(exact_filters(&unnamed), None, "an executable's name selects no test: run them all");
+        assert_eq!(exact_filters(&["garbage".to_owned()]), None);
     }
 
     #[test]
