@@ -4,12 +4,11 @@
 //! holding exactly what a fresh start on the final state holds (listings compared). The real
 //! binary, a fake API server with 2,000 Services, packets.
 //!
-//! Debian 12's kernel (6.1, run under qemu by `cargo xtask guest-test`) refuses about one new
-//! DNATed connection in a thousand with no proxy involved: a one-rule `dnat` in nftables or in
-//! iptables-legacy, with no kproxy process running, did the same (docs/reliability.md, "The
-//! guest kernel's own refusals"). So the prober also connects, in turn, to a control address
-//! that a static rule of the test's own DNATs to the same pod, and the kernel's refusals of it
-//! measure that baseline in the same sandbox.
+//! The prober also connects, in turn, to a control address that a static rule of the test's own
+//! DNATs to the same pod: its failures would say the sandbox itself is broken. (The refusals
+//! once blamed on Debian 12's 6.1 kernel were the test's own: conntrack entries of SYNs sent to
+//! the Service before any rule DNATed it, matched again by a reused source port; they are
+//! flushed before probing starts. docs/reliability.md has the history.)
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers: a panic is a test failure
 
@@ -102,6 +101,12 @@ fn kill_9_at_random_points_never_breaks_new_connections_and_ends_as_a_fresh_star
     let (killed, _) = start();
     std::thread::sleep(Duration::from_millis(rng.below(cold_start.as_millis() as u64)));
     drop(killed);
+
+    // The probes that waited for the first start left conntrack entries of SYNs that reached the
+    // Service's address before any rule DNATed it (SYN_SENT, kept 120 s). A probe from a source
+    // port the kernel hands out again would match one of them and skip NAT altogether: refused at
+    // the node, whatever kproxy holds. Nothing the prober measures may inherit them.
+    kproxy_testbed::conntrack_flush(tb.node()).unwrap();
 
     // From here on, the Service answers every new connection, whatever is killed when.
     let control: SocketAddr = CONTROL.parse().unwrap();
@@ -273,10 +278,8 @@ impl Tally {
         text
     }
 
-    /// On the host's kernel no probe may fail, to either destination. In the guest's 6.1 the
-    /// kernel refuses some of both; kproxy is then held to: nothing but refusals (a timeout or a
-    /// wrong backend is never the kernel's), and no more of them than the kernel's baseline
-    /// could give (twice the control's count, plus 10: an outage of a fifth of a second fails).
+    /// No probe may fail, to either destination: the control shows the sandbox itself works
+    /// while kproxy restarts.
     fn assert_no_failure_of_kproxys(&self, seed: u64) {
         let (service, control) = (Self::failures(&self.service), Self::failures(&self.control));
         eprintln!(
@@ -288,16 +291,7 @@ impl Tally {
             self.context_of_failures()
         );
         assert!(self.service.len() > 20, "the prober ran: {}", self.service.len());
-        if !kproxy_testbed::kernel::in_guest() {
-            assert_eq!(control, Vec::<String>::new(), "the control's static DNAT failed on this kernel");
-            assert_eq!(service, Vec::<String>::new(), "new connections failed during crashes (seed {seed})");
-            return;
-        }
-        let not_refused: Vec<&String> = service.iter().filter(|f| !f.ends_with("Ok(Refused)")).collect();
-        assert_eq!(not_refused, Vec::<&String>::new(), "failures that are not the kernel's refusals (seed {seed})");
-        assert!(
-            service.len() <= 2 * control.len() + 10,
-            "more refusals than the kernel's baseline (seed {seed}): {service:#?}\ncontrol: {control:#?}"
-        );
+        assert_eq!(control, Vec::<String>::new(), "the control's static DNAT failed: the sandbox is broken");
+        assert_eq!(service, Vec::<String>::new(), "new connections failed during crashes (seed {seed})");
     }
 }
