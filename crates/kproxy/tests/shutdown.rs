@@ -126,6 +126,41 @@ fn terminate(child: &mut std::process::Child) -> (Duration, Option<std::process:
     }
 }
 
+/// A kproxy cold-starting the big cluster in `mode`, its log in a directory of its own.
+struct ColdStart {
+    dir: std::path::PathBuf,
+    args: Vec<String>,
+    daemon: support::KillOnDrop,
+    started: Instant,
+}
+
+impl ColdStart {
+    fn spawn(sandbox: &support::BulkSandbox, mode: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("kproxy-sigterm-{mode}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let args = support::node_a_args(support::free_port(), &[&format!("--proxy-mode={mode}")]);
+        let started = Instant::now();
+        let daemon = kproxy_logged(sandbox.tb.node().name(), &sandbox.api.server.url(), &dir, &args);
+        ColdStart { dir, args, daemon, started }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("kproxy.log")).unwrap_or_default()
+    }
+
+    /// SIGTERM: kproxy must exit within a second, cleanly, saying it stops. Returns how long it
+    /// took and its log.
+    fn stop_promptly(&mut self) -> (Duration, String) {
+        let (took, status) = terminate(&mut self.daemon.0);
+        let log = self.log();
+        assert!(status.is_some(), "kproxy did not exit within 5 s of SIGTERM:\n{log}");
+        assert!(took < Duration::from_secs(1), "SIGTERM took {took:?}:\n{log}");
+        assert!(status.unwrap().success(), "a stop on SIGTERM is a clean exit: {status:?}\n{log}");
+        assert!(log.contains("stopping"), "{log}");
+        (took, log)
+    }
+}
+
 /// kproxy's nftables tables in `ns` (`ip kproxy`, `ip6 kproxy`) and, for each, its base chains
 /// (those with a hook).
 fn kproxy_tables(ns: &kproxy_testbed::Netns) -> Vec<(String, Vec<String>)> {
@@ -161,26 +196,16 @@ fn sigterm_during_a_cold_start_exits_within_a_second_with_no_base_chain_hooked_a
     if !kproxy_testbed::kernel::require_root() {
         return;
     }
-    let support::BulkSandbox { tb, web, client, api } = support::bulk_sandbox(COLD_START_SERVICES);
-    let dir = std::env::temp_dir().join(format!("kproxy-sigterm-cold-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let args = support::node_a_args(support::free_port(), &["--proxy-mode=nftables"]);
-    let log = || std::fs::read_to_string(dir.join("kproxy.log")).unwrap_or_default();
-
-    let started = Instant::now();
-    let mut daemon = kproxy_logged(tb.node().name(), &api.server.url(), &dir, &args);
+    let sandbox = support::bulk_sandbox(COLD_START_SERVICES);
+    let mut run = ColdStart::spawn(&sandbox, "nftables");
+    let support::BulkSandbox { tb, web, client, api } = &sandbox;
     // The cold start's first transaction (it creates the table) is in the kernel.
     while !tb.node().exec_ok("nft", &["list", "tables"]).unwrap().contains("table ip kproxy") {
-        assert!(started.elapsed() < support::START, "kproxy never created its table:\n{}", log());
+        assert!(run.started.elapsed() < support::START, "kproxy never created its table:\n{}", run.log());
         std::thread::sleep(Duration::from_millis(20));
     }
-    let table_after = started.elapsed();
-    let (took, status) = terminate(&mut daemon.0);
-    let log = log();
-    assert!(status.is_some(), "kproxy did not exit within 5 s of SIGTERM:\n{log}");
-    assert!(took < Duration::from_secs(1), "SIGTERM took {took:?}:\n{log}");
-    assert!(status.unwrap().success(), "a stop on SIGTERM is a clean exit: {status:?}\n{log}");
-    assert!(log.contains("stopping"), "{log}");
+    let table_after = run.started.elapsed();
+    let (took, log) = run.stop_promptly();
     assert!(
         !log.contains("nftables cold start applied"),
         "the cold start ended before SIGTERM ({table_after:?} after start): the test needs more Services:\n{log}"
@@ -199,8 +224,9 @@ fn sigterm_during_a_cold_start_exits_within_a_second_with_no_base_chain_hooked_a
     assert!(got.backend().is_none(), "nothing of kproxy's is hooked, nothing DNATs the ClusterIP: {got:?}");
 
     // A restart over what was left converges.
-    drop(daemon);
-    let (_daemon, restart_dir) = support::kproxy_in(tb.node().name(), &api.server.url(), "sigterm-cold-restart", &args);
+    drop(run.daemon);
+    let (_daemon, restart_dir) =
+        support::kproxy_in(tb.node().name(), &api.server.url(), "sigterm-cold-restart", &run.args);
     let got = support::answered_by(client.netns(), service, "web-b", support::START);
     assert!(matches!(&got, ProbeResult::Answered { .. }), "a restart serves the Service: {got:?}");
     let tables = kproxy_tables(tb.node());
@@ -209,9 +235,9 @@ fn sigterm_during_a_cold_start_exits_within_a_second_with_no_base_chain_hooked_a
     eprintln!(
         "table after {table_after:?}, SIGTERM took {took:?} ({parts} cold start transactions in), restart served \
          after {:?}",
-        started.elapsed()
+        run.started.elapsed()
     );
-    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&run.dir);
     let _ = std::fs::remove_dir_all(&restart_dir);
 }
 
@@ -257,29 +283,19 @@ fn sigterm_during_an_iptables_cold_start_restore_exits_within_a_second_leaving_t
     if !kproxy_testbed::kernel::require_root() {
         return;
     }
-    let support::BulkSandbox { tb, web, client, api } = support::bulk_sandbox(COLD_START_SERVICES);
-    let dir = std::env::temp_dir().join(format!("kproxy-sigterm-iptables-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let args = support::node_a_args(support::free_port(), &["--proxy-mode=iptables"]);
-    let log = || std::fs::read_to_string(dir.join("kproxy.log")).unwrap_or_default();
-
-    let started = Instant::now();
-    let mut daemon = kproxy_logged(tb.node().name(), &api.server.url(), &dir, &args);
+    let sandbox = support::bulk_sandbox(COLD_START_SERVICES);
+    let mut run = ColdStart::spawn(&sandbox, "iptables");
+    let support::BulkSandbox { tb, web, client, api } = &sandbox;
     let restore = loop {
-        if let Some(pid) = restore_child(daemon.0.id()) {
+        if let Some(pid) = restore_child(run.daemon.0.id()) {
             break pid;
         }
-        assert!(started.elapsed() < support::START, "kproxy never ran iptables-restore:\n{}", log());
-        assert!(daemon.0.try_wait().unwrap().is_none(), "kproxy exited:\n{}", log());
+        assert!(run.started.elapsed() < support::START, "kproxy never ran iptables-restore:\n{}", run.log());
+        assert!(run.daemon.0.try_wait().unwrap().is_none(), "kproxy exited:\n{}", run.log());
         std::thread::sleep(Duration::from_millis(5));
     };
-    let restore_after = started.elapsed();
-    let (took, status) = terminate(&mut daemon.0);
-    let log = log();
-    assert!(status.is_some(), "kproxy did not exit within 5 s of SIGTERM:\n{log}");
-    assert!(took < Duration::from_secs(1), "SIGTERM took {took:?}:\n{log}");
-    assert!(status.unwrap().success(), "a stop on SIGTERM is a clean exit: {status:?}\n{log}");
-    assert!(log.contains("stopping"), "{log}");
+    let restore_after = run.started.elapsed();
+    let (took, log) = run.stop_promptly();
     assert!(!log.contains("full sync done"), "the sync ended before SIGTERM ({restore_after:?} after start):\n{log}");
     // The orphaned tool finishes (or gives up on its cut input) on its own.
     let orphan = Instant::now();
@@ -302,9 +318,9 @@ fn sigterm_during_an_iptables_cold_start_restore_exits_within_a_second_leaving_t
     let jumps6 = jumps_into_kproxy(tb.node(), "ip6tables");
 
     // A restart over what was left converges.
-    drop(daemon);
+    drop(run.daemon);
     let (_daemon, restart_dir) =
-        support::kproxy_in(tb.node().name(), &api.server.url(), "sigterm-iptables-restart", &args);
+        support::kproxy_in(tb.node().name(), &api.server.url(), "sigterm-iptables-restart", &run.args);
     let got = support::answered_by(client.netns(), service, "web-b", support::START);
     assert!(matches!(&got, ProbeResult::Answered { .. }), "a restart serves the Service: {got:?}");
     eprintln!(
@@ -312,8 +328,8 @@ fn sigterm_during_an_iptables_cold_start_restore_exits_within_a_second_leaving_t
          jumps left: {} IPv4, {} IPv6; restart served after {:?}",
         jumps.len(),
         jumps6.len(),
-        started.elapsed()
+        run.started.elapsed()
     );
-    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&run.dir);
     let _ = std::fs::remove_dir_all(&restart_dir);
 }
