@@ -5,11 +5,22 @@
 
 mod common;
 
-use kproxy_nft_model::{Op, TableFamily, TableRef};
+use kproxy_nft_model::{Op, TableFamily, TableRef, Transaction};
 use kproxy_nftables::{Config, NftablesDataplane, Recording, Verification};
 
 fn table() -> TableRef {
     TableRef { family: TableFamily::Ip, name: "kproxy".into() }
+}
+
+/// The chains a transaction flushes, in order.
+fn flushed_chains(tx: &Transaction) -> Vec<&str> {
+    tx.ops()
+        .iter()
+        .filter_map(|op| match op {
+            Op::FlushChain(_, c) => Some(c.as_str()),
+            _ => None,
+        })
+        .collect()
 }
 
 #[test]
@@ -48,15 +59,7 @@ fn the_periodic_check_rewrites_only_the_chain_and_map_that_someone_else_changed(
     let Verification::Repaired(drift) = dp.verify(&plan).unwrap() else { panic!("no repair") };
     assert_eq!(drift.len(), 2, "{drift:?}");
     let repair = dp.executor().last().unwrap().clone();
-    let chains: Vec<&str> = repair
-        .ops()
-        .iter()
-        .filter_map(|op| match op {
-            Op::FlushChain(_, c) => Some(c.as_str()),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(chains, ["services"], "{}", repair.render());
+    assert_eq!(flushed_chains(&repair), ["services"], "{}", repair.render());
     assert!(repair.ops().iter().all(|op| match op {
         Op::AddElement(t, e) => *t == table() && e.set == "service-ips",
         Op::AddRule { chain, .. } => chain == "services",
@@ -85,15 +88,7 @@ fn the_periodic_check_rewrites_a_chain_someone_refilled_with_as_many_other_rules
     let Verification::Repaired(drift) = dp.verify(&plan).unwrap() else { panic!("no repair") };
     assert_eq!(drift.len(), 1, "{drift:?}");
     let repair = dp.executor().last().unwrap().clone();
-    let flushed: Vec<&str> = repair
-        .ops()
-        .iter()
-        .filter_map(|op| match op {
-            Op::FlushChain(_, c) => Some(c.as_str()),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(flushed, ["services"], "{}", repair.render());
+    assert_eq!(flushed_chains(&repair), ["services"], "{}", repair.render());
     assert_eq!(dp.verify(&plan).unwrap(), Verification::Clean);
 }
 
