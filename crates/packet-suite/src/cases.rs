@@ -234,7 +234,7 @@ pub fn all_cases() -> Vec<Case> {
                         Expect::Even(vec!["a", "b", "c"]),
                         Source::Client,
                     )
-                    .count(600),
+                    .count(1200),
                 )],
             )
         },
