@@ -17,7 +17,9 @@
 //! `bytes` builds Services (one TCP port) with one 5-endpoint EndpointSlice each, shaped like a
 //! real cluster's (`fake::objects`), applies them to a `ClusterState`, builds the plan, and
 //! reports the heap bytes each holds per Service (a counting allocator: live bytes after minus
-//! before, divided by the count; allocator-internal overhead is not included).
+//! before, divided by the count; allocator-internal overhead is not included). Then the nftables
+//! dataplane (default settings) makes its first sync from that plan through an executor that
+//! applies nothing: what it keeps between syncs, and its peak during the sync, per Service.
 //!
 //! `list` starts the fake API server in a child process (so its memory is not ours) holding the
 //! same objects, then runs the real source (`kproxy_kube_source::run`, kube-proxy's default
@@ -210,6 +212,16 @@ fn bytes(n: usize) {
     let before_plan = live();
     let plan = planner.build(&state);
     let plan_bytes = live() - before_plan;
+
+    // The nftables dataplane's own state after its first (cold-start) sync, the plan kept alive
+    // as the daemon keeps it (the dataplane shares each service port's plan with it).
+    let mut dataplane = kproxy_nftables::NftablesDataplane::new(Discard, kproxy_nftables::Config::default());
+    let before_sync = live();
+    PEAK.store(before_sync, Ordering::Relaxed);
+    dataplane.full_sync(&plan).unwrap();
+    let dataplane_bytes = live() - before_sync;
+    let sync_peak = PEAK.load(Ordering::Relaxed) - before_sync;
+    drop(dataplane);
     drop(plan);
 
     let per = |bytes: usize| bytes as f64 / n as f64;
@@ -222,6 +234,8 @@ fn bytes(n: usize) {
     println!("  state: EndpointSlice record ({ENDPOINTS} endpoints)              {:>8.0}", per(slices));
     println!("  state: total                                           {:>8.0}", per(services + slices));
     println!("  plan (both families, as the daemon plans)              {:>8.0}", per(plan_bytes));
+    println!("  nftables dataplane: kept after its first sync          {:>8.0}", per(dataplane_bytes));
+    println!("  nftables dataplane: peak above that during the sync    {:>8.0}", per(sync_peak - dataplane_bytes));
     println!(
         "  sizes: ServiceInfo {} B, SliceInfo {} B, EndpointInfo {} B, ObjectKey {} B",
         size_of::<kproxy_state::ServiceInfo>(),
@@ -229,6 +243,15 @@ fn bytes(n: usize) {
         size_of::<kproxy_state::EndpointInfo>(),
         size_of::<kproxy_state::ObjectKey>()
     );
+}
+
+/// Applies nothing: the dataplane's state is measured without a kernel.
+struct Discard;
+
+impl kproxy_nftables::Executor for Discard {
+    fn apply(&mut self, _tx: &kproxy_nftables::Transaction) -> Result<(), kproxy_nftables::ExecError> {
+        Ok(())
+    }
 }
 
 /// Serves `n` Services with their slices until stdin closes; prints the URL first.
