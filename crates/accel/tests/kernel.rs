@@ -95,7 +95,7 @@ fn opted_in_services_are_offloaded(mode: ProxyMode) {
     let view = cluster.accel.lock().unwrap().accelerated_view(&offloaded);
     let names: Vec<String> = view.iter().map(|v| v.service.to_string()).collect();
     assert_eq!(names, ["default/fast:tcp/tcp", "default/fast:udp/udp"], "{view:?}");
-    let udp_view = view.iter().find(|v| v.service.port == "udp").map(|v| v.offloaded_connections);
+    let udp_view = view.iter().find(|v| &*v.service.port == "udp").map(|v| v.offloaded_connections);
     assert_eq!(udp_view.is_some_and(|n| n >= 1), offloads, "{view:?} from {offloaded:?}");
 
     // Removing the hint: new connections stay on the slow path.

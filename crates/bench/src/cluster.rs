@@ -79,8 +79,8 @@ pub fn service(i: usize, per_service: usize) -> ServicePortPlan {
     let local: Vec<Endpoint> = eps_sorted.iter().filter(|e| e.is_local).cloned().collect();
     ServicePortPlan {
         name: ServicePortName {
-            namespace: format!("ns{}", i / 1000),
-            service: format!("svc{i}"),
+            namespace: format!("ns{}", i / 1000).into(),
+            service: format!("svc{i}").into(),
             port: "http".into(),
             protocol: Protocol::Tcp,
         },

@@ -197,7 +197,7 @@ impl SyncObserver for DaemonObserver {
                 let Some(ext) = &port.external else { continue };
                 external_drop += u64::from(ext.no_endpoints == Some(NoEndpointsVerdict::Drop));
                 if let (Some(hc), ExternalPolicy::Local { .. }) = (port.health_check_node_port, ext.policy) {
-                    let key = ObjectKey::new(port.name.namespace.clone(), port.name.service.clone());
+                    let key = ObjectKey::new(&*port.name.namespace, &*port.name.service);
                     ports.insert(key.clone(), hc);
                     let local_ready = port.local_endpoints.iter().filter(|e| e.ready).count();
                     let count = endpoints.entry(key).or_default();
@@ -306,9 +306,9 @@ impl SyncObserver for DaemonObserver {
                 ]
                 .map(|(verdict, total)| kproxy_servers::ServiceConnections {
                     family: c.family,
-                    namespace: c.name.namespace.clone(),
-                    service: c.name.service.clone(),
-                    port: c.name.port.clone(),
+                    namespace: c.name.namespace.to_string(),
+                    service: c.name.service.to_string(),
+                    port: c.name.port.to_string(),
                     protocol: c.name.protocol.as_str().to_owned(),
                     verdict,
                     total,

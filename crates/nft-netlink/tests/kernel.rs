@@ -84,7 +84,8 @@ fn node() -> NodePlan {
 
 fn service(i: usize, s: &Shape) -> ServicePortPlan {
     let protocol = if s.udp { Protocol::Udp } else { Protocol::Tcp };
-    let name = ServicePortName { namespace: "ns".into(), service: format!("svc{i}"), port: "p".into(), protocol };
+    let name =
+        ServicePortName { namespace: "ns".into(), service: format!("svc{i}").into(), port: "p".into(), protocol };
     let eps: Vec<Endpoint> = (0..s.endpoints)
         .map(|e| Endpoint {
             ip: v4(198, 18, if e < s.local { 16 } else { 40 }, (i * 8 + e + 2) as u8),

@@ -41,7 +41,7 @@ fn of(counts: &[ServicePortCounts], service: &str) -> ConnectionCounts {
 }
 
 fn all_of<'a>(counts: &'a [ServicePortCounts], service: &str) -> &'a ServicePortCounts {
-    counts.iter().find(|c| c.name.service == service).unwrap()
+    counts.iter().find(|c| &*c.name.service == service).unwrap()
 }
 
 #[test]

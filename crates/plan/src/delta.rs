@@ -121,15 +121,15 @@ fn ports_of<'a>(
     service: &'a ObjectKey,
 ) -> impl Iterator<Item = (&'a ServicePortName, &'a Arc<ServicePortPlan>)> + 'a {
     let start = ServicePortName {
-        namespace: service.namespace.clone(),
-        service: service.name.clone(),
-        port: String::new(),
+        namespace: service.namespace.as_str().into(),
+        service: service.name.as_str().into(),
+        port: "".into(),
         protocol: Protocol::Tcp,
     };
     family
         .services
         .range(start..)
-        .take_while(move |(n, _)| n.namespace == service.namespace && n.service == service.name)
+        .take_while(move |(n, _)| *n.namespace == *service.namespace && *n.service == *service.name)
 }
 
 impl Plan {

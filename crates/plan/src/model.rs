@@ -65,14 +65,18 @@ impl NodePlan {
 }
 
 /// Identity of one service port in one family: namespace, service, port name and protocol.
+///
+/// Shared strings: the plan, the dataplane's state (by service port, by destination) and the
+/// conntrack cleanup each keep copies of every name, and a copy costs a reference count, not
+/// three allocations.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub struct ServicePortName {
     /// Namespace.
-    pub namespace: String,
+    pub namespace: Arc<str>,
     /// Service name.
-    pub service: String,
+    pub service: Arc<str>,
     /// Port name ("" for a single unnamed port).
-    pub port: String,
+    pub port: Arc<str>,
     /// Protocol.
     pub protocol: Protocol,
 }

@@ -59,8 +59,8 @@ impl Shape {
 pub fn svc_chain(i: usize) -> String {
     let (namespace, service) = name(i);
     kproxy_iptables::naming::svc_chain(&kproxy_plan::ServicePortName {
-        namespace,
-        service,
+        namespace: namespace.into(),
+        service: service.into(),
         port: "http".into(),
         protocol: kproxy_state::Protocol::Tcp,
     })

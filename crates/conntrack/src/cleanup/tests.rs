@@ -57,7 +57,7 @@ fn port_plan(service: &Service) -> ServicePortPlan {
         name: ServicePortName {
             namespace: "default".into(),
             service: service.name.into(),
-            port: String::new(),
+            port: "".into(),
             protocol: service.protocol,
         },
         cluster_ip: ip(service.cluster_ip),

@@ -366,7 +366,7 @@ pub fn plan_draining(endpoints: Option<&[&str]>, draining: &[&str]) -> FamilyPla
         let name = ServicePortName {
             namespace: "default".into(),
             service: "dns".into(),
-            port: String::new(),
+            port: "".into(),
             protocol: Protocol::Udp,
         };
         let endpoints: Vec<Endpoint> = endpoints

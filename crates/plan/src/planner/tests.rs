@@ -81,7 +81,7 @@ fn planner(policy: ProxyPolicy) -> Planner {
 
 fn only_port(plan: &Plan, family: IpFamily, svc: &str) -> Arc<ServicePortPlan> {
     let fam = &plan.families[&family];
-    let mut ports = fam.services.values().filter(|p| p.name.service == svc);
+    let mut ports = fam.services.values().filter(|p| &*p.name.service == svc);
     let port = ports.next().unwrap_or_else(|| panic!("no port for {svc}"));
     assert!(ports.next().is_none());
     port.clone()
