@@ -55,7 +55,7 @@ fn decode(kind: Kind, bytes: &[u8]) -> Option<kproxy_state::ClusterState> {
         Err(malformed) => {
             assert_eq!(malformed.kind, kind);
             if let Some(name) = name {
-                assert_eq!(malformed.key.name, name, "the error does not name the object: {malformed}");
+                assert_eq!(&*malformed.key.name, name, "the error does not name the object: {malformed}");
             }
             assert!(!malformed.reason.is_empty());
             return None;
@@ -65,7 +65,7 @@ fn decode(kind: Kind, bytes: &[u8]) -> Option<kproxy_state::ClusterState> {
     let changes = anchor().into_iter().chain([object]).map(Change::Applied).chain(synced());
     let (state, rejected) = state_of(changes);
     for reason in &rejected {
-        assert!(reason.contains(&key.name), "a rejection does not name the object {key}: {reason}");
+        assert!(reason.contains(&*key.name), "a rejection does not name the object {key}: {reason}");
     }
     Some(state)
 }

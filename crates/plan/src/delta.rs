@@ -121,8 +121,8 @@ fn ports_of<'a>(
     service: &'a ObjectKey,
 ) -> impl Iterator<Item = (&'a ServicePortName, &'a Arc<ServicePortPlan>)> + 'a {
     let start = ServicePortName {
-        namespace: service.namespace.as_str().into(),
-        service: service.name.as_str().into(),
+        namespace: service.namespace.clone(),
+        service: service.name.clone(),
         port: "".into(),
         protocol: Protocol::Tcp,
     };

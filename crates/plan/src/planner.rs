@@ -168,12 +168,10 @@ impl Planner {
         let short_circuit_pods = node.local_traffic.is_detectable();
 
         let mut out = Vec::with_capacity(svc.ports.len());
-        let (namespace, service): (Arc<str>, Arc<str>) =
-            (svc.key.namespace.as_str().into(), svc.key.name.as_str().into());
         for port in &svc.ports {
             let name = ServicePortName {
-                namespace: namespace.clone(),
-                service: service.clone(),
+                namespace: svc.key.namespace.clone(),
+                service: svc.key.name.clone(),
                 port: port.name.as_str().into(),
                 protocol: port.protocol,
             };

@@ -44,7 +44,7 @@ fn the_examples_load_with_no_errors_and_the_expected_counts() {
 fn the_examples_validate_and_mean_what_the_readme_says() {
     let state = state();
     // Headless, ExternalName and another proxy's service are valid but produce nothing.
-    let proxied: Vec<String> = state.services().map(|s| s.key.name.clone()).collect();
+    let proxied: Vec<String> = state.services().map(|s| s.key.name.to_string()).collect();
     assert_eq!(proxied.len(), 18, "{proxied:?}");
     for ignored in ["headless", "external-name", "other-proxy"] {
         assert!(state.service(&key(ignored)).is_none(), "{ignored} must be ignored");

@@ -162,7 +162,7 @@ fn malformed_yaml_names_file_and_line_and_spares_the_other_documents() {
     assert_eq!(errors[0].0, "a.yaml");
     // The broken flow sequence is on line 12 of a.yaml (good: lines 1-8, '---' 9).
     assert_eq!(errors[0].1, Some(12), "{errors:?}");
-    let names: Vec<String> = snapshot.objects_of(Kind::Service).map(|o| o.key().name).collect();
+    let names: Vec<String> = snapshot.objects_of(Kind::Service).map(|o| o.key().name.to_string()).collect();
     assert_eq!(names, vec!["after", "good", "other-file"]);
 }
 

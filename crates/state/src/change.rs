@@ -1,6 +1,7 @@
 //! What sources emit: the same events whether they watch the API server or a directory.
 
 use std::fmt;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -37,27 +38,31 @@ impl fmt::Display for Kind {
 }
 
 /// Namespace and name of an object; the namespace is empty for cluster-scoped kinds.
+///
+/// Shared strings: the state indexes each Service and slice under several keys (the record, the
+/// Service's slices, each slice's owner), and a copy of a key costs two reference counts, not two
+/// allocations.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct ObjectKey {
     /// Namespace, or "" for Nodes and ServiceCIDRs.
-    pub namespace: String,
+    pub namespace: Arc<str>,
     /// Object name.
-    pub name: String,
+    pub name: Arc<str>,
 }
 
 impl ObjectKey {
     /// A namespaced key.
-    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+    pub fn new(namespace: impl Into<Arc<str>>, name: impl Into<Arc<str>>) -> Self {
         Self { namespace: namespace.into(), name: name.into() }
     }
 
     /// A cluster-scoped key.
-    pub fn cluster(name: impl Into<String>) -> Self {
+    pub fn cluster(name: impl Into<Arc<str>>) -> Self {
         Self::new("", name)
     }
 
     pub(crate) fn of(meta: &ObjectMeta) -> Self {
-        Self::new(meta.namespace.clone().unwrap_or_default(), meta.name.clone().unwrap_or_default())
+        Self::new(meta.namespace.as_deref().unwrap_or_default(), meta.name.as_deref().unwrap_or_default())
     }
 }
 

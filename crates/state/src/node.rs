@@ -67,7 +67,7 @@ impl NodeInfo {
         }
         let tainted = spec.and_then(|s| s.taints.as_ref()).into_iter().flatten().any(|t| t.key == TO_BE_DELETED_TAINT);
         Ok(NodeInfo {
-            name: key.name.clone(),
+            name: key.name.to_string(),
             labels: node.metadata.labels.clone().unwrap_or_default(),
             pod_cidrs,
             internal_ips,

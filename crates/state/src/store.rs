@@ -138,8 +138,8 @@ impl ClusterState {
         match kind {
             Kind::Service => self.services.keys().cloned().collect(),
             Kind::EndpointSlice => self.slice_owner.keys().cloned().collect(),
-            Kind::Node => self.nodes.keys().map(ObjectKey::cluster).collect(),
-            Kind::ServiceCidr => self.service_cidrs.keys().map(ObjectKey::cluster).collect(),
+            Kind::Node => self.nodes.keys().map(|n| ObjectKey::cluster(n.as_str())).collect(),
+            Kind::ServiceCidr => self.service_cidrs.keys().map(|n| ObjectKey::cluster(n.as_str())).collect(),
         }
     }
 
@@ -212,7 +212,7 @@ impl ClusterState {
             },
             Object::ServiceCidr(cidr) => match service_cidr_nets(cidr) {
                 Ok(nets) => {
-                    let name = object.key().name;
+                    let name = object.key().name.to_string();
                     if self.service_cidrs.insert(name, nets.clone()).is_none_or(|old| old != nets) {
                         self.dirty.all = true;
                     }
@@ -251,12 +251,12 @@ impl ClusterState {
                 }
             }
             Kind::Node => {
-                if self.nodes.remove(&key.name).is_some() {
+                if self.nodes.remove(&*key.name).is_some() {
                     self.dirty.all = true;
                 }
             }
             Kind::ServiceCidr => {
-                if self.service_cidrs.remove(&key.name).is_some() {
+                if self.service_cidrs.remove(&*key.name).is_some() {
                     self.dirty.all = true;
                 }
             }

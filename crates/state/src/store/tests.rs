@@ -44,7 +44,7 @@ fn service_proxy_name_and_headless_labels_are_ignored() {
     state.apply(Change::Applied(service("b", "198.18.0.2", &[("service.kubernetes.io/headless", "")])));
     state.apply(Change::Applied(service("c", "None", &[])));
     state.apply(Change::Applied(service("d", "198.18.0.4", &[])));
-    let names: Vec<_> = state.services().map(|s| s.key.name.clone()).collect();
+    let names: Vec<&str> = state.services().map(|s| &*s.key.name).collect();
     assert_eq!(names, ["d"]);
 }
 
@@ -101,7 +101,7 @@ fn synced_marks_only_its_kind_and_keeps_the_streamed_objects() {
     assert_eq!(outcome, ApplyOutcome::default());
     assert!(state.is_synced(Kind::Service));
     assert!(!state.is_synced(Kind::EndpointSlice));
-    let names: Vec<_> = state.services().map(|s| s.key.name.clone()).collect();
+    let names: Vec<&str> = state.services().map(|s| &*s.key.name).collect();
     assert_eq!(names, ["a"], "Synced removes nothing: the source sends what is gone as Deleted");
 }
 
@@ -117,7 +117,7 @@ fn endpoints_on_one_node_share_its_name_and_a_rewrite_keeps_slices_in_name_order
     };
     state.apply(Change::Applied(on_node("s2", "a")));
     state.apply(Change::Applied(on_node("s1", "a")));
-    let names: Vec<_> = state.slices_of(&ObjectKey::new("ns", "a")).map(|s| s.key.name.clone()).collect();
+    let names: Vec<&str> = state.slices_of(&ObjectKey::new("ns", "a")).map(|s| &*s.key.name).collect();
     assert_eq!(names, ["s1", "s2"]);
     let nodes: Vec<Arc<str>> = state
         .slices_of(&ObjectKey::new("ns", "a"))
