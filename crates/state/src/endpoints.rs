@@ -78,9 +78,13 @@ pub struct SliceInfo {
     pub ports: Vec<SlicePort>,
     /// Endpoints.
     pub endpoints: Vec<EndpointInfo>,
-    /// `endpoints.kubernetes.io/last-change-trigger-time`: when the change behind this version
-    /// happened, for the network programming latency metric.
-    pub last_change_trigger_time: Option<String>,
+}
+
+/// `endpoints.kubernetes.io/last-change-trigger-time`: when the change behind this version of
+/// `slice` happened, for the network programming latency metric. Read when the slice is applied
+/// and not kept in its record: it matters only for the change that brought it.
+pub fn last_change_trigger_time(slice: &EndpointSlice) -> Option<String> {
+    slice.metadata.annotations.as_ref().and_then(|a| a.get(LAST_CHANGE_TRIGGER_TIME_ANNOTATION)).cloned()
 }
 
 impl SliceInfo {
@@ -141,15 +145,12 @@ impl SliceInfo {
             });
         }
 
-        let last_change_trigger_time =
-            slice.metadata.annotations.as_ref().and_then(|a| a.get(LAST_CHANGE_TRIGGER_TIME_ANNOTATION)).cloned();
         Ok(Some(SliceInfo {
             service: ObjectKey::new(key.namespace.clone(), service_name.clone()),
             key,
             family,
             ports,
             endpoints,
-            last_change_trigger_time,
         }))
     }
 }

@@ -7,7 +7,7 @@ use ipnet::IpNet;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
 
 use crate::change::{Change, Kind, Object, ObjectKey};
-use crate::endpoints::SliceInfo;
+use crate::endpoints::{SliceInfo, last_change_trigger_time};
 use crate::error::ObjectError;
 use crate::node::NodeInfo;
 use crate::service::{IpFamily, ServiceInfo, invalid_traffic_hint};
@@ -174,6 +174,10 @@ impl ClusterState {
                     for endpoint in &mut info.endpoints {
                         endpoint.node_name = endpoint.node_name.take().map(|name| self.intern_node(name));
                     }
+                    // One copy of the Service's name, shared with its record when it has one.
+                    if let Some((service, _)) = self.services.get_key_value(&info.service) {
+                        info.service = service.clone();
+                    }
                     let key = info.key.clone();
                     // A slice that moved to another service (label change) leaves the old one.
                     if self.slice_owner.get(&key).is_some_and(|owner| *owner != info.service) {
@@ -195,7 +199,7 @@ impl ClusterState {
                     self.slice_owner.insert(key, owner.clone());
                     if changed {
                         self.dirty.services.insert(owner);
-                        self.change_triggers.extend(info.last_change_trigger_time.clone().map(|t| (info.family, t)));
+                        self.change_triggers.extend(last_change_trigger_time(slice).map(|t| (info.family, t)));
                     }
                 }
                 Ok(None) => self.remove(Kind::EndpointSlice, &object.key()),
