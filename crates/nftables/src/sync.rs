@@ -108,6 +108,9 @@ fn claim(claimants: &mut Claimants, name: &ServicePortName) -> bool {
     match claimants.binary_search(name) {
         Ok(_) => false,
         Err(i) => {
+            // Almost every destination has one claimant: room for exactly that many (a `Vec`
+            // grows to four at its first push, 168 bytes per Service at 20k Services).
+            claimants.reserve_exact(1);
             claimants.insert(i, name.clone());
             true
         }

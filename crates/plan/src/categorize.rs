@@ -110,6 +110,9 @@ pub fn categorize_endpoints(
 fn pick(endpoints: &[Candidate], keep: impl Fn(&Candidate) -> bool) -> Vec<Endpoint> {
     let mut picked: Vec<Endpoint> = endpoints.iter().filter(|c| keep(c)).map(Candidate::endpoint).collect();
     picked.sort();
+    // Kept in the plan for as long as the Service exists: no room for more (a filtered collect
+    // grows by doubling, to 8 places for 5 endpoints).
+    picked.shrink_to_fit();
     picked
 }
 

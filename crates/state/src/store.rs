@@ -156,14 +156,19 @@ impl ClusterState {
                             format!("unknown traffic hint {value:?} ignored (want LongLived)"),
                         ));
                     }
-                    let key = object.key();
+                    // The index shares the record's key (its strings are not copied).
                     let changed = match info {
                         Some(info) => {
-                            self.services.insert(key.clone(), Arc::new(info.clone())).is_none_or(|old| *old != info)
+                            let (key, info) = (info.key.clone(), Arc::new(info));
+                            let changed = self.services.insert(key.clone(), info.clone()).is_none_or(|old| old != info);
+                            changed.then_some(key)
                         }
-                        None => self.services.remove(&key).is_some(),
+                        None => {
+                            let key = object.key();
+                            self.services.remove(&key).is_some().then_some(key)
+                        }
                     };
-                    if changed {
+                    if let Some(key) = changed {
                         self.dirty.services.insert(key);
                     }
                 }
@@ -192,6 +197,8 @@ impl ClusterState {
                             true
                         }
                         Err(i) => {
+                            // Usually a Service's only slice: no room for more than it holds.
+                            slices.reserve_exact(1);
                             slices.insert(i, Arc::new(info.clone()));
                             true
                         }
