@@ -42,6 +42,20 @@ fn the_periodic_check_lists_nothing_while_nobody_else_commits() {
     assert_eq!(dp.executor().applied.len(), applied);
 }
 
+/// A cold start in many transactions (as at scale: 50,000 operations each) leaves the same
+/// summary of what it applied as one in a single transaction: a check after someone else's
+/// commit finds every chain and set where it expects them.
+#[test]
+fn a_cold_start_in_many_transactions_is_followed_whole_by_the_periodic_check() {
+    let plan = common::example_plan();
+    let config = Config { cold_start_chunk_ops: 7, ..Config::default() };
+    let mut dp = NftablesDataplane::new(Recording::default(), config);
+    dp.full_sync(&plan).unwrap();
+    assert!(dp.executor().applied.len() > 10, "{} transactions", dp.executor().applied.len());
+    dp.executor_mut().generation += 1;
+    assert_eq!(dp.verify(&plan).unwrap(), Verification::Clean);
+}
+
 #[test]
 fn the_periodic_check_rewrites_only_the_chain_and_map_that_someone_else_changed() {
     let plan = common::example_plan();
