@@ -197,7 +197,7 @@ impl SyncObserver for DaemonObserver {
                 let Some(ext) = &port.external else { continue };
                 external_drop += u64::from(ext.no_endpoints == Some(NoEndpointsVerdict::Drop));
                 if let (Some(hc), ExternalPolicy::Local { .. }) = (port.health_check_node_port, ext.policy) {
-                    let key = ObjectKey::new(&*port.name.namespace, &*port.name.service);
+                    let key = ObjectKey::new(port.name.namespace.clone(), port.name.service.clone());
                     ports.insert(key.clone(), hc);
                     let local_ready = port.local_endpoints.iter().filter(|e| e.ready).count();
                     let count = endpoints.entry(key).or_default();

@@ -188,25 +188,25 @@ impl ClusterState {
                     if self.slice_owner.get(&key).is_some_and(|owner| *owner != info.service) {
                         self.remove(Kind::EndpointSlice, &key);
                     }
-                    let owner = info.service.clone();
+                    let (owner, family) = (info.service.clone(), info.family);
                     let slices = self.slices.entry(owner.clone()).or_default();
                     let changed = match slices.binary_search_by(|s| s.key.name.cmp(&key.name)) {
                         Ok(i) if *slices[i] == info => false,
                         Ok(i) => {
-                            slices[i] = Arc::new(info.clone());
+                            slices[i] = Arc::new(info);
                             true
                         }
                         Err(i) => {
                             // Usually a Service's only slice: no room for more than it holds.
                             slices.reserve_exact(1);
-                            slices.insert(i, Arc::new(info.clone()));
+                            slices.insert(i, Arc::new(info));
                             true
                         }
                     };
                     self.slice_owner.insert(key, owner.clone());
                     if changed {
                         self.dirty.services.insert(owner);
-                        self.change_triggers.extend(last_change_trigger_time(slice).map(|t| (info.family, t)));
+                        self.change_triggers.extend(last_change_trigger_time(slice).map(|t| (family, t)));
                     }
                 }
                 Ok(None) => self.remove(Kind::EndpointSlice, &object.key()),
