@@ -5,9 +5,9 @@
 //! where its state comes from. Recovery (reconnects, `410 Gone` relists, bookmarks) is left to
 //! `kube::runtime::watcher`; this crate adds what kube-proxy needs on top:
 //!
-//! - one bad object never breaks a list or a watch: objects are read as raw JSON first and turned
-//!   into k8s-openapi types one at a time; the bad ones are logged and counted in
-//!   [`SourceStats`];
+//! - one bad object never breaks a list or a watch: each object is decoded into its k8s-openapi
+//!   type straight from its own JSON text, and one that does not fit is kept aside with its
+//!   name and the reason; the bad ones are logged and counted in [`SourceStats`];
 //! - start bounded by the API server, not by the client: lists are streamed (`sendInitialEvents`,
 //!   one request per kind, whatever the cluster size) and fall back to watch-cache lists on a
 //!   server that refuses that ([`ListMode`]);

@@ -1,101 +1,299 @@
-//! Objects as the API server sent them, read leniently, then converted one at a time.
+//! Objects as the API server sent them: decoded straight from their JSON text into the typed
+//! objects, one at a time, and read leniently when they do not fit.
 //!
-//! kube-rs deserializes a whole list response at once: with a typed `Api<Service>` one object of
-//! an unexpected shape fails the entire list, and the watcher would retry that list forever.
-//! [`RawObject`] accepts any JSON value (only a best-effort `metadata` is extracted, which the
-//! watcher needs for resource versions), so the list always succeeds; [`to_object`] then does the
-//! strict conversion per object and reports the bad ones.
+//! kube-rs deserializes a whole list response, or a whole watch event, at once: with a typed
+//! `Api<Service>` one object of an unexpected shape fails the entire list (and the watcher would
+//! retry that list forever) or the watch. [`Decoded`] never fails on valid JSON. It takes the
+//! object's text as serde_json hands it over (`RawValue`, no JSON tree built), decodes the typed
+//! object from it, and when that fails keeps the reason with as much of the object's identity as
+//! can be read (name, namespace, resource version: the watcher needs the last).
+//!
+//! Decoding straight from the text costs about 40 % of decoding through a `serde_json::Value`
+//! first (`source_bench decode`). The text comes without a copy from serde_json's own
+//! deserializer; any other deserializer (serde's buffer, used when a watch event sends its
+//! `object` before its `type`, which kube-apiserver never does) gets a JSON tree read and its text
+//! decoded, with the same result.
 
 use std::borrow::Cow;
+use std::fmt;
+use std::marker::PhantomData;
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kproxy_state::{Kind, Object, ObjectKey, ServiceObject};
-use kube::core::{ApiResource, DynamicResourceScope};
 use serde::Deserialize;
-use serde::de::DeserializeOwned;
+use serde::de::{self, DeserializeOwned, DeserializeSeed, Deserializer, Error as _, MapAccess, Visitor};
 use serde_json::Value;
 
-/// One object of any kind, kept as raw JSON.
-#[derive(Debug, Clone)]
-pub(crate) struct RawObject {
-    meta: ObjectMeta,
-    value: Value,
+/// The newtype name that makes serde_json (feature `raw_value`) hand a value over as its text.
+/// Any other deserializer treats it as an ordinary newtype, which [`ObjectVisitor`] also reads.
+const RAW_VALUE_TOKEN: &str = "$serde_json::private::RawValue";
+
+/// A kind kproxy watches, with its typed object.
+pub(crate) trait ApiKind:
+    DeserializeOwned + kube::Resource<DynamicType = ()> + Clone + fmt::Debug + Send + Sync + 'static
+{
+    /// The kind.
+    const KIND: Kind;
+
+    /// The state's object, from the typed one and the JSON text it was decoded from.
+    fn into_object(self, json: &str) -> Object;
 }
 
-impl<'de> Deserialize<'de> for RawObject {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let mut value = Value::deserialize(deserializer)?;
-        // Often the largest part of an object, and nothing kproxy reads: dropped on arrival, so
-        // a page or an event in flight costs less.
-        if let Some(meta) = value.get_mut("metadata").and_then(Value::as_object_mut) {
-            meta.remove("managedFields");
+impl ApiKind for Service {
+    const KIND: Kind = Kind::Service;
+
+    fn into_object(self, json: &str) -> Object {
+        Object::Service(Box::new(ServiceObject { service: self, traffic_hint: traffic_hint(json) }))
+    }
+}
+
+impl ApiKind for EndpointSlice {
+    const KIND: Kind = Kind::EndpointSlice;
+
+    fn into_object(self, _: &str) -> Object {
+        Object::EndpointSlice(Box::new(self))
+    }
+}
+
+impl ApiKind for Node {
+    const KIND: Kind = Kind::Node;
+
+    fn into_object(self, _: &str) -> Object {
+        Object::Node(Box::new(self))
+    }
+}
+
+impl ApiKind for ServiceCIDR {
+    const KIND: Kind = Kind::ServiceCidr;
+
+    fn into_object(self, _: &str) -> Object {
+        Object::ServiceCidr(Box::new(self))
+    }
+}
+
+/// `spec.trafficHint` (KEP-4963), a field k8s-openapi's `ServiceSpec` does not have. Read from the
+/// text only when the key is in it (kube-apiserver writes keys unescaped), so a Service without
+/// it costs a substring search, not a second parse.
+fn traffic_hint(json: &str) -> Option<String> {
+    #[derive(Deserialize)]
+    struct Doc {
+        spec: Option<Spec>,
+    }
+    #[derive(Deserialize)]
+    struct Spec {
+        #[serde(rename = "trafficHint")]
+        traffic_hint: Option<Value>,
+    }
+    if !json.contains("\"trafficHint\"") {
+        return None;
+    }
+    let doc: Doc = serde_json::from_str(json).ok()?;
+    match doc.spec?.traffic_hint? {
+        Value::String(hint) => Some(hint),
+        _ => None,
+    }
+}
+
+/// One object of kind `K` as the API server sent it: the state's object, or why it could not be
+/// read.
+pub(crate) struct Decoded<K> {
+    read: Result<Object, Unreadable>,
+    kind: PhantomData<fn() -> K>,
+}
+
+/// An object that did not fit its kind: what could be read of its metadata, and why.
+#[derive(Debug, Clone)]
+struct Unreadable {
+    meta: ObjectMeta,
+    reason: String,
+}
+
+impl<K> Clone for Decoded<K> {
+    fn clone(&self) -> Self {
+        Self { read: self.read.clone(), kind: PhantomData }
+    }
+}
+
+impl<K> fmt::Debug for Decoded<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.read.fmt(f)
+    }
+}
+
+impl<K: ApiKind> Decoded<K> {
+    /// Decodes one object's JSON text.
+    fn from_json(json: &str) -> Self {
+        let read = match serde_json::from_str::<K>(json) {
+            Ok(typed) if typed.meta().name.as_deref().is_some_and(|name| !name.is_empty()) => {
+                let mut object = typed.into_object(json);
+                // Often the largest part of an object, and nothing kproxy reads: dropped before
+                // the object waits in a channel.
+                object_meta_mut(&mut object).managed_fields = None;
+                Ok(object)
+            }
+            Ok(typed) => Err(Unreadable { meta: typed.meta().clone(), reason: "metadata.name missing".into() }),
+            Err(_) => Err(Unreadable { meta: identity(json), reason: reason_of::<K>(json) }),
+        };
+        Self { read, kind: PhantomData }
+    }
+
+    /// The object, or why it could not be read (with its kind and identity).
+    pub(crate) fn into_result(self) -> Result<Object, Malformed> {
+        self.read.map_err(|unreadable| Malformed {
+            kind: K::KIND,
+            key: ObjectKey::of(&unreadable.meta),
+            reason: unreadable.reason,
+        })
+    }
+}
+
+impl<K> Decoded<K> {
+    fn meta_of(&self) -> &ObjectMeta {
+        match &self.read {
+            Ok(object) => object.meta(),
+            Err(unreadable) => &unreadable.meta,
         }
-        Ok(Self { meta: identity(&value), value })
+    }
+}
+
+/// Why `json` is not a `K`, starting with the path of the field at fault. Decodes again, tracking
+/// the path, which only a bad object pays for.
+fn reason_of<K: DeserializeOwned>(json: &str) -> String {
+    match serde_path_to_error::deserialize::<_, K>(&mut serde_json::Deserializer::from_str(json)) {
+        Ok(_) => "decodes only when its field path is tracked".into(),
+        Err(e) => {
+            let path = e.path().to_string();
+            format!("{path}: {}", e.into_inner())
+        }
     }
 }
 
 /// The fields of the metadata the watcher needs: name, namespace and resource version. Read
 /// field by field, so they are there even when the rest of the metadata is malformed.
-fn identity(value: &Value) -> ObjectMeta {
-    let field = |name: &str| value.get("metadata")?.get(name)?.as_str().map(str::to_owned);
+fn identity(json: &str) -> ObjectMeta {
+    #[derive(Deserialize, Default)]
+    struct Doc {
+        #[serde(default)]
+        metadata: Meta,
+    }
+    #[derive(Deserialize, Default)]
+    #[serde(default, rename_all = "camelCase")]
+    struct Meta {
+        name: Value,
+        namespace: Value,
+        resource_version: Value,
+    }
+    let meta = serde_json::from_str::<Doc>(json).unwrap_or_default().metadata;
+    let text = |value: Value| match value {
+        Value::String(text) => Some(text),
+        _ => None,
+    };
     ObjectMeta {
-        name: field("name"),
-        namespace: field("namespace"),
-        resource_version: field("resourceVersion"),
+        name: text(meta.name),
+        namespace: text(meta.namespace),
+        resource_version: text(meta.resource_version),
         ..ObjectMeta::default()
     }
 }
 
-impl kube::Resource for RawObject {
-    type DynamicType = ApiResource;
-    type Scope = DynamicResourceScope;
+impl<'de, K: ApiKind> Deserialize<'de> for Decoded<K> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_newtype_struct(RAW_VALUE_TOKEN, ObjectVisitor(PhantomData))
+    }
+}
 
-    fn kind(dt: &ApiResource) -> Cow<'_, str> {
-        dt.kind.as_str().into()
+struct ObjectVisitor<K>(PhantomData<fn() -> K>);
+
+impl<'de, K: ApiKind> Visitor<'de> for ObjectVisitor<K> {
+    type Value = Decoded<K>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "a {} object", K::KIND)
     }
 
-    fn group(dt: &ApiResource) -> Cow<'_, str> {
-        dt.group.as_str().into()
+    /// serde_json hands the value over as a one-entry map: the token, then the text.
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        match map.next_key::<Cow<'de, str>>()? {
+            Some(key) if key == RAW_VALUE_TOKEN => map.next_value_seed(TextSeed(PhantomData)),
+            _ => Err(A::Error::custom("expected an object's JSON text")),
+        }
     }
 
-    fn version(dt: &ApiResource) -> Cow<'_, str> {
-        dt.version.as_str().into()
+    /// Any other deserializer: read the value as a JSON tree, then decode its text.
+    fn visit_newtype_struct<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        let value = Value::deserialize(deserializer)?;
+        Ok(Decoded::from_json(&value.to_string()))
+    }
+}
+
+/// Decodes the text serde_json hands over, borrowed or owned.
+struct TextSeed<K>(PhantomData<fn() -> K>);
+
+impl<'de, K: ApiKind> DeserializeSeed<'de> for TextSeed<K> {
+    type Value = Decoded<K>;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_str(self)
+    }
+}
+
+impl<K: ApiKind> Visitor<'_> for TextSeed<K> {
+    type Value = Decoded<K>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "the JSON text of a {} object", K::KIND)
     }
 
-    fn api_version(dt: &ApiResource) -> Cow<'_, str> {
-        dt.api_version.as_str().into()
+    fn visit_str<E: de::Error>(self, json: &str) -> Result<Self::Value, E> {
+        Ok(Decoded::from_json(json))
+    }
+}
+
+impl<K: ApiKind> kube::Resource for Decoded<K> {
+    type DynamicType = ();
+    type Scope = K::Scope;
+
+    fn kind(dt: &()) -> Cow<'_, str> {
+        K::kind(dt)
     }
 
-    fn plural(dt: &ApiResource) -> Cow<'_, str> {
-        dt.plural.as_str().into()
+    fn group(dt: &()) -> Cow<'_, str> {
+        K::group(dt)
+    }
+
+    fn version(dt: &()) -> Cow<'_, str> {
+        K::version(dt)
+    }
+
+    fn api_version(dt: &()) -> Cow<'_, str> {
+        K::api_version(dt)
+    }
+
+    fn plural(dt: &()) -> Cow<'_, str> {
+        K::plural(dt)
     }
 
     fn meta(&self) -> &ObjectMeta {
-        &self.meta
+        self.meta_of()
     }
 
     fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.meta
+        match &mut self.read {
+            Ok(object) => object_meta_mut(object),
+            Err(unreadable) => &mut unreadable.meta,
+        }
     }
 }
 
-impl RawObject {
-    /// Namespace and name, as far as the metadata could be read.
-    pub(crate) fn key(&self) -> ObjectKey {
-        ObjectKey::new(self.meta.namespace.clone().unwrap_or_default(), self.meta.name.clone().unwrap_or_default())
-    }
-}
-
-/// The API resource (group, version, plural) of a kind.
-pub(crate) fn api_resource(kind: Kind) -> ApiResource {
-    match kind {
-        Kind::Service => ApiResource::erase::<Service>(&()),
-        Kind::EndpointSlice => ApiResource::erase::<EndpointSlice>(&()),
-        Kind::Node => ApiResource::erase::<Node>(&()),
-        Kind::ServiceCidr => ApiResource::erase::<ServiceCIDR>(&()),
+fn object_meta_mut(object: &mut Object) -> &mut ObjectMeta {
+    match object {
+        Object::Service(s) => &mut s.service.metadata,
+        Object::EndpointSlice(s) => &mut s.metadata,
+        Object::Node(n) => &mut n.metadata,
+        Object::ServiceCidr(c) => &mut c.metadata,
     }
 }
 
@@ -111,115 +309,24 @@ pub struct Malformed {
     pub reason: String,
 }
 
-/// Decodes one object of `kind` from the JSON the API server sent, exactly as a list page or a
-/// watch event is decoded (lenient read, then strict conversion). The entry point for fuzzing.
+/// Decodes one object of `kind` from the JSON the API server sent, exactly as a list item or a
+/// watch event's object is decoded. The entry point for fuzzing.
 pub fn decode(kind: Kind, json: &[u8]) -> Result<Object, Malformed> {
-    let raw: RawObject = serde_json::from_slice(json).map_err(|e| Malformed {
-        kind,
-        key: ObjectKey::default(),
-        reason: format!("not a JSON object: {e}"),
-    })?;
-    to_object(kind, raw)
-}
-
-/// Converts a raw object into the typed object of `kind`.
-pub(crate) fn to_object(kind: Kind, raw: RawObject) -> Result<Object, Malformed> {
-    let key = raw.key();
-    let fail = |reason: String| Malformed { kind, key: key.clone(), reason };
-    if key.name.is_empty() {
-        return Err(fail("metadata.name missing".into()));
+    fn read<K: ApiKind>(json: &[u8]) -> Result<Object, Malformed> {
+        let decoded: Decoded<K> = serde_json::from_slice(json).map_err(|e| Malformed {
+            kind: K::KIND,
+            key: ObjectKey::default(),
+            reason: format!("not JSON: {e}"),
+        })?;
+        decoded.into_result()
     }
-    let value = raw.value;
-    Ok(match kind {
-        Kind::Service => {
-            let traffic_hint = value.pointer("/spec/trafficHint").and_then(Value::as_str).map(str::to_owned);
-            let service: Service = typed(value).map_err(fail)?;
-            Object::Service(Box::new(ServiceObject { service, traffic_hint }))
-        }
-        Kind::EndpointSlice => Object::EndpointSlice(Box::new(typed(value).map_err(fail)?)),
-        Kind::Node => Object::Node(Box::new(typed(value).map_err(fail)?)),
-        Kind::ServiceCidr => Object::ServiceCidr(Box::new(typed(value).map_err(fail)?)),
-    })
-}
-
-/// Strict deserialization, naming the offending field on failure.
-fn typed<T: DeserializeOwned>(value: Value) -> Result<T, String> {
-    serde_path_to_error::deserialize(value).map_err(|e| {
-        let path = e.path().to_string();
-        format!("{path}: {}", e.into_inner())
-    })
+    match kind {
+        Kind::Service => read::<Service>(json),
+        Kind::EndpointSlice => read::<EndpointSlice>(json),
+        Kind::Node => read::<Node>(json),
+        Kind::ServiceCidr => read::<ServiceCIDR>(json),
+    }
 }
 
 #[cfg(test)]
-mod tests {
-    use serde_json::json;
-
-    use super::*;
-
-    fn raw(value: Value) -> RawObject {
-        serde_json::from_value(value).unwrap()
-    }
-
-    #[test]
-    fn service_with_traffic_hint() {
-        let object = to_object(
-            Kind::Service,
-            raw(json!({"metadata": {"name": "web", "namespace": "prod", "resourceVersion": "7"},
-                       "spec": {"clusterIP": "198.18.0.10", "trafficHint": "LongLived"}})),
-        )
-        .unwrap();
-        let Object::Service(svc) = object else { panic!("not a service: {object:?}") };
-        assert_eq!(svc.traffic_hint.as_deref(), Some("LongLived"));
-        assert_eq!(svc.service.spec.unwrap().cluster_ip.as_deref(), Some("198.18.0.10"));
-        assert_eq!(svc.service.metadata.resource_version.as_deref(), Some("7"));
-    }
-
-    #[test]
-    fn bad_field_is_named_and_key_kept() {
-        let err = to_object(
-            Kind::Service,
-            raw(json!({"metadata": {"name": "web", "namespace": "prod"}, "spec": {"ports": "eighty"}})),
-        )
-        .unwrap_err();
-        assert_eq!(err.key, ObjectKey::new("prod", "web"));
-        assert!(err.reason.starts_with("spec.ports:"), "{}", err.reason);
-    }
-
-    #[test]
-    fn bad_metadata_still_yields_identity() {
-        let raw = raw(json!({"metadata": {"name": "n1", "resourceVersion": "9", "labels": {"a": 1}}}));
-        assert_eq!(raw.key(), ObjectKey::cluster("n1"));
-        assert_eq!(raw.meta.resource_version.as_deref(), Some("9"));
-        let err = to_object(Kind::Node, raw).unwrap_err();
-        assert!(err.reason.contains("metadata.labels"), "{}", err.reason);
-    }
-
-    #[test]
-    fn managed_fields_are_dropped_on_arrival() {
-        let raw = raw(json!({"metadata": {"name": "web", "namespace": "prod", "resourceVersion": "3",
-                                          "managedFields": [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}]},
-                             "spec": {"clusterIP": "198.18.0.10"}}));
-        assert_eq!(raw.value.pointer("/metadata/managedFields"), None);
-        assert_eq!(raw.meta.resource_version.as_deref(), Some("3"));
-        let Object::Service(svc) = to_object(Kind::Service, raw).unwrap() else { panic!("not a service") };
-        assert_eq!(svc.service.metadata.managed_fields, None);
-        assert_eq!(svc.service.metadata.name.as_deref(), Some("web"));
-    }
-
-    #[test]
-    fn nameless_object_is_malformed() {
-        let err = to_object(Kind::ServiceCidr, raw(json!({"spec": {"cidrs": ["198.18.0.0/16"]}}))).unwrap_err();
-        assert_eq!(err.reason, "metadata.name missing");
-    }
-
-    #[test]
-    fn api_resources_match_upstream_paths() {
-        let ar = api_resource(Kind::EndpointSlice);
-        assert_eq!(
-            (ar.group.as_str(), ar.version.as_str(), ar.plural.as_str()),
-            ("discovery.k8s.io", "v1", "endpointslices")
-        );
-        let ar = api_resource(Kind::ServiceCidr);
-        assert_eq!((ar.group.as_str(), ar.plural.as_str()), ("networking.k8s.io", "servicecidrs"));
-    }
-}
+mod tests;

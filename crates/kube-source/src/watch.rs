@@ -15,7 +15,11 @@ use kube::{Api, Client};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
-use crate::raw::{RawObject, api_resource, to_object};
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
+
+use crate::raw::{ApiKind, Decoded, Malformed};
 use crate::retry::{LastError, RecoveryBackoff};
 use crate::stats::SourceStats;
 
@@ -96,11 +100,18 @@ impl Backoff for FixedBackoff {
     fn reset(&mut self) {}
 }
 
-type WatchEvent = Result<Event<RawObject>, watcher::Error>;
-type WatchEvents = BoxStream<'static, WatchEvent>;
-type KindEvent = (Kind, WatchEvent);
+/// A watcher's event for objects of kind `K`.
+type WatchEvent<K> = Result<Event<Decoded<K>>, watcher::Error>;
+type WatchEvents<K> = BoxStream<'static, WatchEvent<K>>;
+/// One object as read: the state's object, or why it could not be.
+type Read = Result<Object, Malformed>;
+/// A watcher's event with its objects read, whatever their kind.
+type ReadEvent = Result<Event<Read>, watcher::Error>;
 
-fn with_backoff(events: impl Stream<Item = WatchEvent> + Send + 'static, backoff: RetryBackoff) -> WatchEvents {
+fn with_backoff<K: ApiKind>(
+    events: impl Stream<Item = WatchEvent<K>> + Send + 'static,
+    backoff: RetryBackoff,
+) -> WatchEvents<K> {
     match backoff {
         RetryBackoff::Recovery => {
             let last_error = LastError::new();
@@ -116,28 +127,53 @@ fn with_backoff(events: impl Stream<Item = WatchEvent> + Send + 'static, backoff
     }
 }
 
+/// The events of one kind's watcher, its objects read.
 fn watch_kind(
     client: &Client,
     kind: Kind,
     config: watcher::Config,
     opts: &KubeSourceOptions,
-) -> BoxStream<'static, KindEvent> {
-    let api: Api<RawObject> = Api::all_with(client.clone(), &api_resource(kind));
+) -> BoxStream<'static, ReadEvent> {
+    match kind {
+        Kind::Service => watch::<Service>(client, config, opts),
+        Kind::EndpointSlice => watch::<EndpointSlice>(client, config, opts),
+        Kind::Node => watch::<Node>(client, config, opts),
+        Kind::ServiceCidr => watch::<ServiceCIDR>(client, config, opts),
+    }
+}
+
+fn watch<K: ApiKind>(
+    client: &Client,
+    config: watcher::Config,
+    opts: &KubeSourceOptions,
+) -> BoxStream<'static, ReadEvent> {
+    let api: Api<Decoded<K>> = Api::all(client.clone());
     let events = match opts.list_mode {
-        ListMode::Streaming => streaming_with_fallback(api, config, opts.backoff, kind),
+        ListMode::Streaming => streaming_with_fallback(api, config, opts.backoff),
         ListMode::WatchCache => with_backoff(watcher::watcher(api, watch_cache_lists(config)), opts.backoff),
         ListMode::Paginated(size) => with_backoff(watcher::watcher(api, config.page_size(size)), opts.backoff),
     };
-    events.map(move |event| (kind, event)).boxed()
+    events.map(|event| event.map(read)).boxed()
+}
+
+/// The event with its object read.
+fn read<K: ApiKind>(event: Event<Decoded<K>>) -> Event<Read> {
+    match event {
+        Event::Apply(decoded) => Event::Apply(decoded.into_result()),
+        Event::Delete(decoded) => Event::Delete(decoded.into_result()),
+        Event::Init => Event::Init,
+        Event::InitApply(decoded) => Event::InitApply(decoded.into_result()),
+        Event::InitDone => Event::InitDone,
+    }
 }
 
 /// Streaming lists until the server refuses them; then watch-cache lists for good.
-fn streaming_with_fallback(
-    api: Api<RawObject>,
+fn streaming_with_fallback<K: ApiKind>(
+    api: Api<Decoded<K>>,
     config: watcher::Config,
     backoff: RetryBackoff,
-    kind: Kind,
-) -> WatchEvents {
+) -> WatchEvents<K> {
+    let kind = K::KIND;
     let streaming = with_backoff(watcher::watcher(api.clone(), config.clone().streaming_lists()), backoff);
     let fallback = move || with_backoff(watcher::watcher(api, watch_cache_lists(config)), backoff);
     futures::stream::unfold((streaming, Some(fallback)), move |(mut events, mut fallback)| async move {
@@ -165,7 +201,7 @@ fn watch_cache_lists(config: watcher::Config) -> watcher::Config {
 
 /// The answer of a server that does not do streaming lists: kube-apiserver with the WatchList
 /// feature off says `422 Invalid` ("sendInitialEvents is forbidden ..."), some proxies `400`.
-fn refuses_streaming_lists(event: &WatchEvent) -> bool {
+fn refuses_streaming_lists<K>(event: &WatchEvent<K>) -> bool {
     matches!(event, Err(watcher::Error::WatchStartFailed(kube::Error::Api(status))) if matches!(status.code, 400 | 422))
 }
 
@@ -213,6 +249,14 @@ pub async fn run(client: Client, opts: KubeSourceOptions, tx: mpsc::Sender<Chang
     while tasks.join_next().await.is_some() {}
 }
 
+/// An object's namespace and name, as far as they could be read.
+fn key_of(read: &Read) -> ObjectKey {
+    match read {
+        Ok(object) => object.key(),
+        Err(malformed) => malformed.key.clone(),
+    }
+}
+
 /// One kind's bookkeeping of what the consumer has, and the channel.
 struct KindEmitter {
     kind: Kind,
@@ -237,8 +281,8 @@ impl KindEmitter {
     }
 
     /// Handles the watcher's events until the receiver is gone.
-    async fn follow(mut self, mut events: BoxStream<'static, KindEvent>) {
-        while let Some((_, event)) = events.next().await {
+    async fn follow(mut self, mut events: BoxStream<'static, ReadEvent>) {
+        while let Some(event) = events.next().await {
             if !self.handle(event).await {
                 return;
             }
@@ -246,7 +290,7 @@ impl KindEmitter {
     }
 
     /// Handles one watcher event; false once the receiver is gone.
-    async fn handle(&mut self, event: WatchEvent) -> bool {
+    async fn handle(&mut self, event: ReadEvent) -> bool {
         let kind = self.kind;
         match event {
             Ok(Event::Init) => {
@@ -257,9 +301,9 @@ impl KindEmitter {
                 self.unlisted = Some(unlisted);
                 true
             }
-            Ok(Event::InitApply(raw)) => {
-                let key = raw.key();
-                let object = self.convert(raw);
+            Ok(Event::InitApply(read)) => {
+                let key = key_of(&read);
+                let object = self.usable(read);
                 // Listed, readable or not: not gone. An unreadable one keeps the consumer's last
                 // good version, if it has one.
                 if self.unlisted.as_mut().is_some_and(|unlisted| unlisted.remove(&key)) || object.is_some() {
@@ -281,7 +325,7 @@ impl KindEmitter {
                 }
                 self.listed || self.synced().await
             }
-            Ok(Event::Apply(raw)) => match self.convert(raw) {
+            Ok(Event::Apply(read)) => match self.usable(read) {
                 Some(object) => {
                     self.stats.count_event(kind);
                     self.known.insert(object.key());
@@ -289,8 +333,8 @@ impl KindEmitter {
                 }
                 None => true,
             },
-            Ok(Event::Delete(raw)) => {
-                let key = raw.key();
+            Ok(Event::Delete(read)) => {
+                let key = key_of(&read);
                 if key.name.is_empty() {
                     tracing::warn!(%kind, "deleted object without a name ignored");
                     self.stats.count_malformed(kind);
@@ -328,8 +372,9 @@ impl KindEmitter {
         true
     }
 
-    fn convert(&self, raw: RawObject) -> Option<Object> {
-        match to_object(self.kind, raw) {
+    /// The object, or `None` (logged and counted) when it could not be read.
+    fn usable(&self, read: Read) -> Option<Object> {
+        match read {
             Ok(object) => Some(object),
             Err(bad) => {
                 tracing::warn!(kind = %bad.kind, namespace = %bad.key.namespace, name = %bad.key.name, reason = %bad.reason, "skipping malformed object");
@@ -362,7 +407,7 @@ mod tests {
     fn only_a_refused_watch_start_falls_back_from_streaming_lists() {
         let start_failed = |code| {
             let status = kube::core::Status::failure("refused", "Invalid").with_code(code).boxed();
-            let event: WatchEvent = Err(watcher::Error::WatchStartFailed(kube::Error::Api(status)));
+            let event: WatchEvent<Service> = Err(watcher::Error::WatchStartFailed(kube::Error::Api(status)));
             event
         };
         assert!(refuses_streaming_lists(&start_failed(422)), "WatchList off");
@@ -371,8 +416,8 @@ mod tests {
             assert!(!refuses_streaming_lists(&start_failed(code)), "{code} is retried, not a fallback");
         }
         let gone = kube::core::Status::failure("too old", "Expired").with_code(422).boxed();
-        assert!(!refuses_streaming_lists(&Err(watcher::Error::WatchError(gone))), "not a start failure");
-        assert!(!refuses_streaming_lists(&Ok(Event::Init)));
+        assert!(!refuses_streaming_lists::<Service>(&Err(watcher::Error::WatchError(gone))), "not a start failure");
+        assert!(!refuses_streaming_lists::<Service>(&Ok(Event::Init)));
     }
 
     #[test]

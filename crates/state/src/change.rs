@@ -61,7 +61,8 @@ impl ObjectKey {
         Self::new("", name)
     }
 
-    pub(crate) fn of(meta: &ObjectMeta) -> Self {
+    /// The key of the object with this metadata (empty where a field is missing).
+    pub fn of(meta: &ObjectMeta) -> Self {
         Self::new(meta.namespace.as_deref().unwrap_or_default(), meta.name.as_deref().unwrap_or_default())
     }
 }
