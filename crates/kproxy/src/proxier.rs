@@ -125,6 +125,10 @@ pub struct ExplainRequest {
 /// Reads the kernel's per-Service counters for a plan (see `kproxy_nftables::counters`).
 pub type CounterReader = Box<dyn FnMut(&Plan) -> Result<Vec<ServicePortCounts>, String> + Send>;
 
+/// Changes taken from the source's channel at a time: at start (hundreds of thousands of
+/// objects) one wake-up and one pass of the loop per batch instead of per object.
+const EVENT_BATCH: usize = 256;
+
 /// How often per-Service counters are read and exported.
 pub const COUNTERS_PERIOD: Duration = Duration::from_secs(10);
 
@@ -479,6 +483,7 @@ impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
 
     /// Runs until the event channel closes.
     pub async fn run(mut self, mut events: mpsc::Receiver<Change>) -> Self {
+        let mut received = Vec::with_capacity(EVENT_BATCH);
         loop {
             if self.last_full_sync.is_some()
                 && let Some(start) = self.touch_watcher.take()
@@ -491,9 +496,13 @@ impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
             tokio::select! {
                 // Drain queued events before syncing, so a burst of them makes one sync.
                 biased;
-                event = events.recv() => match event {
-                    Some(change) => self.apply(change),
-                    None => return self,
+                count = events.recv_many(&mut received, EVENT_BATCH) => {
+                    if count == 0 {
+                        return self;
+                    }
+                    for change in received.drain(..) {
+                        self.apply(change);
+                    }
                 },
                 _ = Self::counters_due(self.counting.as_ref().map(|c| c.next_at)) => self.count(),
                 () = Self::next_touch(&mut self.touched) => self.check_soon = true,
