@@ -4,6 +4,7 @@
 //! `kproxy explain` says what a node does with one packet, and why; `kproxy demo` runs the live
 //! demo in a sandbox of network namespaces.
 
+mod allocator;
 mod api_client;
 mod change_metrics;
 mod columns;
@@ -34,10 +35,6 @@ use tracing::{error, info, warn};
 
 use crate::observer::{DaemonObserver, Sinks};
 
-/// mimalloc: glibc's allocator consolidates its free lists on a large allocation, a pause that
-/// grows with the heap and showed up as a millisecond per sync at 10k services (kproxy-bench).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use crate::proxier::{Pacing, Proxier};
 
 #[derive(Parser, Debug)]
@@ -84,6 +81,7 @@ enum Output {
 }
 
 fn main() -> ExitCode {
+    allocator::purge_freed_memory_at_once();
     let cli = Cli::parse();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
