@@ -24,8 +24,13 @@ impl ChangeCounts {
             Change::Applied(object) => (object.kind(), vec![object.key()]),
             Change::Deleted(kind, key) => (*kind, vec![key.clone()]),
             Change::Replaced(kind, objects) => (*kind, objects.iter().map(|object| object.key()).collect()),
-            // The end of a streamed listing: its objects were counted as they came.
-            Change::Synced(kind) => (*kind, Vec::new()),
+            // A streamed listing's bounds and unreadable objects: its objects were counted as
+            // they came, and what it no longer names is counted as deleted once the state has
+            // worked it out (`Proxier::apply`).
+            Change::Synced(kind)
+            | Change::ListStarted(kind)
+            | Change::ListEnded(kind)
+            | Change::Unreadable(kind, _) => (*kind, Vec::new()),
         };
         match kind {
             Kind::EndpointSlice => {

@@ -326,7 +326,12 @@ impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
     /// Applies one source event.
     pub fn apply(&mut self, change: Change) {
         self.observer.received(&change);
-        let outcome = self.state.apply(change);
+        let kind = change.kind();
+        let mut outcome = self.state.apply(change);
+        // What a relist no longer named is a delete, counted as the source's deletes are.
+        for key in std::mem::take(&mut outcome.gone) {
+            self.observer.received(&Change::Deleted(kind, key));
+        }
         for e in outcome.rejected.iter() {
             warn!(error = %e, "skipping invalid object");
         }

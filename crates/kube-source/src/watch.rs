@@ -1,13 +1,12 @@
 //! Watching the four kinds and turning watcher events into [`Change`]s, object by object as
 //! they arrive.
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
-use kproxy_state::{Change, Kind, Object, ObjectKey};
+use kproxy_state::{Change, Kind, Object};
 use kube::runtime::WatchStreamExt as _;
 use kube::runtime::utils::Backoff;
 use kube::runtime::watcher::{self, Event};
@@ -208,11 +207,12 @@ fn refuses_streaming_lists<K>(event: &WatchEvent<K>) -> bool {
 /// Watches Services, EndpointSlices, the own Node and ServiceCIDRs and sends their changes to
 /// `tx` until the receiver is dropped.
 ///
-/// Lists are handed over object by object as they arrive: every listed object as
-/// [`Change::Applied`], then [`Change::Deleted`] for what the consumer has that the list no
-/// longer holds, then, after the first listing of a kind, [`Change::Synced`]. Neither the source
-/// nor the channel holds a whole list; the consumer knows both Services and EndpointSlices are
-/// complete once both are synced. Single changes between lists are `Applied` / `Deleted`. A
+/// Lists are handed over object by object as they arrive: [`Change::ListStarted`], every listed
+/// object as [`Change::Applied`] (or [`Change::Unreadable`]), then [`Change::ListEnded`], after
+/// which the consumer removes what the listing did not name and counts the kind as synced.
+/// Neither the source nor the channel holds a whole list, and the source keeps no key of what
+/// it sent; the consumer knows both Services and EndpointSlices are complete once both are
+/// synced. Single changes between lists are `Applied` / `Deleted`. A
 /// cluster without the ServiceCIDR API (404) gets an empty, synced ServiceCIDR listing, logged
 /// once; the watcher keeps retrying in case the API appears. Errors are never fatal: the
 /// watchers retry with `opts.backoff`, and each error is logged and counted in `stats`.
@@ -249,26 +249,12 @@ pub async fn run(client: Client, opts: KubeSourceOptions, tx: mpsc::Sender<Chang
     while tasks.join_next().await.is_some() {}
 }
 
-/// An object's namespace and name, as far as they could be read.
-fn key_of(read: &Read) -> ObjectKey {
-    match read {
-        Ok(object) => object.key(),
-        Err(malformed) => malformed.key.clone(),
-    }
-}
-
-/// One kind's bookkeeping of what the consumer has, and the channel.
+/// One kind's watcher and the channel. It keeps nothing per object: on a relist, the consumer
+/// works out what is gone (see [`Change::ListStarted`]).
 struct KindEmitter {
     kind: Kind,
     tx: mpsc::Sender<Change>,
     stats: Arc<SourceStats>,
-    /// Keys the consumer has that the listing in progress has listed already (or all of them
-    /// when no listing is in progress).
-    known: BTreeSet<ObjectKey>,
-    /// During a listing: keys the consumer has that the listing has not listed yet. What is left
-    /// when it is done is gone. Keys move from here to `known` as they are listed, so a relist
-    /// costs no second set of keys.
-    unlisted: Option<BTreeSet<ObjectKey>>,
     /// Listed at least once.
     listed: bool,
     /// The ServiceCIDR API was found missing (logged once).
@@ -277,7 +263,7 @@ struct KindEmitter {
 
 impl KindEmitter {
     fn new(kind: Kind, tx: mpsc::Sender<Change>, stats: Arc<SourceStats>) -> Self {
-        Self { kind, tx, stats, known: BTreeSet::new(), unlisted: None, listed: false, no_service_cidr_api: false }
+        Self { kind, tx, stats, listed: false, no_service_cidr_api: false }
     }
 
     /// Handles the watcher's events until the receiver is gone.
@@ -293,55 +279,45 @@ impl KindEmitter {
     async fn handle(&mut self, event: ReadEvent) -> bool {
         let kind = self.kind;
         match event {
-            Ok(Event::Init) => {
-                // A listing that broke off and starts over: what it had not listed yet is still
-                // the consumer's.
-                let mut unlisted = self.unlisted.take().unwrap_or_default();
-                unlisted.append(&mut self.known);
-                self.unlisted = Some(unlisted);
-                true
-            }
-            Ok(Event::InitApply(read)) => {
-                let key = key_of(&read);
-                let object = self.usable(read);
-                // Listed, readable or not: not gone. An unreadable one keeps the consumer's last
-                // good version, if it has one.
-                if self.unlisted.as_mut().is_some_and(|unlisted| unlisted.remove(&key)) || object.is_some() {
-                    self.known.insert(key);
+            // A listing, or one that broke off starting over.
+            Ok(Event::Init) => self.send(Change::ListStarted(kind)).await,
+            Ok(Event::InitApply(read)) => match read {
+                Ok(object) => self.send(Change::Applied(object)).await,
+                // Listed, though unreadable: not gone, and the last good version stays.
+                Err(malformed) => {
+                    self.skip(&malformed);
+                    self.send(Change::Unreadable(kind, malformed.key)).await
                 }
-                match object {
-                    Some(object) => self.send(Change::Applied(object)).await,
-                    None => true,
-                }
-            }
+            },
             Ok(Event::InitDone) => {
-                let gone = self.unlisted.take().unwrap_or_default();
-                tracing::debug!(%kind, objects = self.known.len(), gone = gone.len(), "listed");
                 self.stats.count_list(kind);
-                for key in gone {
-                    if !self.send(Change::Deleted(kind, key)).await {
-                        return false;
-                    }
+                if !self.listed {
+                    self.listed = true;
+                    tracing::info!(%kind, "listed");
                 }
-                self.listed || self.synced().await
+                self.send(Change::ListEnded(kind)).await
             }
-            Ok(Event::Apply(read)) => match self.usable(read) {
-                Some(object) => {
+            Ok(Event::Apply(read)) => match read {
+                Ok(object) => {
                     self.stats.count_event(kind);
-                    self.known.insert(object.key());
                     self.send(Change::Applied(object)).await
                 }
-                None => true,
+                Err(malformed) => {
+                    self.skip(&malformed);
+                    true
+                }
             },
             Ok(Event::Delete(read)) => {
-                let key = key_of(&read);
+                let key = match read {
+                    Ok(object) => object.key(),
+                    Err(malformed) => malformed.key,
+                };
                 if key.name.is_empty() {
                     tracing::warn!(%kind, "deleted object without a name ignored");
                     self.stats.count_malformed(kind);
                     return true;
                 }
                 self.stats.count_event(kind);
-                self.known.remove(&key);
                 self.send(Change::Deleted(kind, key)).await
             }
             Err(error) => self.on_error(error).await,
@@ -372,16 +348,10 @@ impl KindEmitter {
         true
     }
 
-    /// The object, or `None` (logged and counted) when it could not be read.
-    fn usable(&self, read: Read) -> Option<Object> {
-        match read {
-            Ok(object) => Some(object),
-            Err(bad) => {
-                tracing::warn!(kind = %bad.kind, namespace = %bad.key.namespace, name = %bad.key.name, reason = %bad.reason, "skipping malformed object");
-                self.stats.count_malformed(self.kind);
-                None
-            }
-        }
+    /// Logs and counts an object that could not be read.
+    fn skip(&self, bad: &Malformed) {
+        tracing::warn!(kind = %bad.kind, namespace = %bad.key.namespace, name = %bad.key.name, reason = %bad.reason, "skipping malformed object");
+        self.stats.count_malformed(self.kind);
     }
 
     /// Marks the first listing as complete; false once the receiver is gone.

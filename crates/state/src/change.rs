@@ -146,6 +146,17 @@ pub enum Change {
     /// synced. This lets a source hand over a listing object by object as it arrives, so neither
     /// the source nor the channel ever holds the whole list.
     Synced(Kind),
+    /// A listing of one kind starts, or starts over after breaking off: its objects follow as
+    /// `Applied` (or [`Change::Unreadable`]), then [`Change::ListEnded`]. For a source that
+    /// streams listings and relists (after `410 Gone`) without keeping the keys it sent: the
+    /// state, which holds them anyway, works out what is gone.
+    ListStarted(Kind),
+    /// The listing in progress names this object but it could not be read: it is not gone, and
+    /// its last good version stays.
+    Unreadable(Kind, ObjectKey),
+    /// The listing of one kind is complete: objects of that kind it did not name are gone.
+    /// Marks the kind as synced.
+    ListEnded(Kind),
 }
 
 impl Change {
@@ -153,7 +164,12 @@ impl Change {
     pub fn kind(&self) -> Kind {
         match self {
             Change::Applied(object) => object.kind(),
-            Change::Deleted(kind, _) | Change::Replaced(kind, _) | Change::Synced(kind) => *kind,
+            Change::Deleted(kind, _)
+            | Change::Replaced(kind, _)
+            | Change::Synced(kind)
+            | Change::ListStarted(kind)
+            | Change::Unreadable(kind, _)
+            | Change::ListEnded(kind) => *kind,
         }
     }
 }

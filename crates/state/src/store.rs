@@ -19,12 +19,16 @@ pub struct ApplyOutcome {
     pub rejected: Vec<ObjectError>,
     /// Problems that did not stop the object from being used (e.g. an unknown traffic hint).
     pub warnings: Vec<ObjectError>,
+    /// Objects removed because a completed listing no longer named them
+    /// ([`Change::ListEnded`]).
+    pub gone: Vec<ObjectKey>,
 }
 
 impl ApplyOutcome {
     fn merge(&mut self, other: ApplyOutcome) {
         self.rejected.extend(other.rejected);
         self.warnings.extend(other.warnings);
+        self.gone.extend(other.gone);
     }
 }
 
@@ -53,6 +57,10 @@ pub struct ClusterState {
     endpoint_nodes: BTreeSet<Arc<str>>,
     service_cidrs: BTreeMap<String, Vec<IpNet>>,
     synced: BTreeSet<Kind>,
+    /// Per kind, while a listing of it runs over objects already here: the keys it named so far
+    /// ([`Change::ListStarted`]). Nothing is kept for a listing that starts with none of its kind
+    /// here (a cold start): everything it brings is named.
+    listing: BTreeMap<Kind, BTreeSet<ObjectKey>>,
     dirty: Dirty,
     /// Trigger times of EndpointSlice changes not yet programmed.
     change_triggers: Vec<(IpFamily, String)>,
@@ -67,7 +75,39 @@ impl ClusterState {
     /// Applies one change from a source.
     pub fn apply(&mut self, change: Change) -> ApplyOutcome {
         match change {
-            Change::Applied(object) => self.upsert(&object),
+            Change::Applied(object) => {
+                if let Some(named) = self.listing.get_mut(&object.kind()) {
+                    named.insert(object.key());
+                }
+                self.upsert(&object)
+            }
+            Change::ListStarted(kind) => {
+                if self.holds_any(kind) {
+                    self.listing.insert(kind, BTreeSet::new());
+                } else {
+                    self.listing.remove(&kind);
+                }
+                ApplyOutcome::default()
+            }
+            Change::Unreadable(kind, key) => {
+                if let Some(named) = self.listing.get_mut(&kind) {
+                    named.insert(key);
+                }
+                ApplyOutcome::default()
+            }
+            Change::ListEnded(kind) => {
+                let mut outcome = ApplyOutcome::default();
+                if let Some(named) = self.listing.remove(&kind) {
+                    for key in self.keys(kind) {
+                        if !named.contains(&key) {
+                            self.remove(kind, &key);
+                            outcome.gone.push(key);
+                        }
+                    }
+                }
+                self.synced.insert(kind);
+                outcome
+            }
             Change::Deleted(kind, key) => {
                 self.remove(kind, &key);
                 ApplyOutcome::default()
@@ -132,6 +172,15 @@ impl ClusterState {
     /// Every CIDR of every ServiceCIDR object.
     pub fn service_cidrs(&self) -> impl Iterator<Item = &IpNet> {
         self.service_cidrs.values().flatten()
+    }
+
+    fn holds_any(&self, kind: Kind) -> bool {
+        match kind {
+            Kind::Service => !self.services.is_empty(),
+            Kind::EndpointSlice => !self.slice_owner.is_empty(),
+            Kind::Node => !self.nodes.is_empty(),
+            Kind::ServiceCidr => !self.service_cidrs.is_empty(),
+        }
     }
 
     fn keys(&self, kind: Kind) -> Vec<ObjectKey> {

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use kproxy_kube_source::fake::FakeApiServer;
 use kproxy_kube_source::{KubeSourceOptions, ListMode, RetryBackoff, SourceStats, run};
-use kproxy_state::{Change, ClusterState, Kind, ObjectKey};
+use kproxy_state::{ApplyOutcome, Change, ClusterState, Kind, ObjectKey};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -55,16 +55,24 @@ pub fn names(change: &Change) -> (Kind, &'static str, Vec<String>) {
             (*kind, "replaced", names)
         }
         Change::Synced(kind) => (*kind, "synced", Vec::new()),
+        Change::ListStarted(kind) => (*kind, "list started", Vec::new()),
+        Change::Unreadable(kind, key) => (*kind, "unreadable", vec![key.to_string()]),
+        Change::ListEnded(kind) => (*kind, "list ended", Vec::new()),
     }
 }
 
-/// The objects of `kind` applied before its `Synced` (the first listing), sorted; fails the test
-/// when `changes` holds no `Synced` of that kind.
+/// Whether `change` completes a listing of `kind`: a streamed listing's end, or a kind
+/// counted as synced without one (no Node watched, no ServiceCIDR API).
+pub fn completes_listing(change: &Change, kind: Kind) -> bool {
+    *change == Change::ListEnded(kind) || *change == Change::Synced(kind)
+}
+
+/// The objects of `kind` applied before the end of its first listing, sorted; fails the test
+/// when `changes` holds no end of a listing of that kind.
 pub fn first_listing(changes: &[Change], kind: Kind) -> Vec<String> {
-    let end = changes
-        .iter()
-        .position(|c| *c == Change::Synced(kind))
-        .unwrap_or_else(|| panic!("no Synced({kind}) in {:#?}", changes.iter().map(names).collect::<Vec<_>>()));
+    let end = changes.iter().position(|c| completes_listing(c, kind)).unwrap_or_else(|| {
+        panic!("no end of a {kind} listing in {:#?}", changes.iter().map(names).collect::<Vec<_>>())
+    });
     let mut listed: Vec<String> = changes[..end]
         .iter()
         .filter_map(|c| match c {
@@ -86,6 +94,8 @@ pub struct Harness {
     pub stats: Arc<SourceStats>,
     pub state: ClusterState,
     pub seen: Vec<Change>,
+    /// What the state removed because a completed relist no longer named it.
+    pub gone: Vec<(Kind, ObjectKey)>,
     rx: Option<mpsc::Receiver<Change>>,
     task: Option<JoinHandle<()>>,
 }
@@ -103,6 +113,7 @@ impl Harness {
             stats: Arc::new(SourceStats::new()),
             state: ClusterState::new(),
             seen: Vec::new(),
+            gone: Vec::new(),
             rx: None,
             task: None,
         }
@@ -136,10 +147,18 @@ impl Harness {
                 )
             })
             .expect("source stopped");
-        let outcome = self.state.apply(change.clone());
+        let outcome = self.take(change.clone());
         assert!(outcome.rejected.is_empty(), "state rejected {:?}", outcome.rejected);
-        self.seen.push(change.clone());
         change
+    }
+
+    /// Applies a change to the state and records it, and what the state found gone.
+    fn take(&mut self, change: Change) -> ApplyOutcome {
+        let kind = change.kind();
+        self.seen.push(change.clone());
+        let outcome = self.state.apply(change);
+        self.gone.extend(outcome.gone.iter().map(|key| (kind, key.clone())));
+        outcome
     }
 
     /// Every change that arrives until none has come for `quiet`.
@@ -147,10 +166,10 @@ impl Harness {
         let mut changes = Vec::new();
         loop {
             let rx = self.rx.as_mut().expect("source not started");
-            match tokio::time::timeout(quiet, rx.recv()).await {
+            let received = tokio::time::timeout(quiet, rx.recv()).await;
+            match received {
                 Ok(Some(change)) => {
-                    self.state.apply(change.clone());
-                    self.seen.push(change.clone());
+                    self.take(change.clone());
                     changes.push(change);
                 }
                 Ok(None) => panic!("source stopped"),
@@ -161,11 +180,9 @@ impl Harness {
 
     /// The changes already sent, without waiting.
     pub fn drain_now(&mut self) -> Vec<Change> {
-        let rx = self.rx.as_mut().expect("source not started");
         let mut changes = Vec::new();
-        while let Ok(change) = rx.try_recv() {
-            self.state.apply(change.clone());
-            self.seen.push(change.clone());
+        while let Ok(change) = self.rx.as_mut().expect("source not started").try_recv() {
+            self.take(change.clone());
             changes.push(change);
         }
         changes

@@ -137,3 +137,63 @@ fn endpoints_on_one_node_share_its_name_and_a_rewrite_keeps_slices_in_name_order
         state.slices_of(&ObjectKey::new("ns", "a")).flat_map(|s| s.endpoints.iter().map(|e| e.ip)).collect();
     assert_eq!(ips, ["198.18.1.9".parse::<std::net::IpAddr>().unwrap()]);
 }
+
+fn names(state: &ClusterState) -> Vec<String> {
+    state.services().map(|s| s.key.name.to_string()).collect()
+}
+
+#[test]
+fn a_relist_removes_what_it_did_not_name_and_keeps_what_it_could_not_read() {
+    let mut state = ClusterState::new();
+    for (name, ip) in [("a", "198.18.0.1"), ("b", "198.18.0.2"), ("c", "198.18.0.3")] {
+        state.apply(Change::Applied(service(name, ip, &[])));
+    }
+    state.apply(Change::Applied(slice("c-1", "c", &["198.19.0.3"])));
+    state.take_dirty();
+
+    state.apply(Change::ListStarted(Kind::Service));
+    state.apply(Change::Applied(service("a", "198.18.0.1", &[])));
+    state.apply(Change::Unreadable(Kind::Service, ObjectKey::new("ns", "b")));
+    assert_eq!(names(&state), ["a", "b", "c"], "nothing goes before the listing ends");
+    let outcome = state.apply(Change::ListEnded(Kind::Service));
+    assert_eq!(outcome.gone, [ObjectKey::new("ns", "c")]);
+    assert_eq!(names(&state), ["a", "b"], "b was named, unreadable: its last good version stays");
+    assert!(state.is_synced(Kind::Service));
+    assert_eq!(state.take_dirty().services, BTreeSet::from([ObjectKey::new("ns", "c")]));
+    assert_eq!(state.slices_of(&ObjectKey::new("ns", "c")).count(), 1, "slices are a listing of their own");
+
+    // Slices too, and nothing is left over for the next listing.
+    state.apply(Change::ListStarted(Kind::EndpointSlice));
+    let outcome = state.apply(Change::ListEnded(Kind::EndpointSlice));
+    assert_eq!(outcome.gone, [ObjectKey::new("ns", "c-1")]);
+    let outcome = state.apply(Change::ListEnded(Kind::Service));
+    assert!(outcome.gone.is_empty(), "a listing's end without its start removes nothing: {outcome:?}");
+}
+
+#[test]
+fn a_listing_that_starts_over_forgets_what_the_broken_one_named() {
+    let mut state = ClusterState::new();
+    state.apply(Change::Applied(service("a", "198.18.0.1", &[])));
+    state.apply(Change::Applied(service("b", "198.18.0.2", &[])));
+    state.apply(Change::ListStarted(Kind::Service));
+    state.apply(Change::Applied(service("a", "198.18.0.1", &[])));
+    // The connection dropped; the listing starts over and no longer holds a.
+    state.apply(Change::ListStarted(Kind::Service));
+    state.apply(Change::Applied(service("b", "198.18.0.2", &[])));
+    let outcome = state.apply(Change::ListEnded(Kind::Service));
+    assert_eq!(outcome.gone, [ObjectKey::new("ns", "a")]);
+    assert_eq!(names(&state), ["b"]);
+}
+
+#[test]
+fn a_first_listing_keeps_everything_it_brings() {
+    let mut state = ClusterState::new();
+    state.apply(Change::ListStarted(Kind::Service));
+    state.apply(Change::Applied(service("a", "198.18.0.1", &[])));
+    state.apply(Change::Applied(service("b", "198.18.0.2", &[])));
+    assert!(!state.is_synced(Kind::Service));
+    let outcome = state.apply(Change::ListEnded(Kind::Service));
+    assert!(outcome.gone.is_empty());
+    assert_eq!(names(&state), ["a", "b"]);
+    assert!(state.is_synced(Kind::Service));
+}
