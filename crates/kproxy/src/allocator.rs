@@ -16,9 +16,10 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 
 /// Makes mimalloc return freed memory to the kernel as soon as it is free (a purge delay of 0).
+/// Call before any other thread starts.
 pub fn purge_freed_memory_at_once() {
-    // SAFETY: `mi_option_set` only stores the value in mimalloc's option table; it is safe to
-    // call at any time, from any thread.
+    // SAFETY: `mi_option_set` stores the value in mimalloc's option table, which is not
+    // synchronized: it is called first thing in `main`, before any other thread exists.
     #[allow(unsafe_code)]
     unsafe {
         libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 0);

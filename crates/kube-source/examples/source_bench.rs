@@ -8,11 +8,10 @@
 //! ```
 //!
 //! `decode` times, on one thread, kproxy's decode of each object's JSON as the API server sends
-//! it (`kproxy_kube_source::decode`: lenient read into a JSON tree, then the strict typed
-//! conversion that names a bad field), against a plain `serde_json` decode straight into the
-//! typed objects (which would fail a whole list page on one bad object), and reading the bytes
-//! as a JSON tree alone: the ceiling of what a cheaper encoding (protobuf) could save on the
-//! client's side. The objects are serialized beforehand and not timed.
+//! it (`kproxy_kube_source::decode`: the typed object straight from the object's text, a bad
+//! one kept aside with its name and the field at fault), against a plain `serde_json` decode
+//! straight into the typed objects (which would fail a whole list page on one bad object), and
+//! reading the bytes as a JSON tree alone. The objects are serialized beforehand and not timed.
 //!
 //! `bytes` builds Services (one TCP port) with one 5-endpoint EndpointSlice each, shaped like a
 //! real cluster's (`fake::objects`), applies them to a `ClusterState`, builds the plan, and

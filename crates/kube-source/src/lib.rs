@@ -12,9 +12,11 @@
 //!   one request per kind, whatever the cluster size) and fall back to watch-cache lists on a
 //!   server that refuses that ([`ListMode`]);
 //! - memory bounded by kproxy's own records: each listed object is converted and handed over as
-//!   it arrives ([`kproxy_state::Change::Applied`], then [`kproxy_state::Change::Synced`] per
-//!   kind), never collected into a whole list, at start or on a relist. The consumer knows it has
-//!   a complete view once Services and EndpointSlices are both synced;
+//!   it arrives ([`kproxy_state::Change::ListStarted`], [`kproxy_state::Change::Applied`] per
+//!   object, then [`kproxy_state::Change::ListEnded`]), never collected into a whole list, at
+//!   start or on a relist, and the source keeps no key of what it sent: the consumer works out
+//!   what a relist no longer names. It knows it has a complete view once Services and
+//!   EndpointSlices are both synced;
 //! - `clientConnection` settings: qps/burst (a token bucket shared by every request, as
 //!   client-go's clientset has) and content type ([`client()`]).
 //!

@@ -76,31 +76,20 @@ impl ApiKind for ServiceCIDR {
 
 /// `spec.trafficHint` (KEP-4963), a field k8s-openapi's `ServiceSpec` does not have. Read from the
 /// text only when the key is in it (kube-apiserver writes keys unescaped), so a Service without
-/// it costs a substring search, not a second parse.
+/// it costs a substring search, not a second parse. Read as a JSON tree, which takes the last of
+/// duplicated keys as the typed decode does.
 fn traffic_hint(json: &str) -> Option<String> {
-    #[derive(Deserialize)]
-    struct Doc {
-        spec: Option<Spec>,
-    }
-    #[derive(Deserialize)]
-    struct Spec {
-        #[serde(rename = "trafficHint")]
-        traffic_hint: Option<Value>,
-    }
     if !json.contains("\"trafficHint\"") {
         return None;
     }
-    let doc: Doc = serde_json::from_str(json).ok()?;
-    match doc.spec?.traffic_hint? {
-        Value::String(hint) => Some(hint),
-        _ => None,
-    }
+    let value: Value = serde_json::from_str(json).ok()?;
+    value.pointer("/spec/trafficHint")?.as_str().map(str::to_owned)
 }
 
 /// One object of kind `K` as the API server sent it: the state's object, or why it could not be
 /// read.
 pub(crate) struct Decoded<K> {
-    read: Result<Object, Unreadable>,
+    read: Result<Object, Box<Unreadable>>,
     kind: PhantomData<fn() -> K>,
 }
 
@@ -127,17 +116,38 @@ impl<K: ApiKind> Decoded<K> {
     /// Decodes one object's JSON text.
     fn from_json(json: &str) -> Self {
         let read = match serde_json::from_str::<K>(json) {
-            Ok(typed) if typed.meta().name.as_deref().is_some_and(|name| !name.is_empty()) => {
-                let mut object = typed.into_object(json);
-                // Often the largest part of an object, and nothing kproxy reads: dropped before
-                // the object waits in a channel.
-                object_meta_mut(&mut object).managed_fields = None;
-                Ok(object)
-            }
-            Ok(typed) => Err(Unreadable { meta: typed.meta().clone(), reason: "metadata.name missing".into() }),
-            Err(_) => Err(Unreadable { meta: identity(json), reason: reason_of::<K>(json) }),
+            Ok(typed) => Self::named(typed, json),
+            Err(_) => Self::without_managed_fields(json),
         };
         Self { read, kind: PhantomData }
+    }
+
+    fn named(typed: K, json: &str) -> Result<Object, Box<Unreadable>> {
+        if typed.meta().name.as_deref().is_none_or(str::is_empty) {
+            return Err(Box::new(Unreadable { meta: typed.meta().clone(), reason: "metadata.name missing".into() }));
+        }
+        let mut object = typed.into_object(json);
+        // Often the largest part of an object, and nothing kproxy reads: dropped before the
+        // object waits in a channel.
+        object_meta_mut(&mut object).managed_fields = None;
+        Ok(object)
+    }
+
+    /// An object that did not decode: decoded again without its `managedFields`, which kproxy
+    /// never reads and so must not reject an object for; or, when that fails too, why. Read as a
+    /// JSON tree (which takes the last of duplicated keys, as the typed decode does): only a bad
+    /// object pays for it.
+    fn without_managed_fields(json: &str) -> Result<Object, Box<Unreadable>> {
+        let unreadable = |value: &Value| Box::new(Unreadable { meta: identity(value), reason: reason_of::<K>(json) });
+        let Ok(mut value) = serde_json::from_str::<Value>(json) else {
+            return Err(unreadable(&Value::Null));
+        };
+        let removed = value.get_mut("metadata").and_then(Value::as_object_mut).and_then(|m| m.remove("managedFields"));
+        let stripped = removed.is_some().then(|| value.to_string());
+        match stripped.as_deref().map(serde_json::from_str::<K>) {
+            Some(Ok(typed)) => Self::named(typed, stripped.as_deref().unwrap_or(json)),
+            _ => Err(unreadable(&value)),
+        }
     }
 
     /// The object, or why it could not be read (with its kind and identity).
@@ -173,28 +183,12 @@ fn reason_of<K: DeserializeOwned>(json: &str) -> String {
 
 /// The fields of the metadata the watcher needs: name, namespace and resource version. Read
 /// field by field, so they are there even when the rest of the metadata is malformed.
-fn identity(json: &str) -> ObjectMeta {
-    #[derive(Deserialize, Default)]
-    struct Doc {
-        #[serde(default)]
-        metadata: Meta,
-    }
-    #[derive(Deserialize, Default)]
-    #[serde(default, rename_all = "camelCase")]
-    struct Meta {
-        name: Value,
-        namespace: Value,
-        resource_version: Value,
-    }
-    let meta = serde_json::from_str::<Doc>(json).unwrap_or_default().metadata;
-    let text = |value: Value| match value {
-        Value::String(text) => Some(text),
-        _ => None,
-    };
+fn identity(value: &Value) -> ObjectMeta {
+    let field = |name: &str| value.get("metadata")?.get(name)?.as_str().map(str::to_owned);
     ObjectMeta {
-        name: text(meta.name),
-        namespace: text(meta.namespace),
-        resource_version: text(meta.resource_version),
+        name: field("name"),
+        namespace: field("namespace"),
+        resource_version: field("resourceVersion"),
         ..ObjectMeta::default()
     }
 }
@@ -216,8 +210,8 @@ impl<'de, K: ApiKind> Visitor<'de> for ObjectVisitor<K> {
 
     /// serde_json hands the value over as a one-entry map: the token, then the text.
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        match map.next_key::<Cow<'de, str>>()? {
-            Some(key) if key == RAW_VALUE_TOKEN => map.next_value_seed(TextSeed(PhantomData)),
+        match map.next_key_seed(IsToken)? {
+            Some(true) => map.next_value_seed(TextSeed(PhantomData)),
             _ => Err(A::Error::custom("expected an object's JSON text")),
         }
     }
@@ -226,6 +220,29 @@ impl<'de, K: ApiKind> Visitor<'de> for ObjectVisitor<K> {
     fn visit_newtype_struct<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
         let value = Value::deserialize(deserializer)?;
         Ok(Decoded::from_json(&value.to_string()))
+    }
+}
+
+/// Whether a map key is [`RAW_VALUE_TOKEN`] (read without copying it).
+struct IsToken;
+
+impl<'de> DeserializeSeed<'de> for IsToken {
+    type Value = bool;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<bool, D::Error> {
+        deserializer.deserialize_str(self)
+    }
+}
+
+impl Visitor<'_> for IsToken {
+    type Value = bool;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a map key")
+    }
+
+    fn visit_str<E: de::Error>(self, key: &str) -> Result<bool, E> {
+        Ok(key == RAW_VALUE_TOKEN)
     }
 }
 

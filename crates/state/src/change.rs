@@ -137,14 +137,15 @@ pub enum Change {
     Deleted(Kind, ObjectKey),
     /// A complete listing of one kind: objects of that kind not in the list are gone; marks that
     /// kind as synced. For small listings (tests, the `plan` subcommand): a source that lists
-    /// many objects streams them instead, as `Applied` events followed by [`Change::Synced`].
-    /// Later relists (e.g. after `410 Gone`) come as the difference (`Applied` / `Deleted`), so
-    /// an object that could not be read keeps its last good version.
+    /// many objects streams them instead, as `Applied` events followed by [`Change::Synced`]
+    /// (the manifest source) or between [`Change::ListStarted`] and [`Change::ListEnded`] (the
+    /// API source), so that an object that could not be read keeps its last good version.
     Replaced(Kind, Vec<Object>),
     /// The initial listing of one kind is complete: every object of that kind was sent as
     /// `Applied` before this (and objects no longer there as `Deleted`). Marks the kind as
     /// synced. This lets a source hand over a listing object by object as it arrives, so neither
-    /// the source nor the channel ever holds the whole list.
+    /// the source nor the channel ever holds the whole list. (Also: a kind that counts as listed
+    /// and empty, e.g. an API the server does not serve.)
     Synced(Kind),
     /// A listing of one kind starts, or starts over after breaking off: its objects follow as
     /// `Applied` (or [`Change::Unreadable`]), then [`Change::ListEnded`]. For a source that

@@ -8,6 +8,10 @@ fn decoded<K: ApiKind>(value: Value) -> Decoded<K> {
     serde_json::from_str(&value.to_string()).unwrap()
 }
 
+fn decoded_text<K: ApiKind>(json: &str) -> Decoded<K> {
+    serde_json::from_str(json).unwrap()
+}
+
 fn service(value: Value) -> Result<Object, Malformed> {
     decoded::<Service>(value).into_result()
 }
@@ -147,4 +151,34 @@ fn api_resources_match_upstream_paths() {
         (Decoded::<ServiceCIDR>::group(&()), Decoded::<ServiceCIDR>::plural(&())),
         ("networking.k8s.io".into(), "servicecidrs".into())
     );
+}
+
+#[test]
+fn a_bad_object_with_duplicated_keys_is_named_by_the_last_of_them() {
+    // As a JSON tree (and the typed decode) reads them: the last one wins.
+    let json = r#"{"metadata": {"name": "first", "name": "web", "namespace": "prod", "resourceVersion": "5"},
+                   "spec": {"ports": "eighty"}}"#;
+    let bad: Decoded<Service> = serde_json::from_str(json).unwrap();
+    assert_eq!(bad.meta().resource_version.as_deref(), Some("5"), "the watcher needs it");
+    assert_eq!(bad.into_result().unwrap_err().key, ObjectKey::new("prod", "web"));
+    let hinted = r#"{"metadata": {"name": "web"}, "spec": {"trafficHint": "Other", "trafficHint": "LongLived"}}"#;
+    let Object::Service(svc) = decoded_text::<Service>(hinted).into_result().unwrap() else { panic!("not a service") };
+    assert_eq!(svc.traffic_hint.as_deref(), Some("LongLived"));
+}
+
+#[test]
+fn managed_fields_kproxy_cannot_read_do_not_make_an_object_unreadable() {
+    let object = service(json!({"metadata": {"name": "web", "namespace": "prod",
+                                             "managedFields": [{"manager": 7, "time": "yesterday"}]},
+                                "spec": {"clusterIP": "198.18.0.10", "trafficHint": "LongLived"}}))
+    .unwrap();
+    let Object::Service(svc) = object else { panic!("not a service") };
+    assert_eq!(svc.service.metadata.managed_fields, None);
+    assert_eq!(svc.traffic_hint.as_deref(), Some("LongLived"));
+    // Still unreadable for a field kproxy does read.
+    let err = service(json!({"metadata": {"name": "web", "managedFields": [{"manager": 7}]},
+                             "spec": {"ports": "eighty"}}))
+    .unwrap_err();
+    assert!(err.reason.starts_with("metadata.managedFields") || err.reason.starts_with("spec.ports"), "{}", err.reason);
+    assert_eq!(err.key, ObjectKey::cluster("web"));
 }
