@@ -76,10 +76,12 @@ impl ClusterState {
     pub fn apply(&mut self, change: Change) -> ApplyOutcome {
         match change {
             Change::Applied(object) => {
-                if let Some(named) = self.listing.get_mut(&object.kind()) {
-                    named.insert(object.key());
+                let outcome = self.upsert(&object);
+                if self.listing.contains_key(&object.kind()) {
+                    let key = self.shared_key(object.kind(), object.key());
+                    self.listing.entry(object.kind()).or_default().insert(key);
                 }
-                self.upsert(&object)
+                outcome
             }
             Change::ListStarted(kind) => {
                 if self.holds_any(kind) {
@@ -172,6 +174,17 @@ impl ClusterState {
     /// Every CIDR of every ServiceCIDR object.
     pub fn service_cidrs(&self) -> impl Iterator<Item = &IpNet> {
         self.service_cidrs.values().flatten()
+    }
+
+    /// The state's own copy of `key` when it holds the object (its strings shared, not copied
+    /// again), else `key`.
+    fn shared_key(&self, kind: Kind, key: ObjectKey) -> ObjectKey {
+        let stored = match kind {
+            Kind::Service => self.services.get_key_value(&key).map(|(stored, _)| stored),
+            Kind::EndpointSlice => self.slice_owner.get_key_value(&key).map(|(stored, _)| stored),
+            Kind::Node | Kind::ServiceCidr => None,
+        };
+        stored.cloned().unwrap_or(key)
     }
 
     fn holds_any(&self, kind: Kind) -> bool {
