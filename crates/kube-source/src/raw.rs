@@ -143,10 +143,10 @@ impl<K: ApiKind> Decoded<K> {
             return Err(unreadable(&Value::Null));
         };
         let removed = value.get_mut("metadata").and_then(Value::as_object_mut).and_then(|m| m.remove("managedFields"));
-        let stripped = removed.is_some().then(|| value.to_string());
-        match stripped.as_deref().map(serde_json::from_str::<K>) {
-            Some(Ok(typed)) => Self::named(typed, stripped.as_deref().unwrap_or(json)),
-            _ => Err(unreadable(&value)),
+        let Some(stripped) = removed.map(|_| value.to_string()) else { return Err(unreadable(&value)) };
+        match serde_json::from_str::<K>(&stripped) {
+            Ok(typed) => Self::named(typed, &stripped),
+            Err(_) => Err(unreadable(&value)),
         }
     }
 

@@ -6,6 +6,9 @@ use std::time::Duration;
 
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
 use kproxy_state::{Change, Kind, Object};
 use kube::runtime::WatchStreamExt as _;
 use kube::runtime::utils::Backoff;
@@ -13,10 +16,6 @@ use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
-
-use k8s_openapi::api::core::v1::{Node, Service};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
-use k8s_openapi::api::networking::v1::ServiceCIDR;
 
 use crate::raw::{ApiKind, Decoded, Malformed};
 use crate::retry::{LastError, RecoveryBackoff};
@@ -291,10 +290,7 @@ impl KindEmitter {
             },
             Ok(Event::InitDone) => {
                 self.stats.count_list(kind);
-                if !self.listed {
-                    self.listed = true;
-                    tracing::info!(%kind, "listed");
-                }
+                self.first_listing_done();
                 self.send(Change::ListEnded(kind)).await
             }
             Ok(Event::Apply(read)) => match read {
@@ -354,10 +350,17 @@ impl KindEmitter {
         self.stats.count_malformed(self.kind);
     }
 
-    /// Marks the first listing as complete; false once the receiver is gone.
+    /// Notes (and logs, once) that the kind has been listed.
+    fn first_listing_done(&mut self) {
+        if !self.listed {
+            self.listed = true;
+            tracing::info!(kind = %self.kind, "listed");
+        }
+    }
+
+    /// Marks the kind as listed and empty without a listing; false once the receiver is gone.
     async fn synced(&mut self) -> bool {
-        self.listed = true;
-        tracing::info!(kind = %self.kind, "listed");
+        self.first_listing_done();
         self.send(Change::Synced(self.kind)).await
     }
 
