@@ -12,6 +12,7 @@ mod support;
 use std::fmt::Write as _;
 use std::io::Read;
 use std::process::{Command, Stdio};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 /// Services enough for the first transaction's text to overflow a 64 KiB pipe many times.
@@ -91,6 +92,16 @@ fn sigterm_during_a_sync_that_does_not_end_exits_within_a_second() {
 /// Bulk Services enough for kproxy's cold start to take seconds (several nf_tables
 /// transactions; the base chains come in the last one).
 const COLD_START_SERVICES: usize = 30_000;
+
+/// The two cold-start tests run one at a time: each sends SIGTERM inside a window of a few
+/// seconds that its own cold start opens. Side by side on two cores, the other's cold start
+/// (30,000 Services listed and written) delayed the `nft list tables` poll that watches for the
+/// window past its end: the table was seen 6 s after kproxy's log says it was committed.
+static COLD_STARTS: Mutex<()> = Mutex::new(());
+
+fn one_cold_start_at_a_time() -> MutexGuard<'static, ()> {
+    COLD_STARTS.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 /// `kproxy` in namespace `ns` against the API server at `url`, its stderr in `dir/kproxy.log`.
 fn kproxy_logged(ns: &str, url: &str, dir: &std::path::Path, args: &[String]) -> support::KillOnDrop {
@@ -196,6 +207,7 @@ fn sigterm_during_a_cold_start_exits_within_a_second_with_no_base_chain_hooked_a
     if !kproxy_testbed::kernel::require_root() {
         return;
     }
+    let _alone = one_cold_start_at_a_time();
     let sandbox = support::bulk_sandbox(COLD_START_SERVICES);
     let mut run = ColdStart::spawn(&sandbox, "nftables");
     let support::BulkSandbox { tb, web, client, api } = &sandbox;
@@ -283,6 +295,7 @@ fn sigterm_during_an_iptables_cold_start_restore_exits_within_a_second_leaving_t
     if !kproxy_testbed::kernel::require_root() {
         return;
     }
+    let _alone = one_cold_start_at_a_time();
     let sandbox = support::bulk_sandbox(COLD_START_SERVICES);
     let mut run = ColdStart::spawn(&sandbox, "iptables");
     let support::BulkSandbox { tb, web, client, api } = &sandbox;
