@@ -34,10 +34,11 @@ pub fn element_counters(
     set: &str,
     keys: &[Key],
 ) -> io::Result<Vec<Option<Counted>>> {
-    let sock = exec.socket()?;
     let mut counted: std::collections::HashMap<Vec<u8>, Counted> = std::collections::HashMap::new();
-    crate::listing::dump_set_elements(sock, nfproto(table.family), &table.name, set, |msg| {
-        counted.extend(element_counts(msg))
+    exec.on_socket(|sock| {
+        crate::listing::dump_set_elements(sock, nfproto(table.family), &table.name, set, |msg| {
+            counted.extend(element_counts(msg))
+        })
     })?;
     Ok(keys
         .iter()
@@ -72,22 +73,23 @@ fn element_counts(msg: &[u8]) -> Vec<(Vec<u8>, Counted)> {
 /// The packets counted by every `counter` statement of the rules of `chain`, added up; `None`
 /// when the chain has no counter (a missing table or chain dumps as no rules).
 pub fn chain_packets(exec: &mut NetlinkExecutor, table: &TableRef, chain: &str) -> io::Result<Option<u64>> {
-    let sock = exec.socket()?;
     let mut total: Option<u64> = None;
     let (table_name, chain_name) = (table.name.clone(), chain.to_owned());
-    sock.dump(
-        NFT_MSG_GETRULE,
-        nfproto(table.family),
-        move |m| {
-            m.put_str(NFTA_RULE_TABLE, &table_name);
-            m.put_str(NFTA_RULE_CHAIN, &chain_name);
-        },
-        |rule| {
-            for packets in rule_packets(rule) {
-                total = Some(total.unwrap_or(0).saturating_add(packets));
-            }
-        },
-    )?;
+    exec.on_socket(|sock| {
+        sock.dump(
+            NFT_MSG_GETRULE,
+            nfproto(table.family),
+            move |m| {
+                m.put_str(NFTA_RULE_TABLE, &table_name);
+                m.put_str(NFTA_RULE_CHAIN, &chain_name);
+            },
+            |rule| {
+                for packets in rule_packets(rule) {
+                    total = Some(total.unwrap_or(0).saturating_add(packets));
+                }
+            },
+        )
+    })?;
     Ok(total)
 }
 

@@ -32,9 +32,16 @@ impl NetlinkExecutor {
         }
     }
 
-    /// Drops the socket; the next use opens a new one.
-    pub fn reset_socket(&mut self) {
-        self.sock = None;
+    /// Runs `op` on the socket. After an error the socket is dropped and the next use opens a
+    /// new one: an overrun socket (`ENOBUFS`) has lost messages (the kernel drops replies to it
+    /// silently until it is read empty, so a request on it could wait forever), and one that
+    /// failed mid-reply may still hold the rest of that reply.
+    pub fn on_socket<T>(&mut self, op: impl FnOnce(&mut NfSocket) -> io::Result<T>) -> io::Result<T> {
+        let result = op(self.socket()?);
+        if result.is_err() {
+            self.sock = None;
+        }
+        result
     }
 }
 
@@ -50,12 +57,7 @@ impl Executor for NetlinkExecutor {
         })?;
         // An operation may take several messages (interval elements, anonymous sets).
         self.seq = batch.end_seq();
-        let sock = self.socket().map_err(ExecError::Netlink)?;
-        let replies = sock.send_batch(&batch).map_err(|e| {
-            // The socket's state is unknown after an I/O error: start afresh next time.
-            self.sock = None;
-            ExecError::Netlink(e)
-        })?;
+        let replies = self.on_socket(|sock| sock.send_batch(&batch)).map_err(ExecError::Netlink)?;
         let Some(first_err) = replies.first() else {
             tracing::debug!(ops = tx.len(), bytes = batch.bytes().len(), "applied nftables batch over netlink");
             return Ok(());
@@ -68,8 +70,7 @@ impl Executor for NetlinkExecutor {
     }
 
     fn generation(&mut self) -> Result<Option<u32>, ExecError> {
-        let sock = self.socket().map_err(ExecError::Netlink)?;
-        sock.generation().map(Some).map_err(ExecError::Netlink)
+        self.on_socket(NfSocket::generation).map(Some).map_err(ExecError::Netlink)
     }
 
     fn list(&mut self, table: &TableRef) -> Result<Option<TableListing>, ExecError> {

@@ -93,18 +93,19 @@ pub fn set_identities(
     set: &str,
 ) -> io::Result<Option<BTreeSet<Vec<u8>>>> {
     let family = crate::batch::nfproto(table.family);
-    let sock = exec.socket()?;
     let mut out = Some(BTreeSet::new());
-    dump_set_elements(sock, family, &table.name, set, |p| {
-        let Some(list) = Attrs(p).find(|a| a.kind == NFTA_SET_ELEM_LIST_ELEMENTS) else { return };
-        for elem in list.nested().filter(|a| a.kind == NFTA_LIST_ELEM) {
-            match (dumped_identity(elem), out.as_mut()) {
-                (Some(id), Some(ids)) => {
-                    ids.insert(id);
+    exec.on_socket(|sock| {
+        dump_set_elements(sock, family, &table.name, set, |p| {
+            let Some(list) = Attrs(p).find(|a| a.kind == NFTA_SET_ELEM_LIST_ELEMENTS) else { return };
+            for elem in list.nested().filter(|a| a.kind == NFTA_LIST_ELEM) {
+                match (dumped_identity(elem), out.as_mut()) {
+                    (Some(id), Some(ids)) => {
+                        ids.insert(id);
+                    }
+                    _ => out = None,
                 }
-                _ => out = None,
             }
-        }
+        })
     })?;
     Ok(out)
 }

@@ -7,6 +7,7 @@ use kproxy_nft_model::{TableListing, TableRef};
 
 use crate::NetlinkExecutor;
 use crate::batch::nfproto;
+use crate::socket::NfSocket;
 use crate::sys::*;
 use crate::wire::Attrs;
 
@@ -25,31 +26,34 @@ const LISTING_ATTEMPTS: usize = 5;
 /// the kernel flags the dump `NLM_F_DUMP_INTR`) would give a summary of no single ruleset, and
 /// the periodic check would "repair" drift that is not there. So the ruleset generation is read
 /// before and after, and a listing that straddles a commit, or an interrupted or overrun dump
-/// (`ENOBUFS`), is read again.
+/// (`ENOBUFS`), is read again. When every attempt met a commit, the error is
+/// [`io::ErrorKind::Interrupted`]: the kernel never held still, and no listing is given.
 pub fn list_table(exec: &mut NetlinkExecutor, table: &TableRef, count_elements: bool) -> io::Result<TableListing> {
     let mut attempt = 0;
     loop {
         attempt += 1;
-        let before = exec.socket()?.generation()?;
-        let listing = match dump_table(exec, table, count_elements) {
-            Err(e) if e.raw_os_error() == Some(libc_enoent()) => Ok(TableListing::default()),
-            other => other,
-        };
-        let retry = match &listing {
-            Ok(_) => exec.socket()?.generation()? != before,
-            Err(e) => is_transient(e),
-        };
-        if !retry || attempt == LISTING_ATTEMPTS {
-            return listing;
-        }
-        if listing.is_err() {
-            // An overrun socket may still hold the rest of the broken dump: start afresh.
-            exec.reset_socket();
+        match list_once(exec, table, count_elements) {
+            // An overrun socket was dropped (`NetlinkExecutor::on_socket`): the next is fresh.
+            Err(e) if is_transient(&e) && attempt < LISTING_ATTEMPTS => {}
+            other => return other,
         }
     }
 }
 
-/// A dump worth reading again: interrupted by a commit, or overrun (`ENOBUFS`).
+/// One listing between two reads of the ruleset generation; `Interrupted` when they differ.
+fn list_once(exec: &mut NetlinkExecutor, table: &TableRef, count_elements: bool) -> io::Result<TableListing> {
+    let before = exec.on_socket(NfSocket::generation)?;
+    let listing = match exec.on_socket(|sock| dump_table(sock, table, count_elements)) {
+        Err(e) if e.raw_os_error() == Some(libc_enoent()) => TableListing::default(),
+        other => other?,
+    };
+    if exec.on_socket(NfSocket::generation)? != before {
+        return Err(io::Error::new(io::ErrorKind::Interrupted, "another process committed while the table was listed"));
+    }
+    Ok(listing)
+}
+
+/// A listing worth taking again: it met a commit, or its socket was overrun (`ENOBUFS`).
 fn is_transient(e: &io::Error) -> bool {
     e.kind() == io::ErrorKind::Interrupted || e.raw_os_error() == Some(nix::errno::Errno::ENOBUFS as i32)
 }
@@ -59,9 +63,8 @@ fn libc_enoent() -> i32 {
     nix::errno::Errno::ENOENT as i32
 }
 
-fn dump_table(exec: &mut NetlinkExecutor, table: &TableRef, count_elements: bool) -> io::Result<TableListing> {
+fn dump_table(sock: &mut NfSocket, table: &TableRef, count_elements: bool) -> io::Result<TableListing> {
     let family = nfproto(table.family);
-    let sock = exec.socket()?;
     let mut l = TableListing::default();
     let name = table.name.as_str();
     let put_table = |kind: u16| move |m: &mut crate::wire::MsgBuf| m.put_str(kind, name);
@@ -120,7 +123,7 @@ fn dump_table(exec: &mut NetlinkExecutor, table: &TableRef, count_elements: bool
 /// Dumps the elements of set `set` of table `table` (family `family`): `each` gets every reply
 /// message's payload.
 pub(crate) fn dump_set_elements(
-    sock: &mut crate::socket::NfSocket,
+    sock: &mut NfSocket,
     family: u8,
     table: &str,
     set: &str,

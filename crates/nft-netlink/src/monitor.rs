@@ -18,8 +18,6 @@ use crate::socket::{NfSocket, messages};
 use crate::sys::*;
 use crate::wire::{Attrs, NFGENMSG_LEN};
 
-/// `NFNLGRP_NFTABLES`: nf_tables' multicast group.
-const NFNLGRP_NFTABLES: u32 = 7;
 /// Every object message (table, chain, rule, set, element, object, flowtable) names its table
 /// in its first attribute.
 const NFTA_TABLE_OF_OBJECT: u16 = 1;

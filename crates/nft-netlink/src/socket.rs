@@ -2,7 +2,7 @@
 //! runs dumps. Synchronous: kproxy applies one transaction at a time and waits for it.
 
 use std::io;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd};
 
 use netlink_sys::protocols::NETLINK_NETFILTER;
 use netlink_sys::{Socket, SocketAddr};
@@ -31,6 +31,13 @@ pub struct NfSocket {
     sock: Socket,
     sndbuf: usize,
     recv: Vec<u8>,
+}
+
+/// The socket's descriptor: to poll it, or to set an option this type leaves alone.
+impl AsFd for NfSocket {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.sock.as_fd()
+    }
 }
 
 /// One message read back from the kernel.

@@ -13,6 +13,8 @@ pub const NLM_F_CREATE: u16 = 0x400;
 pub const NLM_F_APPEND: u16 = 0x800;
 /// On a dump reply: the dump met a concurrent change and may be inconsistent.
 pub const NLM_F_DUMP_INTR: u16 = 0x10;
+/// `NFNLGRP_NFTABLES`: nf_tables' multicast group, told of every commit.
+pub const NFNLGRP_NFTABLES: u32 = 7;
 pub const NLA_F_NESTED: u16 = 0x8000;
 
 pub const NFNL_MSG_BATCH_BEGIN: u16 = 0x10;

@@ -687,6 +687,74 @@ fn a_listing_taken_while_another_process_commits_to_the_table_is_one_ruleset() {
     assert_eq!(seen.len(), 2, "both rulesets were listed: {seen:?}");
 }
 
+/// The socket of `exec`, opened in `ns`, joins nf_tables' notices with the smallest receive
+/// buffer the kernel allows: the next commit of any size overruns it (`ENOBUFS`), as a dump reader
+/// is overrun when the kernel has more for it than its buffer holds.
+fn overrunnable_executor(ns: &Netns) -> NetlinkExecutor {
+    use nix::sys::socket::{setsockopt, sockopt};
+    use std::os::fd::AsFd;
+    ns.run_in(|| {
+        let mut exec = NetlinkExecutor::new();
+        let sock = exec.socket().unwrap();
+        sock.subscribe(kproxy_nft_netlink::sys::NFNLGRP_NFTABLES).unwrap();
+        setsockopt(&sock.as_fd(), sockopt::RcvBuf, &0).unwrap();
+        exec
+    })
+    .unwrap()
+}
+
+/// Another process's commit of 500 rules (coalesced into about 25 notices) to its own table.
+fn commit_many_rules(ns: &Netns, round: usize) {
+    let rules: String =
+        (0..500).map(|i| format!("add rule ip other c{round} udp dport {} accept\n", 1000 + i)).collect();
+    ns.nft(&format!("add table ip other\nadd chain ip other c{round}\n{rules}")).unwrap();
+}
+
+/// Runs `f` in `ns` and returns what it returned; fails the test if it has not within 10 s (a
+/// request whose reply the kernel dropped waits forever).
+fn answered_in<T: Send + 'static>(ns: &Netns, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (answered_tx, answered) = std::sync::mpsc::channel();
+    let _thread = ns.spawn_in("request", move || answered_tx.send(f()).unwrap()).unwrap();
+    answered.recv_timeout(std::time::Duration::from_secs(10)).expect("an answer within 10 s")
+}
+
+#[test]
+fn a_listing_or_request_on_a_socket_the_kernel_overran_is_answered_on_a_fresh_socket() {
+    if !require_root() {
+        return;
+    }
+    use kproxy_nft_model::Executor as _;
+    let ns = Netns::new("nloverrun").unwrap();
+    let table = TableRef { family: TableFamily::Ip, name: "shared".into() };
+    ns.nft("add table ip shared\nadd chain ip shared c\nadd rule ip shared c counter\nadd set ip shared s { type ipv4_addr; }\nadd element ip shared s { 192.0.2.1, 192.0.2.2 }")
+        .unwrap();
+    // The fault is real: a request on an overrun socket gets ENOBUFS.
+    let mut probe = overrunnable_executor(&ns);
+    commit_many_rules(&ns, 1);
+    let error = probe.socket().unwrap().generation().unwrap_err();
+    assert_eq!(error.raw_os_error(), Some(nix::libc::ENOBUFS), "the socket was overrun: {error}");
+
+    // A listing on an overrun socket starts afresh and lists the table as it is.
+    let mut exec = overrunnable_executor(&ns);
+    commit_many_rules(&ns, 2);
+    let listing = answered_in(&ns, move || list_table(&mut exec, &table, true)).unwrap();
+    assert_eq!(listing.chains, BTreeMap::from([("c".to_owned(), 1)]), "{listing:?}");
+    assert_eq!(listing.sets, BTreeMap::from([("s".to_owned(), Some(2))]), "{listing:?}");
+
+    // A request that met the overrun leaves the executor with a fresh socket. Kept, the overrun
+    // socket would stay full and lose the next reply: the request after would wait forever.
+    let mut exec = overrunnable_executor(&ns);
+    commit_many_rules(&ns, 3);
+    let failed = exec.generation().unwrap_err();
+    assert!(
+        matches!(&failed, ExecError::Netlink(e) if e.raw_os_error() == Some(nix::libc::ENOBUFS)),
+        "the overrun is reported: {failed}"
+    );
+    commit_many_rules(&ns, 4);
+    let next = answered_in(&ns, move || exec.generation());
+    assert!(matches!(next, Ok(Some(_))), "the next request succeeds: {next:?}");
+}
+
 #[test]
 fn the_monitor_reports_other_processes_commits_to_the_watched_table_and_no_other() {
     if !require_root() {
