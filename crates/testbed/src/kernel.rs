@@ -147,6 +147,17 @@ pub fn require(features: &[KernelFeature]) -> bool {
     false
 }
 
+/// True inside the guest kernel. Elsewhere it [`skip`]s visibly (recorded under `CI=true`, so
+/// `cargo xtask guest-test` runs the test) and returns false: for a test that changes what is
+/// global to the kernel (`why`), which only the throwaway guest may change.
+pub fn require_guest(why: &str) -> bool {
+    if in_guest() {
+        return true;
+    }
+    skip(&format!("{why}: runs only under `cargo xtask guest-test`"));
+    false
+}
+
 /// The file where skipped kernel tests are recorded under `CI=true`: `KPROXY_SKIP_LEDGER` when
 /// set, else `kernel-test-skips.log` in the target directory of the running test executable
 /// (`target/debug/deps/<test>` → `target/`).
