@@ -61,6 +61,11 @@ pub struct ClusterState {
     /// ([`Change::ListStarted`]). Nothing is kept for a listing that starts with none of its kind
     /// here (a cold start): everything it brings is named.
     listing: BTreeMap<Kind, BTreeSet<ObjectKey>>,
+    /// Per kind, the keys of objects the cluster has but kproxy keeps no record of (ExternalName
+    /// and headless Services, slices it ignores, objects rejected from their first version): so a
+    /// relist that no longer names one reports it gone, as upstream counts every delete its
+    /// informer sees. Only keys: a few dozen bytes each.
+    unheld: BTreeMap<Kind, BTreeSet<ObjectKey>>,
     dirty: Dirty,
     /// Trigger times of EndpointSlice changes not yet programmed.
     change_triggers: Vec<(IpFamily, String)>,
@@ -77,6 +82,7 @@ impl ClusterState {
         match change {
             Change::Applied(object) => {
                 let outcome = self.upsert(&object);
+                self.note_held(object.kind(), object.key());
                 if self.listing.contains_key(&object.kind()) {
                     let key = self.shared_key(object.kind(), object.key());
                     self.listing.entry(object.kind()).or_default().insert(key);
@@ -124,6 +130,7 @@ impl ClusterState {
                 let mut outcome = ApplyOutcome::default();
                 for object in &objects {
                     outcome.merge(self.upsert(object));
+                    self.note_held(object.kind(), object.key());
                 }
                 self.synced.insert(kind);
                 outcome
@@ -176,6 +183,26 @@ impl ClusterState {
         self.service_cidrs.values().flatten()
     }
 
+    /// Notes whether the object last applied, `key`, left a record here; see `unheld`.
+    fn note_held(&mut self, kind: Kind, key: ObjectKey) {
+        if self.holds(kind, &key) {
+            if let Some(unheld) = self.unheld.get_mut(&kind) {
+                unheld.remove(&key);
+            }
+        } else {
+            self.unheld.entry(kind).or_default().insert(key);
+        }
+    }
+
+    fn holds(&self, kind: Kind, key: &ObjectKey) -> bool {
+        match kind {
+            Kind::Service => self.services.contains_key(key),
+            Kind::EndpointSlice => self.slice_owner.contains_key(key),
+            Kind::Node => self.nodes.contains_key(&*key.name),
+            Kind::ServiceCidr => self.service_cidrs.contains_key(&*key.name),
+        }
+    }
+
     /// The state's own copy of `key` when it holds the object (its strings shared, not copied
     /// again), else `key`.
     fn shared_key(&self, kind: Kind, key: ObjectKey) -> ObjectKey {
@@ -184,25 +211,30 @@ impl ClusterState {
             Kind::EndpointSlice => self.slice_owner.get_key_value(&key).map(|(stored, _)| stored),
             Kind::Node | Kind::ServiceCidr => None,
         };
-        stored.cloned().unwrap_or(key)
+        let unheld = || self.unheld.get(&kind)?.get(&key);
+        stored.or_else(unheld).cloned().unwrap_or(key)
     }
 
     fn holds_any(&self, kind: Kind) -> bool {
-        match kind {
-            Kind::Service => !self.services.is_empty(),
-            Kind::EndpointSlice => !self.slice_owner.is_empty(),
-            Kind::Node => !self.nodes.is_empty(),
-            Kind::ServiceCidr => !self.service_cidrs.is_empty(),
-        }
+        self.unheld.get(&kind).is_some_and(|unheld| !unheld.is_empty())
+            || match kind {
+                Kind::Service => !self.services.is_empty(),
+                Kind::EndpointSlice => !self.slice_owner.is_empty(),
+                Kind::Node => !self.nodes.is_empty(),
+                Kind::ServiceCidr => !self.service_cidrs.is_empty(),
+            }
     }
 
+    /// The keys of every object of `kind` here, held or [`unheld`](Self::unheld).
     fn keys(&self, kind: Kind) -> Vec<ObjectKey> {
-        match kind {
+        let mut keys: Vec<ObjectKey> = match kind {
             Kind::Service => self.services.keys().cloned().collect(),
             Kind::EndpointSlice => self.slice_owner.keys().cloned().collect(),
             Kind::Node => self.nodes.keys().map(|n| ObjectKey::cluster(n.as_str())).collect(),
             Kind::ServiceCidr => self.service_cidrs.keys().map(|n| ObjectKey::cluster(n.as_str())).collect(),
-        }
+        };
+        keys.extend(self.unheld.get(&kind).into_iter().flatten().cloned());
+        keys
     }
 
     fn upsert(&mut self, object: &Object) -> ApplyOutcome {
@@ -306,6 +338,9 @@ impl ClusterState {
     }
 
     fn remove(&mut self, kind: Kind, key: &ObjectKey) {
+        if let Some(unheld) = self.unheld.get_mut(&kind) {
+            unheld.remove(key);
+        }
         match kind {
             Kind::Service => {
                 if self.services.remove(key).is_some() {

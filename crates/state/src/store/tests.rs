@@ -197,3 +197,42 @@ fn a_first_listing_keeps_everything_it_brings() {
     assert_eq!(names(&state), ["a", "b"]);
     assert!(state.is_synced(Kind::Service));
 }
+
+#[test]
+fn a_relist_reports_gone_the_objects_it_ignored_or_rejected_as_well_as_those_it_held() {
+    let mut state = ClusterState::new();
+    state.apply(Change::Applied(service("a", "198.18.0.1", &[])));
+    state.apply(Change::Applied(service("headless", "None", &[])));
+    let outcome = state.apply(Change::Applied(service("bad", "not-an-ip", &[])));
+    assert_eq!(outcome.rejected.len(), 1, "rejected from its first version");
+    state.apply(Change::Applied(service("deleted", "None", &[])));
+    state.apply(Change::Deleted(Kind::Service, ObjectKey::new("ns", "deleted")));
+    state.take_dirty();
+
+    state.apply(Change::ListStarted(Kind::Service));
+    state.apply(Change::Applied(service("a", "198.18.0.1", &[])));
+    let outcome = state.apply(Change::ListEnded(Kind::Service));
+    assert_eq!(outcome.gone, [ObjectKey::new("ns", "bad"), ObjectKey::new("ns", "headless")]);
+    assert_eq!(names(&state), ["a"]);
+    assert!(state.take_dirty().services.is_empty(), "nothing kproxy programs changed");
+
+    // Nothing of theirs is left behind for the next relist.
+    state.apply(Change::ListStarted(Kind::Service));
+    state.apply(Change::Applied(service("a", "198.18.0.1", &[])));
+    assert!(state.apply(Change::ListEnded(Kind::Service)).gone.is_empty());
+}
+
+#[test]
+fn a_service_that_becomes_headless_is_reported_gone_by_a_relist_that_no_longer_names_it() {
+    let mut state = ClusterState::new();
+    state.apply(Change::Applied(service("a", "198.18.0.1", &[])));
+    state.apply(Change::Applied(service("a", "None", &[])));
+    assert!(names(&state).is_empty());
+    state.apply(Change::ListStarted(Kind::Service));
+    assert_eq!(state.apply(Change::ListEnded(Kind::Service)).gone, [ObjectKey::new("ns", "a")]);
+    // And one that stops being headless is held, not also unheld.
+    state.apply(Change::Applied(service("b", "None", &[])));
+    state.apply(Change::Applied(service("b", "198.18.0.2", &[])));
+    state.apply(Change::ListStarted(Kind::Service));
+    assert_eq!(state.apply(Change::ListEnded(Kind::Service)).gone, [ObjectKey::new("ns", "b")]);
+}
