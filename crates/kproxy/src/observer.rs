@@ -216,9 +216,16 @@ impl SyncObserver for DaemonObserver {
                 // A dump and a few deletes over netlink (the sync loop has its own thread).
                 match reconciler.reconcile(fam) {
                     Ok(stats) => {
-                        self.metrics.observe_conntrack_reconcile(*family, stats.duration, stats.deleted as u64)
+                        self.metrics.observe_conntrack_reconcile(*family, stats.duration, stats.deleted as u64);
+                        if stats.failed > 0 {
+                            // Each refused delete was logged by the reconciler.
+                            self.metrics.inc_conntrack_cleanup_failure(*family);
+                        }
                     }
-                    Err(e) => warn!(%family, error = %e, "conntrack cleanup failed; retrying after the next sync"),
+                    Err(e) => {
+                        warn!(%family, error = %e, "conntrack cleanup failed; retrying after the next sync");
+                        self.metrics.inc_conntrack_cleanup_failure(*family);
+                    }
                 }
             }
         }

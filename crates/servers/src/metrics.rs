@@ -244,6 +244,7 @@ struct Inner {
     iptables_rules_last: Family<TableLabels, Gauge>,
     conntrack_duration: HistogramFamily,
     conntrack_deleted: Family<FamilyLabels, Counter>,
+    conntrack_cleanup_failures: Family<FamilyLabels, Counter>,
     invalid_objects: Family<KindLabels, Counter>,
     masquerade_policy: Family<MasqueradeLabels, Gauge>,
     masquerade_current: Mutex<Vec<MasqueradeLabels>>,
@@ -452,6 +453,12 @@ impl Metrics {
             "Cumulative conntrack flows deleted by conntrack reconciler",
             Family::clone(&conntrack_deleted),
         );
+        let conntrack_cleanup_failures = Family::default();
+        registry.register(
+            "kproxy_conntrack_cleanup_failures",
+            "Conntrack cleanup passes that left stale entries behind (the dump failed, or the kernel refused a delete); the next sync's pass retries them",
+            Family::clone(&conntrack_cleanup_failures),
+        );
 
         let invalid_objects = Family::default();
         registry.register(
@@ -552,6 +559,7 @@ impl Metrics {
                 iptables_rules_last,
                 conntrack_duration,
                 conntrack_deleted,
+                conntrack_cleanup_failures,
                 invalid_objects,
                 masquerade_policy,
                 masquerade_current: Mutex::new(Vec::new()),
@@ -656,6 +664,7 @@ impl Metrics {
             let _ = self.inner.nftables_cleanup_failures.get_or_create(&labels);
             let _ = self.inner.iptables_restore_failures.get_or_create(&labels);
             let _ = self.inner.iptables_partial_restore_failures.get_or_create(&labels);
+            let _ = self.inner.conntrack_cleanup_failures.get_or_create(&labels);
         }
     }
 
@@ -686,6 +695,11 @@ impl Metrics {
         let labels = family_labels(family);
         self.inner.conntrack_duration.get_or_create(&labels).observe(duration.as_secs_f64());
         self.inner.conntrack_deleted.get_or_create(&labels).inc_by(deleted);
+    }
+
+    /// A conntrack cleanup pass of `family` left stale entries behind.
+    pub fn inc_conntrack_cleanup_failure(&self, family: IpFamily) {
+        self.inner.conntrack_cleanup_failures.get_or_create(&family_labels(family)).inc();
     }
 
     /// A cluster object of `kind` (`Service`, `EndpointSlice`, ...) was skipped as invalid.

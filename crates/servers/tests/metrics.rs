@@ -38,6 +38,7 @@ fn populated(mode: DataplaneMode) -> Metrics {
         m.set_no_local_endpoints(family, TrafficPolicyKind::Internal, 2);
         m.set_no_local_endpoints(family, TrafficPolicyKind::External, 1);
         m.observe_conntrack_reconcile(family, Duration::from_millis(12), 5);
+        m.inc_conntrack_cleanup_failure(family);
         m.set_masquerade_policy(family, "clusterCIDR", &[]);
     }
     m.set_endpoint_changes_pending(4);
@@ -83,6 +84,7 @@ const COMMON: &[(&str, &str, &[&str])] = &[
     ("kubeproxy_proxy_livez_total", "counter", &["code"]),
     ("kubeproxy_conntrack_reconciler_sync_duration_seconds", "histogram", &["ip_family"]),
     ("kubeproxy_conntrack_reconciler_deleted_entries_total", "counter", &["ip_family"]),
+    ("kproxy_conntrack_cleanup_failures_total", "counter", &["ip_family"]),
     ("kproxy_invalid_objects_total", "counter", &["kind"]),
     ("kproxy_masquerade_policy_info", "gauge", &["ip_family", "no_masquerade_cidrs", "source"]),
     ("kproxy_service_healthcheck_bind_failures_total", "counter", &[]),
