@@ -1,12 +1,12 @@
-//! The node's conntrack table full (`nf_conntrack_max` reached) under a running kproxy: the
-//! kernel drops every new connection, established flows go on, and kproxy goes on too. Changes
-//! still reach the kernel, the stale-flow cleanup still deletes a removed endpoint's UDP entry
-//! (the freed slot lets that flow move to the new endpoint), and once the table has room again
-//! every Service answers, the one added meanwhile included, with no sync failed. The real binary,
-//! a fake API server, packets.
+//! The node's conntrack table full (`nf_conntrack_max` reached) under a running kproxy, in each
+//! mode (nftables, iptables, IPVS): the kernel drops every new connection, established flows go
+//! on, and kproxy goes on too. Changes still reach the kernel, a removed endpoint's stale UDP entry
+//! is still deleted (by kproxy's cleanup; in IPVS mode by IPVS itself), the freed slot lets that
+//! flow move to the new endpoint, and once the table has room again every Service answers, the
+//! one added meanwhile included, with no sync failed. The real binary, a fake API server, packets.
 //!
 //! `nf_conntrack_max` is global to the kernel (read-only outside the initial namespace), so this
-//! test runs only in the throwaway guest kernel (`cargo xtask guest-test conntrack_full`); being
+//! test runs only in the throwaway guest kernel (`cargo xtask guest-test conntrack_table_full`); being
 //! the only test of its binary, it runs there alone.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers: a panic is a test failure
@@ -17,6 +17,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use kproxy_state::Kind;
+use kproxy_testbed::kernel::KernelFeature;
 use kproxy_testbed::{Netns, ProbeOptions, ProbeResult, Proto, Testbed, Where, probe, probe_with};
 use serde_json::{Value, json};
 
@@ -120,11 +121,21 @@ fn insert_filler(node: &Netns, port: u16) -> bool {
     node.exec("conntrack", &args).unwrap().status.success()
 }
 
-/// Waits until `nft list ruleset` in `node` contains `text`.
-fn ruleset_contains(node: &Netns, text: &str, within: Duration) -> bool {
+/// What the dataplane of `mode` holds in `node`, as its own tool lists it.
+fn dataplane_listing(node: &Netns, mode: &str) -> String {
+    let (tool, args): (&str, &[&str]) = match mode {
+        "nftables" => ("nft", &["list", "ruleset"]),
+        "iptables" => ("iptables-save", &[]),
+        _ => ("ipvsadm", &["-Ln"]),
+    };
+    node.exec_ok(tool, args).unwrap()
+}
+
+/// Waits until the dataplane of `mode` in `node` holds `text`.
+fn programmed(node: &Netns, mode: &str, text: &str, within: Duration) -> bool {
     let deadline = Instant::now() + within;
     loop {
-        if node.exec_ok("nft", &["list", "ruleset"]).unwrap().contains(text) {
+        if dataplane_listing(node, mode).contains(text) {
             return true;
         }
         if Instant::now() > deadline {
@@ -157,9 +168,17 @@ fn sum_of(text: &str, family: &str) -> f64 {
 fn with_the_conntrack_table_full_kproxy_keeps_syncing_and_cleaning_and_every_service_answers_once_it_has_room() {
     if !kproxy_testbed::kernel::require_root()
         || !kproxy_testbed::kernel::require_guest("changes nf_conntrack_max, which is global to the kernel")
+        || !kproxy_testbed::kernel::require(&[KernelFeature::Ipvs, KernelFeature::Dummy])
     {
         return;
     }
+    // One mode after another: the limit is the whole kernel's.
+    for mode in ["nftables", "iptables", "ipvs"] {
+        full_table(mode);
+    }
+}
+
+fn full_table(mode: &str) {
     let tb = Testbed::new().unwrap();
     let web = tb.add_pod("web", Where::Node2).unwrap();
     web.serve(&[(Proto::Tcp, 8080)]).unwrap();
@@ -187,19 +206,19 @@ fn with_the_conntrack_table_full_kproxy_keeps_syncing_and_cleaning_and_every_ser
     api.server.apply(Kind::Service, service("dns", "198.18.128.11", "UDP", 53, 8053));
     api.server.apply(Kind::EndpointSlice, slice("dns", &a_ip, "UDP", 8053));
     let metrics = support::free_port();
-    let args = support::node_a_args(metrics, &["--detect-local-mode=NodeCIDR"]);
-    let (_kproxy, dir) = support::kproxy_in(node.name(), &api.server.url(), "conntrack-full", &args);
+    let args = support::node_a_args(metrics, &[&format!("--proxy-mode={mode}"), "--detect-local-mode=NodeCIDR"]);
+    let (_kproxy, dir) = support::kproxy_in(node.name(), &api.server.url(), &format!("conntrack-full-{mode}"), &args);
 
     // The paths work: a new connection to web, and a UDP flow to dns-a, kept alive past the 2 s
     // after which the kernel marks a UDP flow with replies assured (never evicted to make room).
     let got = support::answered_by(client.netns(), WEB.parse().unwrap(), "web", support::START);
-    assert_eq!(got.backend(), Some("web"), "web answers before the table fills: {got:?}");
+    assert_eq!(got.backend(), Some("web"), "{mode}: web answers before the table fills: {got:?}");
     let got = flow_answered_by(client.netns(), "dns-a", support::CHANGE);
-    assert_eq!(got.backend(), Some("dns-a"), "the flow reaches dns-a: {got:?}");
+    assert_eq!(got.backend(), Some("dns-a"), "{mode}: the flow reaches dns-a: {got:?}");
     std::thread::sleep(Duration::from_millis(2_500));
-    assert_eq!(flow(client.netns()).backend(), Some("dns-a"));
+    assert_eq!(flow(client.netns()).backend(), Some("dns-a"), "{mode}: the flow goes on past 2 s");
     let entries = flow_entries(node);
-    assert!(entries.contains("[ASSURED]") && entries.contains(&a_ip), "the flow's entry: {entries}");
+    assert!(entries.contains("[ASSURED]") && entries.contains(&a_ip), "{mode}: the flow's entry: {entries}");
 
     // Fill the node's table: room for 20 more entries, then entries until the kernel refuses one.
     let count: usize = node.read_sysctl("net.netfilter.nf_conntrack_count").unwrap().trim().parse().unwrap();
@@ -208,40 +227,54 @@ fn with_the_conntrack_table_full_kproxy_keeps_syncing_and_cleaning_and_every_ser
     while inserted < 200 && insert_filler(node, 10_000 + inserted) {
         inserted += 1;
     }
-    assert!((1..200).contains(&inserted), "the table filled after {inserted} entries (it held {count})");
+    assert!((1..200).contains(&inserted), "{mode}: the table filled after {inserted} entries (it held {count})");
 
     // Full: a new connection is dropped by the kernel; the established flow goes on.
     for attempt in 0..3 {
         let got = probe(client.netns(), Proto::Tcp, WEB.parse().unwrap(), Duration::from_secs(1)).unwrap();
-        assert!(got.backend().is_none(), "attempt {attempt}: with the table full a new connection fails: {got:?}");
+        assert!(
+            got.backend().is_none(),
+            "{mode}, attempt {attempt}: with the table full a new connection fails: {got:?}"
+        );
     }
-    assert_eq!(flow(client.netns()).backend(), Some("dns-a"), "the established flow goes on");
+    assert_eq!(flow(client.netns()).backend(), Some("dns-a"), "{mode}: the established flow goes on");
 
     // Changes while full: a new Service, and dns's endpoint replaced. Both reach the kernel; the
-    // flow's entry, now stale, is deleted, and the freed slot lets the flow reach dns-b.
+    // flow's entry, now stale, is deleted (by kproxy's cleanup; in IPVS mode by IPVS, below), and
+    // the freed slot lets the flow reach dns-b.
     api.server.apply(Kind::Service, service("late", "198.18.128.12", "TCP", 80, 8080));
     api.server.apply(Kind::EndpointSlice, slice("late", &web_ip, "TCP", 8080));
     api.server.apply(Kind::EndpointSlice, slice("dns", &b_ip, "UDP", 8053));
-    assert!(ruleset_contains(node, "198.18.128.12", support::CHANGE), "the Service added while full is programmed");
-    assert!(ruleset_contains(node, &b_ip, support::CHANGE), "dns's new endpoint is programmed");
+    assert!(
+        programmed(node, mode, "198.18.128.12", support::CHANGE),
+        "{mode}: the Service added while full is programmed"
+    );
+    assert!(programmed(node, mode, &b_ip, support::CHANGE), "{mode}: dns's new endpoint is programmed");
     let entries = flow_entries_until(node, support::CHANGE, |entries| !entries.contains(&a_ip));
-    assert!(!entries.contains(&a_ip), "kproxy deleted the flow's stale entry: {entries}");
+    assert!(!entries.contains(&a_ip), "{mode}: the flow's stale entry was deleted: {entries}");
     let got = flow_answered_by(client.netns(), "dns-b", support::CHANGE);
-    assert_eq!(got.backend(), Some("dns-b"), "the flow moves to dns-b in the slot its old entry left: {got:?}");
+    assert_eq!(got.backend(), Some("dns-b"), "{mode}: the flow moves to dns-b in the slot its old entry left: {got:?}");
 
     // Room again (the fillers go, as entries expire on a real node): every Service answers.
     node.exec_ok("conntrack", &["-D", "-p", "tcp", "--orig-port-dst", "9"]).unwrap();
     let got = support::answered_by(client.netns(), WEB.parse().unwrap(), "web", support::CHANGE);
-    assert_eq!(got.backend(), Some("web"), "web answers once the table has room: {got:?}");
+    assert_eq!(got.backend(), Some("web"), "{mode}: web answers once the table has room: {got:?}");
     let got = support::answered_by(client.netns(), LATE.parse().unwrap(), "web", support::CHANGE);
-    assert_eq!(got.backend(), Some("web"), "the Service added while full answers: {got:?}");
+    assert_eq!(got.backend(), Some("web"), "{mode}: the Service added while full answers: {got:?}");
 
     let text =
         node.run_in(move || support::http_get(metrics, "/metrics").map(|(_, body)| body).unwrap_or_default()).unwrap();
-    let failures = "kubeproxy_sync_proxy_rules_nftables_sync_failures_total{";
-    assert!(text.contains(failures), "sync failures exported:\n{text}");
-    assert_eq!(sum_of(&text, failures), 0.0, "no sync failed while the table was full");
-    let deleted = sum_of(&text, "kubeproxy_conntrack_reconciler_deleted_entries_total{");
-    assert!(deleted >= 1.0, "the cleanup's deletion is counted: {deleted}");
+    let failures = match mode {
+        "nftables" => "kubeproxy_sync_proxy_rules_nftables_sync_failures_total{",
+        _ => "kubeproxy_sync_proxy_rules_iptables_restore_failures_total{",
+    };
+    assert!(text.contains(failures), "{mode}: sync failures exported:\n{text}");
+    assert_eq!(sum_of(&text, failures), 0.0, "{mode}: no sync failed while the table was full");
+    // In IPVS mode the kernel drops the entry itself: the real server went, and with
+    // `expire_nodest_conn` IPVS expires its connections with their conntrack entries.
+    if mode != "ipvs" {
+        let deleted = sum_of(&text, "kubeproxy_conntrack_reconciler_deleted_entries_total{");
+        assert!(deleted >= 1.0, "{mode}: the cleanup's deletion is counted: {deleted}");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
