@@ -6,8 +6,8 @@
 //! one added meanwhile included, with no sync failed. The real binary, a fake API server, packets.
 //!
 //! `nf_conntrack_max` is global to the kernel (read-only outside the initial namespace), so this
-//! test runs only in the throwaway guest kernel (`cargo xtask guest-test conntrack_table_full`); being
-//! the only test of its binary, it runs there alone.
+//! test runs only in the throwaway guest kernel (`cargo xtask guest-test conntrack_table_full`);
+//! the only test of its binary, it runs there alone, and the modes run one after another.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers: a panic is a test failure
 
