@@ -61,6 +61,9 @@ pub struct FakeHost {
     pub dumps: usize,
     /// Fail the next IPVS change.
     pub fail_next_ipvs: bool,
+    /// Answer every nftables listing as the netlink executor does when another program keeps
+    /// committing: `Interrupted`, no listing.
+    pub nft_busy: bool,
 }
 
 impl FakeHost {
@@ -264,6 +267,10 @@ impl Host for FakeHost {
 
     fn nft_list(&mut self, table: &TableRef) -> Result<Option<TableListing>, Error> {
         self.nft_listings += 1;
+        if self.nft_busy {
+            let busy = std::io::Error::new(std::io::ErrorKind::Interrupted, "another process kept committing");
+            return Err(Error::Nft(kproxy_nftables::ExecError::Netlink(busy)));
+        }
         Ok(Some(self.nft_tables.get(table)))
     }
 }

@@ -253,3 +253,21 @@ fn a_check_after_a_failed_sync_is_a_full_sync() {
     let db = &dp.host().services[&cip("198.18.128.11")];
     assert_eq!(db.dests.keys().copied().collect::<Vec<_>>(), [dest("198.18.16.12")]);
 }
+
+#[test]
+fn a_check_that_cannot_list_the_busy_aux_table_says_so_writes_nothing_and_lists_it_next_time() {
+    let (world, mut dp) = synced(Config::default());
+    dp.verify(&world.plan).unwrap();
+    // Another program commits, and keeps committing while kproxy lists.
+    dp.host_mut().tamper_nft(|_| {});
+    dp.host_mut().nft_busy = true;
+    dp.host_mut().clear_log();
+    assert_eq!(dp.verify(&world.plan).unwrap(), Verified::Busy);
+    assert!(dp.host().log.is_empty(), "nothing written: {:?}", dp.host().log);
+    // Still in sync: the next check is a check (one more listing), not a full sync.
+    dp.host_mut().nft_busy = false;
+    let listings = dp.host().nft_listings;
+    assert_eq!(dp.verify(&world.plan).unwrap(), Verified::Clean);
+    assert_eq!(dp.host().nft_listings, listings + 1, "listed at the next check");
+    assert!(dp.host().log.is_empty(), "no full sync: {:?}", dp.host().log);
+}

@@ -139,7 +139,8 @@ pub const TOUCHED_CHECK_GAP: Duration = Duration::from_millis(200);
 
 /// When a periodic check could not read the tables because another program kept committing,
 /// the next try comes this much later (not a sync period later, and not so soon that a tight
-/// loop of someone else's commits keeps kproxy dumping its tables).
+/// loop of someone else's commits keeps kproxy dumping its tables); twice as long after each
+/// further busy check, up to a sync period.
 pub const BUSY_CHECK_GAP: Duration = Duration::from_secs(1);
 
 /// Starts following commits to kproxy's tables; each notice on the channel asks for a check.
@@ -181,7 +182,7 @@ pub struct Proxier<D, O> {
     /// A notice came: check the kernel as soon as [`TOUCHED_CHECK_GAP`] allows.
     check_soon: bool,
     /// How long after the last check a `check_soon` check runs: [`TOUCHED_CHECK_GAP`], or
-    /// [`BUSY_CHECK_GAP`] after a check found the tables too busy to read.
+    /// [`BUSY_CHECK_GAP`] (doubling) after checks that found the tables too busy to read.
     check_gap: Duration,
 }
 
@@ -431,7 +432,8 @@ impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
         }
         self.last_check = Some(start);
         self.check_soon = false;
-        let was_busy = std::mem::replace(&mut self.check_gap, TOUCHED_CHECK_GAP) == BUSY_CHECK_GAP;
+        let previous_gap = std::mem::replace(&mut self.check_gap, TOUCHED_CHECK_GAP);
+        let was_busy = previous_gap >= BUSY_CHECK_GAP;
         match self.dataplane.verify(&self.plan) {
             Ok(Verified::Clean) => debug!(took_us = start.elapsed().as_micros() as u64, "periodic check: rules intact"),
             Ok(Verified::Repaired(drift)) => {
@@ -461,7 +463,14 @@ impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
                     );
                 }
                 self.check_soon = true;
-                self.check_gap = BUSY_CHECK_GAP;
+                // Twice as long after each busy check in a row, up to a sync period: a program
+                // that never stops committing costs kproxy a few listings per period, not one
+                // every second.
+                self.check_gap = if was_busy {
+                    (previous_gap * 2).min(self.pacing.sync_period).max(BUSY_CHECK_GAP)
+                } else {
+                    BUSY_CHECK_GAP
+                };
             }
             Err(e) => {
                 warn!(error = %e, "periodic check failed; the next sync is a full resync");

@@ -270,6 +270,9 @@ fn full_table(mode: &str) {
     };
     assert!(text.contains(failures), "{mode}: sync failures exported:\n{text}");
     assert_eq!(sum_of(&text, failures), 0.0, "{mode}: no sync failed while the table was full");
+    let cleanup_failures = "kproxy_conntrack_cleanup_failures_total{";
+    assert!(text.contains(cleanup_failures), "{mode}: cleanup failures exported:\n{text}");
+    assert_eq!(sum_of(&text, cleanup_failures), 0.0, "{mode}: no cleanup pass failed");
     // In IPVS mode the kernel drops the entry itself: the real server went, and with
     // `expire_nodest_conn` IPVS expires its connections with their conntrack entries.
     if mode != "ipvs" {

@@ -35,10 +35,14 @@ impl NetlinkExecutor {
     /// Runs `op` on the socket. After an error the socket is dropped and the next use opens a
     /// new one: an overrun socket (`ENOBUFS`) has lost messages (the kernel drops replies to it
     /// silently until it is read empty, so a request on it could wait forever), and one that
-    /// failed mid-reply may still hold the rest of that reply.
+    /// failed mid-reply may still hold the rest of that reply. Kept only after the errors that
+    /// come with the kernel's whole answer read: `ENOENT` (no such table, chain or set) and a
+    /// dump read to its end that met a commit (`Interrupted`).
     pub fn on_socket<T>(&mut self, op: impl FnOnce(&mut NfSocket) -> io::Result<T>) -> io::Result<T> {
         let result = op(self.socket()?);
-        if result.is_err() {
+        if let Err(e) = &result
+            && !(e.kind() == io::ErrorKind::Interrupted || e.raw_os_error() == Some(nix::libc::ENOENT))
+        {
             self.sock = None;
         }
         result

@@ -26,7 +26,7 @@ const LISTING_ATTEMPTS: usize = 5;
 /// the kernel flags the dump `NLM_F_DUMP_INTR`) would give a summary of no single ruleset, and
 /// the periodic check would "repair" drift that is not there. So the ruleset generation is read
 /// before and after, and a listing that straddles a commit, or an interrupted or overrun dump
-/// (`ENOBUFS`), is read again. When every attempt met a commit, the error is
+/// (`ENOBUFS`), is read again. When the last attempt still met a commit, the error is
 /// [`io::ErrorKind::Interrupted`]: the kernel never held still, and no listing is given.
 pub fn list_table(exec: &mut NetlinkExecutor, table: &TableRef, count_elements: bool) -> io::Result<TableListing> {
     let mut attempt = 0;

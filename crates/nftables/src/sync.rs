@@ -353,10 +353,23 @@ impl<E: Executor> NftablesDataplane<E> {
     /// The first sync, or the first after a failure: adopts kproxy's tables if they are there,
     /// else builds them.
     fn start(&mut self, plan: &Plan) -> Result<SyncReport, SyncError> {
-        let tables = plan.families.keys().map(|f| ctx(&self.config, *f).table);
+        let tables: Vec<TableRef> = plan.families.keys().map(|f| ctx(&self.config, *f).table).collect();
         // Adoption reads the elements it keeps set by set; counting them here would dump every
         // set twice.
-        let existing = match crate::kernel::list_all_without_elements(&mut self.exec, tables) {
+        let mut listed = crate::kernel::list_all_without_elements(&mut self.exec, tables.iter().cloned());
+        // Another program committing without a pause can keep every listing from being one
+        // ruleset. Wait a little for a quiet moment rather than build afresh: a cold start
+        // deletes the tables, and with them the affinity sets and counters adoption keeps.
+        for _ in 0..START_LISTING_RETRIES {
+            match &listed {
+                Err(ExecError::Netlink(e)) if e.kind() == std::io::ErrorKind::Interrupted => {
+                    std::thread::sleep(START_LISTING_PAUSE);
+                    listed = crate::kernel::list_all_without_elements(&mut self.exec, tables.iter().cloned());
+                }
+                _ => break,
+            }
+        }
+        let existing = match listed {
             Ok(Some(listings)) => listings.into_iter().filter(|(_, l)| !l.chains.is_empty()).collect(),
             Ok(None) => BTreeMap::new(),
             Err(e) => {
@@ -680,6 +693,11 @@ fn drop_unplanned_families(config: &Config, plan: &Plan, out: &mut impl FnMut(Op
 }
 
 const TABLE_COMMENT: &str = "rules for kproxy";
+
+/// How many more times the start lists kproxy's tables when another program kept committing
+/// through every attempt of a listing, and the pause before each.
+const START_LISTING_RETRIES: usize = 10;
+const START_LISTING_PAUSE: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// Emits the operations that recreate the tables for `plan`, service by service, with the base
 /// chains last; returns the resulting state.

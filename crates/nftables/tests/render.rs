@@ -45,6 +45,23 @@ fn a_full_sync_of_an_unchanged_plan_applies_nothing_and_a_node_change_reconciles
     assert!(!second.contains("add set ip kproxy affinity-") && !second.contains("delete set"), "{second}");
 }
 
+/// A restart while another program commits without a pause: the first listings meet its
+/// commits, and the start waits for one that does not rather than rebuilding the tables (which
+/// would delete them, their affinity sets and counters with them).
+#[test]
+fn a_restart_whose_first_listings_meet_commits_adopts_the_tables_rather_than_rebuilding_them() {
+    let plan = common::example_plan();
+    let mut before = dataplane();
+    before.full_sync(&plan).unwrap();
+    let tables = before.executor().tables.clone();
+    let busy = Recording { tables, busy_lists: 3, ..Recording::default() };
+    let mut restarted = NftablesDataplane::new(busy, Config::default());
+    restarted.full_sync(&plan).unwrap();
+    assert_eq!(restarted.executor().busy_lists, 0, "the busy listings were tried again");
+    let tx = restarted.executor().last().unwrap().render();
+    assert!(!tx.contains("delete table"), "adopted, not rebuilt: {tx}");
+}
+
 #[test]
 fn after_a_failed_sync_the_next_adopts_the_tables_in_one_transaction_without_deleting_them() {
     let plan = common::example_plan();

@@ -19,8 +19,8 @@ pub struct ApplyOutcome {
     pub rejected: Vec<ObjectError>,
     /// Problems that did not stop the object from being used (e.g. an unknown traffic hint).
     pub warnings: Vec<ObjectError>,
-    /// Objects removed because a completed listing no longer named them
-    /// ([`Change::ListEnded`]).
+    /// Objects a completed listing no longer named ([`Change::ListEnded`]): removed, or, for
+    /// those kproxy kept no record of (`unheld`), forgotten.
     pub gone: Vec<ObjectKey>,
 }
 

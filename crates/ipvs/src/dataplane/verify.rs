@@ -19,6 +19,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
 
 use kproxy_nft_model::Transaction;
+use kproxy_nftables::ExecError;
 use kproxy_nftables::kernel::{Desired, Drift, list_all, repair_ops};
 use kproxy_plan::{Plan, Verified};
 
@@ -42,8 +43,9 @@ impl<H: Host> IpvsDataplane<H> {
             return Ok(Verified::Rewritten);
         }
         match self.check_and_repair(plan) {
-            Ok(drift) if drift.is_empty() => Ok(Verified::Clean),
-            Ok(drift) => {
+            Ok((drift, AuxCheck::Busy)) if drift.is_empty() => Ok(Verified::Busy),
+            Ok((drift, _)) if drift.is_empty() => Ok(Verified::Clean),
+            Ok((drift, _)) => {
                 tracing::debug!(?drift, "kproxy's IPVS state was changed by someone else; repaired");
                 Ok(Verified::Repaired(drift))
             }
@@ -56,36 +58,37 @@ impl<H: Host> IpvsDataplane<H> {
     }
 
     /// Reads everything, then repairs in the order of a partial sync (new addresses first,
-    /// then IPVS, then the auxiliary tables, then addresses that go); returns what differed.
-    fn check_and_repair(&mut self, plan: &Plan) -> Result<Vec<String>, Error> {
+    /// then IPVS, then the auxiliary tables, then addresses that go); returns what differed,
+    /// and how the auxiliary tables' check went.
+    fn check_and_repair(&mut self, plan: &Plan) -> Result<(Vec<String>, AuxCheck), Error> {
         let mut drift = self.ensure_sysctls(plan)?;
         let name = self.config.interface.clone();
         let link = self.host.link(&name)?;
         if link.as_ref().map(|(index, kind)| (Some(*index), kind.as_deref())) != Some((self.link, Some("dummy"))) {
             drift.push(format!("interface {name} is gone or was replaced"));
             self.full_sync(plan)?;
-            return Ok(drift);
+            return Ok((drift, AuxCheck::Same));
         }
         let (missing, unexpected) = self.address_drift(&mut drift)?;
         let services = self.ipvs_drift(&mut drift)?;
-        let aux_repair = self.aux_drift(&mut drift)?;
+        let aux = self.aux_drift(&mut drift)?;
         for addr in missing {
             self.reconcile_address(addr)?;
         }
         for key in services {
             self.reconcile_service(key)?;
         }
-        if let Some(tx) = aux_repair {
+        if let AuxCheck::Repair(tx) = &aux {
             // The repair restores what was applied: the summary stays what it was.
             let expected = self.aux.listings.clone();
-            self.aux.apply(&mut HostNft(&mut self.host), &tx)?;
+            self.aux.apply(&mut HostNft(&mut self.host), tx)?;
             self.aux.listings = expected;
         }
         for addr in unexpected {
             self.reconcile_address(addr)?;
         }
         self.reap_drained()?;
-        Ok(drift)
+        Ok((drift, aux))
     }
 
     /// Compares the dummy interface's addresses with the VIPs; returns those to add and those
@@ -145,13 +148,20 @@ impl<H: Host> IpvsDataplane<H> {
 
     /// Lists the auxiliary tables if anyone committed to nf_tables since kproxy's last commit;
     /// returns the transaction that repairs those that differ from what kproxy applied.
-    fn aux_drift(&mut self, drift: &mut Vec<String>) -> Result<Option<Transaction>, Error> {
+    fn aux_drift(&mut self, drift: &mut Vec<String>) -> Result<AuxCheck, Error> {
         let generation = self.host.nft_generation()?;
         if generation.is_some() && generation == self.aux.generation {
-            return Ok(None);
+            return Ok(AuxCheck::Same);
         }
         let tables = self.families.values().map(|s| s.ctx.table.clone());
-        let Some(live) = list_all(&mut HostNft(&mut self.host), tables)? else { return Ok(None) };
+        let live = match list_all(&mut HostNft(&mut self.host), tables) {
+            Ok(Some(live)) => live,
+            Ok(None) => return Ok(AuxCheck::Same),
+            // Another program kept committing while the tables were listed: no listing was one
+            // ruleset. The generation still differs, so the next check lists them again.
+            Err(ExecError::Netlink(e)) if e.kind() == std::io::ErrorKind::Interrupted => return Ok(AuxCheck::Busy),
+            Err(e) => return Err(e.into()),
+        };
         let mut tx = Transaction::new();
         for state in self.families.values() {
             let table = &state.ctx.table;
@@ -178,10 +188,20 @@ impl<H: Host> IpvsDataplane<H> {
         }
         if tx.is_empty() {
             self.aux.generation = generation;
-            return Ok(None);
+            return Ok(AuxCheck::Same);
         }
-        Ok(Some(tx))
+        Ok(AuxCheck::Repair(tx))
     }
+}
+
+/// How the check of the auxiliary tables went.
+enum AuxCheck {
+    /// They hold what kproxy applied.
+    Same,
+    /// They differ; the transaction repairs them.
+    Repair(Transaction),
+    /// Another program kept committing while they were listed: not checked this time.
+    Busy,
 }
 
 fn dest_name(d: &DestKey) -> SocketAddr {

@@ -359,6 +359,29 @@ async fn a_check_that_found_the_tables_busy_is_tried_again_a_second_later_not_fa
     assert_eq!(rec.calls(), [Call::Full(1), Call::Verify(1), Call::Verify(1)]);
 }
 
+/// Busy checks in a row wait twice as long each time, up to a sync period; one that reads the
+/// tables puts the checks back a sync period apart.
+#[tokio::test(start_paused = true)]
+async fn busy_checks_in_a_row_back_off_to_a_sync_period() {
+    let rec = Recorder::default();
+    let mut p = synced_with_one_service(&rec);
+    tokio::time::advance(Duration::from_secs(30)).await;
+    let mut gaps = Vec::new();
+    for _ in 0..7 {
+        *rec.busy_next.lock().unwrap() = true;
+        p.check();
+        let now = Instant::now();
+        let gap = p.next_sync_at(now) - now;
+        gaps.push(gap.as_secs());
+        tokio::time::advance(gap).await;
+    }
+    assert_eq!(gaps, [1, 2, 4, 8, 16, 30, 30]);
+    assert!(!p.needs_full_sync && p.retry_at.is_none(), "not a failure");
+    p.check();
+    let now = Instant::now();
+    assert_eq!(p.next_sync_at(now), now + Duration::from_secs(30), "back to a sync period");
+}
+
 #[test]
 fn drift_a_full_sync_repaired_is_reported_once() {
     let rec = Recorder::default();

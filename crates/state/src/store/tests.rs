@@ -202,6 +202,7 @@ fn a_first_listing_keeps_everything_it_brings() {
 fn a_relist_reports_gone_the_objects_it_ignored_or_rejected_as_well_as_those_it_held() {
     let mut state = ClusterState::new();
     state.apply(Change::Applied(service("a", "198.18.0.1", &[])));
+    state.apply(Change::Applied(service("b", "198.18.0.2", &[])));
     state.apply(Change::Applied(service("headless", "None", &[])));
     let outcome = state.apply(Change::Applied(service("bad", "not-an-ip", &[])));
     assert_eq!(outcome.rejected.len(), 1, "rejected from its first version");
@@ -212,9 +213,11 @@ fn a_relist_reports_gone_the_objects_it_ignored_or_rejected_as_well_as_those_it_
     state.apply(Change::ListStarted(Kind::Service));
     state.apply(Change::Applied(service("a", "198.18.0.1", &[])));
     let outcome = state.apply(Change::ListEnded(Kind::Service));
-    assert_eq!(outcome.gone, [ObjectKey::new("ns", "bad"), ObjectKey::new("ns", "headless")]);
+    // Held ones first, then the others.
+    let gone = ["b", "bad", "headless"].map(|name| ObjectKey::new("ns", name));
+    assert_eq!(outcome.gone, gone);
     assert_eq!(names(&state), ["a"]);
-    assert!(state.take_dirty().services.is_empty(), "nothing kproxy programs changed");
+    assert_eq!(state.take_dirty().services, BTreeSet::from([ObjectKey::new("ns", "b")]), "only b was programmed");
 
     // Nothing of theirs is left behind for the next relist.
     state.apply(Change::ListStarted(Kind::Service));
