@@ -44,7 +44,7 @@ pub fn list_table(exec: &mut NetlinkExecutor, table: &TableRef, count_elements: 
 fn list_once(exec: &mut NetlinkExecutor, table: &TableRef, count_elements: bool) -> io::Result<TableListing> {
     let before = exec.on_socket(NfSocket::generation)?;
     let listing = match exec.on_socket(|sock| dump_table(sock, table, count_elements)) {
-        Err(e) if e.raw_os_error() == Some(libc_enoent()) => TableListing::default(),
+        Err(e) if e.raw_os_error() == Some(nix::libc::ENOENT) => TableListing::default(),
         other => other?,
     };
     if exec.on_socket(NfSocket::generation)? != before {
@@ -55,12 +55,7 @@ fn list_once(exec: &mut NetlinkExecutor, table: &TableRef, count_elements: bool)
 
 /// A listing worth taking again: it met a commit, or its socket was overrun (`ENOBUFS`).
 fn is_transient(e: &io::Error) -> bool {
-    e.kind() == io::ErrorKind::Interrupted || e.raw_os_error() == Some(nix::errno::Errno::ENOBUFS as i32)
-}
-
-/// `ENOENT`.
-fn libc_enoent() -> i32 {
-    nix::errno::Errno::ENOENT as i32
+    e.kind() == io::ErrorKind::Interrupted || e.raw_os_error() == Some(nix::libc::ENOBUFS)
 }
 
 fn dump_table(sock: &mut NfSocket, table: &TableRef, count_elements: bool) -> io::Result<TableListing> {

@@ -82,10 +82,11 @@ impl ClusterState {
         match change {
             Change::Applied(object) => {
                 let outcome = self.upsert(&object);
-                self.note_held(object.kind(), object.key());
-                if self.listing.contains_key(&object.kind()) {
-                    let key = self.shared_key(object.kind(), object.key());
-                    self.listing.entry(object.kind()).or_default().insert(key);
+                let (kind, key) = (object.kind(), object.key());
+                self.note_held(kind, &key);
+                if self.listing.contains_key(&kind) {
+                    let key = self.shared_key(kind, key);
+                    self.listing.entry(kind).or_default().insert(key);
                 }
                 outcome
             }
@@ -130,7 +131,7 @@ impl ClusterState {
                 let mut outcome = ApplyOutcome::default();
                 for object in &objects {
                     outcome.merge(self.upsert(object));
-                    self.note_held(object.kind(), object.key());
+                    self.note_held(object.kind(), &object.key());
                 }
                 self.synced.insert(kind);
                 outcome
@@ -184,13 +185,13 @@ impl ClusterState {
     }
 
     /// Notes whether the object last applied, `key`, left a record here; see `unheld`.
-    fn note_held(&mut self, kind: Kind, key: ObjectKey) {
-        if self.holds(kind, &key) {
+    fn note_held(&mut self, kind: Kind, key: &ObjectKey) {
+        if self.holds(kind, key) {
             if let Some(unheld) = self.unheld.get_mut(&kind) {
-                unheld.remove(&key);
+                unheld.remove(key);
             }
         } else {
-            self.unheld.entry(kind).or_default().insert(key);
+            self.unheld.entry(kind).or_default().insert(key.clone());
         }
     }
 
