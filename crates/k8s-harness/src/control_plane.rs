@@ -155,6 +155,8 @@ impl ControlPlane {
             scheduler: None,
             started_in: Duration::ZERO,
         };
+        // The API server's client certificate towards kubelets (logs, exec, port-forward).
+        plane.pki.client(&kubelet_client())?;
         plane.start_etcd(ports[1])?;
         plane.pki.write_kubeconfig(&Identity::admin(), &plane.url(), &plane.admin_kubeconfig)?;
         plane.start_apiserver()?;
@@ -176,6 +178,16 @@ impl ControlPlane {
     /// etcd's client URL (`http://127.0.0.1:PORT`, inside the namespace when there is one).
     pub fn etcd_url(&self) -> String {
         format!("http://127.0.0.1:{}", self.etcd_port)
+    }
+
+    /// The running components' names and pids (for a harness that records what it must stop
+    /// should it die before this plane drops, e.g. `cargo xtask cluster`'s ledger).
+    pub fn pids(&self) -> Vec<(String, u32)> {
+        [&self.etcd, &self.apiserver, &self.controller_manager, &self.scheduler]
+            .into_iter()
+            .flatten()
+            .filter_map(|p| Some((p.name().to_owned(), p.pid()?)))
+            .collect()
     }
 
     /// The options it was started with.
@@ -430,6 +442,8 @@ impl ControlPlane {
             format!("--tls-private-key-file={}", pki.serving_key_file().display()),
             format!("--client-ca-file={}", pki.ca_cert_file().display()),
             "--authorization-mode=Node,RBAC".into(),
+            format!("--kubelet-client-certificate={}", kubelet_client_file(pki, "crt").display()),
+            format!("--kubelet-client-key={}", kubelet_client_file(pki, "key").display()),
             format!("--service-account-issuer={issuer}"),
             format!("--service-account-key-file={}", pki.service_account_pub_file().display()),
             format!("--service-account-signing-key-file={}", pki.service_account_key_file().display()),
@@ -495,6 +509,15 @@ impl Drop for ControlPlane {
         }
         // Otherwise the TempDir removes the work directory as it drops.
     }
+}
+
+/// The identity the API server presents to kubelets (in `system:masters`: allowed every kubelet API).
+fn kubelet_client() -> Identity {
+    Identity::new("kube-apiserver-kubelet-client", Some("system:masters"))
+}
+
+fn kubelet_client_file(pki: &Pki, ext: &str) -> PathBuf {
+    pki.ca_cert_file().with_file_name("clients").join(format!("{}.{ext}", kubelet_client().file_stem()))
 }
 
 fn agent(ca_pem: &str, creds: Option<&ClientCredentials>, timeout: Duration) -> Result<ureq::Agent> {

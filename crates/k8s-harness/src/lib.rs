@@ -52,10 +52,16 @@
 //! and [`ControlPlane::start_scheduler`].
 
 mod binaries;
+pub mod cluster;
+pub mod containerd;
 mod control_plane;
+pub mod dns;
+pub mod ledger;
 mod net;
+pub mod node;
 mod pki;
 mod process;
+pub mod wire;
 
 pub use binaries::{
     Binaries, Binary, DEFAULT_VENV, ETCD_3_5_1_ENV, K8S_CACHE_ENV, K8S_DIR_ENV, K8S_VENV_ENV, KUBECTL_ENV,

@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use kproxy_k8s_harness::{ControlPlane, ControlPlaneOptions, Identity, require_k8s};
+use kproxy_k8s_harness::{ControlPlane, ControlPlaneOptions, Etcd, Identity, require_k8s};
 
 fn start(options: ControlPlaneOptions) -> Option<ControlPlane> {
     let binaries = require_k8s()?;
@@ -39,4 +39,105 @@ fn etcd_3_6_control_plane_serves_the_admin_and_denies_an_unprivileged_user() {
     let denied = plane.get(Some(&Identity::unprivileged("mallory")), "/api/v1/services").expect("GET as mallory");
     assert_eq!(denied.status, 403, "{}", denied.body);
     assert!(denied.body.contains("User \\\"mallory\\\" cannot list resource \\\"services\\\""), "{}", denied.body);
+}
+
+/// A streaming list (KEP-3157) of Services, bounded so that a stream the server keeps open ends.
+const STREAMING_LIST: &str = "/api/v1/services?watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true&timeoutSeconds=5";
+
+fn events(body: &str) -> Vec<serde_json::Value> {
+    body.lines().filter(|l| !l.trim().is_empty()).map(|l| serde_json::from_str(l).expect("a watch event")).collect()
+}
+
+#[test]
+fn etcd_3_6_api_server_serves_a_streaming_list_ending_in_the_initial_events_end_bookmark() {
+    let Some(plane) = start(ControlPlaneOptions::default()) else { return };
+    let response = plane.get(Some(&Identity::admin()), STREAMING_LIST).expect("streaming list");
+    assert_eq!(response.status, 200, "{}", response.body);
+    let events = events(&response.body);
+    assert!(events.iter().all(|e| e["type"] != "ERROR"), "{events:?}");
+    let end = events.iter().position(|e| {
+        e["type"] == "BOOKMARK" && e["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"] == "true"
+    });
+    assert!(end.is_some(), "no initial-events-end bookmark: {events:?}");
+}
+
+#[test]
+fn etcd_3_5_1_api_server_answers_a_streaming_list_with_an_error_event_inside_the_watch() {
+    let Some(plane) = start(ControlPlaneOptions { etcd: Etcd::V3_5_1, ..Default::default() }) else { return };
+    let response = plane.get(Some(&Identity::admin()), STREAMING_LIST).expect("streaming list");
+    // The watch itself is accepted; the failure comes as an event inside it.
+    assert_eq!(response.status, 200, "{}", response.body);
+    let events = events(&response.body);
+    let error = events.iter().find(|e| e["type"] == "ERROR").unwrap_or_else(|| panic!("no ERROR event: {events:?}"));
+    assert_eq!(error["object"]["code"], 500, "{error}");
+    assert!(error["object"]["message"].as_str().is_some_and(|m| m.contains("RequestWatchProgress")), "{error}");
+    // An ordinary list works on the same server: the fallback kproxy must take.
+    let list = plane.get(Some(&Identity::admin()), "/api/v1/services").expect("list");
+    assert_eq!(list.status, 200, "{}", list.body);
+    assert!(list.body.contains("\"kind\":\"ServiceList\""), "{}", list.body);
+}
+
+#[test]
+fn watch_list_gate_off_refuses_a_streaming_list_at_the_start() {
+    let Some(plane) = start(ControlPlaneOptions { watch_list: false, ..Default::default() }) else { return };
+    let response = plane.get(Some(&Identity::admin()), STREAMING_LIST).expect("streaming list");
+    assert_eq!(response.status, 422, "{}", response.body);
+    assert!(
+        response.body.contains("sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled"),
+        "{}",
+        response.body
+    );
+    // An ordinary watch still works.
+    let watch = plane.get(Some(&Identity::admin()), "/api/v1/services?watch=1&timeoutSeconds=1").expect("watch");
+    assert_eq!(watch.status, 200, "{}", watch.body);
+}
+
+#[test]
+fn api_server_restart_keeps_its_port_and_etcd_state() {
+    let Some(mut plane) = start(ControlPlaneOptions::default()) else { return };
+    let url = plane.url();
+    plane.kubectl(&["create", "namespace", "before-restart"]).expect("create");
+    plane.stop_apiserver();
+    assert!(!plane.apiserver_running());
+    assert!(plane.get(None, "/readyz").is_err(), "a stopped API server still answers");
+    let began = Instant::now();
+    plane.start_apiserver().expect("start again");
+    eprintln!("API server restarted in {:?}", began.elapsed());
+    assert_eq!(plane.url(), url);
+    let got = plane.kubectl(&["get", "namespace", "before-restart", "-o", "name"]).expect("get");
+    assert_eq!(got.trim(), "namespace/before-restart");
+}
+
+#[test]
+fn controller_manager_and_scheduler_start_and_service_account_tokens_authenticate() {
+    let Some(mut plane) = start(ControlPlaneOptions::default()) else { return };
+    let began = Instant::now();
+    plane.start_controller_manager(Default::default()).expect("kube-controller-manager");
+    plane.start_scheduler(&[]).expect("kube-scheduler");
+    eprintln!("controller-manager and scheduler ready in {:?}", began.elapsed());
+    plane.kubectl(&["create", "namespace", "sa-check"]).expect("namespace");
+    // The service-account controller (controller-manager) creates `default` in a new namespace.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while plane.kubectl(&["-n", "sa-check", "get", "serviceaccount", "default"]).is_err() {
+        assert!(Instant::now() < deadline, "no default ServiceAccount in sa-check");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    // A token the API server signs with the harness's key authenticates as that account.
+    let token = plane.kubectl(&["-n", "sa-check", "create", "token", "default"]).expect("token");
+    let whoami = plane
+        .kubectl(&[
+            "--token",
+            token.trim(),
+            "--kubeconfig=/dev/null",
+            "--server",
+            &plane.url(),
+            "--certificate-authority",
+            &plane.pki().ca_cert_file().display().to_string(),
+            "auth",
+            "whoami",
+            "-o",
+            "jsonpath={.status.userInfo.username}",
+        ])
+        .expect("whoami");
+    assert_eq!(whoami.trim(), "system:serviceaccount:sa-check:default");
 }
