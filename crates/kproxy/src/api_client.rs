@@ -41,6 +41,7 @@ impl kproxy_servers::SourceCounters for ApiSourceCounters {
                 watch_errors: self.0.watch_errors(kind),
                 lists: self.0.lists(kind),
                 events: self.0.events(kind),
+                streaming_fallbacks: self.0.streaming_fallbacks(kind),
             })
             .collect()
     }

@@ -119,6 +119,7 @@ fn scripted_sequence(mode: &str) -> String {
     expect("kproxy_invalid_objects_total{kind=\"Service\"}", 1.0);
     expect("kproxy_source_malformed_objects_total{kind=\"Service\"}", 1.0);
     expect("kproxy_source_malformed_objects_total{kind=\"EndpointSlice\"}", 0.0);
+    expect("kproxy_source_streaming_list_fallbacks_total{kind=\"Service\"}", 0.0);
     assert!(value(&text, "kproxy_source_lists_total{kind=\"EndpointSlice\"}").unwrap_or(0.0) >= 1.0, "{text}");
     assert!(value(&text, "kproxy_source_events_total{kind=\"Service\"}").unwrap_or(0.0) >= 3.0, "{text}");
     expect("kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family=\"IPv4\",traffic_policy=\"internal\"}", 0.0);

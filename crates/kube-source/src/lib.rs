@@ -9,8 +9,8 @@
 //!   type straight from its own JSON text, and one that does not fit is kept aside with its
 //!   name and the reason; the bad ones are logged and counted in [`SourceStats`];
 //! - start bounded by the API server, not by the client: lists are streamed (`sendInitialEvents`,
-//!   one request per kind, whatever the cluster size) and fall back to watch-cache lists on a
-//!   server that refuses that ([`ListMode`]);
+//!   one request per kind, whatever the cluster size) and fall back to watch-cache lists for a
+//!   kind whose streaming list fails in any way before its end bookmark ([`ListMode`]);
 //! - memory bounded by kproxy's own records: each listed object is converted and handed over as
 //!   it arrives ([`kproxy_state::Change::ListStarted`], [`kproxy_state::Change::Applied`] per
 //!   object, then [`kproxy_state::Change::ListEnded`]), never collected into a whole list, at
@@ -31,6 +31,7 @@ mod rate_limit;
 mod raw;
 mod retry;
 mod stats;
+mod streaming;
 mod watch;
 
 pub use client::{DEFAULT_BURST, DEFAULT_QPS, client, client_from_config};
@@ -38,4 +39,5 @@ pub use error::Error;
 pub use rate_limit::{RateLimit, RateLimitLayer};
 pub use raw::{Malformed, decode};
 pub use stats::SourceStats;
+pub use streaming::{INITIAL_EVENTS_TIMEOUT, STREAMING_RETRY_AFTER};
 pub use watch::{DEFAULT_LABEL_SELECTOR, KubeSourceOptions, ListMode, RetryBackoff, run};

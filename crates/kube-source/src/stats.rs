@@ -11,6 +11,7 @@ pub struct SourceStats {
     watch_errors: [AtomicU64; 4],
     lists: [AtomicU64; 4],
     events: [AtomicU64; 4],
+    streaming_fallbacks: [AtomicU64; 4],
 }
 
 fn index(kind: Kind) -> usize {
@@ -49,6 +50,12 @@ impl SourceStats {
         self.events[index(kind)].load(Ordering::Relaxed)
     }
 
+    /// Streaming lists of `kind` that failed before their end bookmark, after which the kind
+    /// listed and watched instead ([`ListMode::Streaming`](crate::ListMode::Streaming)).
+    pub fn streaming_fallbacks(&self, kind: Kind) -> u64 {
+        self.streaming_fallbacks[index(kind)].load(Ordering::Relaxed)
+    }
+
     pub(crate) fn count_malformed(&self, kind: Kind) {
         self.malformed[index(kind)].fetch_add(1, Ordering::Relaxed);
     }
@@ -63,5 +70,9 @@ impl SourceStats {
 
     pub(crate) fn count_event(&self, kind: Kind) {
         self.events[index(kind)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn count_streaming_fallback(&self, kind: Kind) {
+        self.streaming_fallbacks[index(kind)].fetch_add(1, Ordering::Relaxed);
     }
 }

@@ -20,6 +20,7 @@ use tokio::task::JoinSet;
 use crate::raw::{ApiKind, Decoded, Malformed};
 use crate::retry::{LastError, RecoveryBackoff};
 use crate::stats::SourceStats;
+use crate::streaming;
 
 /// Upstream's informer selector for Services and EndpointSlices: objects that belong to another
 /// service proxy, and endpoints of headless services, are not ours.
@@ -43,9 +44,17 @@ pub enum ListMode {
     /// A streaming list: one watch with `sendInitialEvents=true` that sends the current objects
     /// as events and a bookmark when they are all out (KEP-3157, the WatchList feature, on by
     /// default in current kube-apiserver releases). One request per kind, so the client rate
-    /// limit never throttles a start, and objects arrive one at a time. A server that refuses it
-    /// (`400`/`422`: the WatchList feature is off) gets [`ListMode::WatchCache`] lists from then
-    /// on, for the life of the process.
+    /// limit never throttles a start, and objects arrive one at a time.
+    ///
+    /// Any failure of a streaming list before its `k8s.io/initial-events-end` bookmark (refused
+    /// at the start with any status, an ERROR event of any code inside the watch, the stream
+    /// ending early, no progress for [`KubeSourceOptions::initial_events_timeout`]) makes the
+    /// kind fall back to [`ListMode::WatchCache`], logged once with the reason and counted in
+    /// [`SourceStats::streaming_fallbacks`](crate::SourceStats::streaming_fallbacks); only no
+    /// answer at all and `429` are retried as streaming lists, within that bound. A kind that
+    /// fell back tries streaming again at the first relist that comes at least
+    /// [`KubeSourceOptions::streaming_retry_after`] (30 minutes) after the failure: see
+    /// `crates/kube-source/src/streaming.rs` for why.
     #[default]
     Streaming,
     /// A list from the API server's watch cache (`resourceVersion=0`, no `limit`: the watch
@@ -69,6 +78,13 @@ pub struct KubeSourceOptions {
     pub backoff: RetryBackoff,
     /// How lists are fetched.
     pub list_mode: ListMode,
+    /// [`ListMode::Streaming`]: how long a streaming list may make no progress (no answer to its
+    /// request, no event) before its bookmark before the kind falls back
+    /// ([`INITIAL_EVENTS_TIMEOUT`](crate::INITIAL_EVENTS_TIMEOUT)).
+    pub initial_events_timeout: Duration,
+    /// [`ListMode::Streaming`]: after a fallback, the first relist at least this long after the
+    /// failure tries streaming again ([`STREAMING_RETRY_AFTER`](crate::STREAMING_RETRY_AFTER)).
+    pub streaming_retry_after: Duration,
 }
 
 impl KubeSourceOptions {
@@ -79,6 +95,8 @@ impl KubeSourceOptions {
             label_selector: DEFAULT_LABEL_SELECTOR.to_owned(),
             backoff: RetryBackoff::default(),
             list_mode: ListMode::default(),
+            initial_events_timeout: streaming::INITIAL_EVENTS_TIMEOUT,
+            streaming_retry_after: streaming::STREAMING_RETRY_AFTER,
         }
     }
 }
@@ -99,14 +117,14 @@ impl Backoff for FixedBackoff {
 }
 
 /// A watcher's event for objects of kind `K`.
-type WatchEvent<K> = Result<Event<Decoded<K>>, watcher::Error>;
-type WatchEvents<K> = BoxStream<'static, WatchEvent<K>>;
+pub(crate) type WatchEvent<K> = Result<Event<Decoded<K>>, watcher::Error>;
+pub(crate) type WatchEvents<K> = BoxStream<'static, WatchEvent<K>>;
 /// One object as read: the state's object, or why it could not be.
 type Read = Result<Object, Malformed>;
 /// A watcher's event with its objects read, whatever their kind.
 type ReadEvent = Result<Event<Read>, watcher::Error>;
 
-fn with_backoff<K: ApiKind>(
+pub(crate) fn with_backoff<K: ApiKind>(
     events: impl Stream<Item = WatchEvent<K>> + Send + 'static,
     backoff: RetryBackoff,
 ) -> WatchEvents<K> {
@@ -131,12 +149,13 @@ fn watch_kind(
     kind: Kind,
     config: watcher::Config,
     opts: &KubeSourceOptions,
+    stats: &Arc<SourceStats>,
 ) -> BoxStream<'static, ReadEvent> {
     match kind {
-        Kind::Service => watch::<Service>(client, config, opts),
-        Kind::EndpointSlice => watch::<EndpointSlice>(client, config, opts),
-        Kind::Node => watch::<Node>(client, config, opts),
-        Kind::ServiceCidr => watch::<ServiceCIDR>(client, config, opts),
+        Kind::Service => watch::<Service>(client, config, opts, stats),
+        Kind::EndpointSlice => watch::<EndpointSlice>(client, config, opts, stats),
+        Kind::Node => watch::<Node>(client, config, opts, stats),
+        Kind::ServiceCidr => watch::<ServiceCIDR>(client, config, opts, stats),
     }
 }
 
@@ -144,10 +163,15 @@ fn watch<K: ApiKind>(
     client: &Client,
     config: watcher::Config,
     opts: &KubeSourceOptions,
+    stats: &Arc<SourceStats>,
 ) -> BoxStream<'static, ReadEvent> {
     let api: Api<Decoded<K>> = Api::all(client.clone());
     let events = match opts.list_mode {
-        ListMode::Streaming => streaming_with_fallback(api, config, opts.backoff),
+        ListMode::Streaming => {
+            let bounds =
+                streaming::Bounds { progress: opts.initial_events_timeout, retry_after: opts.streaming_retry_after };
+            streaming::lists(api, config, opts.backoff, bounds, stats.clone())
+        }
         ListMode::WatchCache => with_backoff(watcher::watcher(api, watch_cache_lists(config)), opts.backoff),
         ListMode::Paginated(size) => with_backoff(watcher::watcher(api, config.page_size(size)), opts.backoff),
     };
@@ -165,42 +189,13 @@ fn read<K: ApiKind>(event: Event<Decoded<K>>) -> Event<Read> {
     }
 }
 
-/// Streaming lists until the server refuses them; then watch-cache lists for good.
-fn streaming_with_fallback<K: ApiKind>(
-    api: Api<Decoded<K>>,
-    config: watcher::Config,
-    backoff: RetryBackoff,
-) -> WatchEvents<K> {
-    let kind = K::KIND;
-    let streaming = with_backoff(watcher::watcher(api.clone(), config.clone().streaming_lists()), backoff);
-    let fallback = move || with_backoff(watcher::watcher(api, watch_cache_lists(config)), backoff);
-    futures::stream::unfold((streaming, Some(fallback)), move |(mut events, mut fallback)| async move {
-        loop {
-            let event = events.next().await?;
-            if let Some(list_watch) = fallback.take_if(|_| refuses_streaming_lists(&event)) {
-                tracing::info!(%kind, "the API server refuses streaming lists; listing from its watch cache instead");
-                events = list_watch();
-                continue;
-            }
-            return Some((event, (events, fallback)));
-        }
-    })
-    .boxed()
-}
-
 /// Lists at `resourceVersion=0`, which the API server answers from its watch cache. Without a
 /// page size: kube-rs drops `resourceVersion=0` from a request with a `limit` (making it a
 /// consistent list, paged from etcd), and the watch cache ignores `limit` anyway.
-fn watch_cache_lists(config: watcher::Config) -> watcher::Config {
+pub(crate) fn watch_cache_lists(config: watcher::Config) -> watcher::Config {
     let mut config = config.any_semantic();
     config.page_size = None;
     config
-}
-
-/// The answer of a server that does not do streaming lists: kube-apiserver with the WatchList
-/// feature off says `422 Invalid` ("sendInitialEvents is forbidden ..."), some proxies `400`.
-fn refuses_streaming_lists<K>(event: &WatchEvent<K>) -> bool {
-    matches!(event, Err(watcher::Error::WatchStartFailed(kube::Error::Api(status))) if matches!(status.code, 400 | 422))
 }
 
 /// Watches Services, EndpointSlices, the own Node and ServiceCIDRs and sends their changes to
@@ -239,7 +234,7 @@ pub async fn run(client: Client, opts: KubeSourceOptions, tx: mpsc::Sender<Chang
     // Dropping the set (when `run` is dropped) aborts the tasks.
     let mut tasks = JoinSet::new();
     for (kind, config) in watches {
-        let events = watch_kind(&client, kind, config, &opts);
+        let events = watch_kind(&client, kind, config, &opts, &stats);
         let emitter = KindEmitter::new(kind, tx.clone(), stats.clone());
         tasks.spawn(emitter.follow(events));
     }
@@ -375,23 +370,6 @@ mod tests {
     use kproxy_state::{HEADLESS_LABEL, SERVICE_PROXY_NAME_LABEL};
 
     use super::*;
-
-    #[test]
-    fn only_a_refused_watch_start_falls_back_from_streaming_lists() {
-        let start_failed = |code| {
-            let status = kube::core::Status::failure("refused", "Invalid").with_code(code).boxed();
-            let event: WatchEvent<Service> = Err(watcher::Error::WatchStartFailed(kube::Error::Api(status)));
-            event
-        };
-        assert!(refuses_streaming_lists(&start_failed(422)), "WatchList off");
-        assert!(refuses_streaming_lists(&start_failed(400)));
-        for code in [401, 403, 404, 410, 429, 500, 503] {
-            assert!(!refuses_streaming_lists(&start_failed(code)), "{code} is retried, not a fallback");
-        }
-        let gone = kube::core::Status::failure("too old", "Expired").with_code(422).boxed();
-        assert!(!refuses_streaming_lists::<Service>(&Err(watcher::Error::WatchError(gone))), "not a start failure");
-        assert!(!refuses_streaming_lists::<Service>(&Ok(Event::Init)));
-    }
 
     #[test]
     fn watch_cache_lists_ask_for_resource_version_0_without_a_limit() {

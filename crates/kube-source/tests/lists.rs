@@ -1,5 +1,6 @@
 //! How lists are fetched and handed over: the fake API server's streaming lists, watch-cache
-//! lists and pagination as kube-rs sees them; the source's fallback when streaming is refused;
+//! lists and pagination as kube-rs sees them; the source's fallback when streaming is refused
+//! (the other ways a streaming list fails: tests/fallback.rs);
 //! relists handed over object by object; the client rate limit per request.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -12,7 +13,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Service;
 use kproxy_kube_source::ListMode;
 use kproxy_kube_source::client_from_config;
-use kproxy_kube_source::fake::FakeApiServer;
+use kproxy_kube_source::fake::{FakeApiServer, StreamingLists};
 use kproxy_state::{Change, Kind};
 use kube::Api;
 use kube::api::{ListParams, WatchEvent, WatchParams};
@@ -83,7 +84,7 @@ async fn fake_watches_end_at_their_timeout_like_kube_apiserver() {
 #[tokio::test]
 async fn fake_without_watchlist_refuses_streaming_lists_with_422() {
     let server = FakeApiServer::start().await.unwrap();
-    server.set_streaming_lists(false);
+    server.set_streaming_lists(StreamingLists::WatchListOff);
     let api: Api<Service> = Api::all(unlimited(&server));
     let Err(kube::Error::Api(status)) = api.watch(&WatchParams::default().initial_events(), "0").await else {
         panic!("a streaming list must be refused");
@@ -135,7 +136,7 @@ async fn fake_pages_consistent_lists_and_serves_resource_version_0_whole() {
 #[tokio::test]
 async fn without_streaming_lists_the_source_lists_from_the_watch_cache() {
     let mut h = Harness::new().await;
-    h.server.set_streaming_lists(false);
+    h.server.set_streaming_lists(StreamingLists::WatchListOff);
     services(&h.server, 1200);
     slices(&h.server, 1200);
     h.server.apply(Kind::Node, node(NODE, "198.19.0.0/24"));
@@ -227,7 +228,9 @@ async fn a_relist_broken_off_midway_starts_over_and_still_finds_what_is_gone() {
         }
     }
     h.server.drop_connections().await;
-    // ... meanwhile a Service it had not reached goes; the relist starts over and completes.
+    // ... meanwhile a Service it had not reached goes; the relist starts over (as a watch-cache
+    // list: a streaming list that ended before its bookmark makes the kind fall back) and
+    // completes.
     h.server.set_event_delay(Duration::ZERO);
     h.server.delete(Kind::Service, "prod", "s0008");
     h.until(|s| s.service(&key("prod", "s0008")).is_none()).await;
@@ -235,7 +238,9 @@ async fn a_relist_broken_off_midway_starts_over_and_still_finds_what_is_gone() {
     assert_eq!(h.gone, [(Kind::Service, key("prod", "s0008"))], "exactly what is gone");
     assert!(!h.seen.iter().any(|c| matches!(c, Change::Deleted(..))), "no watch event deleted anything");
     assert_eq!(h.state.services().count(), 9);
-    assert!(h.server.streamed_lists(Kind::Service) >= 3, "the relist was started again");
+    assert_eq!(h.stats.streaming_fallbacks(Kind::Service), 1);
+    assert_eq!(h.server.list_count(Kind::Service), 1, "the relist was started again, as a list");
+    assert_eq!(h.stats.lists(Kind::Service), 2);
 }
 
 /// A server with 1000 Services, 1000 slices and the own node, and a source on it limited to 10

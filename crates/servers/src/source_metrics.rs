@@ -1,7 +1,8 @@
 //! What the source of cluster state counts — objects it skipped as unreadable, watch errors it
-//! recovered from, listings and events — exported per kind, read from the source at each scrape.
-//! The source lives in another crate; it is reached through [`SourceCounters`], plugged in once
-//! the source has started ([`crate::Metrics::set_source`]).
+//! recovered from, listings, events, streaming lists it fell back from — exported per kind,
+//! read from the source at each scrape. The source lives in another crate; it is reached
+//! through [`SourceCounters`], plugged in once the source has started
+//! ([`crate::Metrics::set_source`]).
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -26,6 +27,9 @@ pub struct SourceCount {
     pub lists: u64,
     /// Single-object events handed over.
     pub events: u64,
+    /// Streaming lists that failed before their end bookmark, after which the kind listed and
+    /// watched instead.
+    pub streaming_fallbacks: u64,
 }
 
 /// A source of cluster state that counts what it does.
@@ -50,7 +54,7 @@ impl Collector for SourceCollector {
         let source = self.0.lock().unwrap_or_else(PoisonError::into_inner).clone();
         let Some(source) = source else { return Ok(()) };
         let counts = source.counts();
-        let families: [(&str, &str, CountOf); 4] = [
+        let families: [(&str, &str, CountOf); 5] = [
             ("kproxy_source_malformed_objects", "API objects that could not be read and were skipped, by kind", |c| {
                 c.malformed
             }),
@@ -59,6 +63,11 @@ impl Collector for SourceCollector {
             }),
             ("kproxy_source_lists", "Complete listings handed over (initial list and relists), by kind", |c| c.lists),
             ("kproxy_source_events", "Single-object watch events handed over, by kind", |c| c.events),
+            (
+                "kproxy_source_streaming_list_fallbacks",
+                "Streaming lists that failed before their end bookmark, after which the kind listed and watched instead, by kind",
+                |c| c.streaming_fallbacks,
+            ),
         ];
         for (name, help, value) in families {
             // The encoder appends `_total` to counters.

@@ -20,9 +20,9 @@ use serde_json::{Value, json};
 use tokio::sync::broadcast;
 use tokio::time::Instant;
 
-use super::lock;
 use super::selector::{Filter, Selector};
 use super::store::{Signal, Store, event_line, expired, info, visible};
+use super::{StreamingLists, lock};
 
 pub(crate) type Body = UnsyncBoxBody<Bytes, Infallible>;
 
@@ -65,15 +65,34 @@ pub(crate) async fn handle(store: Arc<Mutex<Store>>, request: Request<Incoming>)
         Err(_) => return Ok(status(StatusCode::BAD_REQUEST, "BadRequest", "invalid resourceVersion")),
     };
     if matches!(param("watch"), Some("true" | "1")) {
-        let streaming_lists = lock(&store).streaming_lists;
-        let send_initial_events = match check_watch_options(&query, streaming_lists) {
+        let answer = {
+            let mut store = lock(&store);
+            if param("sendInitialEvents") == Some("true") {
+                *store.streaming_list_requests.entry(kind).or_default() += 1;
+            }
+            store.streaming_lists
+        };
+        let mut send_initial_events = match check_watch_options(&query, answer != StreamingLists::WatchListOff) {
             Ok(send) => send,
             Err(message) => return Ok(status(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", &message)),
         };
+        let mut failure = None;
+        if send_initial_events {
+            match answer {
+                StreamingLists::Served | StreamingLists::WatchListOff => {}
+                StreamingLists::Refused(code) => {
+                    let code = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+                    return Ok(status(code, reason_of(code), "the fake API server refuses this streaming list"));
+                }
+                StreamingLists::ErrorEvent(code) => failure = Some(InitialEventsFailure::ErrorEvent(code)),
+                StreamingLists::ClosedEarly => failure = Some(InitialEventsFailure::ClosedEarly),
+                StreamingLists::Ignored => send_initial_events = false,
+            }
+        }
         let timeout =
             param("timeoutSeconds").and_then(|t| t.parse().ok()).map_or(Duration::from_secs(1800), Duration::from_secs);
         let bookmarks = param("allowWatchBookmarks") == Some("true");
-        let options = WatchOptions { rv: rv.filter(|rv| *rv != 0), send_initial_events, timeout, bookmarks };
+        let options = WatchOptions { rv: rv.filter(|rv| *rv != 0), send_initial_events, failure, timeout, bookmarks };
         Ok(watch(&store, kind, filter, options))
     } else {
         let limit = match param("limit").map(str::parse::<usize>).transpose() {
@@ -241,8 +260,48 @@ struct WatchOptions {
     rv: Option<u64>,
     /// A streaming list: the current objects, then the bookmark ending the initial events.
     send_initial_events: bool,
+    /// How the streaming list fails, if it does.
+    failure: Option<InitialEventsFailure>,
     timeout: Duration,
     bookmarks: bool,
+}
+
+/// How an accepted streaming list fails.
+#[derive(Debug, Clone, Copy)]
+enum InitialEventsFailure {
+    /// An ERROR event with this code instead of the initial events; the stream ends.
+    ErrorEvent(u16),
+    /// The initial events without the bookmark; the stream ends.
+    ClosedEarly,
+}
+
+/// The message and reason of kube-apiserver's ERROR event for a failed streaming list.
+fn initial_events_error(code: u16) -> Value {
+    let code = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let message = if code == StatusCode::INTERNAL_SERVER_ERROR {
+        "a watch stream was requested by the client but the required storage feature RequestWatchProgress is disabled"
+    } else {
+        "the fake API server fails this streaming list"
+    };
+    status_body(code, reason_of(code), message)
+}
+
+/// The `reason` kube-apiserver gives a status code.
+fn reason_of(code: StatusCode) -> &'static str {
+    match code.as_u16() {
+        400 => "BadRequest",
+        401 => "Unauthorized",
+        403 => "Forbidden",
+        404 => "NotFound",
+        405 => "MethodNotAllowed",
+        409 => "Conflict",
+        410 => "Expired",
+        422 => "Invalid",
+        429 => "TooManyRequests",
+        503 => "ServiceUnavailable",
+        504 => "Timeout",
+        _ => "InternalError",
+    }
 }
 
 /// An event waiting to be written; objects are serialized when their turn comes.
@@ -298,30 +357,46 @@ fn watch(shared: &Arc<Mutex<Store>>, kind: Kind, filter: Filter, options: WatchO
     *store.watches.entry(kind).or_default() += 1;
     let signals = store.signals.subscribe();
     let mut closing = false;
-    let pending: VecDeque<Pending> = match options.rv {
-        Some(rv) if options.send_initial_events || rv >= store.compacted => {
-            if options.send_initial_events {
-                *store.initial_event_streams.entry(kind).or_default() += 1;
-                initial_events(&store, kind, &filter)
-            } else {
-                store
-                    .since(kind, rv)
-                    .iter()
-                    .filter_map(|record| visible(record, &filter))
-                    .map(|(event, object)| Pending::Object(event, object))
-                    .collect()
+    let pending: VecDeque<Pending> = match options.failure.filter(|_| options.send_initial_events) {
+        Some(failure) => {
+            *store.initial_event_streams.entry(kind).or_default() += 1;
+            closing = true;
+            match failure {
+                InitialEventsFailure::ErrorEvent(code) => {
+                    VecDeque::from([Pending::Line(event_line("ERROR", &initial_events_error(code)))])
+                }
+                InitialEventsFailure::ClosedEarly => {
+                    let mut pending = initial_events(&store, kind, &filter);
+                    pending.pop_back();
+                    pending
+                }
             }
         }
-        Some(rv) => {
-            closing = true;
-            let message = format!("too old resource version: {rv} ({})", store.compacted);
-            VecDeque::from([Pending::Line(event_line("ERROR", &expired(&message)))])
-        }
-        None if options.send_initial_events => {
-            *store.initial_event_streams.entry(kind).or_default() += 1;
-            initial_events(&store, kind, &filter)
-        }
-        None => store.list(kind, &filter).into_iter().map(|o| Pending::Object("ADDED", o)).collect(),
+        None => match options.rv {
+            Some(rv) if options.send_initial_events || rv >= store.compacted => {
+                if options.send_initial_events {
+                    *store.initial_event_streams.entry(kind).or_default() += 1;
+                    initial_events(&store, kind, &filter)
+                } else {
+                    store
+                        .since(kind, rv)
+                        .iter()
+                        .filter_map(|record| visible(record, &filter))
+                        .map(|(event, object)| Pending::Object(event, object))
+                        .collect()
+                }
+            }
+            Some(rv) => {
+                closing = true;
+                let message = format!("too old resource version: {rv} ({})", store.compacted);
+                VecDeque::from([Pending::Line(event_line("ERROR", &expired(&message)))])
+            }
+            None if options.send_initial_events => {
+                *store.initial_event_streams.entry(kind).or_default() += 1;
+                initial_events(&store, kind, &filter)
+            }
+            None => store.list(kind, &filter).into_iter().map(|o| Pending::Object("ADDED", o)).collect(),
+        },
     };
     // A streaming list is as slow as a list would be.
     let start_delay = if options.send_initial_events {
@@ -422,10 +497,13 @@ fn json_response(code: StatusCode, body: &Value) -> Response<Body> {
     json_bytes(code, body.to_string().into_bytes())
 }
 
+fn status_body(code: StatusCode, reason: &str, message: &str) -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+           "message": message, "reason": reason, "code": code.as_u16()})
+}
+
 fn status(code: StatusCode, reason: &str, message: &str) -> Response<Body> {
-    let body = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                      "message": message, "reason": reason, "code": code.as_u16()});
-    json_response(code, &body)
+    json_response(code, &status_body(code, reason, message))
 }
 
 #[cfg(test)]

@@ -9,9 +9,9 @@
 //! - `?watch=true` streams of newline-delimited ADDED/MODIFIED/DELETED/BOOKMARK/ERROR events,
 //!   resumed from a resource version, ending at `timeoutSeconds`;
 //! - streaming lists (`sendInitialEvents=true`, `resourceVersionMatch=NotOlderThan`): the
-//!   current objects as ADDED, then a BOOKMARK annotated `k8s.io/initial-events-end`; with
-//!   [`FakeApiServer::set_streaming_lists`] off, refused with `422 Invalid` like a server whose
-//!   WatchList feature is off;
+//!   current objects as ADDED, then a BOOKMARK annotated `k8s.io/initial-events-end`; or, with
+//!   [`FakeApiServer::set_streaming_lists`], failed the ways real servers fail them
+//!   ([`StreamingLists`]);
 //! - `410 Gone` (as an ERROR event, like kube-apiserver) for a version older than the compacted
 //!   history, and for an expired `continue` token; label and field selectors.
 //!
@@ -42,6 +42,28 @@ use store::{Signal, Store};
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// How the fake answers a streaming list (a watch with `sendInitialEvents=true`): as current
+/// kube-apiserver releases do, or failed the ways real servers fail one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamingLists {
+    /// The current objects as ADDED, then the `k8s.io/initial-events-end` bookmark, then changes.
+    Served,
+    /// Refused with `422 Invalid` ("... unless the WatchList feature gate is enabled"), as a
+    /// kube-apiserver with the WatchList feature off does.
+    WatchListOff,
+    /// Refused at the start with this status code (`403`, `500`, a proxy's `400`, ...).
+    Refused(u16),
+    /// Accepted (`200`), then an ERROR event with this code, and the stream ends: kube-apiserver
+    /// 1.36 on etcd 3.5 sends `500 InternalError` ("... the required storage feature
+    /// RequestWatchProgress is disabled").
+    ErrorEvent(u16),
+    /// Accepted, the current objects sent, then the stream ends without the bookmark.
+    ClosedEarly,
+    /// `sendInitialEvents` ignored: a plain watch (the current objects as ADDED, then changes,
+    /// never the initial-events-end bookmark).
+    Ignored,
 }
 
 /// The accept loop and open connections of a running server.
@@ -148,13 +170,20 @@ impl FakeApiServer {
         }
     }
 
-    /// Answers streaming lists (`sendInitialEvents`), or refuses them with `422 Invalid` like a
-    /// server whose WatchList feature is off (default: on, as in current kube-apiserver releases).
-    pub fn set_streaming_lists(&self, on: bool) {
-        lock(&self.store).streaming_lists = on;
+    /// How watches with `sendInitialEvents=true` are answered from now on (default:
+    /// [`StreamingLists::Served`], as in current kube-apiserver releases).
+    pub fn set_streaming_lists(&self, answer: StreamingLists) {
+        lock(&self.store).streaming_lists = answer;
     }
 
-    /// How many watches of `kind` were opened as streaming lists (with initial events).
+    /// How many watch requests of `kind` asked for initial events (`sendInitialEvents=true`),
+    /// whatever the answer.
+    pub fn streaming_list_requests(&self, kind: Kind) -> usize {
+        lock(&self.store).streaming_list_requests.get(&kind).copied().unwrap_or_default()
+    }
+
+    /// How many watches of `kind` were opened as streaming lists (accepted with initial events
+    /// asked for, whatever followed).
     pub fn streamed_lists(&self, kind: Kind) -> usize {
         lock(&self.store).initial_event_streams.get(&kind).copied().unwrap_or_default()
     }

@@ -10,6 +10,7 @@ use kproxy_state::{Kind, ObjectKey};
 use serde_json::{Value, json};
 use tokio::sync::broadcast;
 
+use super::StreamingLists;
 use super::selector::Filter;
 
 /// Where a kind is served and how it is spelled.
@@ -125,9 +126,10 @@ pub(crate) struct Store {
     pub(crate) initial_event_streams: BTreeMap<Kind, usize>,
     /// Bookmarks ending a streaming list's initial events that were written, per kind.
     pub(crate) initial_events_ends: BTreeMap<Kind, usize>,
-    /// Answer `sendInitialEvents` (the WatchList feature, on by default in current releases); when off,
-    /// such watches are refused with `422 Invalid`, as a server with the feature gate off does.
-    pub(crate) streaming_lists: bool,
+    /// How watches with `sendInitialEvents=true` are answered.
+    pub(crate) streaming_lists: StreamingLists,
+    /// Watch requests with `sendInitialEvents=true`, per kind, whatever the answer.
+    pub(crate) streaming_list_requests: BTreeMap<Kind, usize>,
     pub(crate) signals: broadcast::Sender<Signal>,
 }
 
@@ -146,7 +148,8 @@ impl Store {
             watches: BTreeMap::new(),
             initial_event_streams: BTreeMap::new(),
             initial_events_ends: BTreeMap::new(),
-            streaming_lists: true,
+            streaming_lists: StreamingLists::Served,
+            streaming_list_requests: BTreeMap::new(),
             signals: broadcast::channel(4096).0,
         }
     }

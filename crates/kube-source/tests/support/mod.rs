@@ -127,9 +127,15 @@ impl Harness {
 
     /// Starts the source with this client and list mode.
     pub fn start_source_with(&mut self, client: kube::Client, list_mode: ListMode) {
+        self.start_source_configured(client, |opts| opts.list_mode = list_mode);
+    }
+
+    /// Starts the source with this client and the test's options (retries every 100 ms),
+    /// changed by `configure`.
+    pub fn start_source_configured(&mut self, client: kube::Client, configure: impl FnOnce(&mut KubeSourceOptions)) {
         let mut opts = KubeSourceOptions::new(NODE);
         opts.backoff = RetryBackoff::Fixed(Duration::from_millis(100));
-        opts.list_mode = list_mode;
+        configure(&mut opts);
         let (tx, rx) = mpsc::channel(64);
         self.task = Some(tokio::spawn(run(client, opts, tx, self.stats.clone())));
         self.rx = Some(rx);
