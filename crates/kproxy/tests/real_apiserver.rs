@@ -1,0 +1,234 @@
+//! End to end against the real kube-apiserver v1.36.2 (crates/k8s-harness), with etcd 3.6.13 and
+//! with etcd 3.5.1 (on which the API server fails streaming lists with an ERROR event inside the
+//! watch): Services and EndpointSlices created, patched and deleted through the API server with
+//! kubectl reach the real `kproxy` binary's nftables in the sandbox's node namespace and the
+//! packets.
+//!
+//! The control plane runs inside the node namespace (`nsenter --net`), bound to 127.0.0.1 there,
+//! so kproxy reaches it as it would a local API server, and nothing listens outside the sandbox.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers: a panic is a test failure
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kproxy_k8s_harness::{ControlPlane, ControlPlaneOptions, Etcd, Identity, require_k8s};
+use kproxy_testbed::{Netns, ProbeResult, Proto, Testbed, Where, probe};
+use serde_json::json;
+
+const CLUSTER_IP: &str = "198.18.128.10";
+
+struct Kproxy(Child);
+
+impl Drop for Kproxy {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Probes until `want` answers (or the deadline passes); returns the last result.
+fn eventually(from: &Netns, dest: SocketAddr, want: &ProbeResult, within: Duration) -> ProbeResult {
+    let start = Instant::now();
+    loop {
+        let got = probe(from, Proto::Tcp, dest, Duration::from_millis(300)).unwrap();
+        if &got == want || start.elapsed() > within {
+            return got;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Waits until the node namespace's ruleset does (or does not) mention `needle`.
+fn nft_eventually(node: &Netns, needle: &str, present: bool, within: Duration) -> bool {
+    let start = Instant::now();
+    loop {
+        let ruleset = node.exec_ok("nft", &["list", "ruleset"]).unwrap();
+        if ruleset.contains(needle) == present {
+            return true;
+        }
+        if start.elapsed() > within {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The external client is not a local pod, so ClusterIP traffic from it is masqueraded to the node.
+fn answered(backend: &str) -> ProbeResult {
+    ProbeResult::Answered { backend: backend.into(), seen_source: "198.18.0.2".parse().unwrap() }
+}
+
+/// A sample of kproxy's /metrics (127.0.0.1:10249 in the node namespace).
+fn metric(node: &Netns, series: &str) -> f64 {
+    let text = node
+        .run_in(|| {
+            let mut stream = TcpStream::connect("127.0.0.1:10249").unwrap();
+            stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            write!(stream, "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").unwrap();
+            let mut response = String::new();
+            stream.read_to_string(&mut response).unwrap();
+            response
+        })
+        .unwrap();
+    let line = text.lines().find(|l| l.starts_with(series)).unwrap_or_else(|| panic!("/metrics lacks {series}"));
+    line[series.len()..].trim().parse().unwrap()
+}
+
+fn apply(plane: &ControlPlane, object: serde_json::Value) {
+    plane.kubectl_with_stdin(&["apply", "-f", "-"], Some(&object.to_string())).unwrap();
+}
+
+fn services_and_slices_through_the_api_server_reach_the_packets(etcd: Etcd) {
+    if !kproxy_testbed::kernel::require_root() {
+        return;
+    }
+    let Some(binaries) = require_k8s() else { return };
+    let tb = Testbed::new().unwrap();
+    let pod_a = tb.add_pod("web-a", Where::Node).unwrap();
+    let pod_b = tb.add_pod("web-b", Where::Node2).unwrap();
+    pod_a.serve(&[(Proto::Tcp, 8080)]).unwrap();
+    pod_b.serve(&[(Proto::Tcp, 8080)]).unwrap();
+
+    let plane = ControlPlane::start(
+        &binaries,
+        ControlPlaneOptions {
+            etcd,
+            netns: Some(tb.node().path()),
+            service_cidr: "198.18.128.0/24".into(),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    apply(
+        &plane,
+        json!({"apiVersion": "v1", "kind": "Node",
+               "metadata": {"name": "node-a"}, "spec": {"podCIDRs": ["198.18.16.0/24"], "podCIDR": "198.18.16.0/24"}}),
+    );
+    plane
+        .kubectl(&[
+            "patch",
+            "node",
+            "node-a",
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            r#"{"status":{"addresses":[{"type":"InternalIP","address":"198.18.0.2"}]}}"#,
+        ])
+        .unwrap();
+    plane.kubectl(&["create", "namespace", "demo"]).unwrap();
+    apply(
+        &plane,
+        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"namespace": "demo", "name": "web"},
+               "spec": {"type": "ClusterIP", "clusterIP": CLUSTER_IP,
+                        "ports": [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080}]}}),
+    );
+    let slice = |ip: String, node: &str| {
+        json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+               "metadata": {"namespace": "demo", "name": "web-1", "labels": {"kubernetes.io/service-name": "web"}},
+               "addressType": "IPv4",
+               "endpoints": [{"addresses": [ip], "nodeName": node, "conditions": {"ready": true}}],
+               "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]})
+    };
+    apply(&plane, slice(pod_a.ipv4().to_string(), "node-a"));
+
+    // kproxy as kube-proxy runs: its own identity (RBAC role system:node-proxier), in the node.
+    let kubeconfig = plane.kubeconfig(&Identity::kube_proxy()).unwrap();
+    let log = plane.work_dir().join("logs").join("kproxy.log");
+    let log_file = std::fs::File::create(&log).unwrap();
+    let started = Instant::now();
+    let _kproxy = Kproxy(
+        Command::new("nsenter")
+            .arg(format!("--net={}", tb.node().path().display()))
+            .arg("--")
+            .arg(env!("CARGO_BIN_EXE_kproxy"))
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .args(["--hostname-override=node-a", "--detect-local-mode=NodeCIDR", "--iptables-min-sync-period=100ms"])
+            .args(["--healthz-bind-address=127.0.0.1:10256", "--metrics-bind-address=127.0.0.1:10249"])
+            .args([
+                "--conntrack-max-per-core=0",
+                "--conntrack-tcp-timeout-established=0",
+                "--conntrack-tcp-timeout-close-wait=0",
+            ])
+            .stdout(Stdio::null())
+            .stderr(log_file)
+            .spawn()
+            .unwrap(),
+    );
+    let kproxy_log = || std::fs::read_to_string(&log).unwrap_or_default();
+
+    let dest: SocketAddr = format!("{CLUSTER_IP}:80").parse().unwrap();
+    let got = eventually(tb.external(), dest, &answered("web-a"), Duration::from_secs(30));
+    assert_eq!(
+        got,
+        answered("web-a"),
+        "the created Service and slice reach the packets; kproxy's log:\n{}",
+        kproxy_log()
+    );
+    eprintln!("{etcd:?}: start -> first answer through kproxy in {:?}", started.elapsed());
+    assert!(nft_eventually(tb.node(), CLUSTER_IP, true, Duration::ZERO), "the ClusterIP is in the node's ruleset");
+    // etcd 3.5.1 fails the streaming list: kproxy got there by falling back to list + watch.
+    let fallbacks = metric(tb.node(), "kproxy_source_streaming_list_fallbacks_total{kind=\"Service\"}");
+    match etcd {
+        Etcd::V3_5_1 => assert!(fallbacks >= 1.0, "no streaming-list fallback counted on etcd 3.5.1"),
+        Etcd::V3_6 => assert_eq!(fallbacks, 0.0, "a streaming-list fallback on etcd 3.6"),
+    }
+
+    // The slice patched to the other node's pod moves the traffic.
+    plane
+        .kubectl(&[
+            "-n",
+            "demo",
+            "patch",
+            "endpointslice",
+            "web-1",
+            "--type=json",
+            "-p",
+            &json!([{"op": "replace", "path": "/endpoints/0/addresses/0", "value": pod_b.ipv4().to_string()},
+                    {"op": "replace", "path": "/endpoints/0/nodeName", "value": "node-b"}])
+            .to_string(),
+        ])
+        .unwrap();
+    assert_eq!(eventually(tb.external(), dest, &answered("web-b"), Duration::from_secs(10)), answered("web-b"));
+
+    // The Service's port patched: the new port answers, the old one is refused.
+    plane
+        .kubectl(&[
+            "-n",
+            "demo",
+            "patch",
+            "service",
+            "web",
+            "--type=json",
+            "-p",
+            r#"[{"op":"replace","path":"/spec/ports/0/port","value":81}]"#,
+        ])
+        .unwrap();
+    let dest81: SocketAddr = format!("{CLUSTER_IP}:81").parse().unwrap();
+    assert_eq!(eventually(tb.external(), dest81, &answered("web-b"), Duration::from_secs(10)), answered("web-b"));
+    assert_eq!(eventually(tb.external(), dest, &ProbeResult::Refused, Duration::from_secs(5)), ProbeResult::Refused);
+
+    // Deleted: the ClusterIP leaves the ruleset and no pod answers it.
+    plane.kubectl(&["-n", "demo", "delete", "service", "web"]).unwrap();
+    assert!(
+        nft_eventually(tb.node(), CLUSTER_IP, false, Duration::from_secs(10)),
+        "the deleted Service's ClusterIP is still in the node's ruleset"
+    );
+    let after = probe(tb.external(), Proto::Tcp, dest81, Duration::from_millis(500)).unwrap();
+    assert!(after.backend().is_none(), "a deleted Service still answers: {after:?}");
+    assert!(!kproxy_log().contains("forbidden"), "kproxy was denied something:\n{}", kproxy_log());
+}
+
+#[test]
+fn services_and_slices_through_a_real_api_server_on_etcd_3_6_reach_the_packets() {
+    services_and_slices_through_the_api_server_reach_the_packets(Etcd::V3_6);
+}
+
+/// kube-apiserver v1.36.2 on etcd 3.5.1 fails every streaming list; kproxy must fall back to
+/// list + watch (as client-go does) and serve.
+#[test]
+fn services_and_slices_through_a_real_api_server_on_etcd_3_5_1_reach_the_packets() {
+    services_and_slices_through_the_api_server_reach_the_packets(Etcd::V3_5_1);
+}
