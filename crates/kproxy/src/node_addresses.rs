@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use netlink_sys::{Socket, protocols::NETLINK_ROUTE};
 use tokio::sync::watch;
-use tracing::{info, warn};
+use tracing::{debug, warn};
 
 /// `RTNLGRP_IPV4_IFADDR` and `RTNLGRP_IPV6_IFADDR` (linux/rtnetlink.h).
 const ADDRESS_GROUPS: [u32; 2] = [5, 9];
@@ -43,7 +43,7 @@ pub fn follow() -> watch::Receiver<Vec<IpAddr>> {
                 tx.send_if_modified(|current| {
                     let changed = *current != addresses;
                     if changed {
-                        info!(?addresses, "node addresses changed");
+                        debug!(?addresses, "node addresses changed");
                         *current = addresses;
                     }
                     changed

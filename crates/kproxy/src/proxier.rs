@@ -171,6 +171,9 @@ pub struct Proxier<D, O> {
     retry_at: Option<Instant>,
     /// The node's interface addresses, when followed ([`Proxier::follow_local_addresses`]).
     local_addresses: Option<tokio::sync::watch::Receiver<Vec<std::net::IpAddr>>>,
+    /// Addresses that `nodePortAddresses` selects came or went: the next sync updates the
+    /// node-wide settings (a delta of its own, not a replan).
+    node_addresses_changed: bool,
     /// `/debug/explain` questions, when answered ([`Proxier::answer_explain`]).
     explain_requests: Option<mpsc::Receiver<ExplainRequest>>,
     /// Per-Service counters, when on ([`Proxier::count_services`]).
@@ -203,6 +206,7 @@ impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
             pending: false,
             retry_at: None,
             local_addresses: None,
+            node_addresses_changed: false,
             explain_requests: None,
             counting: None,
             touch_watcher: None,
@@ -304,7 +308,8 @@ impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
         Some(answer)
     }
 
-    /// Replans whenever the node's interface addresses change (`crate::node_addresses`).
+    /// Follows the node's interface addresses (`crate::node_addresses`): see
+    /// [`Proxier::local_addresses_changed`].
     pub fn follow_local_addresses(mut self, addresses: tokio::sync::watch::Receiver<Vec<std::net::IpAddr>>) -> Self {
         self.local_addresses = Some(addresses);
         self
@@ -322,6 +327,31 @@ impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
             return std::future::pending().await;
         }
         rx.borrow_and_update().clone()
+    }
+
+    /// The node's addresses changed. Only those `nodePortAddresses` selects reach the plan (a
+    /// pod's veth brings a link-local address at every pod start): any other change costs nothing,
+    /// and one among them is synced as what it is, the node-port addresses of a family, not as a
+    /// replan of every Service.
+    fn local_addresses_changed(&mut self, addresses: Vec<std::net::IpAddr>) {
+        if !self.planner.set_local_addresses(addresses) {
+            return;
+        }
+        let delta = self.planner.node_addresses_delta(&self.plan);
+        if delta.is_empty() {
+            debug!("node addresses changed; none that nodePortAddresses selects");
+            return;
+        }
+        for (family, fd) in &delta.families {
+            if let Some(node) = &fd.node {
+                info!(%family, nodeport_addresses = ?node.nodeport_addresses, "node addresses changed: syncing the node-port addresses");
+            }
+        }
+        self.node_addresses_changed = true;
+        if !self.pending {
+            self.observer.queued(Instant::now());
+        }
+        self.pending = true;
     }
 
     /// Applies one source event.
@@ -362,6 +392,8 @@ impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
         let full = self.needs_full_sync;
         let start = Instant::now();
         let dirty = self.state.take_dirty();
+        // A full sync plans with the current addresses; a partial one takes their change first.
+        let addresses_changed = std::mem::take(&mut self.node_addresses_changed);
         let (delta, result) = if full {
             let new = self.planner.build(&self.state);
             let delta = PlanDelta::between(&self.plan, &new);
@@ -369,7 +401,12 @@ impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
             self.plan = new;
             (delta, result)
         } else {
-            let delta = self.planner.update(&mut self.plan, &self.state, &dirty);
+            let mut delta = PlanDelta::default();
+            if addresses_changed {
+                delta = self.planner.node_addresses_delta(&self.plan);
+                self.plan.apply(&delta);
+            }
+            merge(&mut delta, self.planner.update(&mut self.plan, &self.state, &dirty));
             let result = if delta.is_empty() { Ok(()) } else { self.dataplane.partial_sync(&self.plan, &delta) };
             (delta, result)
         };
@@ -523,13 +560,7 @@ impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
                 request = Self::next_explain_request(&mut self.explain_requests) => {
                     let _ = request.reply.send(self.explain(&request.packet));
                 },
-                addresses = Self::next_local_addresses(&mut self.local_addresses) => {
-                    if self.planner.set_local_addresses(addresses) {
-                        info!("node addresses changed: replanning");
-                        self.needs_full_sync = true;
-                        self.pending = true;
-                    }
-                },
+                addresses = Self::next_local_addresses(&mut self.local_addresses) => self.local_addresses_changed(addresses),
                 _ = tokio::time::sleep(wait) => {
                     if !self.pending && !self.needs_full_sync && self.retry_at.is_none() && self.ready() {
                         self.check();
@@ -545,6 +576,19 @@ impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
                 }
             }
         }
+    }
+}
+
+/// Adds `more`, computed after `into` was applied, to `into`: a later node-wide setting wins.
+fn merge(into: &mut PlanDelta, more: PlanDelta) {
+    for (family, fd) in more.families {
+        let to = into.families.entry(family).or_default();
+        if fd.node.is_some() {
+            to.node = fd.node;
+        }
+        to.added.extend(fd.added);
+        to.changed.extend(fd.changed);
+        to.removed.extend(fd.removed);
     }
 }
 

@@ -8,7 +8,7 @@ use ipnet::IpNet;
 use kproxy_state::{ClusterState, Dirty, IpFamily, NodeInfo, ObjectKey, Protocol, ServiceInfo, TrafficHint};
 
 use crate::categorize::{Candidate, categorize_endpoints};
-use crate::delta::PlanDelta;
+use crate::delta::{FamilyDelta, PlanDelta};
 use crate::model::{
     ExternalPolicy, ExternalTraffic, FamilyPlan, InternalTraffic, MasqueradeWhen, NoEndpointsVerdict, NodePlan, Plan,
     ServicePortName, ServicePortPlan,
@@ -48,6 +48,23 @@ impl Planner {
         let changed = addresses != self.node.local_addresses;
         self.node.local_addresses = addresses;
         changed
+    }
+
+    /// What the node's addresses (as last set) change in `plan`, which was planned with the
+    /// addresses before: the node-wide settings of each family whose `nodePortAddresses` now
+    /// resolve differently. Empty when no address they select came or went (a pod's link-local
+    /// address, an address outside the CIDRs, any address under `all` or `primary`). Service
+    /// ports never depend on the node's addresses, so this costs O(addresses), not O(plan).
+    pub fn node_addresses_delta(&self, plan: &Plan) -> PlanDelta {
+        let mut delta = PlanDelta::default();
+        for (&family, fam) in &plan.families {
+            let nodeport_addresses = self.nodeport_addresses(fam.node.node_ip, family);
+            if nodeport_addresses != fam.node.nodeport_addresses {
+                let node = NodePlan { nodeport_addresses, ..fam.node.clone() };
+                delta.families.insert(family, FamilyDelta { node: Some(node), ..FamilyDelta::default() });
+            }
+        }
+        delta
     }
 
     /// The plan for the whole state.

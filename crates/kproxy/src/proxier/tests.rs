@@ -25,13 +25,16 @@ struct Recorder {
     drift: Arc<Mutex<Vec<String>>>,
     /// The next `verify` finds the tables too busy to read.
     busy_next: Arc<Mutex<bool>>,
+    /// The delta of the last partial sync.
+    last_delta: Arc<Mutex<Option<PlanDelta>>>,
 }
 
 impl Dataplane for Recorder {
     fn full_sync(&mut self, plan: &Plan) -> Result<(), kproxy_plan::DataplaneError> {
         self.record(Call::Full(ports(plan)))
     }
-    fn partial_sync(&mut self, plan: &Plan, _delta: &PlanDelta) -> Result<(), kproxy_plan::DataplaneError> {
+    fn partial_sync(&mut self, plan: &Plan, delta: &PlanDelta) -> Result<(), kproxy_plan::DataplaneError> {
+        *self.last_delta.lock().unwrap() = Some(delta.clone());
         self.record(Call::Partial(ports(plan)))
     }
     fn cleanup(&mut self) -> Result<(), kproxy_plan::DataplaneError> {
@@ -397,4 +400,51 @@ fn drift_a_full_sync_repaired_is_reported_once() {
     p.apply(Change::Applied(service("b", "198.18.128.2")));
     assert!(p.sync());
     assert_eq!(*observer.0.lock().unwrap(), [vec!["V4 nat chain KUBE-SVC-X: its rules were changed".to_owned()]]);
+}
+
+/// A pod's veth brings a link-local address; an address outside `nodePortAddresses` changes
+/// nothing either: neither costs a sync. One that the CIDR selects is synced as a node-wide
+/// delta, the node-port addresses alone, by a partial sync.
+#[tokio::test(start_paused = true)]
+async fn addresses_outside_node_port_addresses_cost_no_sync_and_one_inside_a_node_only_partial_sync() {
+    use kproxy_plan::{NodePortAddress, NodePortAddresses};
+    let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
+    let rec = Recorder::default();
+    let policy = ProxyPolicy {
+        nodeport_addresses: vec![NodePortAddress::Cidr("198.18.0.0/24".parse().unwrap())],
+        ..ProxyPolicy::default()
+    };
+    let node = NodeContext { name: "node-a".into(), local_addresses: vec![ip("198.18.0.2")], ..Default::default() };
+    let pacing =
+        Pacing { min_sync_period: Duration::ZERO, sync_period: Duration::from_secs(3600), burst: DEFAULT_BURST };
+    let (addresses, followed) = tokio::sync::watch::channel(vec![ip("198.18.0.2")]);
+    let p = Proxier::new(Planner::new(policy, node), rec.clone(), NoObserver, pacing).follow_local_addresses(followed);
+    let (tx, rx) = mpsc::channel(16);
+    let task = tokio::spawn(p.run(rx));
+    tx.send(Change::Replaced(Kind::Service, vec![service("a", "198.18.128.1")])).await.unwrap();
+    tx.send(Change::Replaced(Kind::EndpointSlice, vec![])).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(rec.calls(), [Call::Full(1)]);
+
+    for more in [&["fe80::a8c1:abff:fe12:3456"][..], &["fe80::a8c1:abff:fe12:3456", "fe80::1", "192.0.2.5"]] {
+        let mut now: Vec<_> = more.iter().map(|a| ip(a)).collect();
+        now.push(ip("198.18.0.2"));
+        addresses.send(now).unwrap();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    assert_eq!(rec.calls(), [Call::Full(1)], "addresses nodePortAddresses does not select cost nothing");
+
+    addresses.send(vec![ip("198.18.0.2"), ip("198.18.0.4"), ip("fe80::1"), ip("192.0.2.5")]).unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(rec.calls(), [Call::Full(1), Call::Partial(1)], "one partial sync");
+    let delta = rec.last_delta.lock().unwrap().clone().unwrap();
+    let v4 = &delta.families[&IpFamily::V4];
+    assert!(v4.added.is_empty() && v4.changed.is_empty() && v4.removed.is_empty(), "no service port: {v4:?}");
+    assert_eq!(
+        v4.node.as_ref().map(|n| &n.nodeport_addresses),
+        Some(&NodePortAddresses::Only(vec![ip("198.18.0.2"), ip("198.18.0.4")]))
+    );
+    drop(tx);
+    let p = tokio::time::timeout(Duration::from_secs(2), task).await.unwrap().unwrap();
+    assert_eq!(p.plan, p.planner.build(&p.state), "the plan synced piecewise is the plan built anew");
 }

@@ -564,3 +564,39 @@ fn new_local_addresses_are_resolved_by_the_next_plan() {
         NodePortAddresses::Only(vec![ip("192.0.2.7"), ip("192.0.2.9")])
     );
 }
+
+#[test]
+fn only_addresses_that_node_port_addresses_select_change_the_plan_and_only_its_node_part() {
+    let st = state(basic_cluster());
+    let policy = ProxyPolicy {
+        nodeport_addresses: vec![NodePortAddress::Cidr("192.0.2.0/24".parse().unwrap()), NodePortAddress::Primary],
+        ..Default::default()
+    };
+    let mut planner = planner(policy);
+    planner.set_local_addresses(vec![ip("192.0.2.7"), ip("198.18.0.2")]);
+    let mut plan = planner.build(&st);
+
+    // A pod's veth (link-local, both families) and an address outside the CIDR.
+    assert!(planner.set_local_addresses(vec![
+        ip("192.0.2.7"),
+        ip("198.18.0.2"),
+        ip("169.254.3.1"),
+        ip("fe80::1"),
+        ip("203.0.113.9")
+    ]));
+    assert_eq!(planner.node_addresses_delta(&plan), PlanDelta::default(), "nothing the plan depends on");
+
+    // An address inside the CIDR: the IPv4 node-port addresses, nothing else.
+    planner.set_local_addresses(vec![ip("192.0.2.7"), ip("192.0.2.9"), ip("198.18.0.2"), ip("fe80::1")]);
+    let delta = planner.node_addresses_delta(&plan);
+    assert_eq!(delta.families.keys().copied().collect::<Vec<_>>(), [IpFamily::V4]);
+    let v4 = &delta.families[&IpFamily::V4];
+    assert!(v4.added.is_empty() && v4.changed.is_empty() && v4.removed.is_empty(), "no service port: {v4:?}");
+    assert_eq!(
+        v4.node.as_ref().map(|n| n.nodeport_addresses.clone()),
+        Some(NodePortAddresses::Only(vec![ip("192.0.2.7"), ip("192.0.2.9"), ip("198.18.0.2")])),
+        "the CIDR's addresses and the primary node IP"
+    );
+    plan.apply(&delta);
+    assert_eq!(plan, planner.build(&st), "the delta applied is the plan built anew");
+}
