@@ -140,11 +140,19 @@ fn init_logging(config: &ProxyConfig) {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_env("KPROXY_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder =
+        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(colour_logs());
     let _ = match config.logging.format {
         kproxy_config::LogFormat::Json => builder.json().try_init(),
         _ => builder.try_init(),
     };
+}
+
+/// Colours only on a terminal: not in a file, a pipe or what `kubectl logs` shows; never with
+/// `NO_COLOR` set to anything but empty (no-color.org).
+fn colour_logs() -> bool {
+    use std::io::IsTerminal;
+    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
 }
 
 /// `--cleanup`: removes what any kproxy mode installed (its nftables tables, its iptables chains
