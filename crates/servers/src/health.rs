@@ -123,6 +123,14 @@ impl ProxyHealth {
         self.status().healthy
     }
 
+    /// Whether this node is programmed: every family's first sync reached the kernel, and no
+    /// change has waited `healthz_timeout` since (what `/readyz` answers; kproxy's own, upstream
+    /// has no such probe: its `/healthz` is 200 from the start).
+    pub fn is_ready(&self) -> bool {
+        let status = self.status();
+        status.last_updated.is_some() && status.healthy
+    }
+
     /// A snapshot of the proxy's health now.
     pub fn status(&self) -> HealthStatus {
         let now = self.clock.now();
@@ -148,6 +156,8 @@ pub enum Probe {
     Healthz,
     /// `/livez`: proxy health only.
     Livez,
+    /// `/readyz` (kproxy's): the node is programmed ([`ProxyHealth::is_ready`]).
+    Readyz,
 }
 
 /// A probe's verdict: the HTTP status and kube-proxy's JSON body.
@@ -170,9 +180,13 @@ impl ProxyHealth {
         let status = self.status();
         let node_eligible = match probe {
             Probe::Healthz => Some(self.node_eligible()),
-            Probe::Livez => None,
+            Probe::Livez | Probe::Readyz => None,
         };
-        let ok = status.healthy && node_eligible.unwrap_or(true);
+        let ok = match probe {
+            // Not programmed yet: no family has synced.
+            Probe::Readyz => status.healthy && status.last_updated.is_some(),
+            Probe::Healthz | Probe::Livez => status.healthy && node_eligible.unwrap_or(true),
+        };
         let last_updated = if ok { Some(status.current_time) } else { status.last_updated };
 
         // Written by hand: field order is upstream's (Go marshals struct fields in declaration
@@ -243,6 +257,23 @@ mod tests {
         assert!(!status.families[&IpFamily::V6].healthy);
         health.updated(IpFamily::V6);
         assert!(health.is_healthy());
+    }
+
+    #[test]
+    fn ready_only_once_synced_and_while_healthy() {
+        let (clock, health) = fixture();
+        assert_eq!(health.probe(Probe::Readyz).status, 503, "nothing programmed yet");
+        assert_eq!(health.probe(Probe::Livez).status, 200, "while /livez is healthy, as upstream");
+        health.queued_update(IpFamily::V4);
+        health.updated(IpFamily::V4);
+        assert!(health.is_ready());
+        assert_eq!(health.probe(Probe::Readyz).status, 200);
+        health.queued_update(IpFamily::V4);
+        clock.advance(Duration::from_secs(60));
+        assert_eq!(health.probe(Probe::Readyz).status, 503, "a change late by the healthz timeout");
+        health.set_node_eligible(false);
+        health.updated(IpFamily::V4);
+        assert_eq!(health.probe(Probe::Readyz).status, 200, "the Node's eligibility is /healthz's business");
     }
 
     #[test]

@@ -1,10 +1,13 @@
-//! The health server (`healthzBindAddress`, default `0.0.0.0:10256`): `/healthz` and `/livez`.
+//! The health server (`healthzBindAddress`, default `0.0.0.0:10256`): `/healthz`, `/livez` and
+//! kproxy's `/readyz`.
 //!
 //! Load balancers of `externalTrafficPolicy: Cluster` Services probe `/healthz` on every node, so
 //! it answers 503 when the proxy is stuck or the Node is draining; kubelet's liveness probe uses
-//! `/livez`, which ignores the Node so a draining node's proxy is not restarted. Both answer any
-//! method, as upstream, with `Content-Type: application/json` and `X-Content-Type-Options: nosniff`,
-//! and count their answers in `kubeproxy_proxy_healthz_total` / `kubeproxy_proxy_livez_total`.
+//! `/livez`, which ignores the Node so a draining node's proxy is not restarted. As upstream, both
+//! answer 200 from the start, before anything is programmed. `/readyz` is for a readiness probe:
+//! 503 until the first sync reached the kernel, then as `/livez`. All answer any method, as
+//! upstream, with `Content-Type: application/json` and `X-Content-Type-Options: nosniff`; the
+//! first two count their answers in `kubeproxy_proxy_healthz_total` / `kubeproxy_proxy_livez_total`.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -22,12 +25,14 @@ use crate::server::{RunningServer, listen, spawn};
 /// `X-Content-Type-Options`, which upstream sets on every JSON answer.
 pub(crate) const NOSNIFF: (&str, &str) = ("x-content-type-options", "nosniff");
 
-/// The `/healthz` and `/livez` routes.
+/// The `/healthz`, `/livez` and `/readyz` routes.
 pub fn healthz_router(health: Arc<ProxyHealth>, metrics: Metrics) -> Router {
     let (h, m) = (health.clone(), metrics.clone());
+    let (rh, rm) = (health.clone(), metrics.clone());
     Router::new()
         .route("/healthz", any(move || std::future::ready(answer(&h, &m, Probe::Healthz))))
         .route("/livez", any(move || std::future::ready(answer(&health, &metrics, Probe::Livez))))
+        .route("/readyz", any(move || std::future::ready(answer(&rh, &rm, Probe::Readyz))))
 }
 
 fn answer(health: &ProxyHealth, metrics: &Metrics, probe: Probe) -> Response {
@@ -35,6 +40,7 @@ fn answer(health: &ProxyHealth, metrics: &Metrics, probe: Probe) -> Response {
     match probe {
         Probe::Healthz => metrics.record_healthz(verdict.status),
         Probe::Livez => metrics.record_livez(verdict.status),
+        Probe::Readyz => {}
     }
     let status = StatusCode::from_u16(verdict.status).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
     let mut response = (status, verdict.body).into_response();
@@ -53,6 +59,6 @@ pub async fn serve_healthz(
 ) -> Result<RunningServer, ServeError> {
     let listener = listen(addr)?;
     let server = spawn(listener, healthz_router(health, metrics))?;
-    tracing::info!(address = %server.local_addr(), "serving /healthz and /livez");
+    tracing::info!(address = %server.local_addr(), "serving /healthz, /livez and /readyz");
     Ok(server)
 }

@@ -109,6 +109,45 @@ async fn a_queued_update_older_than_the_timeout_turns_both_probes_503_until_sync
     assert_eq!(counter(&metrics, "kubeproxy_proxy_livez_total{code=\"503\"}"), 1.0);
 }
 
+/// `/readyz` (kproxy's) says "this node is programmed": 503 while `/healthz` and `/livez` are
+/// already 200 at start, as upstream's are; 200 once every family synced; 503 again while a
+/// change is late.
+#[tokio::test]
+async fn readyz_is_503_until_the_first_sync_and_while_a_change_is_late() {
+    let (clock, health, metrics) = fixture();
+    let server = serve_healthz(loopback(), health.clone(), metrics.clone()).await.unwrap();
+    let addr = server.local_addr();
+
+    health.queued_update(IpFamily::V4);
+    health.queued_update(IpFamily::V6);
+    clock.advance(Duration::from_secs(14));
+    assert_eq!(get(addr, "/healthz").await.unwrap().status, 200, "upstream's /healthz: healthy while starting");
+    assert_eq!(get(addr, "/livez").await.unwrap().status, 200);
+    let r = get(addr, "/readyz").await.unwrap();
+    assert_eq!(r.status, 503, "nothing programmed yet: {}", r.body);
+    assert_eq!(r.header("content-type"), Some("application/json"));
+    assert_eq!(json(&r.body)["healthy"], true, "the proxy is healthy, just not programmed yet");
+
+    health.updated(IpFamily::V4);
+    health.updated(IpFamily::V6);
+    let r = get(addr, "/readyz").await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(json(&r.body)["status"]["IPv4"]["healthy"], true);
+
+    health.set_node_eligible(false);
+    assert_eq!(get(addr, "/readyz").await.unwrap().status, 200, "a draining Node is /healthz's business");
+    health.queued_update(IpFamily::V4);
+    clock.advance(Duration::from_secs(60));
+    assert_eq!(get(addr, "/readyz").await.unwrap().status, 503, "a change late by the timeout");
+    health.updated(IpFamily::V4);
+    assert_eq!(get(addr, "/readyz").await.unwrap().status, 200);
+    assert_eq!(
+        counter(&metrics, "kubeproxy_proxy_healthz_total{code=\"200\"}"),
+        1.0,
+        "/readyz is not counted as /healthz"
+    );
+}
+
 #[tokio::test]
 async fn a_draining_node_fails_healthz_but_not_livez() {
     let (_clock, health, metrics) = fixture();
