@@ -5,8 +5,11 @@
 //! `Api<Service>` one object of an unexpected shape fails the entire list (and the watcher would
 //! retry that list forever) or the watch. [`Decoded`] never fails on valid JSON. It takes the
 //! object's text as serde_json hands it over (`RawValue`, no JSON tree built), decodes the typed
-//! object from it, and when that fails keeps the reason with as much of the object's identity as
-//! can be read (name, namespace, resource version: the watcher needs the last).
+//! object from it. When that fails it decodes again without the fields kproxy does not read that
+//! stand in the way (a `null` condition time, bad managedFields: kube-apiserver accepts what Go
+//! decodes leniently, see [`without_unread_fields`]); when a field kproxy reads is at fault, it
+//! keeps the reason with as much of the object's identity as can be read (name, namespace,
+//! resource version: the watcher needs the last).
 //!
 //! Decoding straight from the text costs about 40 % of decoding through a `serde_json::Value`
 //! first (`source_bench decode`). The text comes without a copy from serde_json's own
@@ -38,12 +41,18 @@ pub(crate) trait ApiKind:
     /// The kind.
     const KIND: Kind;
 
+    /// The fields kproxy reads of this kind, besides [`METADATA_READ`] (paths of map keys):
+    /// everything at and under them is read; nothing else is (see [`without_unread_fields`]).
+    const READ: &'static [&'static [&'static str]];
+
     /// The state's object, from the typed one and the JSON text it was decoded from.
     fn into_object(self, json: &str) -> Object;
 }
 
 impl ApiKind for Service {
     const KIND: Kind = Kind::Service;
+    const READ: &'static [&'static [&'static str]] =
+        &[&["spec"], &["status", "loadBalancer"], &["metadata", "annotations", kproxy_state::TRAFFIC_HINT_ANNOTATION]];
 
     fn into_object(self, json: &str) -> Object {
         Object::Service(Box::new(ServiceObject { service: self, traffic_hint: traffic_hint(json) }))
@@ -52,6 +61,12 @@ impl ApiKind for Service {
 
 impl ApiKind for EndpointSlice {
     const KIND: Kind = Kind::EndpointSlice;
+    const READ: &'static [&'static [&'static str]] = &[
+        &["addressType"],
+        &["endpoints"],
+        &["ports"],
+        &["metadata", "annotations", kproxy_state::LAST_CHANGE_TRIGGER_TIME_ANNOTATION],
+    ];
 
     fn into_object(self, _: &str) -> Object {
         Object::EndpointSlice(Box::new(self))
@@ -60,6 +75,7 @@ impl ApiKind for EndpointSlice {
 
 impl ApiKind for Node {
     const KIND: Kind = Kind::Node;
+    const READ: &'static [&'static [&'static str]] = &[&["spec"], &["status", "addresses"]];
 
     fn into_object(self, _: &str) -> Object {
         Object::Node(Box::new(self))
@@ -68,6 +84,7 @@ impl ApiKind for Node {
 
 impl ApiKind for ServiceCIDR {
     const KIND: Kind = Kind::ServiceCidr;
+    const READ: &'static [&'static [&'static str]] = &[&["spec"]];
 
     fn into_object(self, _: &str) -> Object {
         Object::ServiceCidr(Box::new(self))
@@ -117,7 +134,7 @@ impl<K: ApiKind> Decoded<K> {
     fn from_json(json: &str) -> Self {
         let read = match serde_json::from_str::<K>(json) {
             Ok(typed) => Self::named(typed, json),
-            Err(_) => Self::without_managed_fields(json),
+            Err(_) => Self::without_unread_fields(json),
         };
         Self { read, kind: PhantomData }
     }
@@ -133,20 +150,22 @@ impl<K: ApiKind> Decoded<K> {
         Ok(object)
     }
 
-    /// An object that did not decode: decoded again without its `managedFields`, which kproxy
-    /// never reads and so must not reject an object for; or, when that fails too, why. Read as a
-    /// JSON tree (which takes the last of duplicated keys, as the typed decode does): only a bad
+    /// An object that did not decode: decoded again without the fields kproxy does not read
+    /// that stand in the way, or, when a field it reads is at fault, why not. Read as a JSON
+    /// tree (which takes the last of duplicated keys, as the typed decode does): only a bad
     /// object pays for it.
-    fn without_managed_fields(json: &str) -> Result<Object, Box<Unreadable>> {
-        let unreadable = |value: &Value| Box::new(Unreadable { meta: identity(value), reason: reason_of::<K>(json) });
+    fn without_unread_fields(json: &str) -> Result<Object, Box<Unreadable>> {
         let Ok(mut value) = serde_json::from_str::<Value>(json) else {
-            return Err(unreadable(&Value::Null));
+            return Err(Box::new(Unreadable { meta: ObjectMeta::default(), reason: reason_of::<K>(json) }));
         };
-        let removed = value.get_mut("metadata").and_then(Value::as_object_mut).and_then(|m| m.remove("managedFields"));
-        let Some(stripped) = removed.map(|_| value.to_string()) else { return Err(unreadable(&value)) };
-        match serde_json::from_str::<K>(&stripped) {
-            Ok(typed) => Self::named(typed, &stripped),
-            Err(_) => Err(unreadable(&value)),
+        match without_unread_fields::<K>(&mut value) {
+            Ok((typed, dropped)) => {
+                let text = value.to_string();
+                tracing::debug!(kind = %K::KIND, name = ?typed.meta().name, ?dropped,
+                                "fields kproxy does not read did not decode; read without them");
+                Self::named(typed, &text)
+            }
+            Err(reason) => Err(Box::new(Unreadable { meta: identity(&value), reason })),
         }
     }
 
@@ -178,6 +197,106 @@ fn reason_of<K: DeserializeOwned>(json: &str) -> String {
             let path = e.path().to_string();
             format!("{path}: {}", e.into_inner())
         }
+    }
+}
+
+/// The metadata every kind is read for: identity, the watcher's resource version, the labels
+/// (selectors, the Service an EndpointSlice belongs to, a Node's zone), deletion; and the kind.
+pub(crate) const METADATA_READ: &[&[&str]] = &[
+    &["apiVersion"],
+    &["kind"],
+    &["metadata", "name"],
+    &["metadata", "namespace"],
+    &["metadata", "resourceVersion"],
+    &["metadata", "labels"],
+    &["metadata", "deletionTimestamp"],
+];
+
+/// At most this many unread fields are dropped from one object.
+const MAX_DROPPED: usize = 64;
+
+/// Decodes `value` as a `K`, dropping each field that fails to decode where kproxy reads
+/// nothing ([`METADATA_READ`], [`ApiKind::READ`]): the outermost field on the failing path that
+/// is neither read nor holds a read field (`status.conditions` for a bad
+/// `status.conditions[0].lastTransitionTime` of a Service). kube-apiserver accepts what Go
+/// decodes leniently (a `null` time is a zero time there, a required field for k8s-openapi), and
+/// kube-proxy never looks at most of an object: such a field must not cost the object. A field
+/// kproxy reads that does not decode makes the object unreadable, with the reason. Returns the
+/// object and the paths dropped.
+pub(crate) fn without_unread_fields<K: ApiKind>(value: &mut Value) -> Result<(K, Vec<String>), String> {
+    let mut dropped = Vec::new();
+    loop {
+        let error = match serde_path_to_error::deserialize::<_, K>(&*value) {
+            Ok(typed) => return Ok((typed, dropped)),
+            Err(error) => error,
+        };
+        let reason = format!("{}: {}", error.path(), error.inner());
+        let keys: Option<Vec<PathKey<'_>>> = error.path().iter().map(PathKey::of).collect();
+        let Some(unread) = keys.as_deref().and_then(unread_prefix::<K>) else { return Err(reason) };
+        if dropped.len() == MAX_DROPPED || !remove(value, unread) {
+            return Err(reason);
+        }
+        dropped.push(error.path().to_string());
+    }
+}
+
+/// One step of a path into a JSON tree.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PathKey<'a> {
+    Key(&'a str),
+    Index(usize),
+}
+
+impl<'a> PathKey<'a> {
+    fn of(segment: &'a serde_path_to_error::Segment) -> Option<Self> {
+        match segment {
+            serde_path_to_error::Segment::Map { key } => Some(PathKey::Key(key)),
+            serde_path_to_error::Segment::Seq { index } => Some(PathKey::Index(*index)),
+            _ => None,
+        }
+    }
+}
+
+/// The shortest prefix of `path` that kproxy does not read and that holds nothing it reads;
+/// `None` when the path runs through what it reads.
+fn unread_prefix<'p, K: ApiKind>(path: &'p [PathKey<'p>]) -> Option<&'p [PathKey<'p>]> {
+    let read = || METADATA_READ.iter().chain(K::READ);
+    for end in 1..=path.len() {
+        let prefix = &path[..end];
+        let is =
+            |read: &&[&str]| read.len() <= prefix.len() && read.iter().zip(prefix).all(|(r, p)| *p == PathKey::Key(r));
+        if read().any(is) {
+            return None;
+        }
+        let holds =
+            |read: &&[&str]| read.len() > prefix.len() && read.iter().zip(prefix).all(|(r, p)| *p == PathKey::Key(r));
+        if !read().any(holds) {
+            return Some(prefix);
+        }
+    }
+    None
+}
+
+/// Removes the value at `path` from `value`; false when there is none.
+fn remove(value: &mut Value, path: &[PathKey<'_>]) -> bool {
+    let Some((last, parents)) = path.split_last() else { return false };
+    let mut parent = value;
+    for key in parents {
+        let next = match (parent, key) {
+            (Value::Object(map), PathKey::Key(k)) => map.get_mut(*k),
+            (Value::Array(items), PathKey::Index(i)) => items.get_mut(*i),
+            _ => None,
+        };
+        let Some(next) = next else { return false };
+        parent = next;
+    }
+    match (parent, last) {
+        (Value::Object(map), PathKey::Key(k)) => map.remove(*k).is_some(),
+        (Value::Array(items), PathKey::Index(i)) if *i < items.len() => {
+            items.remove(*i);
+            true
+        }
+        _ => false,
     }
 }
 

@@ -317,3 +317,26 @@ async fn slow_watch_events_still_arrive_in_order() {
     let want: Vec<_> = (0..5).map(|i| ev(Kind::Service, "applied", &[&format!("prod/s{i}")])).collect();
     assert_eq!(got, want);
 }
+
+#[tokio::test]
+async fn a_service_with_a_null_condition_time_is_served_listed_or_watched() {
+    // e2e's "service status lifecycle" writes a status condition whose lastTransitionTime is
+    // null: a field kproxy does not read, which must not cost the Service.
+    let with_condition = |name: &str, ip: &str| {
+        let mut svc = service("prod", name, ip);
+        svc["status"] = json!({"loadBalancer": {},
+                               "conditions": [{"type": "StatusUpdate", "status": "True", "lastTransitionTime": null,
+                                               "reason": "E2E", "message": "Set from e2e test"}]});
+        svc
+    };
+    let mut h = Harness::new().await;
+    seed(&h.server);
+    h.server.apply(Kind::Service, with_condition("listed", "198.18.0.20"));
+    h.start_source();
+    h.synced().await;
+    h.watches_open(4).await;
+    h.server.apply(Kind::Service, with_condition("watched", "198.18.0.21"));
+    h.until(|s| s.service(&key("prod", "watched")).is_some()).await;
+    assert_eq!(h.services(), ["prod/a", "prod/b", "prod/listed", "prod/watched"]);
+    assert_eq!(h.stats.malformed_objects(Kind::Service), 0);
+}

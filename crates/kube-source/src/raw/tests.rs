@@ -182,3 +182,218 @@ fn managed_fields_kproxy_cannot_read_do_not_make_an_object_unreadable() {
     assert!(err.reason.starts_with("metadata.managedFields") || err.reason.starts_with("spec.ports"), "{}", err.reason);
     assert_eq!(err.key, ObjectKey::cluster("web"));
 }
+
+/// A Service as kube-apiserver stores it after e2e's "should complete a service status
+/// lifecycle" (test/e2e/network/service.go) patched its status: a `metav1.Condition` with a zero
+/// time, which Go writes as `"lastTransitionTime": null`. kube-apiserver accepts it; upstream
+/// kube-proxy serves the Service.
+const E2E_STATUS_LIFECYCLE_SERVICE: &str = r#"{
+  "kind": "Service", "apiVersion": "v1",
+  "metadata": {
+    "name": "test-service-2wnsx", "namespace": "services-8121",
+    "uid": "4ad3b5e4-2d0a-4d5c-9a0e-0d2f6c1b8e61", "resourceVersion": "31987",
+    "creationTimestamp": "2026-12-04T12:41:09Z",
+    "labels": {"test-service-static": "true"},
+    "annotations": {"patchedstatus": "true"},
+    "managedFields": [
+      {"manager": "e2e.test", "operation": "Update", "apiVersion": "v1", "time": "2026-12-04T12:41:09Z",
+       "fieldsType": "FieldsV1", "fieldsV1": {"f:metadata": {"f:labels": {".": {}, "f:test-service-static": {}}}}},
+      {"manager": "e2e.test", "operation": "Update", "apiVersion": "v1", "time": "2026-12-04T12:41:10Z",
+       "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {"f:conditions": {}}}, "subresource": "status"}
+    ]
+  },
+  "spec": {
+    "ports": [{"name": "http", "protocol": "TCP", "port": 80, "targetPort": 80}],
+    "clusterIP": "198.18.0.12", "clusterIPs": ["198.18.0.12"], "type": "ClusterIP",
+    "sessionAffinity": "None", "ipFamilies": ["IPv4"], "ipFamilyPolicy": "SingleStack",
+    "internalTrafficPolicy": "Cluster"
+  },
+  "status": {
+    "loadBalancer": {"ingress": [{"ip": "203.0.113.1"}]},
+    "conditions": [{"type": "StatusUpdate", "status": "True", "lastTransitionTime": null,
+                    "reason": "E2E", "message": "Set from e2e test"}]
+  }
+}"#;
+
+#[test]
+fn a_service_whose_status_condition_has_a_null_time_is_read() {
+    let object = decode(Kind::Service, E2E_STATUS_LIFECYCLE_SERVICE.as_bytes()).unwrap();
+    let Object::Service(svc) = object else { panic!("not a service") };
+    assert_eq!(svc.service.metadata.name.as_deref(), Some("test-service-2wnsx"));
+    assert_eq!(svc.service.metadata.resource_version.as_deref(), Some("31987"));
+    let spec = svc.service.spec.as_ref().unwrap();
+    assert_eq!(spec.cluster_ips.as_deref(), Some(&["198.18.0.12".to_owned()][..]));
+    assert_eq!(spec.ports.as_ref().map(Vec::len), Some(1));
+    let status = svc.service.status.as_ref().unwrap();
+    let ingress = status.load_balancer.as_ref().and_then(|lb| lb.ingress.as_ref()).unwrap();
+    assert_eq!(ingress[0].ip.as_deref(), Some("203.0.113.1"), "the status kproxy reads is kept");
+    assert_eq!(status.conditions, None, "the conditions it does not read are dropped");
+    // And the state serves it.
+    let mut state = kproxy_state::ClusterState::new();
+    let outcome = state.apply(kproxy_state::Change::Applied(Object::Service(svc)));
+    assert!(outcome.rejected.is_empty(), "{:?}", outcome.rejected);
+    assert!(state.service(&ObjectKey::new("services-8121", "test-service-2wnsx")).is_some());
+}
+
+#[test]
+fn a_field_kproxy_reads_that_does_not_decode_still_makes_the_object_unreadable() {
+    let mut value: Value = serde_json::from_str(E2E_STATUS_LIFECYCLE_SERVICE).unwrap();
+    value["status"]["loadBalancer"]["ingress"][0]["ip"] = json!(7);
+    let err = decode(Kind::Service, value.to_string().as_bytes()).unwrap_err();
+    assert!(err.reason.starts_with("status.loadBalancer.ingress[0].ip"), "{}", err.reason);
+    assert_eq!(err.key, ObjectKey::new("services-8121", "test-service-2wnsx"));
+    let err = service(json!({"metadata": {"name": "web", "labels": {"a": null}}})).unwrap_err();
+    assert!(err.reason.starts_with("metadata.labels"), "labels are read: {}", err.reason);
+    let mut hinted: Value = serde_json::from_str(E2E_STATUS_LIFECYCLE_SERVICE).unwrap();
+    hinted["metadata"]["annotations"][kproxy_state::TRAFFIC_HINT_ANNOTATION] = json!(["LongLived"]);
+    let err = decode(Kind::Service, hinted.to_string().as_bytes()).unwrap_err();
+    assert!(err.reason.contains(kproxy_state::TRAFFIC_HINT_ANNOTATION), "a read annotation: {}", err.reason);
+}
+
+/// A readable object of each kind, shaped as kube-apiserver sends it.
+fn seeds() -> Vec<(Kind, Value)> {
+    let mut service: Value = serde_json::from_str(E2E_STATUS_LIFECYCLE_SERVICE).unwrap();
+    service["status"].as_object_mut().unwrap().remove("conditions");
+    vec![
+        (Kind::Service, service),
+        (
+            Kind::EndpointSlice,
+            json!({"metadata": {"name": "web-x1", "namespace": "prod", "resourceVersion": "8",
+                                "labels": {"kubernetes.io/service-name": "web"},
+                                "annotations": {"endpoints.kubernetes.io/last-change-trigger-time": "2026-12-04T12:41:09Z"}},
+                   "addressType": "IPv4", "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+                   "endpoints": [{"addresses": ["198.19.0.1"], "conditions": {"ready": true}}]}),
+        ),
+        (
+            Kind::Node,
+            json!({"metadata": {"name": "node-a", "resourceVersion": "9", "labels": {"kubernetes.io/hostname": "node-a"}},
+                   "spec": {"podCIDR": "198.19.0.0/24", "podCIDRs": ["198.19.0.0/24"]},
+                   "status": {"addresses": [{"type": "InternalIP", "address": "198.51.100.10"}],
+                              "conditions": [{"type": "Ready", "status": "True",
+                                              "lastHeartbeatTime": "2026-12-04T12:41:09Z",
+                                              "lastTransitionTime": "2026-12-04T12:41:09Z"}]}}),
+        ),
+        (
+            Kind::ServiceCidr,
+            json!({"metadata": {"name": "kubernetes", "resourceVersion": "3"}, "spec": {"cidrs": ["198.18.0.0/16"]},
+                   "status": {"conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": "2026-12-04T12:41:09Z",
+                                              "reason": "", "message": ""}]}}),
+        ),
+    ]
+}
+
+/// Places kproxy reads nothing from, in every kind, and the fields there that decode to a type.
+const UNREAD: &[&str] = &[
+    "/metadata/uid",
+    "/metadata/generation",
+    "/metadata/creationTimestamp",
+    "/metadata/deletionGracePeriodSeconds",
+    "/metadata/finalizers",
+    "/metadata/ownerReferences",
+    "/metadata/managedFields",
+    "/metadata/annotations/example.com~1note",
+    "/status/conditions",
+    "/status/conditions/0",
+    "/status/conditions/0/lastTransitionTime",
+];
+
+/// Sets `value` at the JSON pointer `at`, making the objects and arrays on the way.
+fn set(object: &mut Value, at: &str, value: Value) {
+    let mut here = object;
+    let keys: Vec<String> = at.split('/').skip(1).map(|k| k.replace("~1", "/")).collect();
+    let Some((last, parents)) = keys.split_last() else { return };
+    for key in parents {
+        if let Ok(i) = key.parse::<usize>() {
+            if !here.is_array() {
+                *here = json!([]);
+            }
+            let items = here.as_array_mut().unwrap();
+            while items.len() <= i {
+                items.push(json!({}));
+            }
+            here = &mut items[i];
+        } else {
+            if !here.is_object() {
+                *here = json!({});
+            }
+            here = here.as_object_mut().unwrap().entry(key.clone()).or_insert_with(|| json!({}));
+        }
+    }
+    match (last.parse::<usize>(), here) {
+        (Ok(i), Value::Array(items)) => {
+            while items.len() <= i {
+                items.push(Value::Null);
+            }
+            items[i] = value;
+        }
+        (_, here) => {
+            if !here.is_object() {
+                *here = json!({});
+            }
+            here.as_object_mut().unwrap().insert(last.clone(), value);
+        }
+    }
+}
+
+/// What kproxy reads of an object: the typed object, as JSON, cut down to the read fields.
+fn read_fields(kind: Kind, object: &Object) -> String {
+    let mut value = match object {
+        Object::Service(s) => serde_json::to_value(&s.service).unwrap(),
+        Object::EndpointSlice(s) => serde_json::to_value(s).unwrap(),
+        Object::Node(n) => serde_json::to_value(n).unwrap(),
+        Object::ServiceCidr(c) => serde_json::to_value(c).unwrap(),
+    };
+    let mut kept = json!({});
+    let read: &[&[&str]] = match kind {
+        Kind::Service => <Service as ApiKind>::READ,
+        Kind::EndpointSlice => <EndpointSlice as ApiKind>::READ,
+        Kind::Node => <Node as ApiKind>::READ,
+        Kind::ServiceCidr => <ServiceCIDR as ApiKind>::READ,
+    };
+    for path in METADATA_READ.iter().chain(read) {
+        let pointer: String = path.iter().map(|k| format!("/{}", k.replace('/', "~1"))).collect();
+        if let Some(v) = value.pointer_mut(&pointer) {
+            set(&mut kept, &pointer, v.take());
+        }
+    }
+    kept.to_string()
+}
+
+proptest::proptest! {
+    /// Whatever lands where kproxy reads nothing — any JSON, in any kind — the object is read,
+    /// with what kproxy reads exactly as without it.
+    #[test]
+    fn anything_where_kproxy_reads_nothing_leaves_the_object_readable_and_unchanged(
+        seed in 0..4usize,
+        at in proptest::sample::select(UNREAD),
+        junk in json_value(),
+    ) {
+        let (kind, clean) = seeds().swap_remove(seed);
+        let want = decode(kind, clean.to_string().as_bytes()).unwrap();
+        let mut dirty = clean.clone();
+        set(&mut dirty, at, junk.clone());
+        let got = decode(kind, dirty.to_string().as_bytes());
+        let got = got.unwrap_or_else(|e| panic!("{kind} with {at} = {junk}: {e}"));
+        proptest::prop_assert_eq!(got.key(), want.key());
+        proptest::prop_assert_eq!(read_fields(kind, &got), read_fields(kind, &want));
+    }
+}
+
+/// Any JSON value, a few levels deep.
+fn json_value() -> impl proptest::strategy::Strategy<Value = Value> {
+    use proptest::prelude::*;
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::from),
+        any::<i64>().prop_map(Value::from),
+        any::<f64>().prop_filter("finite", |f| f.is_finite()).prop_map(Value::from),
+        "[a-zA-Z0-9:/ -]{0,12}".prop_map(Value::from),
+    ];
+    leaf.prop_recursive(3, 16, 4, |inner| {
+        prop_oneof![
+            proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
+            proptest::collection::btree_map("[a-zA-Z]{1,8}", inner, 0..4)
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
+        ]
+    })
+}
