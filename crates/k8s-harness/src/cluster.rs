@@ -95,7 +95,10 @@ pub fn down(work: &Path) -> Result<()> {
     let started = Instant::now();
     ledger.cleanup()?;
     let _ = fs::remove_file(info_path(work));
-    tracing::info!("cluster down in {:.1} s: every process, mount, cgroup, namespace and sysctl it recorded is gone", started.elapsed().as_secs_f64());
+    tracing::info!(
+        "cluster down in {:.1} s: every process, mount, cgroup, namespace and sysctl it recorded is gone",
+        started.elapsed().as_secs_f64()
+    );
     Ok(())
 }
 
@@ -135,7 +138,9 @@ pub fn up(binaries: &Binaries, options: &ClusterOptions) -> Result<Cluster> {
         Ok(cluster) => Ok(cluster),
         Err(error) => {
             if std::env::var("KPROXY_CLUSTER_KEEP").is_ok_and(|v| v == "1") {
-                tracing::error!("KPROXY_CLUSTER_KEEP=1: left the failed cluster up; `cargo xtask cluster down` removes it");
+                tracing::error!(
+                    "KPROXY_CLUSTER_KEEP=1: left the failed cluster up; `cargo xtask cluster down` removes it"
+                );
             } else if let Err(cleanup) = down(&options.work) {
                 tracing::error!("cleanup after the failure also failed: {cleanup:#}");
             }
@@ -215,7 +220,8 @@ fn up_inner(binaries: &Binaries, options: &ClusterOptions, ledger: &mut Ledger) 
         for archive in &archives {
             containerd.import(archive)?;
         }
-        containerd.tag("registry.k8s.io/e2e-test-images/agnhost:2.63.0", "registry.k8s.io/e2e-test-images/agnhost:2.55")?;
+        containerd
+            .tag("registry.k8s.io/e2e-test-images/agnhost:2.63.0", "registry.k8s.io/e2e-test-images/agnhost:2.55")?;
         let (program, lead) = &options.dns_command;
         let mut args = lead.clone();
         args.extend([
@@ -228,7 +234,11 @@ fn up_inner(binaries: &Binaries, options: &ClusterOptions, ledger: &mut Ledger) 
         node.spawn(ledger, "dns", program, &args, &logs)?;
         let kubeconfig = plane.kubeconfig(&Identity::node(&node.name))?;
         node.start_kubelet(ledger, &kubelet, &kubeconfig, &plane.pki().ca_cert_file(), &logs)?;
-        tracing::info!("{}: containerd, images, DNS and kubelet started ({:.1} s)", node.name, began.elapsed().as_secs_f64());
+        tracing::info!(
+            "{}: containerd, images, DNS and kubelet started ({:.1} s)",
+            node.name,
+            began.elapsed().as_secs_f64()
+        );
     }
     let mut infos = Vec::new();
     for node in &nodes {
@@ -268,7 +278,15 @@ fn up_inner(binaries: &Binaries, options: &ClusterOptions, ledger: &mut Ledger) 
             kubectl.run(&["apply", "-f", &applied.display().to_string()])?;
             kubectl.wait_for(Duration::from_secs(180), "the kproxy DaemonSet ready on every node", || {
                 let out = kubectl
-                    .run(&["-n", "kube-system", "get", "ds", "kproxy", "-o", "jsonpath={.status.numberReady}/{.status.desiredNumberScheduled}"])
+                    .run(&[
+                        "-n",
+                        "kube-system",
+                        "get",
+                        "ds",
+                        "kproxy",
+                        "-o",
+                        "jsonpath={.status.numberReady}/{.status.desiredNumberScheduled}",
+                    ])
                     .ok()?;
                 (out.trim() == format!("{0}/{0}", nodes.len())).then_some(())
             })?;
@@ -283,10 +301,8 @@ fn up_inner(binaries: &Binaries, options: &ClusterOptions, ledger: &mut Ledger) 
             let config_path = options.work.join("kube-proxy.config.yaml");
             fs::write(&config_path, config)?;
             for node in &nodes {
-                let args = vec![
-                    format!("--config={}", config_path.display()),
-                    format!("--hostname-override={}", node.name),
-                ];
+                let args =
+                    vec![format!("--config={}", config_path.display()), format!("--hostname-override={}", node.name)];
                 node.spawn(ledger, "kube-proxy", &bin, &args, &logs)?;
             }
             for node in &nodes {
@@ -308,7 +324,13 @@ fn up_inner(binaries: &Binaries, options: &ClusterOptions, ledger: &mut Ledger) 
         started_in_secs: began.elapsed().as_secs_f64(),
     };
     fs::write(info_path(&options.work), serde_json::to_vec_pretty(&info)?)?;
-    tracing::info!("cluster up in {:.1} s: {} node(s), proxy {:?} ({})", info.started_in_secs, nodes.len(), options.proxy, options.mode);
+    tracing::info!(
+        "cluster up in {:.1} s: {} node(s), proxy {:?} ({})",
+        info.started_in_secs,
+        nodes.len(),
+        options.proxy,
+        options.mode
+    );
     Ok(Cluster { info, work: options.work.clone(), plane: Some(plane) })
 }
 
@@ -324,7 +346,9 @@ fn record_plane(ledger: &mut Ledger, plane: &ControlPlane) -> Result<()> {
 fn dns_service(nodes: &[Node]) -> String {
     let endpoints: Vec<serde_json::Value> = nodes
         .iter()
-        .map(|n| serde_json::json!({"addresses": [n.ip.to_string()], "conditions": {"ready": true}, "nodeName": n.name}))
+        .map(
+            |n| serde_json::json!({"addresses": [n.ip.to_string()], "conditions": {"ready": true}, "nodeName": n.name}),
+        )
         .collect();
     let list = serde_json::json!({
         "apiVersion": "v1",
@@ -349,15 +373,19 @@ fn dns_service(nodes: &[Node]) -> String {
 
 /// `deploy/kproxy.yaml` as the harness applies it: the image (imported into every node's
 /// containerd; the manifest's `IfNotPresent` then never pulls), the API server address (a node without a proxy cannot reach the `kubernetes`
-/// Service's ClusterIP, which is what every cluster's kube-proxy kubeconfig avoids too), and the
-/// mode. Each substitution must find its line, or the manifest changed under the harness.
+/// Service's ClusterIP, which is what every cluster's kube-proxy kubeconfig avoids too), the
+/// mode, and `conntrack.maxPerCore: 0` (as kind does: `nf_conntrack_max` is machine-global,
+/// read-only in a node's network namespace, and not the harness's to change). Each substitution must find its line, or the manifest changed under the harness.
 pub fn substitute_manifest(manifest: &str, image: &str, server: &str, mode: &str) -> Result<String> {
     let mut out = String::with_capacity(manifest.len());
-    let (mut images, mut servers, mut modes) = (0, 0, 0);
+    let (mut images, mut servers, mut modes, mut conntracks) = (0, 0, 0, 0);
     for line in manifest.lines() {
         let trimmed = line.trim_start();
         let indent = &line[..line.len() - trimmed.len()];
-        if trimmed.starts_with("image:") {
+        if trimmed.starts_with("maxPerCore:") {
+            out.push_str(&format!("{indent}maxPerCore: 0\n"));
+            conntracks += 1;
+        } else if trimmed.starts_with("image:") {
             out.push_str(&format!("{indent}image: {image}\n"));
             images += 1;
         } else if trimmed.starts_with("server: https://kubernetes.default.svc") {
@@ -371,14 +399,17 @@ pub fn substitute_manifest(manifest: &str, image: &str, server: &str, mode: &str
             out.push('\n');
         }
     }
-    if (images, servers, modes) != (1, 1, 1) {
-        bail!("deploy/kproxy.yaml: expected one image, one kubeconfig server and one mode line, found {images}, {servers}, {modes}");
+    if (images, servers, modes, conntracks) != (1, 1, 1, 1) {
+        bail!(
+            "deploy/kproxy.yaml: expected one image, kubeconfig server, mode and conntrack maxPerCore line, found {images}, {servers}, {modes}, {conntracks}"
+        );
     }
     Ok(out)
 }
 
 /// The `config.conf` of kproxy's ConfigMap in `manifest`, for upstream kube-proxy: its
-/// kubeconfig path and mode replaced (each must be found once).
+/// kubeconfig path, mode and `conntrack.maxPerCore` (0, as for kproxy) replaced (each must be
+/// found once).
 pub fn upstream_config(manifest: &str, kubeconfig: &Path, mode: &str) -> Result<String> {
     let mut lines = manifest.lines();
     let key_indent = loop {
@@ -388,7 +419,7 @@ pub fn upstream_config(manifest: &str, kubeconfig: &Path, mode: &str) -> Result<
         }
     };
     let mut out = String::new();
-    let (mut kubeconfigs, mut modes) = (0, 0);
+    let (mut kubeconfigs, mut modes, mut conntracks) = (0, 0, 0);
     for line in lines {
         let indent = line.len() - line.trim_start().len();
         if !line.trim().is_empty() && indent <= key_indent {
@@ -399,6 +430,10 @@ pub fn upstream_config(manifest: &str, kubeconfig: &Path, mode: &str) -> Result<
             let pad = &body[..body.len() - body.trim_start().len()];
             out.push_str(&format!("{pad}kubeconfig: {}\n", kubeconfig.display()));
             kubeconfigs += 1;
+        } else if body.trim_start().starts_with("maxPerCore:") {
+            let pad = &body[..body.len() - body.trim_start().len()];
+            out.push_str(&format!("{pad}maxPerCore: 0\n"));
+            conntracks += 1;
         } else if body.starts_with("mode: ") {
             out.push_str(&format!("mode: {mode}\n"));
             modes += 1;
@@ -407,8 +442,10 @@ pub fn upstream_config(manifest: &str, kubeconfig: &Path, mode: &str) -> Result<
             out.push('\n');
         }
     }
-    if (kubeconfigs, modes) != (1, 1) {
-        bail!("config.conf in deploy/kproxy.yaml: expected one kubeconfig and one mode line, found {kubeconfigs}, {modes}");
+    if (kubeconfigs, modes, conntracks) != (1, 1, 1) {
+        bail!(
+            "config.conf in deploy/kproxy.yaml: expected one kubeconfig, mode and maxPerCore line, found {kubeconfigs}, {modes}, {conntracks}"
+        );
     }
     Ok(out)
 }
@@ -502,20 +539,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn manifest_substitution_replaces_image_server_and_mode_only() {
-        let manifest = "data:\n  config.conf: |-\n    mode: nftables\n  kubeconfig.conf: |-\n    clusters:\n      - cluster:\n          server: https://kubernetes.default.svc:443\nspec:\n  containers:\n    - image: ghcr.io/x:latest\n      imagePullPolicy: IfNotPresent\n";
+    fn manifest_substitution_replaces_image_server_mode_and_conntrack_max_only() {
+        let manifest = "data:\n  config.conf: |-\n    mode: nftables\n    conntrack:\n      maxPerCore: 32768\n  kubeconfig.conf: |-\n    clusters:\n      - cluster:\n          server: https://kubernetes.default.svc:443\nspec:\n  containers:\n    - name: kproxy\n      image: ghcr.io/x:latest\n      imagePullPolicy: IfNotPresent\n";
         let out = substitute_manifest(manifest, "localhost/kproxy:dev", "https://198.18.0.1:6443", "iptables").unwrap();
-        assert!(out.contains("    - image: localhost/kproxy:dev\n"));
+        assert!(out.contains("      image: localhost/kproxy:dev\n"));
         assert!(out.contains("          server: https://198.18.0.1:6443\n"));
         assert!(out.contains("    mode: iptables\n"));
+        assert!(out.contains("      maxPerCore: 0\n"));
         assert!(out.contains("imagePullPolicy: IfNotPresent"));
         assert!(substitute_manifest("nothing", "i", "s", "m").is_err());
     }
 
     #[test]
     fn upstream_config_is_the_configmaps_with_its_kubeconfig_and_mode() {
-        let manifest = "data:\n  config.conf: |-\n    kind: KubeProxyConfiguration\n    clientConnection:\n      kubeconfig: /var/lib/kproxy/kubeconfig.conf\n    mode: nftables\n  kubeconfig.conf: |-\n    x: y\n";
+        let manifest = "data:\n  config.conf: |-\n    kind: KubeProxyConfiguration\n    clientConnection:\n      kubeconfig: /var/lib/kproxy/kubeconfig.conf\n    mode: nftables\n    conntrack:\n      maxPerCore: 32768\n  kubeconfig.conf: |-\n    x: y\n";
         let out = upstream_config(manifest, Path::new("/k/kp.kubeconfig"), "iptables").unwrap();
-        assert_eq!(out, "kind: KubeProxyConfiguration\nclientConnection:\n  kubeconfig: /k/kp.kubeconfig\nmode: iptables\n");
+        assert_eq!(
+            out,
+            "kind: KubeProxyConfiguration\nclientConnection:\n  kubeconfig: /k/kp.kubeconfig\nmode: iptables\nconntrack:\n  maxPerCore: 0\n"
+        );
     }
 }

@@ -41,6 +41,13 @@ pub struct DnsOptions {
     pub domain: String,
 }
 
+/// (namespace, name) of a Service.
+type ServiceKey = (String, String);
+/// A ready endpoint's address and hostname.
+type Endpoint = (Ipv4Addr, Option<String>);
+/// (port name, lower-case protocol, port).
+type NamedPort = (String, String, u16);
+
 /// The records, keyed by lower-case FQDN with the trailing dot.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct Zone {
@@ -60,8 +67,8 @@ impl Zone {
     pub fn build(services: &Value, slices: &Value, domain: &str) -> Zone {
         let mut zone = Zone::default();
         // Ready endpoints of each Service: (ns, svc) -> [(ip, hostname)]; ports (ns, svc) -> [(name, proto, port)].
-        let mut endpoints: BTreeMap<(String, String), BTreeSet<(Ipv4Addr, Option<String>)>> = BTreeMap::new();
-        let mut slice_ports: BTreeMap<(String, String), BTreeSet<(String, String, u16)>> = BTreeMap::new();
+        let mut endpoints: BTreeMap<ServiceKey, BTreeSet<Endpoint>> = BTreeMap::new();
+        let mut slice_ports: BTreeMap<ServiceKey, BTreeSet<NamedPort>> = BTreeMap::new();
         for slice in items(slices) {
             if slice["addressType"] != "IPv4" {
                 continue;
@@ -154,7 +161,12 @@ impl Zone {
                     let proto = port["protocol"].as_str().unwrap_or("TCP").to_ascii_lowercase();
                     let srv_name = format!("_{port_name}._{proto}.{fqdn}").to_ascii_lowercase();
                     zone.names.entry(srv_name.clone()).or_default();
-                    zone.srv.entry(srv_name).or_default().push(RData::SRV(SRV::new(0, 100, number as u16, target.clone())));
+                    zone.srv.entry(srv_name).or_default().push(RData::SRV(SRV::new(
+                        0,
+                        100,
+                        number as u16,
+                        target.clone(),
+                    )));
                 }
             }
         }
@@ -170,8 +182,11 @@ impl Zone {
         if let Some(rest) = key.strip_suffix(&format!(".pod{suffix}")) {
             let first = rest.split('.').next().unwrap_or_default();
             if let Ok(ip) = first.replace('-', ".").parse::<Ipv4Addr>() {
-                let records =
-                    if kind == RecordType::A { vec![Record::from_rdata(name.clone(), TTL, RData::A(A(ip)))] } else { vec![] };
+                let records = if kind == RecordType::A {
+                    vec![Record::from_rdata(name.clone(), TTL, RData::A(A(ip)))]
+                } else {
+                    vec![]
+                };
                 return (ResponseCode::NoError, records);
             }
             return (ResponseCode::NXDomain, vec![]);
@@ -328,7 +343,7 @@ fn poll(agent: &ureq::Agent, options: &DnsOptions, zone: &RwLock<Zone>) {
             }
             Err(e) => {
                 failures += 1;
-                if failures == 1 || failures % 60 == 0 {
+                if failures == 1 || failures.is_multiple_of(60) {
                     tracing::warn!("listing from the API server failed ({failures} in a row): {e:#}");
                 }
             }

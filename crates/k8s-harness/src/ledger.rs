@@ -186,7 +186,10 @@ impl Ledger {
         // 4. Files other programs left in global places.
         for r in &all {
             match r {
-                Resource::Containerd { address, state, .. } => remove_shim_sockets(address, state),
+                Resource::Containerd { address, state, .. } => {
+                    remove_shim_sockets(address, state);
+                    remove_loopback_cache(state);
+                }
                 Resource::ContainerLogLinks { pods_log_dir } => remove_log_links(pods_log_dir),
                 Resource::CniCache { network } => remove_cni_cache(network),
                 _ => {}
@@ -243,20 +246,20 @@ fn alive(pid: i32, start: u64) -> bool {
     !zombie && start_time(pid) == Some(start)
 }
 
-/// SIGTERM, up to 10 s, then SIGKILL; only processes whose start time still matches.
+/// SIGTERM, up to 5 s, then SIGKILL; only processes whose start time still matches.
 fn stop_processes(procs: &[(String, i32, u64)]) {
     let live: Vec<&(String, i32, u64)> = procs.iter().filter(|(_, pid, st)| alive(*pid, *st)).collect();
     for (name, pid, _) in &live {
         tracing::debug!("stopping {name} (pid {pid})");
         let _ = kill(Pid::from_raw(*pid), Signal::SIGTERM);
     }
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + Duration::from_secs(5);
     while Instant::now() < deadline && live.iter().any(|(_, pid, st)| alive(*pid, *st)) {
         thread::sleep(Duration::from_millis(100));
     }
     for (name, pid, st) in &live {
         if alive(*pid, *st) {
-            tracing::warn!("{name} (pid {pid}) ignored SIGTERM for 10 s: SIGKILL");
+            tracing::info!("{name} (pid {pid}) still runs 5 s after SIGTERM: SIGKILL");
             let _ = kill(Pid::from_raw(*pid), Signal::SIGKILL);
         }
     }
@@ -437,12 +440,13 @@ fn unescape_mount_path(field: &str) -> PathBuf {
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
-        if bytes[i] == b'\\' && i + 4 <= bytes.len() {
-            if let Some(v) = std::str::from_utf8(&bytes[i + 1..i + 4]).ok().and_then(|s| u8::from_str_radix(s, 8).ok()) {
-                out.push(v);
-                i += 4;
-                continue;
-            }
+        if bytes[i] == b'\\'
+            && i + 4 <= bytes.len()
+            && let Some(v) = std::str::from_utf8(&bytes[i + 1..i + 4]).ok().and_then(|s| u8::from_str_radix(s, 8).ok())
+        {
+            out.push(v);
+            i += 4;
+            continue;
         }
         out.push(bytes[i]);
         i += 1;
@@ -467,6 +471,17 @@ fn remove_shim_sockets(address: &Path, state: &Path) {
                 let _ = fs::remove_file(&socket);
             }
         }
+    }
+}
+
+/// containerd's CRI sets up each sandbox's loopback through libcni, whose cache
+/// (`/var/lib/cni/results/cni-loopback-<sandbox id>-lo`) outlives a sandbox that was not removed.
+fn remove_loopback_cache(state: &Path) {
+    let Ok(sandboxes) = fs::read_dir(state.join("io.containerd.grpc.v1.cri").join("sandboxes")) else { return };
+    for sandbox in sandboxes.flatten() {
+        let cache = Path::new("/var/lib/cni/results")
+            .join(format!("cni-loopback-{}-lo", sandbox.file_name().to_string_lossy()));
+        let _ = fs::remove_file(cache);
     }
 }
 

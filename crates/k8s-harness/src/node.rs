@@ -98,7 +98,13 @@ impl Node {
             node_netns: self.netns.clone(),
         })?;
         let config = containerd.config();
-        self.spawn(ledger, "containerd", Path::new("containerd"), &["--config".into(), config.display().to_string()], logs)?;
+        self.spawn(
+            ledger,
+            "containerd",
+            Path::new("containerd"),
+            &["--config".into(), config.display().to_string()],
+            logs,
+        )?;
         containerd.wait_ready(std::time::Duration::from_secs(60))
     }
 
@@ -135,7 +141,14 @@ impl Node {
     }
 
     /// Writes the kubelet's configuration and starts it.
-    pub fn start_kubelet(&self, ledger: &mut Ledger, kubelet: &Path, kubeconfig: &Path, client_ca: &Path, logs: &Path) -> Result<()> {
+    pub fn start_kubelet(
+        &self,
+        ledger: &mut Ledger,
+        kubelet: &Path,
+        kubeconfig: &Path,
+        client_ca: &Path,
+        logs: &Path,
+    ) -> Result<()> {
         let dir = self.kubelet_dir();
         fs::create_dir_all(&dir)?;
         for key in KUBELET_GLOBAL_SYSCTLS {
@@ -228,7 +241,11 @@ pub fn spawn_detached(ledger: &mut Ledger, name: &str, mut cmd: Command, log: &P
     if let Some(dir) = log.parent() {
         fs::create_dir_all(dir)?;
     }
-    let out = fs::OpenOptions::new().create(true).append(true).open(log).with_context(|| format!("opening {}", log.display()))?;
+    let out = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .with_context(|| format!("opening {}", log.display()))?;
     let err = out.try_clone()?;
     cmd.stdin(Stdio::null()).stdout(out).stderr(err).process_group(0);
     let child = cmd.spawn().with_context(|| format!("starting {name} ({:?})", cmd.get_program()))?;

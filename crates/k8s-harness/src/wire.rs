@@ -63,7 +63,14 @@ pub fn make_wire(ledger: &mut Ledger) -> Result<()> {
         ],
     )?;
     // Route between nodes (pod CIDRs) without NAT, and without telling nodes to go direct.
-    sysctls(n, &[("net.ipv4.ip_forward", "1"), ("net.ipv4.conf.all.send_redirects", "0"), ("net.ipv4.conf.wire0.send_redirects", "0")])?;
+    sysctls(
+        n,
+        &[
+            ("net.ipv4.ip_forward", "1"),
+            ("net.ipv4.conf.all.send_redirects", "0"),
+            ("net.ipv4.conf.wire0.send_redirects", "0"),
+        ],
+    )?;
     Ok(())
 }
 
