@@ -41,7 +41,9 @@ pub struct ControlPlaneOptions {
     /// are made from inside it too.
     pub netns: Option<PathBuf>,
     /// The API server's bind and advertise address (default 127.0.0.1). etcd always listens on
-    /// 127.0.0.1 (of the namespace).
+    /// 127.0.0.1 (of the namespace). A loopback address cannot be the `kubernetes` Service's
+    /// endpoint, so then the Service has none (`--endpoint-reconciler-type=none`); bind a
+    /// namespace's own address for one that pods can reach.
     pub bind: IpAddr,
     /// `--service-cluster-ip-range` (default 198.19.0.0/16, inside the test range 198.18.0.0/15).
     pub service_cidr: String,
@@ -119,9 +121,28 @@ pub struct ControlPlane {
 }
 
 impl ControlPlane {
-    /// Starts etcd and kube-apiserver and waits for `/readyz`.
+    /// Starts etcd and kube-apiserver and waits for `/readyz`. Ports are picked free just
+    /// before; if another process took one meanwhile, the start is tried again on new ports.
     pub fn start(binaries: &Binaries, options: ControlPlaneOptions) -> Result<ControlPlane> {
         let began = Instant::now();
+        let mut attempt = 1;
+        loop {
+            match ControlPlane::try_start(binaries, options.clone()) {
+                Err(Error::Start { log_tail, .. }) if attempt < 3 && log_tail.contains("address already in use") => {
+                    tracing::warn!(attempt, "a port was taken before the control plane bound it; trying new ports");
+                    attempt += 1;
+                }
+                Err(error) => return Err(error),
+                Ok(mut plane) => {
+                    plane.started_in = began.elapsed();
+                    tracing::info!(url = %plane.url(), etcd = ?plane.options.etcd, took = ?plane.started_in, "control plane ready");
+                    return Ok(plane);
+                }
+            }
+        }
+    }
+
+    fn try_start(binaries: &Binaries, options: ControlPlaneOptions) -> Result<ControlPlane> {
         let service_cidr: ipnet::IpNet = options
             .service_cidr
             .parse()
@@ -160,8 +181,6 @@ impl ControlPlane {
         plane.start_etcd(ports[1])?;
         plane.pki.write_kubeconfig(&Identity::admin(), &plane.url(), &plane.admin_kubeconfig)?;
         plane.start_apiserver()?;
-        plane.started_in = began.elapsed();
-        tracing::info!(url = %plane.url(), etcd = ?plane.options.etcd, took = ?plane.started_in, "control plane ready");
         Ok(plane)
     }
 
@@ -178,16 +197,6 @@ impl ControlPlane {
     /// etcd's client URL (`http://127.0.0.1:PORT`, inside the namespace when there is one).
     pub fn etcd_url(&self) -> String {
         format!("http://127.0.0.1:{}", self.etcd_port)
-    }
-
-    /// The running components' names and pids (for a harness that records what it must stop
-    /// should it die before this plane drops, e.g. `cargo xtask cluster`'s ledger).
-    pub fn pids(&self) -> Vec<(String, u32)> {
-        [&self.etcd, &self.apiserver, &self.controller_manager, &self.scheduler]
-            .into_iter()
-            .flatten()
-            .filter_map(|p| Some((p.name().to_owned(), p.pid()?)))
-            .collect()
     }
 
     /// The options it was started with.
@@ -321,6 +330,16 @@ impl ControlPlane {
         self.start_apiserver()
     }
 
+    /// Each running component's name and pid (its process group), e.g. for a harness that records
+    /// what it must stop should it die before this plane drops (`cargo xtask cluster`'s ledger).
+    pub fn pids(&self) -> Vec<(String, u32)> {
+        [&self.etcd, &self.apiserver, &self.controller_manager, &self.scheduler]
+            .into_iter()
+            .flatten()
+            .filter_map(|p| Some((p.name().to_owned(), p.pid()?)))
+            .collect()
+    }
+
     /// Whether the API server process is running (not stopped, not exited).
     pub fn apiserver_running(&mut self) -> bool {
         self.apiserver.as_mut().is_some_and(|p| p.exited().is_none())
@@ -452,6 +471,11 @@ impl ControlPlane {
             "--allow-privileged=true".into(),
             "--profiling=false".into(),
         ];
+        if self.options.bind.is_loopback() {
+            // The `kubernetes` Service's endpoint is the advertise address, and an Endpoints
+            // address may not be loopback: the reconciler would fail (and log) for ever.
+            args.push("--endpoint-reconciler-type=none".into());
+        }
         if !self.options.watch_list {
             args.push("--feature-gates=WatchList=false".into());
         }

@@ -141,3 +141,56 @@ fn controller_manager_and_scheduler_start_and_service_account_tokens_authenticat
         .expect("whoami");
     assert_eq!(whoami.trim(), "system:serviceaccount:sa-check:default");
 }
+
+fn running(pid: u32) -> bool {
+    // Children are reaped by the harness, so a stopped one has no /proc entry left.
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
+#[test]
+fn a_control_plane_dropped_during_a_panic_leaves_no_process_and_no_work_dir() {
+    let Some(binaries) = require_k8s() else { return };
+    let (tx, rx) = std::sync::mpsc::channel();
+    let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let plane = ControlPlane::start(&binaries, ControlPlaneOptions::default()).unwrap();
+        tx.send((plane.pids(), plane.work_dir().to_path_buf())).unwrap();
+        panic!("a test failing while its control plane runs");
+    }));
+    assert!(unwound.is_err());
+    let (pids, work) = rx.recv().unwrap();
+    assert_eq!(pids.iter().map(|(name, _)| name.as_str()).collect::<Vec<_>>(), ["etcd", "kube-apiserver"]);
+    for (name, pid) in pids {
+        assert!(!running(pid), "{name} (pid {pid}) survived the panic");
+    }
+    let kept = std::env::var(kproxy_k8s_harness::KEEP_ENV).is_ok_and(|v| v == "1");
+    assert_eq!(work.exists(), kept, "{} kept: {kept}", work.display());
+}
+
+#[test]
+fn control_plane_processes_die_with_the_thread_that_started_them() {
+    let Some(binaries) = require_k8s() else { return };
+    // A plane never dropped (as if its test process were killed): the kernel's parent-death
+    // signal still ends its processes once the starting thread is gone.
+    let (pids, work) = std::thread::spawn(move || {
+        let plane = ControlPlane::start(&binaries, ControlPlaneOptions::default()).unwrap();
+        let leaked = (plane.pids(), plane.work_dir().to_path_buf());
+        std::mem::forget(plane);
+        leaked
+    })
+    .join()
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let alive = |pid: u32| {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let state = stat.rsplit(')').next().unwrap_or("").split_whitespace().next().unwrap_or("").to_owned();
+        !state.is_empty() && state != "Z"
+    };
+    while pids.iter().any(|(_, pid)| alive(*pid)) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = std::fs::remove_dir_all(&work);
+    // Unreaped children (the plane was forgotten) linger as zombies: `alive` reads the state.
+    for (name, pid) in pids {
+        assert!(!alive(pid), "{name} (pid {pid}) outlived the thread that started it");
+    }
+}
