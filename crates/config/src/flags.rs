@@ -27,246 +27,248 @@ fn parse_duration(s: &str) -> Result<GoDuration, String> {
 }
 
 /// All command-line flags. Flatten into the binary's parser:
-/// `#[command(flatten)] flags: kproxy_config::Flags`.
+/// `#[command(flatten)] flags: kproxy_config::Flags`. Every flag is global: accepted before or
+/// after a subcommand (`kproxy explain --cluster-cidr …` as `kproxy --cluster-cidr … explain`),
+/// so a subcommand reads the daemon's own flags and `--config`.
 #[derive(Debug, Clone, Default, PartialEq, clap::Args)]
 #[command(next_help_heading = "kube-proxy flags")]
 pub struct Flags {
     // ---- process control -------------------------------------------------------------------------
     /// The path to the configuration file (KubeProxyConfiguration, YAML or JSON).
-    #[arg(long, value_name = "FILE")]
+    #[arg(global = true, long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// If set, write the effective configuration to this file and exit.
-    #[arg(long, value_name = "FILE")]
+    #[arg(global = true, long, value_name = "FILE")]
     pub write_config_to: Option<PathBuf>,
     /// If true cleanup iptables, ipvs and nftables rules and exit.
-    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = parse_go_bool)]
+    #[arg(global = true, long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = parse_go_bool)]
     pub cleanup: Option<bool>,
     /// If true, perform any initialization steps that must be done with full root privileges, and then
     /// exit. After doing this, you can run kproxy again with only the CAP_NET_ADMIN capability.
-    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = parse_go_bool)]
+    #[arg(global = true, long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = parse_go_bool)]
     pub init_only: Option<bool>,
     /// Print version information and quit (true, false or raw).
-    #[arg(long, value_name = "true|false|raw", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    #[arg(global = true, long, value_name = "true|false|raw", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub version: Option<String>,
     /// A set of key=value pairs that describe feature gates for alpha/experimental features.
     /// This parameter is ignored if a config file is specified by --config.
-    #[arg(long, value_name = "A=true,B=false")]
+    #[arg(global = true, long, value_name = "A=true,B=false")]
     pub feature_gates: Vec<String>,
 
     // ---- API server ------------------------------------------------------------------------------
     /// Path to kubeconfig file with authorization information (the master location can be overridden
     /// by the master flag).
-    #[arg(long, value_name = "FILE")]
+    #[arg(global = true, long, value_name = "FILE")]
     pub kubeconfig: Option<String>,
     /// The address of the Kubernetes API server (overrides any value in kubeconfig).
-    #[arg(long, value_name = "URL")]
+    #[arg(global = true, long, value_name = "URL")]
     pub master: Option<String>,
     /// Content type of requests sent to apiserver; kproxy speaks JSON (protobuf is accepted and
     /// JSON used, with a warning). [default: application/json]
-    #[arg(long, value_name = "TYPE")]
+    #[arg(global = true, long, value_name = "TYPE")]
     pub kube_api_content_type: Option<String>,
     /// Burst to use while talking with kubernetes apiserver. [default: 10]
-    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    #[arg(global = true, long, value_name = "N", allow_negative_numbers = true)]
     pub kube_api_burst: Option<i32>,
     /// QPS to use while talking with kubernetes apiserver. [default: 5]
-    #[arg(long, value_name = "QPS")]
+    #[arg(global = true, long, value_name = "QPS")]
     pub kube_api_qps: Option<f32>,
 
     // ---- node identity and servers ---------------------------------------------------------------
     /// If non-empty, will be used as the name of the Node that kproxy is running on. If unset, the node
     /// name is assumed to be the same as the node's hostname. (Overrides the config file.)
-    #[arg(long, value_name = "NAME")]
+    #[arg(global = true, long, value_name = "NAME")]
     pub hostname_override: Option<String>,
     /// Overrides kproxy's idea of what its node's primary IP is. Binds nothing. [default: 0.0.0.0]
     /// This parameter is ignored if a config file is specified by --config.
-    #[arg(long, value_name = "IP")]
+    #[arg(global = true, long, value_name = "IP")]
     pub bind_address: Option<String>,
     /// The IP address and port for the health check server to serve on; empty disables it.
     /// [default: 0.0.0.0:10256] This parameter is ignored if a config file is specified by --config.
-    #[arg(long, value_name = "IP[:PORT]")]
+    #[arg(global = true, long, value_name = "IP[:PORT]")]
     pub healthz_bind_address: Option<String>,
     /// The IP address and port for the metrics server to serve on; empty disables it.
     /// [default: 127.0.0.1:10249] This parameter is ignored if a config file is specified by --config.
-    #[arg(long, value_name = "IP[:PORT]")]
+    #[arg(global = true, long, value_name = "IP[:PORT]")]
     pub metrics_bind_address: Option<String>,
     /// If true kproxy will treat failure to bind to a port as fatal and exit.
-    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = parse_go_bool)]
+    #[arg(global = true, long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = parse_go_bool)]
     pub bind_address_hard_fail: Option<bool>,
     /// If true enables profiling via web interface on /debug/pprof handler.
-    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = parse_go_bool)]
+    #[arg(global = true, long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = parse_go_bool)]
     pub profiling: Option<bool>,
     /// The previous version for which you want to show hidden metrics (<major>.<minor>, e.g. 1.16).
-    #[arg(long, value_name = "VERSION")]
+    #[arg(global = true, long, value_name = "VERSION")]
     pub show_hidden_metrics_for_version: Option<String>,
     /// DEPRECATED: the port to bind the health check server. Use 0 to disable. [default: 10256]
-    #[arg(long, value_name = "PORT", allow_negative_numbers = true)]
+    #[arg(global = true, long, value_name = "PORT", allow_negative_numbers = true)]
     pub healthz_port: Option<i32>,
     /// DEPRECATED: the port to bind the metrics server. Use 0 to disable. [default: 10249]
-    #[arg(long, value_name = "PORT", allow_negative_numbers = true)]
+    #[arg(global = true, long, value_name = "PORT", allow_negative_numbers = true)]
     pub metrics_port: Option<i32>,
     /// DEPRECATED: no effect (was the userspace proxy's port range).
-    #[arg(long, value_name = "RANGE")]
+    #[arg(global = true, long, value_name = "RANGE")]
     pub proxy_port_range: Option<String>,
 
     // ---- mode and dataplane ----------------------------------------------------------------------
     /// Which proxy mode to use: 'nftables' (kproxy's default), 'iptables' or 'ipvs'.
     /// This parameter is ignored if a config file is specified by --config.
-    #[arg(long, value_name = "MODE")]
+    #[arg(global = true, long, value_name = "MODE")]
     pub proxy_mode: Option<String>,
     /// If using the iptables or ipvs proxy mode, the bit of the fwmark space to mark packets requiring
     /// SNAT with. Must be within the range [0, 31]. [default: 14]
-    #[arg(long, value_name = "BIT", allow_negative_numbers = true)]
+    #[arg(global = true, long, value_name = "BIT", allow_negative_numbers = true)]
     pub iptables_masquerade_bit: Option<i32>,
     /// SNAT all traffic sent via Service cluster IPs.
-    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = parse_go_bool)]
+    #[arg(global = true, long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = parse_go_bool)]
     pub masquerade_all: Option<bool>,
     /// If false, disable the legacy behavior of allowing NodePort services to be accessed via
     /// localhost (iptables mode, IPv4 only). [default: true]
-    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = parse_go_bool)]
+    #[arg(global = true, long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = parse_go_bool)]
     pub iptables_localhost_nodeports: Option<bool>,
     /// How often rules are fully re-synchronized (e.g. '5s', '1m', '2h22m'); applies in every mode but
     /// ipvs. Must be greater than 0. [default: 30s]
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration, allow_hyphen_values = true)]
+    #[arg(global = true, long, value_name = "DURATION", value_parser = parse_duration, allow_hyphen_values = true)]
     pub iptables_sync_period: Option<GoDuration>,
     /// The minimum period between rule resyncs; applies in every mode but ipvs. 0 means every change
     /// is synced immediately. [default: 1s]
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration, allow_hyphen_values = true)]
+    #[arg(global = true, long, value_name = "DURATION", value_parser = parse_duration, allow_hyphen_values = true)]
     pub iptables_min_sync_period: Option<GoDuration>,
     /// Full resync interval in ipvs mode. [default: 30s]
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration, allow_hyphen_values = true)]
+    #[arg(global = true, long, value_name = "DURATION", value_parser = parse_duration, allow_hyphen_values = true)]
     pub ipvs_sync_period: Option<GoDuration>,
     /// Minimum period between resyncs in ipvs mode. [default: 1s]
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration, allow_hyphen_values = true)]
+    #[arg(global = true, long, value_name = "DURATION", value_parser = parse_duration, allow_hyphen_values = true)]
     pub ipvs_min_sync_period: Option<GoDuration>,
     /// The ipvs scheduler type when proxy mode is ipvs (rr, wrr, lc, wlc, lblc, lblcr, sh, dh, sed, nq,
     /// mh). [default: rr]
-    #[arg(long, value_name = "SCHEDULER")]
+    #[arg(global = true, long, value_name = "SCHEDULER")]
     pub ipvs_scheduler: Option<String>,
     /// A comma-separated list of CIDRs which the ipvs proxier should not touch when cleaning up.
-    #[arg(long, value_name = "CIDRS", value_delimiter = ',')]
+    #[arg(global = true, long, value_name = "CIDRS", value_delimiter = ',')]
     pub ipvs_exclude_cidrs: Option<Vec<String>>,
     /// Enable strict ARP by setting arp_ignore to 1 and arp_announce to 2.
-    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = parse_go_bool)]
+    #[arg(global = true, long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = parse_go_bool)]
     pub ipvs_strict_arp: Option<bool>,
     /// The timeout for idle IPVS TCP connections, 0 to leave as-is.
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration, allow_hyphen_values = true)]
+    #[arg(global = true, long, value_name = "DURATION", value_parser = parse_duration, allow_hyphen_values = true)]
     pub ipvs_tcp_timeout: Option<GoDuration>,
     /// The timeout for IPVS TCP connections after receiving a FIN packet, 0 to leave as-is.
-    #[arg(long = "ipvs-tcpfin-timeout", value_name = "DURATION", value_parser = parse_duration, allow_hyphen_values = true)]
+    #[arg(global = true, long = "ipvs-tcpfin-timeout", value_name = "DURATION", value_parser = parse_duration, allow_hyphen_values = true)]
     pub ipvs_tcp_fin_timeout: Option<GoDuration>,
     /// The timeout for IPVS UDP packets, 0 to leave as-is.
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration, allow_hyphen_values = true)]
+    #[arg(global = true, long, value_name = "DURATION", value_parser = parse_duration, allow_hyphen_values = true)]
     pub ipvs_udp_timeout: Option<GoDuration>,
 
     // ---- local traffic detection -----------------------------------------------------------------
     /// Mode to use to detect local traffic: ClusterCIDR, NodeCIDR, BridgeInterface or
     /// InterfaceNamePrefix. [default: ClusterCIDR]
-    #[arg(long, value_name = "MODE")]
+    #[arg(global = true, long, value_name = "MODE")]
     pub detect_local_mode: Option<String>,
     /// A bridge interface name (with --detect-local-mode=BridgeInterface).
-    #[arg(long, value_name = "IFNAME")]
+    #[arg(global = true, long, value_name = "IFNAME")]
     pub pod_bridge_interface: Option<String>,
     /// An interface name prefix (with --detect-local-mode=InterfaceNamePrefix).
-    #[arg(long, value_name = "PREFIX")]
+    #[arg(global = true, long, value_name = "PREFIX")]
     pub pod_interface_name_prefix: Option<String>,
     /// The CIDR range of the pods in the cluster (a comma-separated dual-stack pair for dual-stack).
-    #[arg(long, value_name = "CIDR[,CIDR]")]
+    #[arg(global = true, long, value_name = "CIDR[,CIDR]")]
     pub cluster_cidr: Option<String>,
     /// CIDRs and/or keywords 'primary', 'all', 'localhost' naming the node IPs NodePorts are served
     /// on. [default: primary in nftables mode, all in iptables and ipvs modes]
-    #[arg(long = "nodeport-addresses", value_name = "LIST", value_delimiter = ',')]
+    #[arg(global = true, long = "nodeport-addresses", value_name = "LIST", value_delimiter = ',')]
     pub node_port_addresses: Option<Vec<String>>,
 
     // ---- process and conntrack -------------------------------------------------------------------
     /// The oom-score-adj value for the process, within [-1000, 1000]. [default: -999]
-    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    #[arg(global = true, long, value_name = "N", allow_negative_numbers = true)]
     pub oom_score_adj: Option<i32>,
     /// Maximum number of NAT connections to track per CPU core (0 to leave the limit as-is and ignore
     /// conntrack-min). [default: 32768]
-    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    #[arg(global = true, long, value_name = "N", allow_negative_numbers = true)]
     pub conntrack_max_per_core: Option<i32>,
     /// Minimum number of conntrack entries to allocate, regardless of conntrack-max-per-core.
     /// [default: 131072]
-    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    #[arg(global = true, long, value_name = "N", allow_negative_numbers = true)]
     pub conntrack_min: Option<i32>,
     /// Idle timeout for established TCP connections (0 to leave as-is). [default: 24h0m0s]
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration, allow_hyphen_values = true)]
+    #[arg(global = true, long, value_name = "DURATION", value_parser = parse_duration, allow_hyphen_values = true)]
     pub conntrack_tcp_timeout_established: Option<GoDuration>,
     /// NAT timeout for TCP connections in the CLOSE_WAIT state. [default: 1h0m0s]
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration, allow_hyphen_values = true)]
+    #[arg(global = true, long, value_name = "DURATION", value_parser = parse_duration, allow_hyphen_values = true)]
     pub conntrack_tcp_timeout_close_wait: Option<GoDuration>,
     /// Enable liberal mode for tracking TCP packets (nf_conntrack_tcp_be_liberal=1).
-    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = parse_go_bool)]
+    #[arg(global = true, long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = parse_go_bool)]
     pub conntrack_tcp_be_liberal: Option<bool>,
     /// Idle timeout for UNREPLIED UDP connections (0 to leave as-is).
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration, allow_hyphen_values = true)]
+    #[arg(global = true, long, value_name = "DURATION", value_parser = parse_duration, allow_hyphen_values = true)]
     pub conntrack_udp_timeout: Option<GoDuration>,
     /// Idle timeout for ASSURED UDP connections (0 to leave as-is).
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration, allow_hyphen_values = true)]
+    #[arg(global = true, long, value_name = "DURATION", value_parser = parse_duration, allow_hyphen_values = true)]
     pub conntrack_udp_timeout_stream: Option<GoDuration>,
     /// How often configuration from the apiserver is refreshed. Must be greater than 0. Accepted
     /// for compatibility; kproxy's watches need no resync (a warning says so). [default: 15m0s]
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration, allow_hyphen_values = true)]
+    #[arg(global = true, long, value_name = "DURATION", value_parser = parse_duration, allow_hyphen_values = true)]
     pub config_sync_period: Option<GoDuration>,
 
     // ---- logging (these override the config file, as upstream) ------------------------------------
     /// Number for the log level verbosity.
-    #[arg(short = 'v', long = "v", value_name = "LEVEL")]
+    #[arg(global = true, short = 'v', long = "v", value_name = "LEVEL")]
     pub verbosity: Option<u32>,
     /// Comma-separated list of pattern=N settings for file-filtered logging.
-    #[arg(long, value_name = "PATTERN=N,...")]
+    #[arg(global = true, long, value_name = "PATTERN=N,...")]
     pub vmodule: Option<String>,
     /// Sets the log format: text or json. [default: text]
-    #[arg(long, value_name = "FORMAT")]
+    #[arg(global = true, long, value_name = "FORMAT")]
     pub logging_format: Option<String>,
     /// Maximum number of seconds between log flushes. [default: 5s]
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration, allow_hyphen_values = true)]
+    #[arg(global = true, long, value_name = "DURATION", value_parser = parse_duration, allow_hyphen_values = true)]
     pub log_flush_frequency: Option<GoDuration>,
     /// [Alpha] In text format, write error messages to stderr and info messages to stdout.
-    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = parse_go_bool)]
+    #[arg(global = true, long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = parse_go_bool)]
     pub log_text_split_stream: Option<bool>,
     /// [Alpha] In text format with split streams, the info buffer size (a quantity, e.g. 64Ki).
-    #[arg(long, value_name = "QUANTITY")]
+    #[arg(global = true, long, value_name = "QUANTITY")]
     pub log_text_info_buffer_size: Option<String>,
     /// [Alpha] In JSON format, write error messages to stderr and info messages to stdout.
-    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = parse_go_bool)]
+    #[arg(global = true, long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = parse_go_bool)]
     pub log_json_split_stream: Option<bool>,
     /// [Alpha] In JSON format with split streams, the info buffer size (a quantity, e.g. 64Ki).
-    #[arg(long, value_name = "QUANTITY")]
+    #[arg(global = true, long, value_name = "QUANTITY")]
     pub log_json_info_buffer_size: Option<String>,
 
     // ---- kproxy extensions -----------------------------------------------------------------------
     /// kproxy: read Services/EndpointSlices/Nodes from YAML manifests in DIR instead of the Kubernetes
     /// API.
-    #[arg(long, value_name = "DIR", help_heading = "kproxy flags")]
+    #[arg(global = true, long, value_name = "DIR", help_heading = "kproxy flags")]
     pub manifests: Option<PathBuf>,
     /// kproxy: print what would be applied to the kernel and apply nothing.
-    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = parse_go_bool, help_heading = "kproxy flags")]
+    #[arg(global = true, long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = parse_go_bool, help_heading = "kproxy flags")]
     pub dry_run: Option<bool>,
     /// kproxy (KEP-6246): comma-separated IPv4/IPv6 CIDRs; traffic DNATed to a destination inside them
     /// is never masqueraded. Overrides noMasqueradeCIDRs from the config file.
-    #[arg(long, value_name = "CIDRS", value_delimiter = ',', help_heading = "kproxy flags")]
+    #[arg(global = true, long, value_name = "CIDRS", value_delimiter = ',', help_heading = "kproxy flags")]
     pub no_masquerade_cidrs: Option<Vec<String>>,
     /// kproxy (KEP-6246): SNAT to the node's InternalIP instead of MASQUERADE. Overrides snatToNodeIP.
-    #[arg(long = "snat-to-node-ip", value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = parse_go_bool, help_heading = "kproxy flags")]
+    #[arg(global = true, long = "snat-to-node-ip", value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = parse_go_bool, help_heading = "kproxy flags")]
     pub snat_to_node_ip: Option<bool>,
     /// kproxy: count new connections, packets and bytes per Service port and verdict in the
     /// kernel (nftables mode), exported as metrics and shown by `kproxy explain`. Overrides
     /// serviceCounters.
-    #[arg(long = "service-counters", value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = parse_go_bool, help_heading = "kproxy flags")]
+    #[arg(global = true, long = "service-counters", value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = parse_go_bool, help_heading = "kproxy flags")]
     pub service_counters: Option<bool>,
     /// kproxy: follow nf_tables' notifications and check kproxy's tables as soon as another
     /// program commits to them, instead of at the next periodic check (nftables mode).
     /// [default: true in nftables mode] Overrides watchKernelChanges.
-    #[arg(long = "watch-kernel-changes", value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = parse_go_bool, help_heading = "kproxy flags")]
+    #[arg(global = true, long = "watch-kernel-changes", value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = parse_go_bool, help_heading = "kproxy flags")]
     pub watch_kernel_changes: Option<bool>,
     /// kproxy (KEP-4963): offload established Service connections to a flowtable. [default: true]
     /// Overrides acceleration.enabled.
-    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = parse_go_bool, help_heading = "kproxy flags")]
+    #[arg(global = true, long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = parse_go_bool, help_heading = "kproxy flags")]
     pub acceleration: Option<bool>,
     /// kproxy (KEP-4963): packets a connection must exchange before it is offloaded; 0 disables.
     /// [default: 20] Overrides acceleration.packetThreshold.
-    #[arg(long, value_name = "N", allow_negative_numbers = true, help_heading = "kproxy flags")]
+    #[arg(global = true, long, value_name = "N", allow_negative_numbers = true, help_heading = "kproxy flags")]
     pub offload_packet_threshold: Option<i64>,
 }
 

@@ -15,16 +15,11 @@ use kproxy_state::{Change, ClusterState, Kind, Protocol};
 
 use crate::Output;
 
-/// The `explain` subcommand's arguments.
+/// The `explain` subcommand's own arguments. The cluster comes from the daemon's flags, given
+/// before or after `explain`: `--manifests DIR`, else the API server of `--kubeconfig` (which
+/// wins over `--config`'s `clientConnection.kubeconfig` here, as it always did for explain).
 #[derive(clap::Args, Debug)]
 pub struct ExplainArgs {
-    /// Directory of YAML manifests (Services, EndpointSlices, Nodes, ServiceCIDRs).
-    #[arg(long, value_name = "DIR", conflicts_with_all = ["kubeconfig", "server"])]
-    manifests: Option<PathBuf>,
-    /// Read the cluster from the API server of this kubeconfig (default: the global
-    /// `--kubeconfig` / `clientConnection.kubeconfig`).
-    #[arg(long, value_name = "FILE", conflicts_with = "server")]
-    kubeconfig: Option<PathBuf>,
     /// Ask a running kproxy instead, on its metrics listener (e.g. 127.0.0.1:10249).
     #[arg(long, value_name = "HOST:PORT")]
     server: Option<String>,
@@ -50,19 +45,23 @@ fn parse_protocol(value: &str) -> Result<Protocol, String> {
 }
 
 /// Runs `kproxy explain`.
-pub fn run(config: &ProxyConfig, args: ExplainArgs) -> anyhow::Result<()> {
+pub fn run(config: &ProxyConfig, flags: &kproxy_config::Flags, args: ExplainArgs) -> anyhow::Result<()> {
     let packet = Packet { from: args.from, to: args.to, protocol: args.protocol };
     let explanation = match &args.server {
         Some(server) => {
             if args.node.is_some() {
                 bail!("--node does not go with --server: the daemon explains for its own node");
             }
+            if flags.manifests.is_some() || flags.kubeconfig.is_some() {
+                bail!("--manifests and --kubeconfig do not go with --server: the daemon explains from its own view");
+            }
             ask_server(server, &packet)?
         }
         None => {
-            let state = match &args.manifests {
-                Some(dir) => crate::load_manifests(dir)?,
-                None => load_from_api(config, args.kubeconfig.clone())?,
+            let state = match (&flags.manifests, &flags.kubeconfig) {
+                (Some(_), Some(_)) => bail!("--manifests and --kubeconfig: one source of the cluster, not both"),
+                (Some(dir), None) => crate::load_manifests(dir)?,
+                (None, kubeconfig) => load_from_api(config, kubeconfig.as_ref().map(PathBuf::from))?,
             };
             explain_offline(config, &state, args.node, &packet)
         }

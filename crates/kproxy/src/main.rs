@@ -46,13 +46,13 @@ struct Cli {
     command: Option<Command>,
 }
 
+/// The subcommands. kproxy's flags (`--manifests`, `--config`, every kube-proxy flag) are
+/// global: given before or after the subcommand, they mean the same.
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Print the plan computed from a directory of manifests, without touching the kernel.
+    /// Print the plan computed from a directory of manifests (`--manifests DIR`), without
+    /// touching the kernel.
     Plan {
-        /// Directory of YAML manifests (Services, EndpointSlices, Nodes, ServiceCIDRs).
-        #[arg(long, value_name = "DIR")]
-        manifests: PathBuf,
         /// Output format.
         #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
         output: Output,
@@ -63,11 +63,9 @@ enum Command {
     /// What a node does with one packet, and why: from manifests, the API server, or a running
     /// kproxy (`--server`).
     Explain(explain::ExplainArgs),
-    /// Live demo: network namespaces, kproxy on examples/, real traffic, a table; cleans up.
+    /// Live demo: network namespaces, kproxy on `--manifests DIR` (default examples/), real
+    /// traffic, a table; cleans up.
     Demo {
-        /// Directory of YAML manifests to proxy.
-        #[arg(long, value_name = "DIR", default_value = "examples")]
-        manifests: PathBuf,
         /// The dataplane to demonstrate.
         #[arg(long, value_name = "MODE", default_value = "nftables", value_parser = ["nftables", "iptables"])]
         mode: String,
@@ -106,9 +104,17 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         warn!("{warning}");
     }
     match cli.command {
-        Some(Command::Plan { manifests, output, node }) => return print_plan(&config, &manifests, output, node),
-        Some(Command::Explain(args)) => return explain::run(&config, args),
-        Some(Command::Demo { manifests, mode }) => return demo::run(&manifests, &mode),
+        Some(Command::Plan { output, node }) => {
+            let Some(manifests) = &cli.flags.manifests else {
+                anyhow::bail!("kproxy plan: --manifests DIR is required");
+            };
+            return print_plan(&config, manifests, output, node);
+        }
+        Some(Command::Explain(args)) => return explain::run(&config, &cli.flags, args),
+        Some(Command::Demo { mode }) => {
+            let manifests = cli.flags.manifests.clone().unwrap_or_else(|| PathBuf::from("examples"));
+            return demo::run(&manifests, &mode);
+        }
         None => {}
     }
     match &config.action {
@@ -629,5 +635,71 @@ fn apply_process_settings(config: &ProxyConfig) {
         if set {
             warn!("ignored: {what}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    fn parse(args: &[&str]) -> Cli {
+        Cli::try_parse_from(args).unwrap_or_else(|e| panic!("{args:?}: {e}"))
+    }
+
+    #[test]
+    fn the_command_line_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn the_daemons_flags_after_a_subcommand_mean_what_they_mean_before_it() {
+        let packet = ["--from", "203.0.113.7", "--to", "198.18.0.2:30080"];
+        let flags = [
+            "--cluster-cidr",
+            "198.18.16.0/20",
+            "--config=/etc/kproxy/config.yaml",
+            "--proxy-mode=iptables",
+            "-v=4",
+            "--feature-gates=A=true",
+            "--manifests",
+            "examples",
+            "--masquerade-all",
+            "--nodeport-addresses=198.18.0.0/24,primary",
+        ];
+        let after = parse(&[&["kproxy", "explain"][..], &flags, &packet].concat());
+        let before = parse(&[&["kproxy"][..], &flags, &["explain"], &packet].concat());
+        assert!(matches!(after.command, Some(Command::Explain(_))));
+        assert_eq!(after.flags, before.flags);
+        let f = &after.flags;
+        assert_eq!(f.cluster_cidr.as_deref(), Some("198.18.16.0/20"));
+        assert_eq!(f.config, Some(PathBuf::from("/etc/kproxy/config.yaml")));
+        assert_eq!((f.proxy_mode.as_deref(), f.verbosity), (Some("iptables"), Some(4)));
+        assert_eq!(f.feature_gates, ["A=true"]);
+        assert_eq!((f.manifests.clone(), f.masquerade_all), (Some(PathBuf::from("examples")), Some(true)));
+        assert_eq!(f.node_port_addresses, Some(vec!["198.18.0.0/24".to_owned(), "primary".to_owned()]));
+
+        // `plan`, the flags split around the subcommand and between its own.
+        let plan = parse(&[
+            "kproxy",
+            "--proxy-mode=ipvs",
+            "plan",
+            "--manifests",
+            "examples",
+            "--node",
+            "node-a",
+            "--cluster-cidr=198.18.16.0/20",
+            "-o",
+            "json",
+        ]);
+        assert!(
+            matches!(plan.command, Some(Command::Plan { output: Output::Json, node: Some(ref n) }) if n == "node-a")
+        );
+        assert_eq!(plan.flags.proxy_mode.as_deref(), Some("ipvs"));
+        assert_eq!(plan.flags.cluster_cidr.as_deref(), Some("198.18.16.0/20"));
+        assert_eq!(plan.flags.manifests, Some(PathBuf::from("examples")));
+
+        // An unknown flag is still refused wherever it is.
+        assert!(Cli::try_parse_from(["kproxy", "explain", "--no-such-flag", "--from", "203.0.113.7"]).is_err());
     }
 }

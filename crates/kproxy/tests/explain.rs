@@ -88,6 +88,56 @@ fn explain_from_manifests_answers_each_destination_kind_and_verdict() {
     assert!(plain.contains("198.18.18.13:8080  0.500"), "{plain}");
 }
 
+/// The daemon's flags and `--config` act after `explain` as before it: `--cluster-cidr` makes
+/// traffic from outside the cluster CIDR to a ClusterIP masqueraded (with no way to tell pods,
+/// kube-proxy masquerades none).
+#[test]
+fn explain_takes_the_daemons_flags_and_config_after_the_subcommand() {
+    let dir = examples();
+    let dir = dir.to_str().unwrap();
+    let query = ["--from", "203.0.113.7", "--to", "198.18.128.11:53", "--protocol", "udp", "-o", "json"];
+    let run = |args: &[&str]| -> Value { serde_json::from_str(&kproxy(args)).unwrap() };
+    let source = ["--manifests", dir, "--node", "node-a"];
+
+    let plain = run(&[&["explain"][..], &source, &query].concat());
+    assert_eq!((&plain["service"], &plain["masquerade"]), (&json!("demo/dns:dns"), &json!(false)), "{plain}");
+
+    let cidr = ["--cluster-cidr", "198.18.16.0/20"];
+    let after = run(&[&["explain"][..], &cidr, &source, &query].concat());
+    assert_eq!(after["masquerade"], true, "--cluster-cidr after explain acts: {after}");
+    let before = run(&[&cidr[..], &["explain"], &source, &query].concat());
+    assert_eq!(after, before, "the same before the subcommand");
+
+    // `--config` after the subcommand: the file's clusterCIDR acts the same.
+    let scratch = std::env::temp_dir().join(format!("kproxy-explain-config-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch).unwrap();
+    let config = scratch.join("config.yaml");
+    std::fs::write(
+        &config,
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nclusterCIDR: 198.18.16.0/20\n",
+    )
+    .unwrap();
+    let config_arg = format!("--config={}", config.display());
+    let from_file = run(&[&["explain", config_arg.as_str()][..], &source, &query].concat());
+    let _ = std::fs::remove_dir_all(&scratch);
+    assert_eq!(from_file["masquerade"], true, "--config after explain acts: {from_file}");
+
+    // `plan` too.
+    let plan: Value = serde_json::from_str(&kproxy(&[
+        "plan",
+        "--manifests",
+        dir,
+        "--node",
+        "node-a",
+        "-o",
+        "json",
+        "--cluster-cidr=198.18.16.0/20",
+    ]))
+    .unwrap();
+    let text = plan.to_string();
+    assert!(text.contains("198.18.16.0/20"), "plan --cluster-cidr after the subcommand acts: {text}");
+}
+
 #[test]
 fn explain_reads_the_cluster_from_a_kubeconfig() {
     let api = Api::start();
