@@ -43,11 +43,20 @@
 //! `KPROXY_K8S_KEEP=1`. With `die_with_parent` (default) the kernel also kills them if the test
 //! process dies without unwinding.
 //!
-//! **Costs** (2-core VM, measured with the crate's tests): a start (PKI, etcd, kube-apiserver
-//! `/readyz`) takes about 3 s warm (2.7–4.0 s over 6 runs, etcd 3.6); the first one in a fresh cache also unpacks kube-apiserver
-//! and etcd (about 1 s).
+//! **Costs** (2-core VM, `cargo test -p kproxy-k8s-harness --test control_plane`, two tests at
+//! a time): a start (PKI, etcd, kube-apiserver `/readyz`) takes 2.7–4.4 s warm (etcd 3.6 or
+//! 3.5.1 alike; 7.8 s for the first, which also unpacks kube-apiserver and etcd into the cache);
+//! an API server restart 2.7–4.2 s; kube-controller-manager + kube-scheduler to `/healthz`
+//! 0.8 s (7.8 s while other planes start beside them). Each plane's work directory holds
+//! about 60 MB (etcd's data) while it runs.
 //!
-//! Room for later: `node.rs` (kubelet + containerd nodes, issue #28) builds on
+//! Ports are picked free just before the start (and the start retried on new ports if one was
+//! taken meanwhile). Bound to a loopback address, the API server runs without the `kubernetes`
+//! endpoint reconciler (an Endpoints address may not be loopback); bind a namespace's own
+//! address for a `kubernetes` Service that pods can reach. [`ControlPlane::kubectl`] and
+//! [`ControlPlane::get`] talk to it from inside its namespace.
+//!
+//! The nodes of issue #28 (`node`, `containerd`, `cluster`, ...) build on
 //! [`ControlPlane::kubeconfig`], [`ControlPlane::pki`], [`ControlPlane::start_controller_manager`]
 //! and [`ControlPlane::start_scheduler`].
 
