@@ -388,7 +388,7 @@ pub fn substitute_manifest(manifest: &str, image: &str, server: &str, mode: &str
         } else if trimmed.starts_with("image:") {
             out.push_str(&format!("{indent}image: {image}\n"));
             images += 1;
-        } else if trimmed.starts_with("server: https://kubernetes.default.svc") {
+        } else if trimmed.starts_with("server: https://") {
             out.push_str(&format!("{indent}server: {server}\n"));
             servers += 1;
         } else if trimmed.starts_with("mode: ") && indent.len() == 4 {
@@ -540,7 +540,7 @@ mod tests {
 
     #[test]
     fn manifest_substitution_replaces_image_server_mode_and_conntrack_max_only() {
-        let manifest = "data:\n  config.conf: |-\n    mode: nftables\n    conntrack:\n      maxPerCore: 32768\n  kubeconfig.conf: |-\n    clusters:\n      - cluster:\n          server: https://kubernetes.default.svc:443\nspec:\n  containers:\n    - name: kproxy\n      image: ghcr.io/x:latest\n      imagePullPolicy: IfNotPresent\n";
+        let manifest = "data:\n  config.conf: |-\n    mode: nftables\n    conntrack:\n      maxPerCore: 32768\n  kubeconfig.conf: |-\n    clusters:\n      - cluster:\n          server: https://CONTROL-PLANE-ENDPOINT:6443\nspec:\n  containers:\n    - name: kproxy\n      image: ghcr.io/x:latest\n      imagePullPolicy: IfNotPresent\n";
         let out = substitute_manifest(manifest, "localhost/kproxy:dev", "https://198.18.0.1:6443", "iptables").unwrap();
         assert!(out.contains("      image: localhost/kproxy:dev\n"));
         assert!(out.contains("          server: https://198.18.0.1:6443\n"));
