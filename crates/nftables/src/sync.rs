@@ -342,7 +342,7 @@ impl<E: Executor> NftablesDataplane<E> {
             (*family, changed_services(&state.services, services))
         });
         let changes: Vec<_> = changes.collect();
-        let mut report = self.apply_changes(changes, true)?;
+        let mut report = self.apply_changes(changes, &BTreeMap::new(), true)?;
         // The applied plan was right; check the kernel still holds it.
         if let Verification::Repaired(_) = self.verify(plan)? {
             report.full = true;
@@ -595,9 +595,15 @@ impl<E: Executor> NftablesDataplane<E> {
     /// Applies only what `delta` changed; `plan` is the new plan (used when something node-wide
     /// changed, or when a full sync is due because the last one failed).
     pub fn partial_sync(&mut self, plan: &Plan, delta: &PlanDelta) -> Result<SyncReport, SyncError> {
-        let node_changed = delta.families.values().any(|f| f.node.is_some());
+        let nodes: Vec<(IpFamily, &NodePlan)> =
+            delta.families.iter().filter_map(|(f, fd)| Some((*f, fd.node.as_ref()?))).collect();
+        // A node address that `nodePortAddresses` selects came or went: the `nodeport-ips`
+        // elements, not every chain rewritten.
+        let addresses_only = nodes.iter().all(|(family, node)| {
+            self.families.get(family).is_some_and(|state| nodeport_addresses_alone_differ(&state.node, node))
+        });
         let families_changed = !plan.families.keys().eq(self.families.keys());
-        if !self.in_sync || node_changed || families_changed {
+        if !self.in_sync || !addresses_only || families_changed {
             return self.full_sync(plan);
         }
         let changes = self.families.keys().map(|family| {
@@ -611,18 +617,30 @@ impl<E: Executor> NftablesDataplane<E> {
             (*family, changes)
         });
         let changes: Vec<_> = changes.collect();
-        self.apply_changes(changes, false)
+        let nodes: BTreeMap<IpFamily, NodePlan> = nodes.into_iter().map(|(f, n)| (f, n.clone())).collect();
+        self.apply_changes(changes, &nodes, false)
     }
 
     /// Applies the changed service ports of each family as one transaction, after deleting the
-    /// chains earlier syncs left stale.
-    fn apply_changes(&mut self, changes: Vec<(IpFamily, Changes)>, full: bool) -> Result<SyncReport, SyncError> {
+    /// chains earlier syncs left stale; with each family's `nodeport-ips` taken to its entry in
+    /// `nodes` (which differs from the applied node-wide settings in those addresses alone).
+    fn apply_changes(
+        &mut self,
+        changes: Vec<(IpFamily, Changes)>,
+        nodes: &BTreeMap<IpFamily, NodePlan>,
+        full: bool,
+    ) -> Result<SyncReport, SyncError> {
         self.delete_stale_chains();
         let mut tx = Transaction::new();
         let mut commits = Vec::new();
         for (family, changes) in changes {
             let Some(state) = self.families.get(&family) else { continue };
-            let (batch, commit) = diff_services(state, changes);
+            let (mut batch, commit) = diff_services(state, changes);
+            if let Some(node) = nodes.get(&family) {
+                let (gone, new) = nodeport_address_elements(&state.node, node);
+                batch.delete_elements.extend(gone);
+                batch.add_elements.extend(new);
+            }
             batch.into_transaction(&state.ctx.table, &mut tx);
             commits.push((family, commit));
         }
@@ -630,6 +648,9 @@ impl<E: Executor> NftablesDataplane<E> {
         for (family, commit) in commits {
             if let Some(state) = self.families.get_mut(&family) {
                 commit.apply_to(state);
+                if let Some(node) = nodes.get(&family) {
+                    state.node = node.clone();
+                }
             }
         }
         Ok(report)
@@ -666,6 +687,28 @@ pub fn tables(config: &Config) -> Vec<TableRef> {
 
 pub(crate) fn ctx(config: &Config, family: IpFamily) -> Ctx {
     Ctx { service_counters: config.service_counters, ..Ctx::new(family, &config.table, config.masquerade_mark) }
+}
+
+/// True when `new` differs from `applied` in `nodePortAddresses` alone, both a list of addresses:
+/// then only the `nodeport-ips` elements change (no rule and no service chain reads them).
+fn nodeport_addresses_alone_differ(applied: &NodePlan, new: &NodePlan) -> bool {
+    use kproxy_plan::NodePortAddresses::Only;
+    matches!((&applied.nodeport_addresses, &new.nodeport_addresses), (Only(_), Only(_)))
+        && NodePlan { nodeport_addresses: applied.nodeport_addresses.clone(), ..new.clone() } == *applied
+}
+
+/// The `nodeport-ips` elements to delete and to add to go from `applied` to `new`.
+fn nodeport_address_elements(applied: &NodePlan, new: &NodePlan) -> (Vec<Element>, Vec<Element>) {
+    use kproxy_plan::NodePortAddresses::Only;
+    let ips = |node: &NodePlan| -> BTreeSet<std::net::IpAddr> {
+        match &node.nodeport_addresses {
+            Only(ips) => ips.iter().copied().collect(),
+            kproxy_plan::NodePortAddresses::AllLocal => BTreeSet::new(),
+        }
+    };
+    let (before, after) = (ips(applied), ips(new));
+    let element = |ip: &std::net::IpAddr| Element::new(skeleton::NODEPORT_IPS, kproxy_nft_model::Value::Addr(*ip));
+    (before.difference(&after).map(element).collect(), after.difference(&before).map(element).collect())
 }
 
 /// A family's skeleton split into what goes first (sets, regular chains and their rules, node

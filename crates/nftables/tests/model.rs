@@ -91,3 +91,39 @@ fn endpoint_changes_leave_the_traffic_counters_alone() {
     assert!(dp.executor().applied.len() > from, "the endpoint changes were synced");
     assert_eq!(traffic(&dp, from), Vec::<String>::new());
 }
+
+/// An address that `nodePortAddresses` selects came, then went: each is one `nodeport-ips`
+/// element added or deleted, not every chain rewritten, and the kernel ends where a cold start
+/// of the new plan would.
+#[test]
+fn a_node_port_address_change_costs_its_element_alone() {
+    use kproxy_plan::NodePortAddresses;
+    use kproxy_state::IpFamily;
+    let with = |ips: &[&str]| {
+        let mut plan = common::example_plan();
+        let v4 = plan.families.get_mut(&IpFamily::V4).unwrap();
+        v4.node.nodeport_addresses = NodePortAddresses::Only(ips.iter().map(|ip| ip.parse().unwrap()).collect());
+        plan
+    };
+    let (one, two) = (with(&["198.18.0.2"]), with(&["198.18.0.2", "198.18.0.4"]));
+    let mut dp = NftablesDataplane::new(Recording::default(), config_default());
+    dp.full_sync(&one).unwrap();
+    let cold_ops = dp.executor().applied.iter().map(|tx| tx.len()).sum::<usize>();
+
+    for (from, to) in [(&one, &two), (&two, &one)] {
+        let before = dp.executor().applied.len();
+        dp.partial_sync(to, &PlanDelta::between(from, to)).unwrap();
+        let ops: Vec<String> =
+            dp.executor().applied[before..].iter().flat_map(|tx| tx.ops()).map(|op| format!("{op:?}")).collect();
+        assert_eq!(ops.len(), 1, "one element, not a rewrite of {cold_ops} ops: {ops:#?}");
+        assert!(ops[0].contains("nodeport-ips") && ops[0].contains("198.18.0.4"), "{ops:#?}");
+
+        let mut fresh = NftablesDataplane::new(Recording::default(), config_default());
+        fresh.full_sync(to).unwrap();
+        assert_eq!(kernel_after(&dp, 0), kernel_after(&fresh, 0), "where a cold start lands");
+    }
+}
+
+fn config_default() -> Config {
+    Config::default()
+}
