@@ -7,11 +7,13 @@
 //! cargo xtask guest-test [FILTER] [-- LIBTEST_ARGS...]   run the kernel test binaries in the guest
 //! cargo xtask guest-run [--timeout SECS] -- CMD [ARGS]   run one command as root in the guest
 //! cargo xtask guest-prepare                              install, fetch and build caches only
+//! cargo xtask image [--rebuild-base] [--no-verify]       kproxy's image as an OCI archive (image.rs)
 //! ```
 
 mod cpio;
 mod error;
 mod guest;
+mod image;
 mod initramfs;
 mod kernel_image;
 mod layout;
@@ -33,6 +35,7 @@ use layout::Layout;
 const USAGE: &str = "cargo xtask guest-test [FILTER] [-- LIBTEST_ARGS...]
        cargo xtask guest-run [--timeout SECS] -- CMD [ARGS...]
        cargo xtask guest-prepare
+       cargo xtask image [--rebuild-base] [--no-verify] [--binary PATH]   (target/image/kproxy.oci.tar, localhost/kproxy:dev)
 environment: KPROXY_GUEST_TIMEOUT (s), KPROXY_GUEST_ACCEL=kvm|tcg, KPROXY_GUEST_MEM (MiB),
              KPROXY_GUEST_CPUS, KPROXY_GUEST_BOOT_TIMEOUT (s), KPROXY_GUEST_SKIP_APT=1";
 
@@ -69,6 +72,7 @@ fn dispatch(args: &[OsString]) -> Result<i32> {
     match args.first().and_then(|task| task.to_str()) {
         Some("guest-test") => guest_test(&layout, &args[1..]),
         Some("guest-run") => guest_run(&layout, &args[1..]),
+        Some("image") => image::run(&layout, &args[1..]),
         Some("guest-prepare") => {
             let guest = Guest::prepare(&layout)?;
             tracing::info!("guest kernel {} is ready", guest.release());
