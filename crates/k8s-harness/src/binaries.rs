@@ -290,8 +290,53 @@ fn unpack_verified(packed: &Path, cache: &Path, target: &Path, sum: &str) -> Res
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)] // tests: a panic is a failure
 mod tests {
     use super::*;
+
+    fn packed(dir: &Path, content: &[u8]) -> PathBuf {
+        let plain = dir.join("tool");
+        fs::write(&plain, content).unwrap();
+        let status = Command::new("xz").args(["-kf"]).arg(&plain).status().unwrap();
+        assert!(status.success());
+        dir.join("tool.xz")
+    }
+
+    #[test]
+    fn unpacking_checks_the_sum_and_leaves_nothing_behind_on_a_mismatch() {
+        let dir = tempfile::tempdir().unwrap();
+        let xz = packed(dir.path(), b"#!/bin/sh\necho hi\n");
+        let cache = dir.path().join("cache");
+        fs::create_dir_all(&cache).unwrap();
+        let target = cache.join("tool-good");
+        let wrong = "0".repeat(64);
+        let err = unpack_verified(&xz, &cache, &cache.join("tool-bad"), &wrong).unwrap_err();
+        assert!(matches!(err, Error::Checksum { .. }), "{err}");
+        assert_eq!(fs::read_dir(&cache).unwrap().count(), 0, "a failed unpack left a file in the cache");
+        let sum = format!("{:x}", Sha256::digest(b"#!/bin/sh\necho hi\n"));
+        unpack_verified(&xz, &cache, &target, &sum).unwrap();
+        assert_eq!(fs::read(&target).unwrap(), b"#!/bin/sh\necho hi\n");
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(fs::metadata(&target).unwrap().permissions().mode() & 0o777, 0o755);
+    }
+
+    #[test]
+    fn parallel_unpacks_of_one_binary_all_end_with_the_whole_verified_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let content: Vec<u8> = (0..4_000_000u32).map(|i| (i % 251) as u8).collect();
+        let xz = packed(dir.path(), &content);
+        let cache = dir.path().join("cache");
+        fs::create_dir_all(&cache).unwrap();
+        let target = cache.join("tool-x");
+        let sum = format!("{:x}", Sha256::digest(&content));
+        std::thread::scope(|scope| {
+            for _ in 0..4 {
+                scope.spawn(|| unpack_verified(&xz, &cache, &target, &sum).unwrap());
+            }
+        });
+        assert_eq!(fs::read(&target).unwrap(), content);
+        assert_eq!(fs::read_dir(&cache).unwrap().count(), 1, "temporary files left in the cache");
+    }
 
     #[test]
     fn sums_file_lines_map_names_to_lowercase_sums() {
