@@ -31,10 +31,12 @@ pub const IMAGE_NAME: &str = "localhost/kproxy:dev";
 pub const ARCHIVE: &str = "image/kproxy.oci.tar";
 
 pub const USAGE: &str = "cargo xtask image [--rebuild-base] [--no-verify] [--binary PATH]
-    --binary: put this kproxy (inside the workspace) in the image instead of building the release one;
     builds deploy/Containerfile (stage `prebuilt`) on a Debian bookworm-slim base made by mmdebstrap,
     writes target/image/kproxy.oci.tar (image localhost/kproxy:dev) and checks it in a throwaway
-    containerd; import it with `ctr -n k8s.io images import target/image/kproxy.oci.tar`";
+    containerd; import it with `ctr -n k8s.io images import target/image/kproxy.oci.tar`.
+    --rebuild-base  make the base again (it is cached in target/image/base)
+    --no-verify     skip the containerd check
+    --binary PATH   put this kproxy in the image instead of a release build";
 
 /// Debian packages the build and the check call.
 const PACKAGES: &[&str] = &["mmdebstrap", "buildah", "containerd", "runc"];
@@ -120,7 +122,11 @@ pub fn run(layout: &Layout, args: &[std::ffi::OsString]) -> Result<i32> {
     }
     if options.verify {
         let expected = process::output(Command::new(&binary).arg("--version"), QUICK_TIMEOUT)?;
-        verify(&dirs, &archive, &String::from_utf8_lossy(&expected))?;
+        if let Err(error) = verify(&dirs, &archive, &String::from_utf8_lossy(&expected)) {
+            // Nothing may import an archive that failed its check.
+            let _ = fs::remove_file(&archive);
+            return Err(Error::Setup(format!("the image failed its check ({} removed): {error}", archive.display())));
+        }
     }
     tracing::info!(
         "image {IMAGE_NAME}: {} ({:.1} MiB archive, {} layers of {:.1} MiB compressed, {} unpacked); {:.1} s in all \
@@ -319,14 +325,13 @@ fn image_exists(dirs: &Dirs, name: &str) -> Result<bool> {
     Ok(process::wait_with_deadline(&mut child, QUICK_TIMEOUT, "buildah inspect")?.success())
 }
 
-/// `buildah bud` of deploy/Containerfile's `prebuilt` stage.
+/// `buildah bud` of deploy/Containerfile's `prebuilt` stage, the binary given as the build context
+/// `binary` (a directory holding only a copy of it named `kproxy`).
 fn build_image(layout: &Layout, dirs: &Dirs, base: &Base, binary: &Path) -> Result<()> {
-    let relative = binary.strip_prefix(&layout.workspace).map_err(|_| {
-        Error::Setup(format!(
-            "{} is outside the workspace, so outside the build context: unset CARGO_TARGET_DIR",
-            binary.display()
-        ))
-    })?;
+    let context = dirs.root.join("binary");
+    let _ = fs::remove_dir_all(&context);
+    fs::create_dir_all(&context).map_err(Error::io("creating", &context))?;
+    fs::copy(binary, context.join("kproxy")).map_err(Error::io("copying", binary))?;
     let started = Instant::now();
     process::run(
         dirs.buildah()
@@ -335,8 +340,8 @@ fn build_image(layout: &Layout, dirs: &Dirs, base: &Base, binary: &Path) -> Resu
             .args(["--ignorefile", "deploy/Containerfile.dockerignore", "-f", "deploy/Containerfile"])
             .arg("--build-arg")
             .arg(format!("BASE={}", base.tag))
-            .arg("--build-arg")
-            .arg(format!("KPROXY_BINARY={}", relative.display()))
+            .arg("--build-context")
+            .arg(format!("binary={}", context.display()))
             .args(["--target", "prebuilt", "-t", IMAGE_NAME, "."])
             .stdout(Stdio::null()),
         BUILD_TIMEOUT,
@@ -488,7 +493,7 @@ impl Containerd {
             Command::new("containerd").arg("--config").arg(&config).stdin(Stdio::null()).stdout(log).stderr(stderr),
         )?);
         let deadline = Instant::now() + Duration::from_secs(30);
-        while containerd.ctr(&["version"], &[]).is_err() {
+        while !containerd.answers() {
             if Instant::now() >= deadline {
                 let log = fs::read_to_string(dir.join("containerd.log")).unwrap_or_default();
                 return Err(Error::Setup(format!("the check's containerd did not answer within 30 s:\n{log}")));
@@ -500,16 +505,24 @@ impl Containerd {
 
     /// `ctr` against this containerd in the check's namespace; returns stdout.
     fn ctr(&self, args: &[&str], paths: &[&std::ffi::OsStr]) -> Result<Vec<u8>> {
-        process::output(
-            Command::new("ctr")
-                .arg("--address")
-                .arg(&self.socket)
-                .args(["--namespace", CHECK_NAMESPACE])
-                .args(args)
-                .args(paths)
-                .stderr(Stdio::piped()),
-            STEP_TIMEOUT,
-        )
+        process::output(self.ctr_command().args(args).args(paths), STEP_TIMEOUT)
+    }
+
+    fn ctr_command(&self) -> Command {
+        let mut command = Command::new("ctr");
+        command.arg("--address").arg(&self.socket).args(["--namespace", CHECK_NAMESPACE]);
+        command
+    }
+
+    /// Whether containerd answers on its socket yet (quietly: it is polled while it starts).
+    fn answers(&self) -> bool {
+        let mut command = self.ctr_command();
+        let command = command.arg("version").stdout(Stdio::null()).stderr(Stdio::null());
+        match process::spawn(command) {
+            Ok(mut child) => process::wait_with_deadline(&mut child, QUICK_TIMEOUT, "ctr version")
+                .is_ok_and(|status| status.success()),
+            Err(_) => false,
+        }
     }
 
     /// Processes whose command line names the check's directory (containerd, its shims).
