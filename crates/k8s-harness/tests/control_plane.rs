@@ -1,6 +1,7 @@
 //! The harness against the real kube-apiserver v1.36.2: each etcd starts, the API server
-//! authenticates and authorizes as configured, restarts keep state, and a streaming list on
-//! etcd 3.5.1 fails the way kproxy must survive.
+//! authenticates and authorizes as configured, restarts keep state, a streaming list on etcd
+//! 3.5.1 fails the way kproxy must survive (and WatchList off refuses it), the controller-manager
+//! and scheduler start, a plane runs inside a network namespace, and nothing outlives a test.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers: a panic is a test failure
 
@@ -42,7 +43,7 @@ fn etcd_3_6_control_plane_serves_the_admin_and_denies_an_unprivileged_user() {
 }
 
 /// A streaming list (KEP-3157) of Services, bounded so that a stream the server keeps open ends.
-const STREAMING_LIST: &str = "/api/v1/services?watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true&timeoutSeconds=5";
+const STREAMING_LIST: &str = "/api/v1/services?watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true&timeoutSeconds=2";
 
 fn events(body: &str) -> Vec<serde_json::Value> {
     body.lines().filter(|l| !l.trim().is_empty()).map(|l| serde_json::from_str(l).expect("a watch event")).collect()
@@ -193,4 +194,45 @@ fn control_plane_processes_die_with_the_thread_that_started_them() {
     for (name, pid) in pids {
         assert!(!alive(pid), "{name} (pid {pid}) outlived the thread that started it");
     }
+}
+
+#[test]
+fn control_plane_in_a_network_namespace_serves_there_and_advertises_its_bind_address() {
+    if !kproxy_testbed::kernel::require_root() {
+        return;
+    }
+    let Some(binaries) = require_k8s() else { return };
+    let ns = kproxy_testbed::Netns::new("k8s-cp").unwrap();
+    ns.ip(["addr", "add", "198.18.250.1/32", "dev", "lo"]).unwrap();
+    let bind: std::net::IpAddr = "198.18.250.1".parse().unwrap();
+    let plane =
+        ControlPlane::start(&binaries, ControlPlaneOptions { netns: Some(ns.path()), bind, ..Default::default() })
+            .unwrap();
+    assert_eq!(plane.url(), format!("https://198.18.250.1:{}", plane.port()));
+    // Not a loopback address: the `kubernetes` Service gets the API server as its endpoint.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let endpoint = loop {
+        let got = plane.kubectl(&[
+            "-n",
+            "default",
+            "get",
+            "endpointslice",
+            "kubernetes",
+            "-o",
+            "jsonpath={.endpoints[0].addresses[0]}:{.ports[0].port}",
+        ]);
+        match got {
+            Ok(text) if !text.trim().is_empty() => break text,
+            _ if Instant::now() > deadline => panic!("no kubernetes EndpointSlice: {got:?}"),
+            _ => std::thread::sleep(Duration::from_millis(200)),
+        }
+    };
+    assert_eq!(endpoint.trim(), format!("198.18.250.1:{}", plane.port()));
+    // It listens inside the namespace, not in the root one (checked by listing listeners: no
+    // packet is sent to the address from outside).
+    let filter = format!("sport = :{}", plane.port());
+    let inside = ns.exec_ok("ss", &["-ltnH", &filter]).unwrap();
+    assert!(inside.contains(&format!("198.18.250.1:{}", plane.port())), "{inside}");
+    let root = std::process::Command::new("ss").args(["-ltnH", &filter]).output().unwrap();
+    assert!(!String::from_utf8_lossy(&root.stdout).contains("198.18.250.1"), "listening in the root namespace");
 }
