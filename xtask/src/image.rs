@@ -117,16 +117,18 @@ pub fn run(layout: &Layout, args: &[std::ffi::OsString]) -> Result<i32> {
     let unpacked =
         process::output(dirs.buildah().args(["images", "--format", "{{.Size}}", IMAGE_NAME]), QUICK_TIMEOUT)?;
     let unpacked = String::from_utf8_lossy(&unpacked).trim().to_owned();
-    if summary.entrypoint != ["/usr/local/bin/kproxy"] {
-        return Err(Error::Setup(format!("the image's entrypoint is {:?}", summary.entrypoint)));
-    }
-    if options.verify {
-        let expected = process::output(Command::new(&binary).arg("--version"), QUICK_TIMEOUT)?;
-        if let Err(error) = verify(&dirs, &archive, &String::from_utf8_lossy(&expected)) {
-            // Nothing may import an archive that failed its check.
-            let _ = fs::remove_file(&archive);
-            return Err(Error::Setup(format!("the image failed its check ({} removed): {error}", archive.display())));
-        }
+    let checked = if summary.entrypoint != ["/usr/local/bin/kproxy"] {
+        Err(Error::Setup(format!("the image's entrypoint is {:?}", summary.entrypoint)))
+    } else if options.verify {
+        process::output(Command::new(&binary).arg("--version"), QUICK_TIMEOUT)
+            .and_then(|expected| verify(&dirs, &archive, &String::from_utf8_lossy(&expected)))
+    } else {
+        Ok(())
+    };
+    if let Err(error) = checked {
+        // Nothing may import an archive that failed its check.
+        let _ = fs::remove_file(&archive);
+        return Err(Error::Setup(format!("the image failed its check ({} removed): {error}", archive.display())));
     }
     tracing::info!(
         "image {IMAGE_NAME}: {} ({:.1} MiB archive, {} layers of {:.1} MiB compressed, {} unpacked); {:.1} s in all \
