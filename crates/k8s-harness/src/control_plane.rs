@@ -262,8 +262,8 @@ impl ControlPlane {
         net::run_in(self.options.netns.as_deref(), move || http_get(&agent, &url))?
     }
 
-    /// Runs kubectl (as admin, inside the namespace) with `args`; its stdout, or an error with
-    /// its stderr.
+    /// Runs kubectl (as admin, inside the namespace, each request bounded to 60 s) with `args`;
+    /// its stdout, or an error with its stderr.
     pub fn kubectl<S: AsRef<str>>(&self, args: &[S]) -> Result<String> {
         self.kubectl_with_stdin(args, None)
     }
@@ -277,6 +277,8 @@ impl ControlPlane {
         }
         argv.push(self.binaries.kubectl().display().to_string());
         argv.push(format!("--kubeconfig={}", self.admin_kubeconfig.display()));
+        // A hung server fails the call instead of the test run; a later flag overrides it.
+        argv.push("--request-timeout=60s".into());
         argv.extend(args.iter().map(|a| a.as_ref().to_owned()));
         let mut child = std::process::Command::new(&argv[0])
             .args(&argv[1..])
