@@ -11,23 +11,14 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use kproxy_k8s_harness::{ControlPlane, ControlPlaneOptions, Etcd, Identity, require_k8s};
+use kproxy_k8s_harness::{ControlPlane, ControlPlaneOptions, Etcd, Identity, Launch, Process, require_k8s};
 use kproxy_testbed::{Netns, ProbeResult, Proto, Testbed, Where, probe};
 use serde_json::json;
 
 const CLUSTER_IP: &str = "198.18.128.10";
-
-struct Kproxy(Child);
-
-impl Drop for Kproxy {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// Probes until `want` answers (or the deadline passes); returns the last result.
 fn eventually(from: &Netns, dest: SocketAddr, want: &ProbeResult, within: Duration) -> ProbeResult {
@@ -141,28 +132,24 @@ fn services_and_slices_through_the_api_server_reach_the_packets(etcd: Etcd, watc
 
     // kproxy as kube-proxy runs: its own identity (RBAC role system:node-proxier), in the node.
     let kubeconfig = plane.kubeconfig(&Identity::kube_proxy()).unwrap();
-    let log = plane.work_dir().join("logs").join("kproxy.log");
-    let log_file = std::fs::File::create(&log).unwrap();
-    mark("control plane up");
+    let log = plane.log_path("kproxy");
+    mark("kproxy starting");
     let started = Instant::now();
-    let _kproxy = Kproxy(
-        Command::new("nsenter")
-            .arg(format!("--net={}", tb.node().path().display()))
-            .arg("--")
-            .arg(env!("CARGO_BIN_EXE_kproxy"))
-            .arg(format!("--kubeconfig={}", kubeconfig.display()))
-            .args(["--hostname-override=node-a", "--detect-local-mode=NodeCIDR", "--iptables-min-sync-period=100ms"])
-            .args(["--healthz-bind-address=127.0.0.1:10256", "--metrics-bind-address=127.0.0.1:10249"])
-            .args([
-                "--conntrack-max-per-core=0",
-                "--conntrack-tcp-timeout-established=0",
-                "--conntrack-tcp-timeout-close-wait=0",
-            ])
-            .stdout(Stdio::null())
-            .stderr(log_file)
-            .spawn()
-            .unwrap(),
-    );
+    let args: Vec<String> = [
+        format!("--kubeconfig={}", kubeconfig.display()),
+        "--hostname-override=node-a".into(),
+        "--detect-local-mode=NodeCIDR".into(),
+        "--iptables-min-sync-period=100ms".into(),
+        "--healthz-bind-address=127.0.0.1:10256".into(),
+        "--metrics-bind-address=127.0.0.1:10249".into(),
+        "--conntrack-max-per-core=0".into(),
+        "--conntrack-tcp-timeout-established=0".into(),
+        "--conntrack-tcp-timeout-close-wait=0".into(),
+    ]
+    .into();
+    // Its own process group in the node namespace, killed on drop (and with this thread).
+    let launch = Launch { netns: Some(tb.node().path()), die_with_parent: true };
+    let mut kproxy = Process::spawn("kproxy", Path::new(env!("CARGO_BIN_EXE_kproxy")), &args, &log, &launch).unwrap();
     let kproxy_log = || std::fs::read_to_string(&log).unwrap_or_default();
 
     let dest: SocketAddr = format!("{CLUSTER_IP}:80").parse().unwrap();
@@ -266,6 +253,8 @@ fn services_and_slices_through_the_api_server_reach_the_packets(etcd: Etcd, watc
     );
     let after = probe(tb.external(), Proto::Tcp, dest81, Duration::from_millis(500)).unwrap();
     assert!(after.backend().is_none(), "a deleted Service still answers: {after:?}");
+    assert!(kproxy.exited().is_none(), "kproxy exited: {:?}\n{}", kproxy.exited(), kproxy_log());
+    kproxy.stop(Duration::from_secs(5));
 }
 
 #[test]
