@@ -99,20 +99,35 @@ impl Process {
     }
 
     /// SIGTERM to the whole group, SIGKILL after `grace`; waits for the child.
+    ///
+    /// The group is signalled only while the child is not yet reaped: until `wait`, even as a
+    /// zombie, it holds its pid and so the group id, which no other process can then take.
     pub fn stop(&mut self, grace: Duration) {
         let Some(mut child) = self.child.take() else { return };
-        let group = Pid::from_raw(child.id() as i32);
-        if matches!(child.try_wait(), Ok(None)) {
-            let _ = killpg(group, Signal::SIGTERM);
-            let deadline = Instant::now() + grace;
-            while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(20));
-            }
+        if matches!(child.try_wait(), Ok(Some(_))) {
+            // Exited and reaped already ([`Process::exited`]): its group id may be anyone's now.
+            return;
+        }
+        let pid = child.id();
+        let group = Pid::from_raw(pid as i32);
+        let _ = killpg(group, Signal::SIGTERM);
+        let deadline = Instant::now() + grace;
+        while !has_exited(pid) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
         }
         // Whatever is left of the group (the child itself, or anything it forked).
         let _ = killpg(group, Signal::SIGKILL);
         let _ = child.wait();
         tracing::debug!(name = %self.name, "stopped");
+    }
+}
+
+/// Whether our unreaped child `pid` has exited (a zombie), without reaping it.
+fn has_exited(pid: u32) -> bool {
+    match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command name, which is in parentheses and may hold spaces.
+        Ok(stat) => stat.rsplit(')').next().and_then(|rest| rest.split_whitespace().next()) == Some("Z"),
+        Err(_) => true,
     }
 }
 
