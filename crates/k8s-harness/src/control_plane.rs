@@ -148,6 +148,10 @@ impl ControlPlane {
             .parse()
             .map_err(|e| Error::Refused(format!("service_cidr {:?}: {e}", options.service_cidr)))?;
         let first_service_ip = service_cidr.hosts().next().unwrap_or(service_cidr.network());
+        let (low, high) = options.node_port_range;
+        if low == 0 || low > high {
+            return Err(Error::Refused(format!("node_port_range {low}-{high}: not a range of ports")));
+        }
         let work = tempfile::Builder::new()
             .prefix("kproxy-k8s-")
             .tempdir()

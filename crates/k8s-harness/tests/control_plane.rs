@@ -236,3 +236,16 @@ fn control_plane_in_a_network_namespace_serves_there_and_advertises_its_bind_add
     let root = std::process::Command::new("ss").args(["-ltnH", &filter]).output().unwrap();
     assert!(!String::from_utf8_lossy(&root.stdout).contains("198.18.250.1"), "listening in the root namespace");
 }
+
+#[test]
+fn start_refuses_a_bad_service_cidr_or_node_port_range_before_starting_anything() {
+    let Some(binaries) = require_k8s() else { return };
+    let bad_cidr = ControlPlane::start(
+        &binaries,
+        ControlPlaneOptions { service_cidr: "10.0.0.0/33".into(), ..Default::default() },
+    );
+    assert!(matches!(bad_cidr, Err(kproxy_k8s_harness::Error::Refused(_))), "{bad_cidr:?}");
+    let bad_range =
+        ControlPlane::start(&binaries, ControlPlaneOptions { node_port_range: (32000, 31000), ..Default::default() });
+    assert!(matches!(bad_range, Err(kproxy_k8s_harness::Error::Refused(_))), "{bad_range:?}");
+}
