@@ -7,7 +7,7 @@
 //!
 //! #[test]
 //! fn lists_services() {
-//!     // Skips visibly (skip ledger) outside CI when the binaries are missing; panics under CI=true.
+//!     // Skips visibly outside CI when the binaries are missing; panics under CI=true.
 //!     let Some(binaries) = require_k8s() else { return };
 //!     let plane = ControlPlane::start(&binaries, ControlPlaneOptions { etcd: Etcd::V3_5_1, ..Default::default() })
 //!         .expect("control plane");
@@ -40,8 +40,9 @@
 //! kube-controller-manager and kube-scheduler start on demand. Every process runs in its own
 //! process group with its output in `<work>/logs/NAME.log`; on drop (also on panic) the groups
 //! are killed and the work directory removed — kept, with its path printed, under
-//! `KPROXY_K8S_KEEP=1`. With `die_with_parent` (default) the kernel also kills them if the test
-//! process dies without unwinding.
+//! `KPROXY_K8S_KEEP=1`. With `die_with_parent` (default) the kernel also kills them when the
+//! thread that started them exits, so a test process killed outright leaves nothing running
+//! (start and drop a plane on one long-lived thread).
 //!
 //! **Costs** (2-core VM, `cargo test -p kproxy-k8s-harness --test control_plane`, two tests at
 //! a time): a start (PKI, etcd, kube-apiserver `/readyz`) takes 2.7–4.4 s warm (etcd 3.6 or
