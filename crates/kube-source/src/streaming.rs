@@ -10,10 +10,14 @@
 //! the kind list and watch instead ([`ListMode::WatchCache`](crate::ListMode::WatchCache)),
 //! logged once with the reason and counted ([`SourceStats::streaming_fallbacks`]).
 //!
-//! Only failures that say nothing about streaming are retried as a streaming list: no answer at
-//! all (the server is down: a list would fail the same way) and `429` (client-go retries both
-//! too), and those only while they last less than the progress bound; then they fall back too.
-//! So no path retries for ever what an ordinary list would do.
+//! Only failures at the start that say nothing about streaming are retried as a streaming list:
+//! no answer at all (the server is down: a list would fail the same way), `429` (client-go
+//! retries both too), and `401`/`403`: a list and a watch are authorized alike, and a
+//! kube-apiserver that was just restarted denies kube-proxy's own identity for a moment while its
+//! RBAC caches fill (seen against v1.36.2: a relist after a restart refused `403`; falling back
+//! then would have given up streaming for half an hour over nothing). Those are retried only
+//! while they last less than the progress bound; then they fall back too. So no path retries for
+//! ever what an ordinary list would do.
 //!
 //! When streaming is tried again: client-go tries a streaming list at every relist and forgets a
 //! failure at once. kproxy remembers it: a kind that fell back tries streaming again at the first
@@ -220,11 +224,13 @@ fn judge<K>(phase: &mut Phase, event: &WatchEvent<K>, now: Instant, patience: Du
     }
 }
 
-/// No answer at all (the server is down or unreachable: a list would fail the same way), or
-/// `429 Too Many Requests`: what client-go's reflector retries as a streaming list.
+/// No answer at all (the server is down or unreachable: a list would fail the same way),
+/// `429 Too Many Requests` (both what client-go's reflector retries as a streaming list), or
+/// `401`/`403` (a list is authorized as a watch is; a restarted kube-apiserver denies for a
+/// moment while its RBAC caches fill).
 fn says_nothing_about_streaming(error: &watcher::Error) -> bool {
     match error {
-        watcher::Error::WatchStartFailed(kube::Error::Api(status)) => status.code == 429,
+        watcher::Error::WatchStartFailed(kube::Error::Api(status)) => matches!(status.code, 401 | 403 | 429),
         watcher::Error::WatchStartFailed(_) => true,
         _ => false,
     }
@@ -262,14 +268,14 @@ mod tests {
     }
 
     #[test]
-    fn a_start_refused_with_any_status_falls_back_but_429_and_no_answer_are_retried() {
+    fn a_start_refused_with_any_status_falls_back_but_401_403_429_and_no_answer_are_retried_for_a_while() {
         let now = Instant::now();
-        for code in [400, 401, 403, 404, 410, 422, 500, 503] {
+        for code in [400, 404, 410, 422, 500, 503] {
             let mut phase = Phase::STARTING;
             let reason = judge(&mut phase, &start_refused(code), now, PATIENCE);
             assert!(reason.as_deref().is_some_and(|r| r.contains(&code.to_string())), "{code}: {reason:?}");
         }
-        for event in [start_refused(429), unreachable()] {
+        for event in [start_refused(401), start_refused(403), start_refused(429), unreachable()] {
             let mut phase = Phase::STARTING;
             assert_eq!(judge(&mut phase, &event, now, PATIENCE), None);
             assert_eq!(judge(&mut phase, &event, now + PATIENCE / 2, PATIENCE), None, "still within the bound");
@@ -308,10 +314,16 @@ mod tests {
         let broken: WatchEvent<Service> = Err(watcher::Error::WatchFailed(kube::Error::Service("reset".into())));
         assert_eq!(judge(&mut phase, &broken, now, PATIENCE), None);
         assert_eq!(judge(&mut phase, &start_refused(500), now, PATIENCE), None);
-        assert_eq!(judge::<Service>(&mut phase, &Err(watcher::Error::WatchError(api_status(500))), now, PATIENCE), None);
+        assert_eq!(
+            judge::<Service>(&mut phase, &Err(watcher::Error::WatchError(api_status(500))), now, PATIENCE),
+            None
+        );
         assert_eq!(phase, Phase::Watching);
         // 410 Gone: the watcher relists, as a streaming list, whose start is judged again.
-        assert_eq!(judge::<Service>(&mut phase, &Err(watcher::Error::WatchError(api_status(410))), now, PATIENCE), None);
+        assert_eq!(
+            judge::<Service>(&mut phase, &Err(watcher::Error::WatchError(api_status(410))), now, PATIENCE),
+            None
+        );
         assert_eq!(phase, Phase::STARTING);
         assert!(judge(&mut phase, &start_refused(422), now, PATIENCE).is_some());
     }

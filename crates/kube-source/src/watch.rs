@@ -51,7 +51,8 @@ pub enum ListMode {
     /// ending early, no progress for [`KubeSourceOptions::initial_events_timeout`]) makes the
     /// kind fall back to [`ListMode::WatchCache`], logged once with the reason and counted in
     /// [`SourceStats::streaming_fallbacks`](crate::SourceStats::streaming_fallbacks); only no
-    /// answer at all and `429` are retried as streaming lists, within that bound. A kind that
+    /// answer at all and a start refused `401`, `403` or `429` are retried as streaming lists,
+    /// within that bound. A kind that
     /// fell back tries streaming again at the first relist that comes at least
     /// [`KubeSourceOptions::streaming_retry_after`] (30 minutes) after the failure: see
     /// `crates/kube-source/src/streaming.rs` for why.

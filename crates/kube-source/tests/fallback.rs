@@ -32,7 +32,16 @@ fn client(server: &FakeApiServer) -> kube::Client {
 /// One streaming list request per kind, except after a stream that ended early: kube-runtime's
 /// watcher starts the next one without a word, and only its start shows the first one failed.
 async fn start_failing(answer: StreamingLists, progress: Duration) -> Harness {
+    let h = start_failing_after(answer, progress).await;
     let requests = if answer == StreamingLists::ClosedEarly { 2 } else { 1 };
+    for kind in Kind::ALL {
+        assert_eq!(h.server.streaming_list_requests(kind), requests, "{answer:?}: {kind}: not retried");
+    }
+    h
+}
+
+/// [`start_failing`], however many streaming lists were tried before the fallback.
+async fn start_failing_after(answer: StreamingLists, progress: Duration) -> Harness {
     let mut h = Harness::new().await;
     seed(&h.server);
     h.server.set_streaming_lists(answer);
@@ -42,7 +51,6 @@ async fn start_failing(answer: StreamingLists, progress: Duration) -> Harness {
     assert_eq!(h.services(), ["prod/a", "prod/b"], "{answer:?}");
     assert_eq!(h.state.slices_of(&key("prod", "a")).count(), 1);
     for kind in Kind::ALL {
-        assert_eq!(h.server.streaming_list_requests(kind), requests, "{answer:?}: {kind}: not retried");
         assert_eq!(h.stats.streaming_fallbacks(kind), 1, "{answer:?}: {kind}: one fallback");
         assert_eq!(h.server.list_count(kind), 1, "{answer:?}: {kind}: then one watch-cache list");
         assert_eq!(h.stats.lists(kind), 1, "{answer:?}: {kind}");
@@ -82,14 +90,42 @@ async fn an_error_event_of_another_code_falls_back_too() {
 }
 
 #[tokio::test]
-async fn a_streaming_list_refused_at_the_start_with_any_status_falls_back() {
-    for code in [403, 500, 400] {
+async fn a_streaming_list_refused_at_the_start_falls_back_at_once() {
+    // (503, 504 and 429 are retried by kube-rs's client itself, with its own backoff.)
+    for code in [500, 400, 404, 502] {
         let mut h = start_failing(StreamingLists::Refused(code), Duration::from_secs(60)).await;
         for kind in Kind::ALL {
             assert_eq!(h.server.streamed_lists(kind), 0, "{code}: {kind}: refused, never opened");
         }
         changes_flow(&mut h).await;
     }
+}
+
+#[tokio::test]
+async fn a_streaming_list_refused_403_is_retried_within_the_progress_bound_then_falls_back() {
+    // A restarted kube-apiserver denies for a moment while its RBAC caches fill: retried.
+    let mut h = Harness::new().await;
+    seed(&h.server);
+    h.server.set_streaming_lists(StreamingLists::Refused(403));
+    let client = client(&h.server);
+    h.start_source_configured(client, |opts| opts.initial_events_timeout = Duration::from_secs(60));
+    h.eventually("a few refused streaming lists", |s| s.streaming_list_requests(Kind::Service) >= 3).await;
+    h.server.set_streaming_lists(StreamingLists::Served);
+    h.synced().await;
+    for kind in Kind::ALL {
+        assert_eq!(h.stats.streaming_fallbacks(kind), 0, "{kind}: denied for a moment is no verdict on streaming");
+        assert_eq!(h.server.streamed_lists_completed(kind), 1, "{kind}");
+        assert_eq!(h.server.list_count(kind), 0, "{kind}");
+    }
+    // Denied for longer than the bound: falls back (and the list, allowed here, starts it).
+    let start = Instant::now();
+    let progress = Duration::from_millis(1500);
+    let mut h = start_failing_after(StreamingLists::Refused(403), progress).await;
+    assert!(start.elapsed() >= progress, "fell back after {:?}", start.elapsed());
+    for kind in Kind::ALL {
+        assert!(h.server.streaming_list_requests(kind) >= 3, "{kind}: retried meanwhile");
+    }
+    changes_flow(&mut h).await;
 }
 
 #[tokio::test]

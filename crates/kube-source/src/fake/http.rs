@@ -74,7 +74,9 @@ pub(crate) async fn handle(store: Arc<Mutex<Store>>, request: Request<Incoming>)
         };
         let mut send_initial_events = match check_watch_options(&query, answer != StreamingLists::WatchListOff) {
             Ok(send) => send,
-            Err(message) => return Ok(status(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", &message)),
+            Err(message) => {
+                return Ok(json_response(StatusCode::UNPROCESSABLE_ENTITY, &invalid_list_options(&message)));
+            }
         };
         let mut failure = None;
         if send_initial_events {
@@ -144,6 +146,22 @@ fn check_watch_options(query: &Query, streaming_lists: bool) -> Result<bool, Str
     Ok(send == Some(true))
 }
 
+/// kube-apiserver's `422 Invalid` for watch options that do not validate, from a message
+/// `field: Forbidden: detail` (or `Unsupported value`), with its `details.causes` (as checked
+/// against v1.36.2 by `tests/real_apiserver.rs`).
+fn invalid_list_options(message: &str) -> Value {
+    let (field, cause) = message.split_once(": ").unwrap_or(("", message));
+    let reason = if cause.starts_with("Unsupported value") { "FieldValueNotSupported" } else { "FieldValueForbidden" };
+    let mut body = status_body(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "Invalid",
+        &format!("ListOptions.meta.k8s.io \"\" is invalid: {message}"),
+    );
+    body["details"] = json!({"group": "meta.k8s.io", "kind": "ListOptions",
+                             "causes": [{"reason": reason, "message": cause, "field": field}]});
+    body
+}
+
 /// The kind (and namespace) a path names.
 fn route(path: &str) -> Option<(Kind, Option<String>)> {
     Kind::ALL.into_iter().find_map(|kind| {
@@ -187,7 +205,7 @@ fn parse_continue(token: &str) -> Option<(u64, ObjectKey)> {
 async fn list(store: &Mutex<Store>, kind: Kind, filter: &Filter, request: ListRequest<'_>) -> Response<Body> {
     let delay = lock(store).list_delay.get(&kind).copied().unwrap_or_default();
     pause(delay).await;
-    let (items, rv, next) = {
+    let (items, rv, next, remaining) = {
         let mut store = lock(store);
         *store.lists.entry(kind).or_default() += 1;
         match request.continue_token {
@@ -200,13 +218,15 @@ async fn list(store: &Mutex<Store>, kind: Kind, filter: &Filter, request: ListRe
                                    You can start a new list without the continue parameter.";
                     return json_response(StatusCode::GONE, &expired(message));
                 }
-                let (items, next) = store.page(kind, filter, Some(&after), request.limit.unwrap_or(usize::MAX));
-                (items, rv, next)
+                let (items, next, remaining) =
+                    store.page_counted(kind, filter, Some(&after), request.limit.unwrap_or(usize::MAX));
+                (items, rv, next, remaining)
             }
-            None if request.rv == Some(0) => (store.list(kind, filter), store.rv, None),
+            None if request.rv == Some(0) => (store.list(kind, filter), store.rv, None, None),
             None => {
-                let (items, next) = store.page(kind, filter, None, request.limit.unwrap_or(usize::MAX));
-                (items, store.rv, next)
+                let (items, next, remaining) =
+                    store.page_counted(kind, filter, None, request.limit.unwrap_or(usize::MAX));
+                (items, store.rv, next, remaining)
             }
         }
     };
@@ -214,7 +234,11 @@ async fn list(store: &Mutex<Store>, kind: Kind, filter: &Filter, request: ListRe
     let body = ListBody {
         kind: format!("{}List", info.kind),
         api_version: info.api_version,
-        metadata: ListMeta { resource_version: rv.to_string(), continue_: next.map(|key| continue_token(rv, &key)) },
+        metadata: ListMeta {
+            resource_version: rv.to_string(),
+            continue_: next.map(|key| continue_token(rv, &key)),
+            remaining_item_count: remaining,
+        },
         items: items.iter().map(|item| ListItem(item)).collect(),
     };
     match serde_json::to_vec(&body) {
@@ -238,6 +262,9 @@ struct ListMeta {
     resource_version: String,
     #[serde(rename = "continue", skip_serializing_if = "Option::is_none")]
     continue_: Option<String>,
+    /// As kube-apiserver: set on a page with more after it, when the list has no selectors.
+    #[serde(rename = "remainingItemCount", skip_serializing_if = "Option::is_none")]
+    remaining_item_count: Option<usize>,
 }
 
 /// A list item: like kube-apiserver's, without its own `kind` and `apiVersion`.
@@ -341,13 +368,29 @@ struct WatchState {
     start_delay: Duration,
 }
 
+/// A BOOKMARK as kube-apiserver v1.36 writes it (checked by `tests/real_apiserver.rs`): the
+/// kind's empty object as Go serializes it, with only the resource version in its metadata, and
+/// the annotation on the one that ends a streaming list's initial events.
 fn bookmark(kind: Kind, rv: u64, initial_events_end: bool) -> Pending {
     let info = info(kind);
-    let mut metadata = json!({"resourceVersion": rv.to_string(), "creationTimestamp": null});
+    let mut object = json!({"kind": info.kind, "apiVersion": info.api_version,
+                            "metadata": {"resourceVersion": rv.to_string()}});
     if initial_events_end {
-        metadata["annotations"] = json!({INITIAL_EVENTS_END_ANNOTATION: "true"});
+        object["metadata"]["annotations"] = json!({INITIAL_EVENTS_END_ANNOTATION: "true"});
     }
-    let object = json!({"kind": info.kind, "apiVersion": info.api_version, "metadata": metadata});
+    let empty = match kind {
+        Kind::Service => json!({"spec": {}, "status": {"loadBalancer": {}}}),
+        Kind::EndpointSlice => json!({"addressType": "", "endpoints": null, "ports": null}),
+        Kind::Node => json!({"spec": {}, "status": {"daemonEndpoints": {"kubeletEndpoint": {"Port": 0}},
+                             "nodeInfo": {"architecture": "", "bootID": "", "containerRuntimeVersion": "",
+                                          "kernelVersion": "", "kubeProxyVersion": "", "kubeletVersion": "",
+                                          "machineID": "", "operatingSystem": "", "osImage": "",
+                                          "systemUUID": ""}}}),
+        Kind::ServiceCidr => json!({"spec": {}, "status": {}}),
+    };
+    if let (Some(object), Value::Object(fields)) = (object.as_object_mut(), empty) {
+        object.extend(fields);
+    }
     let line = event_line("BOOKMARK", &object);
     if initial_events_end { Pending::InitialEventsEnd(line) } else { Pending::Line(line) }
 }

@@ -40,6 +40,11 @@ impl Selector {
         Ok(Self(terms))
     }
 
+    /// No terms: everything matches.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
     /// True when every term holds for the fields `lookup` finds.
     pub(crate) fn matches(&self, lookup: impl Fn(&str) -> Option<String>) -> bool {
         self.0.iter().all(|term| match term {

@@ -213,7 +213,20 @@ impl Store {
         after: Option<&ObjectKey>,
         limit: usize,
     ) -> (Vec<Arc<Value>>, Option<ObjectKey>) {
-        let Some(objects) = self.objects.get(&kind) else { return (Vec::new(), None) };
+        let (page, next, _) = self.page_counted(kind, filter, after, limit);
+        (page, next)
+    }
+
+    /// [`Store::page`], and how many objects remain after the page when more do and `filter`
+    /// has no selectors: kube-apiserver's `remainingItemCount`, which etcd can count only then.
+    pub(crate) fn page_counted(
+        &self,
+        kind: Kind,
+        filter: &Filter,
+        after: Option<&ObjectKey>,
+        limit: usize,
+    ) -> (Vec<Arc<Value>>, Option<ObjectKey>, Option<usize>) {
+        let Some(objects) = self.objects.get(&kind) else { return (Vec::new(), None, None) };
         let range = match after {
             Some(after) => objects.range::<ObjectKey, _>((Bound::Excluded(after), Bound::Unbounded)),
             None => objects.range::<ObjectKey, _>(..),
@@ -222,7 +235,8 @@ impl Store {
         let page: Vec<(&ObjectKey, &Arc<Value>)> = matching.by_ref().take(limit).collect();
         let more = matching.next().is_some();
         let next = page.last().filter(|_| more).map(|(key, _)| (*key).clone());
-        (page.into_iter().map(|(_, v)| v.clone()).collect(), next)
+        let remaining = (more && filter.labels.is_empty() && filter.fields.is_empty()).then(|| matching.count() + 1);
+        (page.into_iter().map(|(_, v)| v.clone()).collect(), next, remaining)
     }
 
     /// History records of `kind` after `rv`.
