@@ -20,7 +20,7 @@
 //! - `clientConnection` settings: qps/burst (a token bucket shared by every request, as
 //!   client-go's clientset has) and content type ([`client()`]).
 //!
-//! With the `fake` feature, [`fake::FakeApiServer`] is an in-process API server speaking the real
+//! With the `fake` feature, `fake::FakeApiServer` is an in-process API server speaking the real
 //! HTTP list/watch protocol, for tests that drive the unmodified kube-rs client.
 
 mod client;
