@@ -362,17 +362,7 @@ impl ControlPlane {
         if self.controller_manager.is_some() {
             return Err(Error::Refused("kube-controller-manager already runs".into()));
         }
-        let kubeconfig = self.kubeconfig(&Identity::controller_manager())?;
-        let port = net::free_ports(self.options.netns.as_deref(), IpAddr::V4(Ipv4Addr::LOCALHOST), 1)?[0];
-        let k = kubeconfig.display().to_string();
         let mut args = vec![
-            format!("--kubeconfig={k}"),
-            format!("--authentication-kubeconfig={k}"),
-            format!("--authorization-kubeconfig={k}"),
-            "--bind-address=127.0.0.1".into(),
-            format!("--secure-port={port}"),
-            format!("--cert-dir={}", self.work_path.join("kcm-certs").display()),
-            "--leader-elect=false".into(),
             "--use-service-account-credentials=true".into(),
             format!("--service-account-private-key-file={}", self.pki.service_account_key_file().display()),
             format!("--root-ca-file={}", self.pki.ca_cert_file().display()),
@@ -388,11 +378,8 @@ impl ControlPlane {
             args.push(format!("--controllers={}", controllers.join(",")));
         }
         args.extend(options.extra_args.iter().cloned());
-        let bin = self.binaries.path(Binary::KubeControllerManager)?;
-        let mut process = self.spawn("kube-controller-manager", &bin, &args)?;
-        let url = format!("https://127.0.0.1:{port}/healthz");
-        let agent = insecure_agent()?;
-        self.wait_ready(&mut process, || matches!(http_get(&agent, &url), Ok(r) if r.status == 200))?;
+        let process =
+            self.start_component(Binary::KubeControllerManager, &Identity::controller_manager(), "kcm-certs", &args)?;
         self.controller_manager = Some(process);
         Ok(())
     }
@@ -402,26 +389,35 @@ impl ControlPlane {
         if self.scheduler.is_some() {
             return Err(Error::Refused("kube-scheduler already runs".into()));
         }
-        let kubeconfig = self.kubeconfig(&Identity::scheduler())?;
+        let process =
+            self.start_component(Binary::KubeScheduler, &Identity::scheduler(), "scheduler-certs", extra_args)?;
+        self.scheduler = Some(process);
+        Ok(())
+    }
+
+    /// Starts kube-controller-manager or kube-scheduler as `identity` (kubeconfig, authn and
+    /// authz through it), serving on a free loopback port with its certificates in
+    /// `<work>/<cert_dir>`, without leader election, `args` appended; waits for its `/healthz`.
+    fn start_component(&self, binary: Binary, identity: &Identity, cert_dir: &str, args: &[String]) -> Result<Process> {
+        let kubeconfig = self.kubeconfig(identity)?;
         let port = net::free_ports(self.options.netns.as_deref(), IpAddr::V4(Ipv4Addr::LOCALHOST), 1)?[0];
         let k = kubeconfig.display().to_string();
-        let mut args = vec![
+        let mut argv = vec![
             format!("--kubeconfig={k}"),
             format!("--authentication-kubeconfig={k}"),
             format!("--authorization-kubeconfig={k}"),
             "--bind-address=127.0.0.1".into(),
             format!("--secure-port={port}"),
-            format!("--cert-dir={}", self.work_path.join("scheduler-certs").display()),
+            format!("--cert-dir={}", self.work_path.join(cert_dir).display()),
             "--leader-elect=false".into(),
         ];
-        args.extend(extra_args.iter().cloned());
-        let bin = self.binaries.path(Binary::KubeScheduler)?;
-        let mut process = self.spawn("kube-scheduler", &bin, &args)?;
+        argv.extend(args.iter().cloned());
+        let bin = self.binaries.path(binary)?;
+        let mut process = self.spawn(binary.file_name(), &bin, &argv)?;
         let url = format!("https://127.0.0.1:{port}/healthz");
         let agent = insecure_agent()?;
         self.wait_ready(&mut process, || matches!(http_get(&agent, &url), Ok(r) if r.status == 200))?;
-        self.scheduler = Some(process);
-        Ok(())
+        Ok(process)
     }
 
     fn start_etcd(&mut self, peer_port: u16) -> Result<()> {
