@@ -72,6 +72,13 @@ fn apply(plane: &ControlPlane, object: serde_json::Value) {
     plane.kubectl_with_stdin(&["apply", "-f", "-"], Some(&object.to_string())).unwrap();
 }
 
+/// Patches the slice `demo/web-1`'s one endpoint to `ip` on `node`.
+fn move_slice(plane: &ControlPlane, ip: impl std::fmt::Display, node: &str) {
+    let patch = json!([{"op": "replace", "path": "/endpoints/0/addresses/0", "value": ip.to_string()},
+                       {"op": "replace", "path": "/endpoints/0/nodeName", "value": node}]);
+    plane.kubectl(&["-n", "demo", "patch", "endpointslice", "web-1", "--type=json", "-p", &patch.to_string()]).unwrap();
+}
+
 fn services_and_slices_through_the_api_server_reach_the_packets(etcd: Etcd, watch_list: bool) {
     if !kproxy_testbed::kernel::require_root() {
         return;
@@ -172,20 +179,7 @@ fn services_and_slices_through_the_api_server_reach_the_packets(etcd: Etcd, watc
     }
 
     // The slice patched to the other node's pod moves the traffic.
-    plane
-        .kubectl(&[
-            "-n",
-            "demo",
-            "patch",
-            "endpointslice",
-            "web-1",
-            "--type=json",
-            "-p",
-            &json!([{"op": "replace", "path": "/endpoints/0/addresses/0", "value": pod_b.ipv4().to_string()},
-                    {"op": "replace", "path": "/endpoints/0/nodeName", "value": "node-b"}])
-            .to_string(),
-        ])
-        .unwrap();
+    move_slice(&plane, pod_b.ipv4(), "node-b");
     assert_eq!(eventually(tb.external(), dest, &answered("web-b"), Duration::from_secs(10)), answered("web-b"));
     mark("slice patch in the packets");
 
@@ -221,20 +215,7 @@ fn services_and_slices_through_the_api_server_reach_the_packets(etcd: Etcd, watc
     plane.start_apiserver().unwrap();
     eprintln!("{etcd:?}: API server back in {:?}", restarted.elapsed());
     mark("API server back");
-    plane
-        .kubectl(&[
-            "-n",
-            "demo",
-            "patch",
-            "endpointslice",
-            "web-1",
-            "--type=json",
-            "-p",
-            &json!([{"op": "replace", "path": "/endpoints/0/addresses/0", "value": pod_a.ipv4().to_string()},
-                    {"op": "replace", "path": "/endpoints/0/nodeName", "value": "node-a"}])
-            .to_string(),
-        ])
-        .unwrap();
+    move_slice(&plane, pod_a.ipv4(), "node-a");
     mark("post-restart patch made");
     assert_eq!(
         eventually(tb.external(), dest81, &answered("web-a"), Duration::from_secs(20)),
@@ -243,6 +224,16 @@ fn services_and_slices_through_the_api_server_reach_the_packets(etcd: Etcd, watc
         kproxy_log()
     );
     eprintln!("{etcd:?}: API server restart -> a change in the packets in {:?}", restarted.elapsed());
+
+    // The slice deleted: the Service has no endpoint left and is rejected, as upstream does.
+    plane.kubectl(&["-n", "demo", "delete", "endpointslice", "web-1"]).unwrap();
+    mark("slice deleted");
+    assert_eq!(
+        eventually(tb.external(), dest81, &ProbeResult::Refused, Duration::from_secs(10)),
+        ProbeResult::Refused,
+        "a Service whose slice was deleted; kproxy's log:\n{}",
+        kproxy_log()
+    );
 
     // Deleted: the ClusterIP leaves the ruleset and no pod answers it.
     plane.kubectl(&["-n", "demo", "delete", "service", "web"]).unwrap();
