@@ -7,9 +7,11 @@
 //! cargo xtask guest-test [FILTER] [-- LIBTEST_ARGS...]   run the kernel test binaries in the guest
 //! cargo xtask guest-run [--timeout SECS] -- CMD [ARGS]   run one command as root in the guest
 //! cargo xtask guest-prepare                              install, fetch and build caches only
+//! cargo xtask cluster up|down|show|smoke|e2e             a real cluster with kproxy (see cluster.rs)
 //! cargo xtask image [--rebuild-base] [--no-verify]       kproxy's image as an OCI archive (image.rs)
 //! ```
 
+mod cluster;
 mod cpio;
 mod error;
 mod guest;
@@ -35,6 +37,7 @@ use layout::Layout;
 const USAGE: &str = "cargo xtask guest-test [FILTER] [-- LIBTEST_ARGS...]
        cargo xtask guest-run [--timeout SECS] -- CMD [ARGS...]
        cargo xtask guest-prepare
+       cargo xtask cluster up|down|show|smoke|e2e [--help]
        cargo xtask image [--rebuild-base] [--no-verify] [--binary PATH]   (target/image/kproxy.oci.tar, localhost/kproxy:dev)
 environment: KPROXY_GUEST_TIMEOUT (s), KPROXY_GUEST_ACCEL=kvm|tcg, KPROXY_GUEST_MEM (MiB),
              KPROXY_GUEST_CPUS, KPROXY_GUEST_BOOT_TIMEOUT (s), KPROXY_GUEST_SKIP_APT=1";
@@ -72,6 +75,7 @@ fn dispatch(args: &[OsString]) -> Result<i32> {
     match args.first().and_then(|task| task.to_str()) {
         Some("guest-test") => guest_test(&layout, &args[1..]),
         Some("guest-run") => guest_run(&layout, &args[1..]),
+        Some("cluster") => cluster::run(&layout, &args[1..]),
         Some("image") => image::run(&layout, &args[1..]),
         Some("guest-prepare") => {
             let guest = Guest::prepare(&layout)?;

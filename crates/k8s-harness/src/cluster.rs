@@ -37,7 +37,10 @@ pub enum Proxy {
 /// How to bring a cluster up.
 #[derive(Debug, Clone)]
 pub struct ClusterOptions {
-    /// Where the ledger, logs and state live.
+    /// The cluster's name: the prefix of its namespaces (`NAME-wire`, `NAME-node1`, …), cgroup
+    /// roots and CNI networks, so that clusters of different names can run side by side.
+    pub name: String,
+    /// Where the ledger, logs and state live (one per name).
     pub work: PathBuf,
     pub nodes: u8,
     pub proxy: Proxy,
@@ -154,6 +157,14 @@ fn up_inner(binaries: &Binaries, options: &ClusterOptions, ledger: &mut Ledger) 
     if options.nodes == 0 || options.nodes > 9 {
         bail!("--nodes must be 1 to 9");
     }
+    let valid = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
+    if options.name.is_empty()
+        || options.name.len() > 8
+        || !options.name.chars().all(valid)
+        || options.name.starts_with("kpt")
+    {
+        bail!("a cluster name is 1 to 8 of [a-z0-9], not starting with kpt (the testbed's prefix)");
+    }
     let run_dir = options.work.join("run");
     let logs = options.work.join("logs");
     if logs.exists() {
@@ -163,8 +174,9 @@ fn up_inner(binaries: &Binaries, options: &ClusterOptions, ledger: &mut Ledger) 
     ledger.add(Resource::Dir { path: run_dir.clone() })?;
     fs::create_dir_all(&run_dir)?;
 
-    wire::make_wire(ledger)?;
-    let wire_path = wire::netns_path(wire::WIRE_NETNS);
+    wire::make_wire(ledger, &options.name)?;
+    let wire_netns = wire::wire_netns(&options.name);
+    let wire_path = wire::netns_path(&wire_netns);
     let mut plane = ControlPlane::start(
         binaries,
         ControlPlaneOptions {
@@ -196,7 +208,7 @@ fn up_inner(binaries: &Binaries, options: &ClusterOptions, ledger: &mut Ledger) 
         kubeconfig: plane.admin_kubeconfig().to_path_buf(),
         netns: wire_path.clone(),
     };
-    let nodes: Vec<Node> = (1..=options.nodes).map(|i| Node::new(i, &run_dir)).collect();
+    let nodes: Vec<Node> = (1..=options.nodes).map(|i| Node::new(&options.name, i, &run_dir)).collect();
     kubectl.apply(&dns_service(&nodes))?;
 
     let image_cache = options.work.join("images");
@@ -248,7 +260,7 @@ fn up_inner(binaries: &Binaries, options: &ClusterOptions, ledger: &mut Ledger) 
             (!cidr.is_empty()).then_some(cidr)
         })?;
         node.write_cni(&pod_cidr)?;
-        wire::route_pod_cidr(node.index, &pod_cidr)?;
+        wire::route_pod_cidr(&options.name, node.index, &pod_cidr)?;
         wire::bridge_netfilter(&node.netns)?;
         infos.push(NodeInfo { name: node.name.clone(), ip: node.ip, netns: node.netns.clone(), pod_cidr });
     }
@@ -316,7 +328,7 @@ fn up_inner(binaries: &Binaries, options: &ClusterOptions, ledger: &mut Ledger) 
         server: plane.url(),
         admin_kubeconfig: plane.admin_kubeconfig().to_path_buf(),
         kubectl: binaries.kubectl().to_path_buf(),
-        wire_netns: wire::WIRE_NETNS.into(),
+        wire_netns,
         nodes: infos,
         proxy: options.proxy,
         mode: options.mode.clone(),

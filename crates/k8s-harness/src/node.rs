@@ -31,6 +31,8 @@ pub const KUBELET_GLOBAL_SYSCTLS: [&str; 6] = [
 /// One node's names, addresses and directories.
 #[derive(Debug, Clone)]
 pub struct Node {
+    /// The cluster's name (prefix of its namespaces, cgroups and CNI networks).
+    pub cluster: String,
     pub index: u8,
     pub name: String,
     pub netns: String,
@@ -39,9 +41,16 @@ pub struct Node {
 }
 
 impl Node {
-    pub fn new(index: u8, run_dir: &Path) -> Node {
+    pub fn new(cluster: &str, index: u8, run_dir: &Path) -> Node {
         let name = format!("kproxy-node{index}");
-        Node { index, netns: wire::node_netns(index), ip: wire::node_ip(index), dir: run_dir.join(&name), name }
+        Node {
+            cluster: cluster.to_owned(),
+            index,
+            netns: wire::node_netns(cluster, index),
+            ip: wire::node_ip(index),
+            dir: run_dir.join(&name),
+            name,
+        }
     }
     pub fn netns_path(&self) -> PathBuf {
         wire::netns_path(&self.netns)
@@ -61,11 +70,11 @@ impl Node {
     }
     /// The kubelet's cgroupRoot (a folder of every hierarchy).
     pub fn cgroup_root(&self) -> String {
-        format!("/kproxy-cluster-node{}", self.index)
+        format!("/{}", self.netns)
     }
     /// The CNI network name (also libcni's cache key).
     pub fn cni_network(&self) -> String {
-        format!("kproxy-cluster-node{}", self.index)
+        self.netns.clone()
     }
     pub fn log(&self, component: &str, logs: &Path) -> PathBuf {
         logs.join(format!("{}-{component}.log", self.name))
@@ -74,7 +83,7 @@ impl Node {
     /// Namespaces, cgroup root and directories (recorded first).
     pub fn prepare(&self, ledger: &mut Ledger) -> Result<()> {
         fs::create_dir_all(&self.dir)?;
-        wire::make_node_netns(ledger, self.index)?;
+        wire::make_node_netns(ledger, &self.cluster, self.index)?;
         // The UTS namespace: hostNetwork pods inherit it through containerd's shims.
         let uts = self.uts_path();
         fs::write(&uts, b"")?;

@@ -17,10 +17,14 @@ use anyhow::{Context, Result, bail};
 
 use crate::ledger::{Ledger, Resource};
 
-/// Namespace names start with this (never `kpt-`, the testbed's, whose stale sweeper would take them).
-pub const NETNS_PREFIX: &str = "kpc-";
-/// The wire namespace.
-pub const WIRE_NETNS: &str = "kpc-wire";
+/// The default cluster name: namespaces `kpc-wire`, `kpc-node1`, … (never `kpt-`, the testbed's
+/// prefix, whose stale-namespace sweeper would take them).
+pub const DEFAULT_CLUSTER: &str = "kpc";
+
+/// The wire namespace of cluster `cluster`.
+pub fn wire_netns(cluster: &str) -> String {
+    format!("{cluster}-wire")
+}
 /// The bridge address in the wire namespace: the API server binds it.
 pub const WIRE_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
 /// The wire's prefix length.
@@ -39,9 +43,10 @@ pub fn netns_path(name: &str) -> PathBuf {
     Path::new("/run/netns").join(name)
 }
 
-/// Node `index` (1-based): its namespace name and address.
-pub fn node_netns(index: u8) -> String {
-    format!("{NETNS_PREFIX}node{index}")
+/// Node `index` (1-based) of `cluster`: its namespace name (its address is [`node_ip`]; two
+/// clusters use the same addresses in different namespaces).
+pub fn node_netns(cluster: &str, index: u8) -> String {
+    format!("{cluster}-node{index}")
 }
 
 pub fn node_ip(index: u8) -> Ipv4Addr {
@@ -49,10 +54,11 @@ pub fn node_ip(index: u8) -> Ipv4Addr {
 }
 
 /// Makes the wire namespace and its bridge (recorded first, so a failure half way is undone).
-pub fn make_wire(ledger: &mut Ledger) -> Result<()> {
-    ledger.add(Resource::Netns { name: WIRE_NETNS.into() })?;
-    ip(&["netns", "add", WIRE_NETNS])?;
-    let n = WIRE_NETNS;
+pub fn make_wire(ledger: &mut Ledger, cluster: &str) -> Result<()> {
+    let wire = wire_netns(cluster);
+    ledger.add(Resource::Netns { name: wire.clone() })?;
+    ip(&["netns", "add", &wire])?;
+    let n = wire.as_str();
     batch(
         n,
         &[
@@ -60,6 +66,9 @@ pub fn make_wire(ledger: &mut Ledger) -> Result<()> {
             "link add wire0 type bridge".into(),
             format!("addr add {WIRE_IP}/{WIRE_PREFIX} dev wire0"),
             "link set wire0 up".into(),
+            // Nothing leaves the cluster: whatever a node sends beyond 198.18.0.0/15 (an image
+            // pull, a lookup through the machine's resolver) fails at once, here.
+            "route add unreachable default".into(),
         ],
     )?;
     // Route between nodes (pod CIDRs) without NAT, and without telling nodes to go direct.
@@ -76,8 +85,9 @@ pub fn make_wire(ledger: &mut Ledger) -> Result<()> {
 
 /// Makes node `index`'s namespace with `eth0` plugged into the wire's bridge, a default route
 /// through the wire (node-IP detection and kube-proxy need one), forwarding, and bridge netfilter.
-pub fn make_node_netns(ledger: &mut Ledger, index: u8) -> Result<String> {
-    let name = node_netns(index);
+pub fn make_node_netns(ledger: &mut Ledger, cluster: &str, index: u8) -> Result<String> {
+    let name = node_netns(cluster, index);
+    let wire = wire_netns(cluster);
     ledger.add(Resource::Netns { name: name.clone() })?;
     ip(&["netns", "add", &name])?;
     let peer = format!("n{index}");
@@ -86,21 +96,21 @@ pub fn make_node_netns(ledger: &mut Ledger, index: u8) -> Result<String> {
         &[
             "link set lo up".into(),
             format!("link add eth0 type veth peer name {peer}"),
-            format!("link set {peer} netns {WIRE_NETNS}"),
+            format!("link set {peer} netns {wire}"),
             format!("addr add {}/{WIRE_PREFIX} dev eth0", node_ip(index)),
             "link set eth0 up".into(),
             format!("route add default via {WIRE_IP} dev eth0"),
         ],
     )?;
-    batch(WIRE_NETNS, &[format!("link set {peer} master wire0"), format!("link set {peer} up")])?;
+    batch(&wire, &[format!("link set {peer} master wire0"), format!("link set {peer} up")])?;
     // br_netfilter is loaded by the CNI bridge; set what kube-proxy expects once it is.
     sysctls(&name, &[("net.ipv4.ip_forward", "1"), ("net.ipv4.conf.all.send_redirects", "0")])?;
     Ok(name)
 }
 
 /// Routes node `index`'s pod CIDR through its address, in the wire namespace.
-pub fn route_pod_cidr(index: u8, pod_cidr: &str) -> Result<()> {
-    batch(WIRE_NETNS, &[format!("route replace {pod_cidr} via {}", node_ip(index))])
+pub fn route_pod_cidr(cluster: &str, index: u8, pod_cidr: &str) -> Result<()> {
+    batch(&wire_netns(cluster), &[format!("route replace {pod_cidr} via {}", node_ip(index))])
 }
 
 /// `net.bridge.bridge-nf-call-*` exist once br_netfilter is loaded; kube-proxy needs them on.

@@ -1,0 +1,591 @@
+//! `cargo xtask cluster`: a real Kubernetes v1.36.2 cluster on this machine (control plane,
+//! kubelet nodes in network namespaces, containerd, CNI, cluster DNS) with kproxy deployed from
+//! `deploy/kproxy.yaml` — or upstream kube-proxy — and Kubernetes' own e2e network tests run
+//! against it. The building blocks are in `crates/k8s-harness` (cluster.rs, node.rs, ...);
+//! docs/conformance.md has the layout, the commands and the last results.
+
+use std::ffi::OsString;
+use std::fs;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use kproxy_k8s_harness::cluster::{self, Cluster, ClusterInfo, ClusterOptions, Kubectl, Proxy};
+use kproxy_k8s_harness::{Binaries, Binary, dns, wire};
+
+use crate::error::{Error, Result};
+use crate::image;
+use crate::layout::Layout;
+
+pub const USAGE: &str = "cargo xtask cluster up    [--name NAME] [--nodes N] [--proxy kproxy|upstream|none] [--mode nftables|iptables] [--no-image-build]
+       cargo xtask cluster down
+       cargo xtask cluster show                       /healthz, logs and `kproxy explain` from the kproxy pods
+       cargo xtask cluster smoke [--nodes N] [--mode M] [--keep] [--no-image-build]
+       cargo xtask cluster e2e   [--proxy P] [--mode M] [--nodes N] [--focus RE] [--skip RE] [--keep] [--no-image-build]
+every command takes --name NAME (default kpc): clusters of different names run side by side
+environment: KPROXY_CLUSTER_DIR (default target/kproxy-cluster), KPROXY_K8S_DIR, KPROXY_CLUSTER_KEEP=1 (keep a failed up)";
+
+/// The e2e focus and skips (docs/conformance.md says why each skip).
+pub const E2E_FOCUS: &str = r"\[sig-network\] (Services|Conntrack|Networking)";
+pub const E2E_SKIP: &str = r"LoadBalancer|ESIPP|GCE|Windows|Slow|Serial|Disruptive|Flaky";
+
+#[derive(Debug)]
+struct Args {
+    name: String,
+    nodes: Option<u8>,
+    proxy: Proxy,
+    mode: String,
+    keep: bool,
+    image_build: bool,
+    focus: String,
+    skip: String,
+    dns: Vec<String>,
+}
+
+fn parse(args: &[OsString]) -> Result<Args> {
+    let usage = || Error::Usage(USAGE.into());
+    let mut parsed = Args {
+        name: wire::DEFAULT_CLUSTER.into(),
+        nodes: None,
+        proxy: Proxy::Kproxy,
+        mode: "nftables".into(),
+        keep: false,
+        image_build: true,
+        focus: E2E_FOCUS.into(),
+        skip: E2E_SKIP.into(),
+        dns: Vec::new(),
+    };
+    let mut it = args.iter().map(|a| a.to_str().map(str::to_owned).ok_or_else(usage));
+    while let Some(arg) = it.next() {
+        let arg = arg?;
+        let (key, inline) = match arg.split_once('=') {
+            Some((k, v)) => (k.to_owned(), Some(v.to_owned())),
+            None => (arg.clone(), None),
+        };
+        let mut value = || -> Result<String> { inline.clone().map_or_else(|| it.next().ok_or_else(usage)?, Ok) };
+        match key.as_str() {
+            "--name" => parsed.name = value()?,
+            "--nodes" => parsed.nodes = Some(value()?.parse().map_err(|_| usage())?),
+            "--proxy" => {
+                parsed.proxy = match value()?.as_str() {
+                    "kproxy" => Proxy::Kproxy,
+                    "upstream" => Proxy::Upstream,
+                    "none" => Proxy::None,
+                    _ => return Err(usage()),
+                }
+            }
+            "--mode" => {
+                parsed.mode = value()?;
+                if !matches!(parsed.mode.as_str(), "nftables" | "iptables") {
+                    return Err(usage());
+                }
+            }
+            "--keep" => parsed.keep = true,
+            "--no-image-build" => parsed.image_build = false,
+            "--focus" => parsed.focus = value()?,
+            "--skip" => parsed.skip = value()?,
+            "--bind" | "--server" | "--ca" | "--cert" | "--key" => parsed.dns.push(format!("{key}={}", value()?)),
+            _ => return Err(usage()),
+        }
+    }
+    Ok(parsed)
+}
+
+fn setup(e: impl std::fmt::Display) -> Error {
+    Error::Setup(e.to_string())
+}
+
+fn anyhow_err(e: anyhow::Error) -> Error {
+    Error::Setup(format!("{e:#}"))
+}
+
+/// `cargo xtask cluster …`.
+pub fn run(layout: &Layout, args: &[OsString]) -> Result<i32> {
+    let Some(sub) = args.first().and_then(|a| a.to_str()) else { return Err(Error::Usage(USAGE.into())) };
+    let parsed = parse(&args[1..])?;
+    let work = work_dir(layout, &parsed.name);
+    match sub {
+        "up" => {
+            let cluster = up(layout, &work, &parsed, parsed.nodes.unwrap_or(1))?;
+            print_access(&cluster.info);
+            cluster.detach();
+            Ok(0)
+        }
+        "down" => {
+            cluster::down(&work).map_err(anyhow_err)?;
+            Ok(0)
+        }
+        "show" => {
+            let info = read_info(&work)?;
+            show(&info);
+            Ok(0)
+        }
+        "smoke" => smoke(layout, &work, &parsed),
+        "e2e" => e2e(layout, &work, &parsed),
+        // Internal: the cluster DNS stand-in, started by `up` in each node's namespace.
+        "dns" => serve_dns(&parsed.dns),
+        _ => Err(Error::Usage(USAGE.into())),
+    }
+}
+
+/// `target/kproxy-cluster` (`KPROXY_CLUSTER_DIR`) for the default cluster, `…-NAME` for another.
+fn work_dir(layout: &Layout, name: &str) -> PathBuf {
+    let base = std::env::var_os("KPROXY_CLUSTER_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| layout.target.join("kproxy-cluster"));
+    if name == wire::DEFAULT_CLUSTER {
+        base
+    } else {
+        let mut dir = base.into_os_string();
+        dir.push(format!("-{name}"));
+        PathBuf::from(dir)
+    }
+}
+
+fn read_info(work: &Path) -> Result<ClusterInfo> {
+    let path = cluster::info_path(work);
+    let bytes = fs::read(&path)
+        .map_err(|e| setup(format!("no cluster is up ({}: {e}); run `cargo xtask cluster up`", path.display())))?;
+    serde_json::from_slice(&bytes).map_err(setup)
+}
+
+fn up(layout: &Layout, work: &Path, args: &Args, nodes: u8) -> Result<Cluster> {
+    let binaries = Binaries::locate().map_err(setup)?;
+    let archive = layout.target.join(image::ARCHIVE);
+    if args.proxy == Proxy::Kproxy && (args.image_build || !archive.is_file()) {
+        let started = Instant::now();
+        let status = image::run(layout, &["--no-verify".into()])?;
+        if status != 0 {
+            return Err(setup(format!("cargo xtask image failed ({status})")));
+        }
+        tracing::info!("kproxy image ready in {:.1} s", started.elapsed().as_secs_f64());
+    }
+    let exe = std::env::current_exe().map_err(setup)?;
+    let options = ClusterOptions {
+        name: args.name.clone(),
+        work: work.to_path_buf(),
+        nodes,
+        proxy: args.proxy,
+        mode: args.mode.clone(),
+        kproxy_image: Some((archive, image::IMAGE_NAME.into())),
+        manifest: layout.workspace.join("deploy").join("kproxy.yaml"),
+        dns_command: (exe, vec!["cluster".into(), "dns".into()]),
+        images: binaries.dir().join("images"),
+    };
+    cluster::up(&binaries, &options).map_err(anyhow_err)
+}
+
+fn print_access(info: &ClusterInfo) {
+    let nodes: Vec<String> = info.nodes.iter().map(|n| format!("{} {} pods {}", n.name, n.ip, n.pod_cidr)).collect();
+    println!(
+        "cluster up in {:.1} s: proxy {:?} ({}), nodes: {}",
+        info.started_in_secs,
+        info.proxy,
+        info.mode,
+        nodes.join("; ")
+    );
+    println!(
+        "kubectl: nsenter --net=/run/netns/{} {} --kubeconfig {} get pods -A",
+        info.wire_netns,
+        info.kubectl.display(),
+        info.admin_kubeconfig.display()
+    );
+    println!("logs: {}    down: cargo xtask cluster down", info.logs.display());
+}
+
+/// /healthz, the last log lines and `kproxy explain` of every kproxy pod (or kube-proxy's healthz).
+fn show(info: &ClusterInfo) -> bool {
+    let kubectl = Kubectl::from_info(info);
+    let mut ok = true;
+    for node in &info.nodes {
+        match cluster::wait_http_ok(&node.netns, "http://127.0.0.1:10256/healthz", Duration::from_secs(5)) {
+            Ok(body) => println!("== {} /healthz (:10256, the pod's host network): {}", node.name, body.trim()),
+            Err(e) => {
+                ok = false;
+                println!("== {} /healthz: {e:#}", node.name);
+            }
+        }
+    }
+    if info.proxy != Proxy::Kproxy {
+        return ok;
+    }
+    let pods = kubectl
+        .run(&[
+            "-n",
+            "kube-system",
+            "get",
+            "pods",
+            "-l",
+            "k8s-app=kproxy",
+            "-o",
+            "jsonpath={range .items[*]}{.metadata.name} {.spec.nodeName}{\"\\n\"}{end}",
+        ])
+        .unwrap_or_default();
+    for line in pods.lines() {
+        let Some((pod, node)) = line.split_once(' ') else { continue };
+        println!("== kubectl -n kube-system logs {pod} --tail=15   ({node})");
+        match kubectl.run(&["-n", "kube-system", "logs", pod, "--tail=15"]) {
+            Ok(text) => print!("{text}"),
+            Err(e) => {
+                ok = false;
+                println!("{e:#}");
+            }
+        }
+        let to = format!("{}:443", wire::KUBERNETES_SERVICE_IP);
+        let node_ip = info.nodes.iter().find(|n| n.name == node).map(|n| n.ip.to_string()).unwrap_or_default();
+        println!(
+            "== kubectl -n kube-system exec {pod} -- kproxy explain --server 127.0.0.1:10249 --from {node_ip} --to {to}"
+        );
+        match kubectl.run(&[
+            "-n",
+            "kube-system",
+            "exec",
+            pod,
+            "--",
+            "kproxy",
+            "explain",
+            "--server",
+            "127.0.0.1:10249",
+            "--from",
+            &node_ip,
+            "--to",
+            &to,
+        ]) {
+            Ok(text) => print!("{text}"),
+            Err(e) => {
+                ok = false;
+                println!("{e:#}");
+            }
+        }
+    }
+    ok
+}
+
+/// The smoke (CI): up, node Ready, the DaemonSet ready, one Service through a real pod by
+/// ClusterIP, by name (cluster DNS) and by NodePort (from a pod and from outside the node),
+/// then down. Every step is timed.
+fn smoke(layout: &Layout, work: &Path, args: &Args) -> Result<i32> {
+    let started = Instant::now();
+    if args.proxy == Proxy::None {
+        return Err(Error::Usage("smoke needs a proxy".into()));
+    }
+    // Like every test that needs ../shared/k8s: a visible skip outside CI, a failure under CI.
+    if let Err(missing) = Binaries::locate() {
+        if std::env::var("CI").is_ok_and(|v| v == "true") {
+            return Err(setup(format!("CI=true and the Kubernetes binaries are missing: {missing}")));
+        }
+        println!("SKIPPED cluster smoke: needs the Kubernetes v1.36.2 binaries: {missing}");
+        return Ok(0);
+    }
+    let cluster = up(layout, work, args, args.nodes.unwrap_or(1))?;
+    let up_secs = started.elapsed().as_secs_f64();
+    let result = smoke_checks(&cluster.info);
+    let checks_secs = started.elapsed().as_secs_f64() - up_secs;
+    if args.keep {
+        print_access(&cluster.info);
+        cluster.detach();
+    } else {
+        cluster.down().map_err(anyhow_err)?;
+    }
+    let total = started.elapsed().as_secs_f64();
+    match result {
+        Ok(()) => {
+            println!(
+                "cluster smoke: passed — up (image, control plane, nodes Ready, proxy ready) {up_secs:.1} s, checks {checks_secs:.1} s, total with down {total:.1} s"
+            );
+            Ok(0)
+        }
+        Err(e) => {
+            println!("cluster smoke: FAILED after {total:.1} s: {e:#}");
+            Ok(1)
+        }
+    }
+}
+
+const SMOKE_NS: &str = "kproxy-smoke";
+
+fn smoke_checks(info: &ClusterInfo) -> anyhow::Result<()> {
+    use anyhow::{Context, bail};
+    let kubectl = Kubectl::from_info(info);
+    if !show(info) {
+        bail!("the proxy's /healthz, logs or explain could not be read");
+    }
+    let node = &info.nodes[0];
+    let manifest = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": SMOKE_NS}},
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "server", "namespace": SMOKE_NS, "labels": {"app": "server"}},
+         "spec": {"nodeName": node.name, "containers": [{"name": "netexec", "image": "registry.k8s.io/e2e-test-images/agnhost:2.63.0",
+            "args": ["netexec", "--http-port=8080"], "ports": [{"containerPort": 8080}],
+            "readinessProbe": {"httpGet": {"path": "/healthz", "port": 8080}, "periodSeconds": 1}}]}},
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "client", "namespace": SMOKE_NS},
+         "spec": {"containers": [{"name": "client", "image": "registry.k8s.io/e2e-test-images/agnhost:2.63.0", "args": ["pause"]}]}},
+        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "smoke", "namespace": SMOKE_NS},
+         "spec": {"type": "NodePort", "selector": {"app": "server"}, "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}}
+    ]});
+    kubectl.apply(&manifest.to_string())?;
+    kubectl
+        .run(&["-n", SMOKE_NS, "wait", "--for=condition=Ready", "pod", "--all", "--timeout=120s"])
+        .context("smoke pods Ready")?;
+    let cluster_ip = kubectl.run(&["-n", SMOKE_NS, "get", "svc", "smoke", "-o", "jsonpath={.spec.clusterIP}"])?;
+    let node_port =
+        kubectl.run(&["-n", SMOKE_NS, "get", "svc", "smoke", "-o", "jsonpath={.spec.ports[0].nodePort}"])?;
+    let targets = [
+        ("ClusterIP from a pod", format!("http://{cluster_ip}/hostname"), true),
+        (
+            "the Service's name (cluster DNS) from a pod",
+            format!("http://smoke.{SMOKE_NS}.svc.cluster.local/hostname"),
+            true,
+        ),
+        ("NodePort from a pod", format!("http://{}:{node_port}/hostname", node.ip), true),
+        ("NodePort from outside the node", format!("http://{}:{node_port}/hostname", node.ip), false),
+    ];
+    for (what, url, from_pod) in targets {
+        let began = Instant::now();
+        let answer = kubectl.wait_for(Duration::from_secs(30), what, || {
+            let out = if from_pod {
+                kubectl.run(&["-n", SMOKE_NS, "exec", "client", "--", "curl", "-sS", "--max-time", "3", &url]).ok()?
+            } else {
+                let out = Command::new("ip")
+                    .args(["netns", "exec", &info.wire_netns, "curl", "-sS", "--max-time", "3", &url])
+                    .output()
+                    .ok()?;
+                String::from_utf8_lossy(&out.stdout).into_owned()
+            };
+            (out.trim() == "server").then_some(out)
+        })?;
+        println!("smoke: {what}: {url} -> {} ({} ms)", answer.trim(), began.elapsed().as_millis());
+    }
+    Ok(())
+}
+
+/// `e2e`: a cluster with the chosen proxy, Kubernetes' e2e.test focused on the sig-network
+/// Services, Conntrack and Networking specs, a junit report and a summary; then down.
+fn e2e(layout: &Layout, work: &Path, args: &Args) -> Result<i32> {
+    let started = Instant::now();
+    let nodes = args.nodes.unwrap_or(2);
+    let proxy = format!("{:?}", args.proxy).to_lowercase();
+    let report = layout.target.join("kproxy-e2e").join(format!("{proxy}-{}-{nodes}n", args.mode));
+    // Two e2e runs at once would share their report directory.
+    if report.exists() {
+        fs::remove_dir_all(&report).map_err(setup)?;
+    }
+    fs::create_dir_all(&report).map_err(setup)?;
+    let cluster = up(layout, work, args, nodes)?;
+    let up_secs = started.elapsed().as_secs_f64();
+    let binaries = Binaries::locate().map_err(setup)?;
+    let e2e_bin = binaries.path(Binary::E2eTest).map_err(setup)?;
+    let info = cluster.info.clone();
+    let log = report.join("e2e.log");
+    let run_started = Instant::now();
+    let status = fs::File::create(&log).map_err(setup).and_then(|out| {
+        let err = out.try_clone().map_err(setup)?;
+        Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{}", info.wire_netns))
+            .arg("--")
+            .arg(&e2e_bin)
+            .args([
+                "--provider=local".to_owned(),
+                format!("--kubeconfig={}", info.admin_kubeconfig.display()),
+                format!("--kubectl-path={}", info.kubectl.display()),
+                format!("--num-nodes={nodes}"),
+                format!("--report-dir={}", report.display()),
+                format!("--ginkgo.focus={}", args.focus),
+                format!("--ginkgo.skip={}", args.skip),
+                "--ginkgo.no-color".into(),
+                "--ginkgo.timeout=3h".into(),
+            ])
+            .current_dir(&report)
+            .stdin(std::process::Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .status()
+            .map_err(setup)
+    });
+    let e2e_secs = run_started.elapsed().as_secs_f64();
+    // The proxy's logs belong in the report.
+    copy_logs(&info, &report);
+    if args.keep {
+        print_access(&info);
+        cluster.detach();
+    } else {
+        cluster.down().map_err(anyhow_err)?;
+    }
+    let status = status?;
+    let summary = summarize(
+        &report,
+        &format!(
+            "proxy {proxy}, mode {}, {nodes} node(s); focus `{}`, skip `{}`; cluster up {up_secs:.0} s, e2e.test {e2e_secs:.0} s, total {:.0} s; e2e.test exit {status}",
+            args.mode,
+            args.focus,
+            args.skip,
+            started.elapsed().as_secs_f64()
+        ),
+    )?;
+    println!("{summary}");
+    println!("report: {}", report.display());
+    Ok(if status.success() { 0 } else { 1 })
+}
+
+fn copy_logs(info: &ClusterInfo, report: &Path) {
+    let dir = report.join("logs");
+    let _ = fs::create_dir_all(&dir);
+    if let Ok(entries) = fs::read_dir(&info.logs) {
+        for entry in entries.flatten() {
+            let _ = fs::copy(entry.path(), dir.join(entry.file_name()));
+        }
+    }
+    if info.proxy == Proxy::Kproxy {
+        let kubectl = Kubectl::from_info(info);
+        for node in &info.nodes {
+            let selector = "k8s-app=kproxy";
+            let field = format!("spec.nodeName={}", node.name);
+            if let Ok(text) =
+                kubectl.run(&["-n", "kube-system", "logs", "-l", selector, "--field-selector", &field, "--tail=-1"])
+            {
+                let _ = fs::write(dir.join(format!("{}-kproxy-pod.log", node.name)), text);
+            }
+        }
+    }
+}
+
+/// One junit test case.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Case {
+    pub name: String,
+    /// "passed", "failed" or "skipped".
+    pub result: &'static str,
+    pub message: String,
+}
+
+/// Reads the junit XML files of `report` and writes `summary.md` (a table of every focused spec
+/// that ran, failed or was skipped, with the reason); returns the summary's first lines.
+fn summarize(report: &Path, header: &str) -> Result<String> {
+    let mut cases = Vec::new();
+    for entry in fs::read_dir(report).map_err(setup)?.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with("junit") && name.ends_with(".xml") {
+            cases.extend(parse_junit(&fs::read_to_string(entry.path()).map_err(setup)?));
+        }
+    }
+    // e2e's junit lists every spec of the binary; only the focused ones (sig-network) matter.
+    cases.retain(|c| c.name.contains("[sig-network]") && !(c.result == "skipped" && c.message.contains("focus")));
+    cases.sort_by(|a, b| a.name.cmp(&b.name));
+    let count = |r: &str| cases.iter().filter(|c| c.result == r).count();
+    let line = format!("e2e: {} passed, {} failed, {} skipped", count("passed"), count("failed"), count("skipped"));
+    let mut md = format!("# e2e summary\n\n{header}\n\n{line}\n\n| test | result | reason |\n|---|---|---|\n");
+    for c in &cases {
+        md.push_str(&format!(
+            "| {} | {} | {} |\n",
+            c.name.replace('|', "\\|"),
+            c.result,
+            c.message.replace('|', "\\|")
+        ));
+    }
+    fs::write(report.join("summary.md"), &md).map_err(setup)?;
+    Ok(format!("{header}\n{line}"))
+}
+
+/// The `<testcase>` elements of a junit report: name, result and the first line of the reason.
+pub fn parse_junit(xml: &str) -> Vec<Case> {
+    let mut cases = Vec::new();
+    let mut rest = xml;
+    while let Some(start) = rest.find("<testcase ") {
+        rest = &rest[start..];
+        let head_end = rest.find('>').unwrap_or(rest.len());
+        let head = &rest[..head_end];
+        let self_closing = head.ends_with('/');
+        let body_end = if self_closing { head_end } else { rest.find("</testcase>").unwrap_or(rest.len()) };
+        let body = &rest[head_end.min(body_end)..body_end];
+        let name = unescape(&attribute(head, "name").unwrap_or_default());
+        let (result, message) = if let Some(i) = body.find("<failure") {
+            ("failed", reason(&body[i..]))
+        } else if let Some(i) = body.find("<error") {
+            ("failed", reason(&body[i..]))
+        } else if let Some(i) = body.find("<skipped") {
+            ("skipped", reason(&body[i..]))
+        } else {
+            ("passed", String::new())
+        };
+        cases.push(Case { name, result, message });
+        rest = &rest[body_end.min(rest.len())..];
+        if rest.starts_with("</testcase>") {
+            rest = &rest["</testcase>".len()..];
+        } else if self_closing {
+            rest = &rest[1.min(rest.len())..];
+        }
+    }
+    cases
+}
+
+fn attribute(head: &str, key: &str) -> Option<String> {
+    let pat = format!(" {key}=\"");
+    let start = head.find(&pat)? + pat.len();
+    let end = head[start..].find('"')? + start;
+    Some(head[start..end].to_owned())
+}
+
+/// The `message` attribute of a failure/skipped element, else its text; one line, bounded.
+fn reason(element: &str) -> String {
+    let head_end = element.find('>').unwrap_or(element.len());
+    let text = attribute(&element[..head_end], "message").unwrap_or_else(|| {
+        let body = &element[(head_end + 1).min(element.len())..];
+        body.split('<').next().unwrap_or_default().to_owned()
+    });
+    let text = unescape(&text);
+    let line = text.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or_default();
+    line.chars().take(200).collect()
+}
+
+fn unescape(s: &str) -> String {
+    s.replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&quot;", "\"")
+        .replace("&#39;", "'")
+        .replace("&apos;", "'")
+        .replace("&#xA;", "\n")
+        .replace("&amp;", "&")
+}
+
+fn serve_dns(flags: &[String]) -> Result<i32> {
+    let get = |k: &str| {
+        flags
+            .iter()
+            .find_map(|f| f.strip_prefix(&format!("{k}=")).map(str::to_owned))
+            .ok_or_else(|| Error::Usage(format!("cluster dns needs {k}")))
+    };
+    let bind: IpAddr = get("--bind")?.parse().map_err(|_| Error::Usage("--bind IP".into()))?;
+    let options = dns::DnsOptions {
+        bind,
+        server: get("--server")?,
+        ca: get("--ca")?.into(),
+        cert: get("--cert")?.into(),
+        key: get("--key")?.into(),
+        domain: "cluster.local".into(),
+    };
+    dns::serve(options).map_err(anyhow_err)?;
+    Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn junit_cases_are_read_with_result_and_reason() {
+        let xml = r#"<testsuite><testcase name="[sig-network] Services should a" classname="x" time="1"></testcase>
+<testcase name="[sig-network] Services should b &amp; c" time="2"><failure message="boom&#xA;more" type="failed">text</failure></testcase>
+<testcase name="[sig-network] Services should d" time="0"><skipped message="skipped - requires at least two ready nodes"></skipped></testcase>
+<testcase name="[sig-storage] x" time="0"/></testsuite>"#;
+        let cases = parse_junit(xml);
+        assert_eq!(cases.len(), 4);
+        assert_eq!((cases[0].result, cases[0].name.as_str()), ("passed", "[sig-network] Services should a"));
+        assert_eq!((cases[1].result, cases[1].message.as_str()), ("failed", "boom"));
+        assert_eq!(cases[1].name, "[sig-network] Services should b & c");
+        assert_eq!(
+            (cases[2].result, cases[2].message.as_str()),
+            ("skipped", "skipped - requires at least two ready nodes")
+        );
+        assert_eq!(cases[3].result, "passed");
+    }
+}
