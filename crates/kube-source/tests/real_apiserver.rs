@@ -452,9 +452,8 @@ fn the_fake_api_server_answers_lists_streaming_lists_watches_and_410_like_kube_a
         let fakes: Vec<_> =
             watches.iter().map(|(_, path)| scope.spawn(|| fake_get(&fake, &with(path, &fake_rv)))).collect();
         std::thread::sleep(Duration::from_millis(500));
-        for object in &unseen {
-            apply(&plane, object);
-        }
+        // One kubectl call: each kind's cache must move before its watch's bookmark time (3 s in).
+        apply(&plane, &json!({"apiVersion": "v1", "kind": "List", "items": unseen}));
         fake.bookmark();
         let join = |handles: Vec<std::thread::ScopedJoinHandle<'_, Answer>>| -> Vec<Answer> {
             handles.into_iter().map(|h| h.join().unwrap()).collect()
