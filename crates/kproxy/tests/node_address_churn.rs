@@ -6,7 +6,9 @@
 //! The real binary in the testbed's node namespace, against a fake API server holding
 //! `KPROXY_CHURN_SERVICES` Services (default 2,000); `KPROXY_CHURN_VETHS` veth pairs (default 5)
 //! are added one every `KPROXY_CHURN_INTERVAL_MS` (default 500). `KPROXY_CHURN_BIN` runs another
-//! build of kproxy (to measure an older one). The figures are printed; as a benchmark:
+//! build of kproxy (to measure an older one: then what this test asserts is reported, `NOT MET: …`,
+//! not asserted, so the older build's figures are printed whole). The figures are printed; as a
+//! benchmark:
 //!
 //! ```sh
 //! KPROXY_CHURN_SERVICES=50000 KPROXY_CHURN_VETHS=20 KPROXY_CHURN_INTERVAL_MS=1000 \
@@ -50,6 +52,17 @@ fn syncs(ns: &kproxy_testbed::Netns, metrics: SocketAddr) -> (f64, f64, f64) {
         get("kubeproxy_sync_full_proxy_rules_duration_seconds_count"),
         get("kubeproxy_sync_proxy_rules_duration_seconds_sum"),
     )
+}
+
+/// Asserts `holds`; with another build of kproxy (`KPROXY_CHURN_BIN`), reports it instead.
+fn expect(holds: bool, what: std::fmt::Arguments<'_>) {
+    if std::env::var_os("KPROXY_CHURN_BIN").is_some() {
+        if !holds {
+            println!("NOT MET: {what}");
+        }
+    } else {
+        assert!(holds, "{what}");
+    }
 }
 
 #[test]
@@ -127,7 +140,14 @@ fn pod_veths_cost_no_sync_and_a_selected_address_costs_one_partial_sync() {
         after.1 - before.1,
         (after.2 - before.2) * 1000.0
     );
-    assert_eq!(after.0, before.0, "link-local addresses of pod veths caused syncs ({} full)", after.1 - before.1);
+    expect(
+        after.0 == before.0,
+        format_args!(
+            "link-local addresses of pod veths caused {} syncs ({} full)",
+            after.0 - before.0,
+            after.1 - before.1
+        ),
+    );
 
     // An address the CIDR selects: served at once, by a partial sync.
     let (before, cpu_before, started) = (syncs(tb.node(), metrics), cpu_time(pid), Instant::now());
@@ -136,6 +156,13 @@ fn pod_veths_cost_no_sync_and_a_selected_address_costs_one_partial_sync() {
     let got = support::answered_by(tb.external(), added, "web-b", support::CHANGE);
     let served_in = started.elapsed();
     assert!(matches!(&got, ProbeResult::Answered { .. }), "the address added inside the CIDR serves: {got:?}");
+    // The sync is counted once everything after the commit is done (conntrack, health checks).
+    let counted = Instant::now();
+    let mut after = syncs(tb.node(), metrics);
+    while after.0 == before.0 && counted.elapsed() < support::CHANGE {
+        std::thread::sleep(Duration::from_millis(100));
+        after = syncs(tb.node(), metrics);
+    }
     std::thread::sleep(Duration::from_secs(1));
     let (after, cpu_after) = (syncs(tb.node(), metrics), cpu_time(pid));
     println!(
@@ -146,7 +173,7 @@ fn pod_veths_cost_no_sync_and_a_selected_address_costs_one_partial_sync() {
         after.1 - before.1,
         (after.2 - before.2) * 1000.0
     );
-    assert_eq!(after.1, before.1, "a selected address was programmed by a full sync");
+    expect(after.1 == before.1, format_args!("a selected address was programmed by {} full syncs", after.1 - before.1));
     assert!(after.0 > before.0, "the selected address was programmed by a sync");
     drop(kproxy);
     let _ = std::fs::remove_dir_all(&dir);
