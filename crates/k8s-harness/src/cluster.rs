@@ -184,6 +184,7 @@ fn up_inner(binaries: &Binaries, options: &ClusterOptions, ledger: &mut Ledger) 
             bind: IpAddr::V4(wire::WIRE_IP),
             service_cidr: wire::SERVICE_CIDR.into(),
             die_with_parent: false,
+            work_parent: Some(run_dir.clone()),
             extra_apiserver_args: vec!["--kubelet-preferred-address-types=InternalIP,Hostname".into()],
             ..ControlPlaneOptions::default()
         },

@@ -59,6 +59,10 @@ pub struct ControlPlaneOptions {
     pub die_with_parent: bool,
     /// How long each component may take to become ready.
     pub ready_timeout: Duration,
+    /// Where the work directory is made (default: the system's temporary directory). A harness
+    /// whose plane outlives its process (`cargo xtask cluster up`) keeps it out of /tmp, where a
+    /// sweep of stale `kproxy-k8s-*` directories would take it from under a running cluster.
+    pub work_parent: Option<PathBuf>,
 }
 
 impl Default for ControlPlaneOptions {
@@ -75,6 +79,7 @@ impl Default for ControlPlaneOptions {
             extra_apiserver_args: Vec::new(),
             die_with_parent: true,
             ready_timeout: Duration::from_secs(90),
+            work_parent: None,
         }
     }
 }
@@ -152,10 +157,13 @@ impl ControlPlane {
         if low == 0 || low > high {
             return Err(Error::Refused(format!("node_port_range {low}-{high}: not a range of ports")));
         }
-        let work = tempfile::Builder::new()
-            .prefix("kproxy-k8s-")
-            .tempdir()
-            .map_err(|e| Error::io("creating the work directory", e))?;
+        let mut builder = tempfile::Builder::new();
+        builder.prefix("kproxy-k8s-");
+        let work = match &options.work_parent {
+            Some(parent) => builder.tempdir_in(parent),
+            None => builder.tempdir(),
+        }
+        .map_err(|e| Error::io("creating the work directory", e))?;
         let work_path = work.path().to_path_buf();
         let pki = Pki::generate(
             &work_path.join("pki"),
