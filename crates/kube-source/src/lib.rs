@@ -3,7 +3,8 @@
 //!
 //! It emits exactly the events the manifest-directory source emits, so the daemon does not care
 //! where its state comes from. Recovery (reconnects, `410 Gone` relists, bookmarks) is left to
-//! `kube::runtime::watcher`; this crate adds what kube-proxy needs on top:
+//! `kube::runtime::watcher`, except after watch-cache lists, which kube-rs would decode whole
+//! (`list_stream.rs` does the same steps); this crate adds what kube-proxy needs on top:
 //!
 //! - one bad object never breaks a list or a watch: each object is decoded into its k8s-openapi
 //!   type straight from its own JSON text, and one that does not fit is kept aside with its
@@ -27,6 +28,7 @@ mod client;
 mod error;
 #[cfg(feature = "fake")]
 pub mod fake;
+mod list_stream;
 mod rate_limit;
 mod raw;
 mod retry;

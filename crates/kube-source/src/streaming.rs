@@ -38,7 +38,7 @@ use tokio::time::Instant;
 
 use crate::raw::{ApiKind, Decoded};
 use crate::stats::SourceStats;
-use crate::watch::{RetryBackoff, WatchEvent, WatchEvents, watch_cache_lists, with_backoff};
+use crate::watch::{RetryBackoff, WatchEvent, WatchEvents, with_backoff};
 
 /// How long a streaming list may go without making progress (an answer to its request, an
 /// event) before its `k8s.io/initial-events-end` bookmark, before the kind falls back.
@@ -121,7 +121,7 @@ fn streaming<K: ApiKind>(api: &Api<Decoded<K>>, config: &watcher::Config, backof
 }
 
 fn list_watch<K: ApiKind>(api: &Api<Decoded<K>>, config: &watcher::Config, backoff: RetryBackoff) -> WatchEvents<K> {
-    with_backoff(watcher::watcher(api.clone(), watch_cache_lists(config.clone())), backoff)
+    with_backoff(crate::list_stream::list_watch(api.clone(), config.clone()), backoff)
 }
 
 impl<K: ApiKind> Lists<K> {

@@ -17,6 +17,7 @@ use kube::{Api, Client};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
+use crate::list_stream;
 use crate::raw::{ApiKind, Decoded, Malformed};
 use crate::retry::{LastError, RecoveryBackoff};
 use crate::stats::SourceStats;
@@ -59,8 +60,9 @@ pub enum ListMode {
     #[default]
     Streaming,
     /// A list from the API server's watch cache (`resourceVersion=0`, no `limit`: the watch
-    /// cache would ignore it), then a watch. Answered in one response, which kube-rs decodes
-    /// whole: fast, but the whole list exists at once as raw objects while it is converted.
+    /// cache would ignore it), then a watch from the list's resource version. Answered in one
+    /// response, whose objects are decoded and handed over one at a time as the body arrives
+    /// (`crates/kube-source/src/list_stream.rs`), never held as a whole list.
     WatchCache,
     /// A consistent list (`resourceVersion` unset) paginated by this many objects a request,
     /// then a watch. Each page is a request under the client rate limit.
@@ -173,7 +175,7 @@ fn watch<K: ApiKind>(
                 streaming::Bounds { progress: opts.initial_events_timeout, retry_after: opts.streaming_retry_after };
             streaming::lists(api, config, opts.backoff, bounds, stats.clone())
         }
-        ListMode::WatchCache => with_backoff(watcher::watcher(api, watch_cache_lists(config)), opts.backoff),
+        ListMode::WatchCache => with_backoff(list_stream::list_watch(api, config), opts.backoff),
         ListMode::Paginated(size) => with_backoff(watcher::watcher(api, config.page_size(size)), opts.backoff),
     };
     events.map(|event| event.map(read)).boxed()
@@ -188,15 +190,6 @@ fn read<K: ApiKind>(event: Event<Decoded<K>>) -> Event<Read> {
         Event::InitApply(decoded) => Event::InitApply(decoded.into_result()),
         Event::InitDone => Event::InitDone,
     }
-}
-
-/// Lists at `resourceVersion=0`, which the API server answers from its watch cache. Without a
-/// page size: kube-rs drops `resourceVersion=0` from a request with a `limit` (making it a
-/// consistent list, paged from etcd), and the watch cache ignores `limit` anyway.
-pub(crate) fn watch_cache_lists(config: watcher::Config) -> watcher::Config {
-    let mut config = config.any_semantic();
-    config.page_size = None;
-    config
 }
 
 /// Watches Services, EndpointSlices, the own Node and ServiceCIDRs and sends their changes to
@@ -371,14 +364,6 @@ mod tests {
     use kproxy_state::{HEADLESS_LABEL, SERVICE_PROXY_NAME_LABEL};
 
     use super::*;
-
-    #[test]
-    fn watch_cache_lists_ask_for_resource_version_0_without_a_limit() {
-        let config = watch_cache_lists(watcher::Config::default().labels("a=b"));
-        assert_eq!(config.page_size, None, "kube-rs would drop resourceVersion=0 from a request with a limit");
-        assert_eq!(config.list_semantic, watcher::ListSemantic::Any);
-        assert_eq!(config.label_selector.as_deref(), Some("a=b"));
-    }
 
     #[test]
     fn default_selector_excludes_upstreams_labels() {

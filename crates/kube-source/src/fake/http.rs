@@ -202,7 +202,7 @@ fn parse_continue(token: &str) -> Option<(u64, ObjectKey)> {
 ///   the compacted history is `410 Expired`, as for etcd. Unlike etcd, a later page reads the
 ///   current objects rather than a snapshot; a client that watches from the list's version gets
 ///   the changes in between as events, so it converges all the same.
-async fn list(store: &Mutex<Store>, kind: Kind, filter: &Filter, request: ListRequest<'_>) -> Response<Body> {
+async fn list(store: &Arc<Mutex<Store>>, kind: Kind, filter: &Filter, request: ListRequest<'_>) -> Response<Body> {
     let delay = lock(store).list_delay.get(&kind).copied().unwrap_or_default();
     pause(delay).await;
     let (items, rv, next, remaining) = {
@@ -239,12 +239,60 @@ async fn list(store: &Mutex<Store>, kind: Kind, filter: &Filter, request: ListRe
             continue_: next.map(|key| continue_token(rv, &key)),
             remaining_item_count: remaining,
         },
-        items: items.iter().map(|item| ListItem(item)).collect(),
+        items: Vec::new(),
     };
-    match serde_json::to_vec(&body) {
-        Ok(bytes) => json_bytes(StatusCode::OK, bytes),
-        Err(e) => status(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", &e.to_string()),
+    let item_delay = lock(store).list_item_delay;
+    if !item_delay.is_zero() {
+        return trickled_list(store.clone(), kind, &body, items, item_delay);
     }
+    let body = ListBody { items: items.iter().map(|item| ListItem(item)).collect(), ..body };
+    let response = match serde_json::to_vec(&body) {
+        Ok(bytes) => json_bytes(StatusCode::OK, bytes),
+        Err(e) => return status(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", &e.to_string()),
+    };
+    *lock(store).lists_sent.entry(kind).or_default() += 1;
+    response
+}
+
+/// A list whose body is written item by item, `delay` before each (kube-apiserver streams the
+/// encoding of a large list too); counted as sent once its last byte is written.
+fn trickled_list(
+    store: Arc<Mutex<Store>>,
+    kind: Kind,
+    head: &ListBody<'_>,
+    items: Vec<Arc<Value>>,
+    delay: Duration,
+) -> Response<Body> {
+    // The body without items, cut before its closing `]}`.
+    let mut head = serde_json::to_string(head).unwrap_or_default();
+    head.truncate(head.len().saturating_sub(2));
+    let items: VecDeque<String> = items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| {
+            let text = serde_json::to_string(&ListItem(item)).unwrap_or_default();
+            if i == 0 { text } else { format!(",{text}") }
+        })
+        .collect();
+    let chunks =
+        futures::stream::unfold((Some(head), items, Some(store)), move |(head, mut items, store)| async move {
+            if let Some(head) = head {
+                return Some((head, (None, items, store)));
+            }
+            if let Some(item) = items.pop_front() {
+                pause(delay).await;
+                return Some((item, (None, items, store)));
+            }
+            let store = store?;
+            *lock(&store).lists_sent.entry(kind).or_default() += 1;
+            Some(("]}".to_owned(), (None, items, None)))
+        });
+    let body = StreamBody::new(futures::StreamExt::map(chunks, |chunk| Ok(Frame::data(Bytes::from(chunk)))));
+    let mut response = Response::new(BodyExt::boxed_unsync(body));
+    response
+        .headers_mut()
+        .insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("application/json"));
+    response
 }
 
 #[derive(Serialize)]

@@ -148,6 +148,17 @@ impl FakeApiServer {
         lock(&self.store).list_delay.insert(kind, delay);
     }
 
+    /// Writes the body of each list answered from now on item by item, `delay` before each
+    /// item (zero: the whole body at once).
+    pub fn set_list_item_delay(&self, delay: Duration) {
+        lock(&self.store).list_item_delay = delay;
+    }
+
+    /// How many list bodies (pages included) of `kind` were written in full.
+    pub fn lists_sent(&self, kind: Kind) -> usize {
+        lock(&self.store).lists_sent.get(&kind).copied().unwrap_or_default()
+    }
+
     /// Delays each event of watches opened from now on by `delay`.
     pub fn set_event_delay(&self, delay: Duration) {
         lock(&self.store).event_delay = delay;

@@ -121,6 +121,10 @@ pub(crate) struct Store {
     pub(crate) list_delay: BTreeMap<Kind, Duration>,
     pub(crate) event_delay: Duration,
     pub(crate) lists: BTreeMap<Kind, usize>,
+    /// List bodies written in full, per kind.
+    pub(crate) lists_sent: BTreeMap<Kind, usize>,
+    /// When not zero, list bodies are written item by item, this long before each.
+    pub(crate) list_item_delay: Duration,
     pub(crate) watches: BTreeMap<Kind, usize>,
     /// Watches that asked for `sendInitialEvents=true`, per kind.
     pub(crate) initial_event_streams: BTreeMap<Kind, usize>,
@@ -145,6 +149,8 @@ impl Store {
             list_delay: BTreeMap::new(),
             event_delay: Duration::ZERO,
             lists: BTreeMap::new(),
+            lists_sent: BTreeMap::new(),
+            list_item_delay: Duration::ZERO,
             watches: BTreeMap::new(),
             initial_event_streams: BTreeMap::new(),
             initial_events_ends: BTreeMap::new(),

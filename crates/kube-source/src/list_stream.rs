@@ -1,0 +1,343 @@
+//! Watch-cache lists decoded as their body arrives, then a watch from the list's resource
+//! version ([`ListMode::WatchCache`](crate::ListMode::WatchCache), and the fallback of a
+//! streaming list).
+//!
+//! A `resourceVersion=0` list is answered by kube-apiserver's watch cache in one response,
+//! however large. kube-rs's `watcher` reads it with `Api::list`: the whole body as one string,
+//! then the whole `ObjectList` decoded, so at 100k Services the text and every object exist at
+//! once (about 0.9 GB peak heap). `watcher` offers no hook for the list step (its `ApiMode` is
+//! private), and it cannot be started from a resource version either (it always lists first).
+//! So this module makes its own list request and runs its own watch from the list's
+//! `metadata.resourceVersion`, step for step as kube-runtime's `watcher` does (same requests
+//! and parameters, same events and errors, same recovery: a `410 Gone` relists, any other
+//! failure of a watch resumes it from the last resource version seen, bookmarks included; the
+//! caller's backoff applies after every error).
+//!
+//! The list: the request goes through the client (its rate limit layer included) and its body
+//! is read on a blocking thread by serde_json's streaming deserializer over a reader of the
+//! body (no JSON is parsed by hand). A visitor takes the top-level object's fields one by one;
+//! `items` is read one element at a time, each decoded as every object is (`raw.rs`: a bad one
+//! is kept aside with its name, never breaks the list) and handed over through a small bounded
+//! channel. So only the objects in that channel and serde_json's buffer of the current item
+//! exist besides what the consumer keeps, and a slow consumer slows the reading of the body
+//! instead of growing a buffer. `metadata` (the resource version to watch from, a `continue`
+//! token) may come before or after `items`.
+//!
+//! The body reader waits for the next bytes or for the list to be dropped (a relist that
+//! replaces it, the source stopped), so a dropped list never leaves a thread waiting on a body
+//! that does not come.
+
+use std::io::{self, Read};
+use std::time::Duration;
+
+use futures::io::AsyncReadExt as _;
+use futures::{AsyncBufRead, Stream, StreamExt};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ListMeta;
+use kube::Api;
+use kube::api::{ListParams, VersionMatch, WatchEvent, WatchParams};
+use kube::runtime::watcher::{self, Event};
+use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use tokio::runtime::Handle;
+use tokio::sync::mpsc;
+
+use crate::raw::{ApiKind, Decoded};
+use crate::watch::WatchEvent as SourceEvent;
+
+/// How many decoded objects may wait between the body's reader and the consumer.
+const AHEAD: usize = 64;
+
+/// kube-runtime's margin over a watch's server-side timeout before a silent watch is dropped.
+const WATCH_IDLE_TIMEOUT_MARGIN: Duration = Duration::from_secs(5);
+
+/// The events of `api`'s objects: a watch-cache list decoded as it arrives, then a watch from
+/// its resource version; relisting after `410 Gone` (see the module documentation).
+pub(crate) fn list_watch<K: ApiKind>(
+    api: Api<Decoded<K>>,
+    config: watcher::Config,
+) -> impl Stream<Item = SourceEvent<K>> + Send + 'static {
+    let lister = Lister { api, config };
+    futures::stream::unfold((lister, State::Empty), |(lister, state)| async move {
+        let (event, state) = lister.step(state).await;
+        Some((event, (lister, state)))
+    })
+}
+
+struct Lister<K: ApiKind> {
+    api: Api<Decoded<K>>,
+    config: watcher::Config,
+}
+
+enum State<K: ApiKind> {
+    /// The next step starts a listing.
+    Empty,
+    /// Listing began; the next step requests this page (`continue` token).
+    Requesting { continue_token: Option<String> },
+    /// A page's objects are arriving.
+    Listing { items: mpsc::Receiver<Item<K>> },
+    /// Listed at this resource version; the next step starts a watch from it.
+    Listed { resource_version: String },
+    Watching {
+        resource_version: String,
+        stream: futures::stream::BoxStream<'static, kube::Result<WatchEvent<Decoded<K>>>>,
+    },
+}
+
+/// What the body's reader hands over.
+enum Item<K> {
+    Object(Decoded<K>),
+    /// The page was read whole: its metadata.
+    End(ListMeta),
+    /// The body could not be read or is not a list.
+    Failed(kube::Error),
+}
+
+impl<K: ApiKind> Lister<K> {
+    /// One step: an event, and the state after it.
+    async fn step(&self, mut state: State<K>) -> (SourceEvent<K>, State<K>) {
+        loop {
+            match self.step_once(state).await {
+                (Some(event), next) => return (event, next),
+                (None, next) => state = next,
+            }
+        }
+    }
+
+    async fn step_once(&self, state: State<K>) -> (Option<SourceEvent<K>>, State<K>) {
+        match state {
+            State::Empty => (Some(Ok(Event::Init)), State::Requesting { continue_token: None }),
+            State::Requesting { continue_token } => match self.request(continue_token).await {
+                Ok(body) => (None, State::Listing { items: read_in_background(body) }),
+                Err(error) => (Some(Err(watcher::Error::InitialListFailed(error))), State::Empty),
+            },
+            State::Listing { mut items } => match items.recv().await {
+                Some(Item::Object(object)) => (Some(Ok(Event::InitApply(object))), State::Listing { items }),
+                Some(Item::End(meta)) => {
+                    let continue_token = meta.continue_.filter(|token| !token.is_empty());
+                    let resource_version = meta.resource_version.filter(|rv| !rv.is_empty());
+                    match (continue_token, resource_version) {
+                        (Some(token), _) => (None, State::Requesting { continue_token: Some(token) }),
+                        (None, Some(resource_version)) => {
+                            (Some(Ok(Event::InitDone)), State::Listed { resource_version })
+                        }
+                        (None, None) => (Some(Err(watcher::Error::NoResourceVersion)), State::Empty),
+                    }
+                }
+                Some(Item::Failed(error)) => (Some(Err(watcher::Error::InitialListFailed(error))), State::Empty),
+                None => {
+                    let error = kube::Error::Service("the list's reader stopped".into());
+                    (Some(Err(watcher::Error::InitialListFailed(error))), State::Empty)
+                }
+            },
+            State::Listed { resource_version } => match self.api.watch(&self.watch_params(), &resource_version).await {
+                Ok(stream) => (None, State::Watching { resource_version, stream: stream.boxed() }),
+                Err(error) => (Some(Err(watcher::Error::WatchStartFailed(error))), State::Listed { resource_version }),
+            },
+            State::Watching { resource_version, mut stream } => match next_or_idle(&mut stream, self.config.timeout)
+                .await
+            {
+                Some(Ok(WatchEvent::Added(object) | WatchEvent::Modified(object))) => {
+                    match kube::Resource::meta(&object).resource_version.clone().filter(|rv| !rv.is_empty()) {
+                        Some(resource_version) => {
+                            (Some(Ok(Event::Apply(object))), State::Watching { resource_version, stream })
+                        }
+                        None => (Some(Err(watcher::Error::NoResourceVersion)), State::Empty),
+                    }
+                }
+                Some(Ok(WatchEvent::Deleted(object))) => {
+                    match kube::Resource::meta(&object).resource_version.clone().filter(|rv| !rv.is_empty()) {
+                        Some(resource_version) => {
+                            (Some(Ok(Event::Delete(object))), State::Watching { resource_version, stream })
+                        }
+                        None => (Some(Err(watcher::Error::NoResourceVersion)), State::Empty),
+                    }
+                }
+                Some(Ok(WatchEvent::Bookmark(bookmark))) => {
+                    (None, State::Watching { resource_version: bookmark.metadata.resource_version, stream })
+                }
+                Some(Ok(WatchEvent::Error(status))) => {
+                    // 410 Gone: the resource version is compacted away; list again.
+                    let next =
+                        if status.code == 410 { State::Empty } else { State::Watching { resource_version, stream } };
+                    (Some(Err(watcher::Error::WatchError(status))), next)
+                }
+                Some(Err(error)) => {
+                    (Some(Err(watcher::Error::WatchFailed(error))), State::Watching { resource_version, stream })
+                }
+                None => (None, State::Listed { resource_version }),
+            },
+        }
+    }
+
+    /// kube-runtime's list parameters for [`watcher::ListSemantic::Any`] without a page size:
+    /// `resourceVersion=0`, served from the watch cache; a `continue` token (which the watch
+    /// cache never sends) asks for the next page of the list it began.
+    fn list_params(&self, continue_token: Option<String>) -> ListParams {
+        let (resource_version, version_match) = match continue_token {
+            Some(_) => (None, None),
+            None => (Some("0".to_owned()), Some(VersionMatch::NotOlderThan)),
+        };
+        ListParams {
+            label_selector: self.config.label_selector.clone(),
+            field_selector: self.config.field_selector.clone(),
+            resource_version,
+            version_match,
+            limit: None,
+            continue_token,
+            ..ListParams::default()
+        }
+    }
+
+    /// kube-runtime's parameters of a watch that follows a list.
+    fn watch_params(&self) -> WatchParams {
+        WatchParams {
+            label_selector: self.config.label_selector.clone(),
+            field_selector: self.config.field_selector.clone(),
+            timeout: self.config.timeout,
+            bookmarks: self.config.bookmarks,
+            send_initial_events: false,
+        }
+    }
+
+    /// Sends the list request; its body, once the server has answered with success.
+    async fn request(
+        &self,
+        continue_token: Option<String>,
+    ) -> kube::Result<impl AsyncBufRead + Send + Unpin + 'static> {
+        let request = kube::core::Request::new(self.api.resource_url())
+            .list(&self.list_params(continue_token))
+            .map_err(kube::Error::BuildRequest)?;
+        let body = self.api.clone().into_client().request_stream(request).await?;
+        Ok(Box::pin(body))
+    }
+}
+
+/// The next event of a watch; `None` when it ends or says nothing for longer than its
+/// server-side timeout (kube-runtime's idle timeout: 290 s when none is set).
+async fn next_or_idle<S: Stream + Unpin>(stream: &mut S, timeout: Option<u32>) -> Option<S::Item> {
+    if timeout == Some(0) {
+        return stream.next().await;
+    }
+    let idle = Duration::from_secs(u64::from(timeout.unwrap_or(290))) + WATCH_IDLE_TIMEOUT_MARGIN;
+    tokio::time::timeout(idle, stream.next()).await.ok().flatten()
+}
+
+/// Reads a list body on a blocking thread, handing its items over as they are decoded.
+fn read_in_background<K: ApiKind>(body: impl AsyncBufRead + Send + Unpin + 'static) -> mpsc::Receiver<Item<K>> {
+    let (tx, rx) = mpsc::channel(AHEAD);
+    let handle = Handle::current();
+    tokio::task::spawn_blocking(move || {
+        let reader = io::BufReader::with_capacity(64 * 1024, BodyReader { body, handle, dropped: tx.clone() });
+        let item = match read_list(reader, &tx) {
+            Ok(meta) => Item::End(meta),
+            Err(error) => Item::Failed(kube::Error::SerdeError(error)),
+        };
+        // Nothing to do when the list was dropped meanwhile.
+        let _ = tx.blocking_send(item);
+    });
+    rx
+}
+
+/// Reads one list from `reader`, sending each item to `tx` as it is decoded; the list's
+/// metadata.
+fn read_list<K: ApiKind>(reader: impl Read, tx: &mpsc::Sender<Item<K>>) -> serde_json::Result<ListMeta> {
+    let mut deserializer = serde_json::Deserializer::from_reader(reader);
+    let meta = ListSeed { tx }.deserialize(&mut deserializer)?;
+    deserializer.end()?;
+    Ok(meta)
+}
+
+/// A sync reader of the body, for serde_json: each read waits for the next bytes on the
+/// runtime, or for the list's receiver to be dropped.
+struct BodyReader<R, K> {
+    body: R,
+    handle: Handle,
+    dropped: mpsc::Sender<Item<K>>,
+}
+
+impl<R: AsyncBufRead + Unpin, K> Read for BodyReader<R, K> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let Self { body, handle, dropped } = self;
+        handle.block_on(async {
+            tokio::select! {
+                read = body.read(buf) => read,
+                () = dropped.closed() => Err(io::Error::other("the list was dropped")),
+            }
+        })
+    }
+}
+
+/// The top-level list object: `metadata` kept, each of `items` sent, the rest skipped.
+struct ListSeed<'a, K> {
+    tx: &'a mpsc::Sender<Item<K>>,
+}
+
+impl<'de, K: ApiKind> DeserializeSeed<'de> for ListSeed<'_, K> {
+    type Value = ListMeta;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<ListMeta, D::Error> {
+        deserializer.deserialize_map(self)
+    }
+}
+
+impl<'de, K: ApiKind> Visitor<'de> for ListSeed<'_, K> {
+    type Value = ListMeta;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "a list of {} objects", K::KIND)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<ListMeta, A::Error> {
+        let mut meta = None;
+        let mut items = false;
+        while let Some(key) = map.next_key::<String>()? {
+            match key.as_str() {
+                "metadata" => meta = Some(map.next_value::<ListMeta>()?),
+                "items" => {
+                    map.next_value_seed(ItemsSeed { tx: self.tx })?;
+                    items = true;
+                }
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        if !items {
+            return Err(de::Error::missing_field("items"));
+        }
+        Ok(meta.unwrap_or_default())
+    }
+}
+
+/// A list's `items`, each decoded and sent as soon as it is read (`null`: none).
+struct ItemsSeed<'a, K> {
+    tx: &'a mpsc::Sender<Item<K>>,
+}
+
+impl<'de, K: ApiKind> DeserializeSeed<'de> for ItemsSeed<'_, K> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de, K: ApiKind> Visitor<'de> for ItemsSeed<'_, K> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "an array of {} objects", K::KIND)
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while let Some(object) = seq.next_element::<Decoded<K>>()? {
+            if self.tx.blocking_send(Item::Object(object)).is_err() {
+                return Err(de::Error::custom("the list was dropped"));
+            }
+        }
+        Ok(())
+    }
+}
