@@ -23,6 +23,7 @@ pub const USAGE: &str = "cargo xtask cluster up    [--name NAME] [--nodes N] [--
        cargo xtask cluster show                       /healthz, logs and `kproxy explain` from the kproxy pods
        cargo xtask cluster smoke [--nodes N] [--mode M] [--keep] [--no-image-build]
        cargo xtask cluster workloads [--proxy P] [--mode M] [--keep]   rolling update under load, internalTrafficPolicy Local, headless, hairpin
+       cargo xtask cluster table                      the e2e runs in target/kproxy-e2e side by side (markdown)
        cargo xtask cluster e2e   [--proxy P] [--mode M] [--nodes N] [--focus RE] [--skip RE] [--keep] [--no-image-build]
 every command takes --name NAME (default kpc): clusters of different names run side by side
 environment: KPROXY_CLUSTER_DIR (default target/kproxy-cluster), KPROXY_K8S_DIR, KPROXY_CLUSTER_KEEP=1 (keep a failed up)";
@@ -125,6 +126,10 @@ pub fn run(layout: &Layout, args: &[OsString]) -> Result<i32> {
         }
         "smoke" => smoke(layout, &work, &parsed),
         "workloads" => workloads(layout, &work, &parsed),
+        "table" => {
+            print!("{}", table(&layout.target.join("kproxy-e2e"))?);
+            Ok(0)
+        }
         "e2e" => e2e(layout, &work, &parsed),
         // Internal: the cluster DNS stand-in, started by `up` in each node's namespace.
         "dns" => serve_dns(&parsed.dns),
@@ -689,6 +694,76 @@ fn copy_logs(info: &ClusterInfo, report: &Path) {
             }
         }
     }
+}
+
+/// Every e2e report under `dir` (`<proxy>-<mode>-<N>n/junit*.xml`) side by side: one row per
+/// focused spec, one column per run, and the reason of each failure or skip.
+fn table(dir: &Path) -> Result<String> {
+    use std::collections::BTreeMap;
+    let mut runs: Vec<(String, BTreeMap<String, Case>)> = Vec::new();
+    let mut entries: Vec<PathBuf> = fs::read_dir(dir).map_err(setup)?.flatten().map(|e| e.path()).collect();
+    // upstream before kproxy, nftables before iptables.
+    entries.sort_by_key(|p| {
+        let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        (!name.contains("nftables"), !name.starts_with("upstream"), name)
+    });
+    for run in entries {
+        let mut cases = BTreeMap::new();
+        for file in fs::read_dir(&run).map_err(setup)?.flatten() {
+            let name = file.file_name().to_string_lossy().into_owned();
+            if name.starts_with("junit") && name.ends_with(".xml") {
+                for case in parse_junit(&fs::read_to_string(file.path()).map_err(setup)?) {
+                    if case.name.contains("[sig-network]")
+                        && !(case.result == "skipped" && case.message.contains("focus"))
+                    {
+                        cases.insert(case.name.trim_start_matches("[It] ").to_owned(), case);
+                    }
+                }
+            }
+        }
+        if !cases.is_empty() {
+            runs.push((run.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(), cases));
+        }
+    }
+    let names: std::collections::BTreeSet<&String> = runs.iter().flat_map(|(_, c)| c.keys()).collect();
+    let mut md = format!(
+        "| test | {} | reason (failure or skip) |\n|---|{}---|\n",
+        runs.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>().join(" | "),
+        "---|".repeat(runs.len())
+    );
+    for name in names {
+        let mut reasons = Vec::new();
+        let cells: Vec<&str> = runs
+            .iter()
+            .map(|(run, cases)| match cases.get(name) {
+                Some(case) => {
+                    if !case.message.is_empty() && !reasons.iter().any(|(_, m): &(String, String)| *m == case.message) {
+                        reasons.push((run.clone(), case.message.clone()));
+                    }
+                    case.result
+                }
+                None => "—",
+            })
+            .collect();
+        let reason = reasons.iter().map(|(run, m)| format!("{run}: {m}")).collect::<Vec<_>>().join("; ");
+        md.push_str(&format!(
+            "| {} | {} | {} |\n",
+            name.replace('|', "\\|"),
+            cells.join(" | "),
+            reason.replace('|', "\\|")
+        ));
+    }
+    for (run, cases) in &runs {
+        let count = |r: &str| cases.values().filter(|c| c.result == r).count();
+        md.push_str(&format!(
+            "\n{run}: {} passed, {} failed, {} skipped",
+            count("passed"),
+            count("failed"),
+            count("skipped")
+        ));
+    }
+    md.push('\n');
+    Ok(md)
 }
 
 /// One junit test case.
