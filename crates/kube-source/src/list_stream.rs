@@ -341,3 +341,131 @@ impl<'de, K: ApiKind> Visitor<'de> for ItemsSeed<'_, K> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use futures::TryStreamExt as _;
+    use k8s_openapi::api::core::v1::Service;
+    use kproxy_state::ObjectKey;
+    use serde_json::json;
+
+    use super::*;
+
+    const PATIENCE: Duration = Duration::from_secs(10);
+
+    fn service(name: &str) -> String {
+        json!({"metadata": {"namespace": "prod", "name": name, "resourceVersion": "5"},
+               "spec": {"clusterIP": "198.18.0.1", "ports": [{"port": 80, "protocol": "TCP"}]}})
+        .to_string()
+    }
+
+    type Chunks = futures::channel::mpsc::UnboundedSender<io::Result<Vec<u8>>>;
+
+    /// A list body fed by the test, and the items read from it.
+    fn body() -> (Chunks, mpsc::Receiver<Item<Service>>) {
+        let (chunks, rx) = futures::channel::mpsc::unbounded();
+        (chunks, read_in_background(rx.into_async_read()))
+    }
+
+    fn send(chunks: &Chunks, text: &str) {
+        chunks.unbounded_send(Ok(text.as_bytes().to_vec())).unwrap();
+    }
+
+    async fn next(items: &mut mpsc::Receiver<Item<Service>>) -> Item<Service> {
+        tokio::time::timeout(PATIENCE, items.recv()).await.expect("an item in time").expect("the reader stopped")
+    }
+
+    fn object(item: Item<Service>) -> Result<String, ObjectKey> {
+        match item {
+            Item::Object(decoded) => decoded.into_result().map(|o| o.key().to_string()).map_err(|bad| bad.key),
+            Item::End(_) => panic!("the end of the list, not an object"),
+            Item::Failed(error) => panic!("failed: {error}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn items_are_handed_over_one_by_one_before_the_body_ends() {
+        let (chunks, mut items) = body();
+        send(&chunks, &format!(r#"{{"kind":"ServiceList","apiVersion":"v1","items":[{},"#, service("a")));
+        // The rest of the body has not been written: the first item is out already.
+        assert_eq!(object(next(&mut items).await), Ok("prod/a".to_owned()));
+        assert!(items.try_recv().is_err(), "nothing more before more of the body");
+        // The metadata may come after the items.
+        send(&chunks, &format!(r#"{}],"metadata":{{"resourceVersion":"42"}}}}"#, service("b")));
+        drop(chunks);
+        assert_eq!(object(next(&mut items).await), Ok("prod/b".to_owned()));
+        match next(&mut items).await {
+            Item::End(meta) => assert_eq!(meta.resource_version.as_deref(), Some("42")),
+            _ => panic!("expected the end of the list"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_malformed_item_is_handed_over_with_its_name_between_the_others() {
+        let (chunks, mut items) = body();
+        let bad = r#"{"metadata":{"namespace":"prod","name":"b"},"spec":{"ports":"eighty"}}"#;
+        let list =
+            format!(r#"{{"metadata":{{"resourceVersion":"7"}},"items":[{},{bad},{}]}}"#, service("a"), service("c"));
+        send(&chunks, &list);
+        drop(chunks);
+        assert_eq!(object(next(&mut items).await), Ok("prod/a".to_owned()));
+        assert_eq!(object(next(&mut items).await), Err(ObjectKey::new("prod", "b")));
+        assert_eq!(object(next(&mut items).await), Ok("prod/c".to_owned()));
+        assert!(matches!(next(&mut items).await, Item::End(_)));
+    }
+
+    #[tokio::test]
+    async fn a_body_that_is_not_a_whole_list_fails_the_list() {
+        for body_text in [
+            r#"{"kind":"Status","code":500}"#.to_owned(),
+            format!(r#"{{"metadata":{{"resourceVersion":"7"}},"items":[{},{{"metad"#, service("a")),
+            "not json".to_owned(),
+        ] {
+            let (chunks, mut items) = body();
+            send(&chunks, &body_text);
+            drop(chunks);
+            let item = loop {
+                match next(&mut items).await {
+                    Item::Object(_) => {}
+                    other => break other,
+                }
+            };
+            assert!(matches!(item, Item::Failed(kube::Error::SerdeError(_))), "{body_text}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_dropped_list_stops_its_reader_while_the_body_is_still_open() {
+        let (chunks, items) = body();
+        send(&chunks, r#"{"items":["#);
+        drop(items);
+        // The reader ends without more of the body: the sender of the chunks sees it gone.
+        tokio::time::timeout(PATIENCE, async {
+            while !chunks.is_closed() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("the reader let go of the body");
+    }
+
+    #[tokio::test]
+    async fn lists_ask_the_watch_cache_without_a_limit_and_watches_follow_the_config() {
+        let client = kube::Client::try_from(kube::Config::new("http://127.0.0.1:1".parse().unwrap())).unwrap();
+        let config = watcher::Config::default().labels("a=b").fields("metadata.name=n").timeout(30);
+        let lister = Lister::<Service> { api: Api::all(client), config };
+        let first = lister.list_params(None);
+        assert_eq!(first.resource_version.as_deref(), Some("0"));
+        assert_eq!(first.version_match, Some(VersionMatch::NotOlderThan));
+        assert_eq!(first.limit, None, "kube-rs would drop resourceVersion=0 from a request with a limit");
+        assert_eq!(
+            (first.label_selector.as_deref(), first.field_selector.as_deref()),
+            (Some("a=b"), Some("metadata.name=n"))
+        );
+        let next = lister.list_params(Some("token".into()));
+        assert_eq!((next.resource_version, next.continue_token.as_deref()), (None, Some("token")));
+        let watch = lister.watch_params();
+        assert_eq!((watch.label_selector.as_deref(), watch.timeout, watch.bookmarks), (Some("a=b"), Some(30), true));
+        assert!(!watch.send_initial_events);
+    }
+}
