@@ -549,17 +549,23 @@ fn workload_checks(info: &ClusterInfo) -> anyhow::Result<Vec<String>> {
     ])?;
     let mut want: Vec<&str> = ready.lines().filter(|l| !l.is_empty()).collect();
     want.sort_unstable();
+    // The image has busybox's nslookup (no getent): "Address: IP" lines after the server's.
     let resolved = get(&[
         "-n",
         WORKLOADS_NS,
         "exec",
         "client",
         "--",
-        "getent",
-        "ahostsv4",
+        "nslookup",
         &format!("web-headless.{WORKLOADS_NS}.svc.cluster.local"),
-    ])?;
-    let mut got: Vec<&str> = resolved.lines().filter_map(|l| l.split_whitespace().next()).collect();
+    ])
+    .unwrap_or_else(|e| format!("{e:#}"));
+    let mut got: Vec<&str> = resolved
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("Address:"))
+        .map(str::trim)
+        .filter(|a| !a.contains(':') && a.parse::<std::net::Ipv4Addr>().is_ok_and(|ip| ip != wire::DNS_SERVICE_IP))
+        .collect();
     got.sort_unstable();
     got.dedup();
     let by_name = get(&[
