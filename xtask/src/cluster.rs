@@ -31,8 +31,9 @@ environment: KPROXY_CLUSTER_DIR (default target/kproxy-cluster), KPROXY_K8S_DIR,
 /// The e2e focus and skips (docs/conformance.md says why each skip).
 pub const E2E_FOCUS: &str = r"\[sig-network\] (Services|Conntrack|Networking)";
 /// `invalid conntrack state bug`: its server image (regression-issue-74839) does not exist offline;
-/// `Networking-Performance`: an iperf2 throughput benchmark (the offline agnhost has no iperf2).
-pub const E2E_SKIP: &str = r"LoadBalancer|ESIPP|GCE|Windows|Slow|Serial|Disruptive|Flaky|Networking-Performance|should not be vulnerable to the invalid conntrack state bug";
+/// `Networking-Performance`: an iperf2 throughput benchmark (the offline agnhost has no iperf2);
+/// `SCTP`: this kernel has no SCTP; `Networking-IPv4`: reaches the internet.
+pub const E2E_SKIP: &str = r"LoadBalancer|ESIPP|GCE|Windows|Slow|Serial|Disruptive|Flaky|Networking-Performance|SCTP|Networking-IPv4|should not be vulnerable to the invalid conntrack state bug";
 
 #[derive(Debug)]
 struct Args {
