@@ -9,6 +9,7 @@ pub(crate) mod first_sync;
 pub(crate) mod kernel;
 pub(crate) mod kproxy;
 pub(crate) mod objects;
+mod real;
 mod report;
 mod run;
 pub(crate) mod traffic;
@@ -34,6 +35,34 @@ impl Mode {
         match self {
             Mode::Nftables => "nftables",
             Mode::Iptables => "iptables",
+        }
+    }
+}
+
+/// Where the cluster is served from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ApiKind {
+    /// The in-process fake API server (`kproxy_kube_source::fake`): objects stored at once.
+    Fake,
+    /// kube-apiserver v1.36.2 + etcd 3.6.13 from `KPROXY_K8S_DIR` (`kproxy-k8s-harness`),
+    /// objects created through it.
+    Real,
+}
+
+/// A proxy the real-API-server mode runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize)]
+pub enum Proxy {
+    /// The `kproxy` binary.
+    Kproxy,
+    /// Upstream kube-proxy v1.36.2 (`KPROXY_K8S_DIR`).
+    Upstream,
+}
+
+impl Proxy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Proxy::Kproxy => "kproxy",
+            Proxy::Upstream => "kube-proxy",
         }
     }
 }
@@ -79,6 +108,25 @@ pub struct DaemonArgs {
     /// Where kproxy's logs go (one file per size and start).
     #[arg(long)]
     pub log_dir: Option<PathBuf>,
+    /// The API server: the in-process fake, or a real kube-apiserver + etcd (which runs only the
+    /// start, the idle window and the timed changes: no burst, connection rates or restart).
+    #[arg(long, value_enum, default_value = "fake")]
+    pub api: ApiKind,
+    /// With `--api real`: the proxies run one after the other on the same objects (default
+    /// `kproxy,upstream`), each in every `--modes`.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub proxies: Option<Vec<Proxy>>,
+    /// With `--api real`: give up on upstream kube-proxy's first sync after this many seconds
+    /// (reported as not within the bound; the run goes on).
+    #[arg(long, default_value_t = 600)]
+    pub upstream_timeout: u64,
+    /// With `--api real`: create requests in flight at once.
+    #[arg(long, default_value_t = 64)]
+    pub create_concurrency: usize,
+    /// With `--api real`: etcd syncs its writes to disk (default: `--unsafe-no-fsync`, said so in
+    /// the report).
+    #[arg(long)]
+    pub etcd_fsync: bool,
 }
 
 impl DaemonArgs {
@@ -92,6 +140,19 @@ pub fn main(args: &DaemonArgs) -> anyhow::Result<bool> {
     anyhow::ensure!(
         kproxy_testbed::kernel::is_root(),
         "kproxy-bench daemon needs root (it creates network namespaces)"
+    );
+    if args.api == ApiKind::Real {
+        let proxies = args.proxies.clone().unwrap_or_else(|| vec![Proxy::Kproxy, Proxy::Upstream]);
+        if args.total_changes != 1000 || args.rate_phase != 5 || args.burst_per_second != 50.0 {
+            eprintln!(
+                "kproxy-bench daemon: --total-changes, --burst-per-second and --rate-phase are not used with --api real"
+            );
+        }
+        return real::main(args, &proxies);
+    }
+    anyhow::ensure!(
+        args.proxies.as_deref().is_none_or(|p| p == [Proxy::Kproxy]),
+        "--proxies: upstream kube-proxy runs only with --api real"
     );
     let binary = kproxy::binary(args.kproxy.as_deref())?;
     for &n in &args.services {

@@ -37,7 +37,7 @@ pub struct Changes {
 
 /// The Service change `k` goes to: spread over the cluster, never the real pod's Service nor an
 /// affinity Service (whose endpoints are rules, not map elements).
-fn changed_service(k: usize, n: usize) -> usize {
+pub(crate) fn changed_service(k: usize, n: usize) -> usize {
     let mut i = 1 + (k * 7919 + 13) % (n - 1);
     if Shape::of(i).affinity {
         i = if i + 1 < n { i + 1 } else { 1 };

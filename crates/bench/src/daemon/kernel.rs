@@ -67,6 +67,8 @@ pub struct KernelProbe {
     dumper: NfSocket,
     buf: Vec<u8>,
     seq: u32,
+    /// The nf_tables table looked into (both families): kproxy's, or upstream's `kube-proxy`.
+    table: &'static str,
 }
 
 impl KernelProbe {
@@ -76,7 +78,12 @@ impl KernelProbe {
         sock.bind_auto()?;
         sock.connect(&SocketAddr::new(0, 0))?;
         sock.set_ext_ack(true)?;
-        Ok(Self { sock, dumper: NfSocket::open()?, buf: Vec::with_capacity(1 << 16), seq: 0 })
+        Ok(Self { sock, dumper: NfSocket::open()?, buf: Vec::with_capacity(1 << 16), seq: 0, table: TABLE })
+    }
+
+    /// As [`KernelProbe::open`], looking into the tables named `table` instead of kproxy's.
+    pub fn open_table(table: &'static str) -> io::Result<Self> {
+        Ok(Self { table, ..Self::open()? })
     }
 
     /// Sends one request and returns the payload (after `nfgenmsg`) of its answer, or `None`
@@ -111,19 +118,21 @@ impl KernelProbe {
         }
     }
 
-    /// Whether `chain` exists in kproxy's table of `family_of`'s family.
+    /// Whether `chain` exists in the probe's table of `family_of`'s family.
     pub fn chain_exists(&mut self, family_of: IpAddr, chain: &str) -> io::Result<bool> {
         let answer = self.get(NFT_MSG_GETCHAIN, nfproto_of(family_of), |m| {
-            m.put_str(NFTA_CHAIN_TABLE, TABLE);
+            m.put_str(NFTA_CHAIN_TABLE, self.table);
             m.put_str(NFTA_CHAIN_NAME, chain);
         })?;
         Ok(answer.is_some())
     }
 
-    /// The data of the element `key` of map `set` in kproxy's table of `family_of`'s family.
-    pub fn element_data(&mut self, family_of: IpAddr, set: &str, key: &[u8]) -> io::Result<Option<Vec<u8>>> {
+    /// The element `key` of set or map `set` in the probe's table of `family_of`'s family, as
+    /// the kernel answers it (`None`: no such element).
+    fn element(&mut self, family_of: IpAddr, set: &str, key: &[u8]) -> io::Result<Option<Vec<u8>>> {
+        let table = self.table;
         let answer = self.get(NFT_MSG_GETSETELEM, nfproto_of(family_of), |m| {
-            m.put_str(NFTA_SET_ELEM_LIST_TABLE, TABLE);
+            m.put_str(NFTA_SET_ELEM_LIST_TABLE, table);
             m.put_str(NFTA_SET_ELEM_LIST_SET, set);
             let list = m.begin_nest(NFTA_SET_ELEM_LIST_ELEMENTS);
             let elem = m.begin_nest(NFTA_LIST_ELEM);
@@ -133,7 +142,20 @@ impl KernelProbe {
             m.end_nest(elem);
             m.end_nest(list);
         })?;
+        Ok(answer)
+    }
+
+    /// The data of the element `key` of map `set` in the probe's table of `family_of`'s family
+    /// (`None` also for a verdict, which is not a value).
+    pub fn element_data(&mut self, family_of: IpAddr, set: &str, key: &[u8]) -> io::Result<Option<Vec<u8>>> {
+        let answer = self.element(family_of, set, key)?;
         Ok(answer.and_then(|payload| element_of(&payload).and_then(|(_, data)| data)))
+    }
+
+    /// Whether the element `key` of set or map `set` exists, whatever its data (a verdict map's
+    /// too).
+    pub fn has_element(&mut self, family_of: IpAddr, set: &str, key: &[u8]) -> io::Result<bool> {
+        Ok(self.element(family_of, set, key)?.is_some_and(|payload| element_of(&payload).is_some()))
     }
 
     /// Whether some slot `0..slots` of `ip:port` in the cluster TCP endpoints map points at `want`.
@@ -174,15 +196,16 @@ impl KernelProbe {
         }
     }
 
-    /// Every key of map `set` in kproxy's table of `family_of`'s family (one dump).
+    /// Every key of map `set` in the probe's table of `family_of`'s family (one dump).
     pub fn map_keys(&mut self, family_of: IpAddr, set: &str) -> io::Result<HashSet<Vec<u8>>> {
         let mut keys = HashSet::new();
         let set_name = set.to_owned();
+        let table = self.table;
         let result = self.dumper.dump(
             NFT_MSG_GETSETELEM,
             nfproto_of(family_of),
             move |m| {
-                m.put_str(NFTA_SET_ELEM_LIST_TABLE, TABLE);
+                m.put_str(NFTA_SET_ELEM_LIST_TABLE, table);
                 m.put_str(NFTA_SET_ELEM_LIST_SET, &set_name);
             },
             |payload| {
@@ -202,6 +225,63 @@ impl KernelProbe {
             Err(e) => Err(e),
         }
     }
+
+    /// The data of every element of map `set` (an anonymous one too, by its `__mapN` name) in
+    /// the probe's table of `family_of`'s family, one dump; empty when there is no such map.
+    pub fn map_data(&mut self, family_of: IpAddr, set: &str) -> io::Result<Vec<Vec<u8>>> {
+        let mut data = Vec::new();
+        let set_name = set.to_owned();
+        let table = self.table;
+        let result = self.dumper.dump(
+            NFT_MSG_GETSETELEM,
+            nfproto_of(family_of),
+            move |m| {
+                m.put_str(NFTA_SET_ELEM_LIST_TABLE, table);
+                m.put_str(NFTA_SET_ELEM_LIST_SET, &set_name);
+            },
+            |payload| {
+                if let Some(list) = Attrs(payload).find(|a| a.kind == NFTA_SET_ELEM_LIST_ELEMENTS) {
+                    for elem in list.nested().filter(|a| a.kind == NFTA_LIST_ELEM) {
+                        data.extend(value_of(elem.data, NFTA_SET_ELEM_DATA));
+                    }
+                }
+            },
+        );
+        match result {
+            Ok(()) => Ok(data),
+            Err(e) if e.raw_os_error() == Some(libc_enoent()) => Ok(Vec::new()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Whether a rule of `chain` (the probe's table) picks `want` from the anonymous map it looks
+    /// up, as upstream's nftables mode writes a Service's endpoints
+    /// (`dnat to numgen random mod N map { 0 : addr . port, … }`): one dump of the chain's rules,
+    /// one of each map they name. A rule replaced between the two reads as not yet there.
+    pub fn rule_map_holds(&mut self, family_of: IpAddr, chain: &str, want: &[u8]) -> io::Result<bool> {
+        let Some(rules) = self.iptables_rules(family_of, self.table, chain)? else { return Ok(false) };
+        for name in rules.iter().flat_map(|rule| anonymous_sets(rule)) {
+            if self.map_data(family_of, &name)?.iter().any(|d| d == want) {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+}
+
+/// The names of the anonymous sets and maps (`__mapN`, `__setN`) a rule's payload names.
+fn anonymous_sets(rule: &[u8]) -> Vec<String> {
+    let mut names = Vec::new();
+    for prefix in [&b"__map"[..], &b"__set"[..]] {
+        let mut at = 0;
+        while let Some(found) = rule[at..].windows(prefix.len()).position(|w| w == prefix) {
+            let start = at + found;
+            let end = rule[start..].iter().position(|b| *b == 0).map_or(rule.len(), |e| start + e);
+            names.push(String::from_utf8_lossy(&rule[start..end]).into_owned());
+            at = end;
+        }
+    }
+    names
 }
 
 const fn libc_enoent() -> i32 {

@@ -1,0 +1,353 @@
+//! `kproxy-bench daemon --api real`: kproxy and upstream kube-proxy v1.36.2 against a real
+//! kube-apiserver + etcd (`kproxy-k8s-harness`, binaries from `KPROXY_K8S_DIR`), one after
+//! the other on the same objects in the same run, each measured the same way from outside:
+//! start → every Service's ClusterIP in the kernel, one endpoint address replaced through the
+//! API server → the new address in the kernel, CPU (children included) and RSS from `/proc`.
+//!
+//! Per size: a fresh node namespace; etcd and kube-apiserver inside it on 127.0.0.1 (so the
+//! proxies reach it as a node's kube-proxy reaches its API server, and share the node's two
+//! cores with it); the cluster created through the API server; the time the API server takes
+//! to serve the same lists to a bare client; then each proxy in turn, the ruleset flushed
+//! between two.
+
+mod bare;
+mod create;
+mod observe;
+mod report;
+mod upstream;
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use kproxy_k8s_harness::{Binaries, Binary, ControlPlane, ControlPlaneOptions, Identity};
+use kproxy_testbed::{Netns, Testbed};
+use serde::{Deserialize, Serialize};
+
+use super::api::NODE_NAME;
+use super::kernel::{self, KernelProbe};
+use super::kproxy::{self, Kproxy};
+use super::objects::{self, TARGET_PORT};
+use super::{DaemonArgs, Mode, Proxy, changes, first_sync};
+
+pub use bare::BareLists;
+pub use create::Created;
+
+/// The real pod address Service 0 points at (no pod runs: no traffic is measured here).
+const WEB_POD: Ipv4Addr = Ipv4Addr::new(198, 18, 47, 254);
+/// Time left to a proxy after its first sync before its idle window opens.
+const SETTLE: Duration = Duration::from_secs(5);
+/// A change not in the kernel after this long counts as not observed.
+const CHANGE_TIMEOUT: Duration = Duration::from_secs(60);
+/// ClusterIP ranges of the API server: every address `objects.rs` gives a Service.
+const SERVICE_CIDRS: &str = "198.18.0.0/15,fd00:96::/108";
+/// NodePorts `objects.rs` gives: 20000 + i/10 and health checks at 12000 + i/100.
+const NODE_PORTS: (u16, u16) = (10000, 32767);
+
+/// One proxy at one size.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ProxyResult {
+    pub proxy: Proxy,
+    pub mode: Mode,
+    /// `None`: no first sync within the bound (`--upstream-timeout` / `--start-timeout`).
+    pub start_s: Option<f64>,
+    pub start_by_listing: bool,
+    /// CPU (user + system, children waited for included) from spawn to the first sync, s.
+    pub start_cpu_s: f64,
+    pub idle_s: f64,
+    pub idle_cpu_pct: f64,
+    /// Latencies of the observed changes, ms, sorted.
+    pub change_ms: Vec<f64>,
+    pub changes_timed: usize,
+    pub rss_steady_mib: f64,
+    pub rss_peak_mib: f64,
+    pub rss_after_changes_mib: f64,
+    /// CPU over the whole run of the proxy (start, idle, changes), s.
+    pub cpu_total_s: f64,
+}
+
+/// One size: the cluster, what the API server takes to serve it, and each proxy.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SizeResult {
+    pub services: usize,
+    pub endpoints: usize,
+    pub created: Created,
+    pub bare: BareLists,
+    pub unsafe_no_fsync: bool,
+    pub proxies: Vec<ProxyResult>,
+    /// 1-minute load average at the start and at the end of the size.
+    pub load: (f64, f64),
+}
+
+/// Runs every size; prints the report; true when every target of #27 met.
+pub fn main(args: &DaemonArgs, proxies: &[Proxy]) -> anyhow::Result<bool> {
+    let binaries = Binaries::locate().context("the Kubernetes binaries (KPROXY_K8S_DIR)")?;
+    let kproxy_binary = kproxy::binary(args.kproxy.as_deref())?;
+    let upstream_binary = binaries.path(Binary::KubeProxy)?;
+    let log_dir = kproxy::run_dir(args.log_dir.as_deref(), "kproxy-bench-daemon-real")?;
+    let mut results = Vec::new();
+    for &n in &args.services {
+        anyhow::ensure!(
+            (2..=objects::MAX_SERVICES).contains(&n),
+            "--services {n}: between 2 and {}",
+            objects::MAX_SERVICES
+        );
+        eprintln!("kproxy-bench daemon --api real: {n} services ...");
+        let bins = Bins { binaries: &binaries, kproxy: &kproxy_binary, upstream: &upstream_binary };
+        let result =
+            measure(n, args, proxies, &bins, &log_dir.join(n.to_string())).with_context(|| format!("{n} services"))?;
+        eprintln!("kproxy-bench daemon: {n} services done: {}", serde_json::to_string(&result).unwrap_or_default());
+        results.push(result);
+        if let Some(path) = &args.json {
+            std::fs::write(path, serde_json::to_string_pretty(&results)?)
+                .with_context(|| format!("{}", path.display()))?;
+        }
+    }
+    let command: Vec<String> = std::env::args().collect();
+    let (text, met) = report::render(&command.join(" "), args, &kproxy_binary, &results);
+    print!("{text}");
+    Ok(met)
+}
+
+struct Bins<'a> {
+    binaries: &'a Binaries,
+    kproxy: &'a Path,
+    upstream: &'a Path,
+}
+
+fn load_average() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse().ok()))
+        .unwrap_or(f64::NAN)
+}
+
+fn measure(n: usize, args: &DaemonArgs, proxies: &[Proxy], bins: &Bins, dir: &Path) -> anyhow::Result<SizeResult> {
+    let load_before = load_average();
+    std::fs::create_dir_all(dir)?;
+    let tb = Testbed::new()?;
+    let node = tb.node();
+    let options = ControlPlaneOptions {
+        netns: Some(PathBuf::from(format!("/run/netns/{}", node.name()))),
+        unsafe_no_fsync: !args.etcd_fsync,
+        service_cidr: "198.18.0.0/15".into(),
+        node_port_range: NODE_PORTS,
+        extra_apiserver_args: vec![format!("--service-cluster-ip-range={SERVICE_CIDRS}")],
+        ..ControlPlaneOptions::default()
+    };
+    let plane = ControlPlane::start(bins.binaries, options).context("starting etcd and kube-apiserver")?;
+    eprintln!("  API server {} (etcd --unsafe-no-fsync: {})", plane.url(), !args.etcd_fsync);
+    let admin = plane.admin_kubeconfig().to_path_buf();
+    let proxy_kubeconfig = plane.kubeconfig(&Identity::kube_proxy())?;
+
+    // The runtime's threads are born in the node namespace, so are the sockets they open.
+    let runtime =
+        node.run_in(|| tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build())??;
+    let client = in_node(node, &runtime, client(&admin))?;
+    let created = in_node(node, &runtime, create::cluster(&client, n, WEB_POD.into(), args.create_concurrency))?;
+    eprintln!(
+        "  created {} Services and {} EndpointSlices in {:.1} s ({:.0} objects/s, {} in flight)",
+        created.services,
+        created.slices,
+        created.seconds,
+        (created.services + created.slices) as f64 / created.seconds,
+        created.concurrency
+    );
+    let bare = in_node(node, &runtime, bare::measure(&client))?;
+    eprintln!(
+        "  bare client: lists {:.2} s ({} MiB), streaming lists {:.2} s",
+        bare.list_s,
+        bare.list_bytes >> 20,
+        bare.streaming_s
+    );
+
+    let mut current: HashMap<usize, objects::Endpoints> = HashMap::new();
+    let mut results = Vec::new();
+    for (run, (&proxy, &mode)) in proxies.iter().flat_map(|p| args.modes.iter().map(move |m| (p, m))).enumerate() {
+        node.nft("flush ruleset\n").context("flushing the node's ruleset between two proxies")?;
+        let ctx = Run { node, n, args, runtime: &runtime, client: &client, dir };
+        let result = ctx
+            .proxy(proxy, mode, bins, &proxy_kubeconfig, run, &mut current)
+            .with_context(|| format!("{} in {} mode", proxy.as_str(), mode.as_str()))?;
+        eprintln!("  {} {}: {}", proxy.as_str(), mode.as_str(), serde_json::to_string(&result).unwrap_or_default());
+        results.push(result);
+    }
+    node.nft("flush ruleset\n")?;
+    drop(plane);
+    Ok(SizeResult {
+        services: n,
+        endpoints: endpoint_count(n),
+        created,
+        bare,
+        unsafe_no_fsync: !args.etcd_fsync,
+        proxies: results,
+        load: (load_before, load_average()),
+    })
+}
+
+/// Endpoints in all slices (both families).
+fn endpoint_count(n: usize) -> usize {
+    let dual = (1..n).filter(|i| objects::Shape::of(*i).dual_stack).count();
+    1 + (n - 1) * objects::ENDPOINTS + dual * objects::ENDPOINTS
+}
+
+/// Runs `future` to its end from a thread in the node namespace: connections are made by the
+/// task that needs them, so `block_on`'s own thread must be in the namespace too.
+fn in_node<T: Send>(
+    node: &Netns,
+    runtime: &tokio::runtime::Runtime,
+    future: impl std::future::Future<Output = anyhow::Result<T>> + Send,
+) -> anyhow::Result<T> {
+    node.run_in(|| runtime.block_on(future))?
+}
+
+async fn client(kubeconfig: &Path) -> anyhow::Result<kube::Client> {
+    let file = kube::config::Kubeconfig::read_from(kubeconfig)?;
+    let config = kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default()).await?;
+    Ok(kube::Client::try_from(config)?)
+}
+
+/// What every proxy's run shares.
+struct Run<'a> {
+    node: &'a Netns,
+    n: usize,
+    args: &'a DaemonArgs,
+    runtime: &'a tokio::runtime::Runtime,
+    client: &'a kube::Client,
+    dir: &'a Path,
+}
+
+impl Run<'_> {
+    fn proxy(
+        &self,
+        proxy: Proxy,
+        mode: Mode,
+        bins: &Bins,
+        kubeconfig: &Path,
+        run: usize,
+        current: &mut HashMap<usize, objects::Endpoints>,
+    ) -> anyhow::Result<ProxyResult> {
+        let (binary, flags, timeout) = match proxy {
+            Proxy::Kproxy => (bins.kproxy, kproxy::args(kubeconfig, NODE_NAME, mode), self.args.start_timeout),
+            Proxy::Upstream => (bins.upstream, upstream::args(kubeconfig, NODE_NAME, mode), self.args.upstream_timeout),
+        };
+        let log = self.dir.join(format!("{}-{}.log", proxy.as_str(), mode.as_str()));
+        eprintln!("  {} {} mode, log {}", proxy.as_str(), mode.as_str(), log.display());
+        let mut daemon = Kproxy::start(self.node, binary, &flags, &log)?;
+        let memory_watch = daemon.watch_memory();
+        let started = match (proxy, mode) {
+            (Proxy::Upstream, Mode::Nftables) => observe::wait_upstream_nft(self.node, self.n, &mut daemon, timeout),
+            // Upstream's iptables layout and kproxy's share `KUBE-SERVICES` and its jumps.
+            _ => first_sync::wait(self.node, self.n, &mut daemon, timeout, mode),
+        };
+        let (start_s, start_by_listing) = match started {
+            Ok((s, by)) => (Some(s), by),
+            Err(e) if daemon.alive() => {
+                eprintln!("  no first sync within {timeout} s: {e:#}");
+                (None, false)
+            }
+            Err(e) => return Err(e),
+        };
+        let start_cpu_s = daemon.cpu_seconds()?;
+        let mut result = ProxyResult {
+            proxy,
+            mode,
+            start_s,
+            start_by_listing,
+            start_cpu_s,
+            idle_s: 0.0,
+            idle_cpu_pct: f64::NAN,
+            change_ms: Vec::new(),
+            changes_timed: 0,
+            rss_steady_mib: f64::NAN,
+            rss_peak_mib: f64::NAN,
+            rss_after_changes_mib: f64::NAN,
+            cpu_total_s: start_cpu_s,
+        };
+        if start_s.is_none() {
+            result.rss_peak_mib = memory_watch.stop().peak;
+            return Ok(result);
+        }
+        eprintln!("  first sync in the kernel after {:.2} s ({start_cpu_s:.1} s of CPU)", start_s.unwrap_or_default());
+        std::thread::sleep(SETTLE);
+        let cpu_before = daemon.cpu_seconds()?;
+        let idle_started = Instant::now();
+        std::thread::sleep(Duration::from_secs(self.args.idle));
+        result.idle_s = idle_started.elapsed().as_secs_f64();
+        result.idle_cpu_pct = (daemon.cpu_seconds()? - cpu_before) / result.idle_s * 100.0;
+        result.rss_steady_mib = daemon.memory_mib()?.rss;
+
+        let timed = self.changes(proxy, mode, run, current, &mut daemon)?;
+        result.changes_timed = timed.len();
+        result.change_ms = timed.into_iter().flatten().collect();
+        result.change_ms.sort_by(f64::total_cmp);
+        std::thread::sleep(Duration::from_secs(1));
+        let memory = daemon.memory_mib()?;
+        result.rss_after_changes_mib = memory.rss;
+        result.rss_peak_mib = memory_watch.stop().peak.max(memory.peak);
+        result.cpu_total_s = daemon.cpu_seconds()?;
+        daemon.kill()?;
+        Ok(result)
+    }
+
+    /// `--changes` endpoint replacements through the API server, one per `--change-interval-ms`
+    /// (the next waits for the last to be seen), each timed from before the PATCH is sent to
+    /// the kernel showing the new address. Run `run` takes changes `run·C .. (run+1)·C`, so
+    /// every proxy gets changes of the same kind to Services spread the same way.
+    fn changes(
+        &self,
+        proxy: Proxy,
+        mode: Mode,
+        run: usize,
+        current: &mut HashMap<usize, objects::Endpoints>,
+        daemon: &mut Kproxy,
+    ) -> anyhow::Result<Vec<Option<f64>>> {
+        let count = self.args.changes;
+        let interval = self.args.change_interval();
+        let web: IpAddr = WEB_POD.into();
+        self.node.run_in(|| -> anyhow::Result<Vec<Option<f64>>> {
+            let mut kproxy_probe = KernelProbe::open()?;
+            let mut upstream_probe = KernelProbe::open_table(upstream::NFT_TABLE)?;
+            let mut nat_probe = KernelProbe::open_table("nat")?;
+            let mut timed = Vec::new();
+            let mut next = Instant::now();
+            for k in run * count..(run + 1) * count {
+                std::thread::sleep(next.saturating_duration_since(Instant::now()));
+                next += interval;
+                let i = changes::changed_service(k, self.n);
+                let eps = current.entry(i).or_insert_with(|| objects::initial_endpoints(i, false, (web, NODE_NAME)));
+                let fresh: IpAddr = objects::fresh_endpoint(k).into();
+                let j = k % eps.len();
+                eps[j].0 = fresh;
+                let eps = eps.clone();
+                let ip: IpAddr = objects::cluster_ip_v4(i).into();
+                let want = kernel::endpoint_data(fresh, TARGET_PORT);
+                let svc_chain = objects::svc_chain(i);
+                let nft_chain = upstream::nft_service_chain(i);
+                let sep_chain = upstream::iptables_endpoint_chain(i, fresh);
+                let sent = Instant::now();
+                self.runtime.block_on(create::set_endpoints(self.client, i, &eps))?;
+                let latency = observe::poll_until(sent, CHANGE_TIMEOUT, || {
+                    Ok(match (proxy, mode) {
+                        (Proxy::Kproxy, Mode::Nftables) => {
+                            kproxy_probe.endpoint_in_slots(ip, objects::service_port(i), 8, &want)?
+                        }
+                        (Proxy::Kproxy, Mode::Iptables) => kproxy_probe
+                            .iptables_rules(ip, "nat", &svc_chain)?
+                            .is_some_and(|rules| kernel::mention(&rules, &kernel::ip_bytes(fresh))),
+                        (Proxy::Upstream, Mode::Nftables) => upstream_probe.rule_map_holds(ip, &nft_chain, &want)?,
+                        (Proxy::Upstream, Mode::Iptables) => nat_probe.chain_exists(ip, &sep_chain)?,
+                    })
+                })?;
+                if latency.is_none() {
+                    eprintln!("  change {k} (Service {i}, {fresh}) not seen within {CHANGE_TIMEOUT:?}");
+                }
+                timed.push(latency);
+                anyhow::ensure!(daemon.alive(), "the proxy exited during the changes");
+            }
+            Ok(timed)
+        })?
+    }
+}

@@ -1,0 +1,160 @@
+//! The benchmark's cluster written through a real kube-apiserver: the same Services and
+//! EndpointSlices the fake server holds (`objects.rs`), created as a user and the EndpointSlice
+//! controller would (server-set fields dropped, status written through the status
+//! subresource), many requests in flight at once.
+
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use futures::{StreamExt as _, TryStreamExt as _};
+use k8s_openapi::api::core::v1::{Namespace, Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kproxy_testbed::topology;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+
+use super::super::api::NODE_NAME;
+use super::super::objects::{self, Shape};
+
+/// What creating the cluster took.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct Created {
+    pub services: usize,
+    pub slices: usize,
+    /// Wall time of the whole creation (namespaces, the node, Services, statuses, slices).
+    pub seconds: f64,
+    /// Requests in flight at once.
+    pub concurrency: usize,
+    /// JSON bytes sent for the Services and slices (as the benchmark wrote them).
+    pub bytes: usize,
+}
+
+/// Drops what the API server sets itself.
+fn for_create(mut object: Value) -> Value {
+    if let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut) {
+        for field in ["uid", "creationTimestamp", "managedFields", "generation", "resourceVersion"] {
+            meta.remove(field);
+        }
+    }
+    if let Some(o) = object.as_object_mut() {
+        o.remove("status");
+    }
+    object
+}
+
+/// Creates the node, the namespaces and `n` Services with their slices; `web_pod` backs Service 0.
+pub async fn cluster(client: &kube::Client, n: usize, web_pod: IpAddr, concurrency: usize) -> anyhow::Result<Created> {
+    let started = Instant::now();
+    let pod_cidrs = [topology::NODE_POD_CIDR_V4.to_string(), topology::NODE_POD_CIDR_V6.to_string()];
+    let node_json =
+        objects::node(NODE_NAME, topology::NODE_IP_V4, topology::NODE_IP_V6, [&pod_cidrs[0], &pod_cidrs[1]]);
+    let nodes: Api<Node> = Api::all(client.clone());
+    let node: Node = serde_json::from_value(for_create(node_json.clone()))?;
+    nodes.create(&PostParams::default(), &node).await.context("creating the node")?;
+    nodes
+        .patch_status(NODE_NAME, &PatchParams::default(), &Patch::Merge(json!({"status": node_json["status"]})))
+        .await
+        .context("writing the node's addresses")?;
+
+    let mut namespaces: Vec<String> = (0..n).map(|i| objects::name(i).0).collect();
+    namespaces.dedup();
+    let ns_api: Api<Namespace> = Api::all(client.clone());
+    futures::stream::iter(namespaces)
+        .map(|name| {
+            let ns_api = ns_api.clone();
+            async move {
+                let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}}))?;
+                ns_api.create(&PostParams::default(), &ns).await.with_context(|| format!("namespace {name}"))?;
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(concurrency)
+        .try_collect::<Vec<()>>()
+        .await?;
+
+    let trigger = kproxy_servers::rfc3339_nano(Some(std::time::SystemTime::now()));
+    let results: Vec<(usize, usize)> = futures::stream::iter(0..n)
+        .map(|i| {
+            let client = client.clone();
+            let trigger = trigger.clone();
+            async move { create_one(&client, i, web_pod, &trigger).await }
+        })
+        .buffer_unordered(concurrency)
+        .try_collect()
+        .await?;
+    Ok(Created {
+        services: n,
+        slices: results.iter().map(|(s, _)| s).sum(),
+        seconds: started.elapsed().as_secs_f64(),
+        concurrency,
+        bytes: results.iter().map(|(_, b)| b).sum(),
+    })
+}
+
+/// Service `i`, its load balancer status, and its slices: (slices, bytes sent).
+async fn create_one(client: &kube::Client, i: usize, web_pod: IpAddr, trigger: &str) -> anyhow::Result<(usize, usize)> {
+    let (namespace, name) = objects::name(i);
+    let services: Api<Service> = Api::namespaced(client.clone(), &namespace);
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), &namespace);
+    let service_json = objects::service(i);
+    let mut bytes = service_json.to_string().len();
+    let service: Service = serde_json::from_value(for_create(service_json.clone()))?;
+    let (post, patch_params) = (PostParams::default(), PatchParams::default());
+    retry(|| services.create(&post, &service)).await.with_context(|| format!("Service {name}"))?;
+    if Shape::of(i).load_balancer {
+        let status = Patch::Merge(json!({"status": service_json["status"]}));
+        retry(|| services.patch_status(&name, &patch_params, &status))
+            .await
+            .with_context(|| format!("Service {name} status"))?;
+    }
+    let mut families = vec![false];
+    if Shape::of(i).dual_stack && i > 0 {
+        families.push(true);
+    }
+    for v6 in &families {
+        let eps = objects::initial_endpoints(i, *v6, (web_pod, NODE_NAME));
+        let slice_json = objects::slice(i, *v6, &eps, trigger);
+        bytes += slice_json.to_string().len();
+        let slice: EndpointSlice = serde_json::from_value(for_create(slice_json))?;
+        retry(|| slices.create(&post, &slice)).await.with_context(|| format!("EndpointSlice of {name}"))?;
+    }
+    Ok((families.len(), bytes))
+}
+
+/// A request tried again on a conflict or a server that is briefly too busy (429, 5xx, a
+/// connection reset): creating at full speed meets them; anything else is an error.
+async fn retry<T, F, Fut>(mut request: F) -> kube::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = kube::Result<T>>,
+{
+    let mut attempt = 0;
+    loop {
+        match request().await {
+            Err(kube::Error::Api(e)) if attempt < 20 && (e.code == 429 || e.code == 409 || e.code >= 500) => {}
+            Err(kube::Error::HyperError(_) | kube::Error::Service(_)) if attempt < 20 => {}
+            other => return other,
+        }
+        attempt += 1;
+        tokio::time::sleep(Duration::from_millis(50 * attempt)).await;
+    }
+}
+
+/// Replaces Service `i`'s IPv4 slice's endpoints with `endpoints` (a merge patch: the list is
+/// replaced whole, as the EndpointSlice controller's update does).
+pub async fn set_endpoints(client: &kube::Client, i: usize, endpoints: &objects::Endpoints) -> anyhow::Result<()> {
+    let (namespace, _) = objects::name(i);
+    let trigger = kproxy_servers::rfc3339_nano(Some(std::time::SystemTime::now()));
+    let slice = objects::slice(i, false, endpoints, &trigger);
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), &namespace);
+    let patch = json!({
+        "metadata": {"annotations": slice["metadata"]["annotations"]},
+        "endpoints": slice["endpoints"],
+    });
+    slices
+        .patch(&objects::slice_name(i, false), &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .with_context(|| format!("changing the slice of Service {i}"))?;
+    Ok(())
+}

@@ -1,0 +1,102 @@
+//! Upstream kube-proxy's rules seen in the kernel, by the same netlink probe that watches
+//! kproxy's: its start (every ClusterIP in its `service-ips` maps), and a changed endpoint (its
+//! endpoint chain exists: upstream writes the chain and the Service's new pick of endpoints in
+//! one transaction per family).
+
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use kproxy_nft_model::{Key, Value};
+use kproxy_nft_netlink::lower::element_key;
+use kproxy_state::Protocol;
+use kproxy_testbed::Netns;
+
+use super::super::kernel::KernelProbe;
+use super::super::kproxy::Kproxy;
+use super::super::objects::{self, Shape};
+use super::upstream::{NFT_TABLE, SERVICE_IPS};
+
+/// How often the kernel is polled while waiting for the first sync.
+const START_POLL: Duration = Duration::from_millis(5);
+/// Services looked up while waiting.
+const START_SAMPLES: usize = 64;
+
+/// The `service-ips` key of a ClusterIP: `address . tcp . port`.
+fn service_key(ip: IpAddr, port: u16) -> Vec<u8> {
+    let key = Key(vec![Value::Addr(ip), Value::Proto(Protocol::Tcp), Value::Port(port)]);
+    element_key(&key).map(|k| k.start).unwrap_or_default()
+}
+
+/// Every Service's ClusterIP keys, both families.
+fn expected(n: usize) -> Vec<(IpAddr, Vec<u8>)> {
+    let mut keys = Vec::new();
+    for i in 0..n {
+        let port = objects::service_port(i);
+        let v4: IpAddr = objects::cluster_ip_v4(i).into();
+        keys.push((v4, service_key(v4, port)));
+        if Shape::of(i).dual_stack && i > 0 {
+            let v6: IpAddr = objects::cluster_ip_v6(i).into();
+            keys.push((v6, service_key(v6, port)));
+        }
+    }
+    keys
+}
+
+/// Upstream nftables mode: waits until both families' `service-ips` maps hold every Service's
+/// ClusterIP (sampled lookups every 5 ms, then one dump of each map to confirm); seconds since
+/// the process was spawned, and whether the dumps (not the samples) decided it.
+pub fn wait_upstream_nft(node: &Netns, n: usize, daemon: &mut Kproxy, timeout_s: u64) -> anyhow::Result<(f64, bool)> {
+    let expected = expected(n);
+    let step = (expected.len() / START_SAMPLES).max(1);
+    let mut samples: Vec<(IpAddr, Vec<u8>)> = expected.iter().step_by(step).cloned().collect();
+    samples.extend(expected.iter().rfind(|(ip, _)| ip.is_ipv6()).cloned());
+    samples.extend(expected.last().cloned());
+    let started = daemon.started;
+    let deadline = started + Duration::from_secs(timeout_s);
+    let v4: IpAddr = objects::cluster_ip_v4(0).into();
+    let v6: IpAddr = objects::cluster_ip_v6(0).into();
+    node.run_in(|| -> anyhow::Result<(f64, bool)> {
+        let mut probe = KernelProbe::open_table(NFT_TABLE)?;
+        let mut by_listing = false;
+        loop {
+            anyhow::ensure!(daemon.alive(), "kube-proxy exited before its first sync");
+            anyhow::ensure!(Instant::now() < deadline, "no first sync of kube-proxy in the kernel after {timeout_s} s");
+            let mut sampled = true;
+            for (ip, key) in &samples {
+                if !probe.has_element(*ip, SERVICE_IPS, key)? {
+                    sampled = false;
+                    break;
+                }
+            }
+            if sampled {
+                let at = started.elapsed().as_secs_f64();
+                let keys4 = probe.map_keys(v4, SERVICE_IPS)?;
+                let keys6 = probe.map_keys(v6, SERVICE_IPS)?;
+                let all = expected.iter().all(|(ip, key)| if ip.is_ipv4() { &keys4 } else { &keys6 }.contains(key));
+                if all {
+                    return Ok((if by_listing { started.elapsed().as_secs_f64() } else { at }, by_listing));
+                }
+                by_listing = true;
+            }
+            std::thread::sleep(START_POLL);
+        }
+    })?
+}
+
+/// Polls `seen` until it answers true or `timeout` passes: every 0.2 ms for the first 50 ms,
+/// then every millisecond (a slow proxy's seconds are then timed to 0.1 %, and the poll takes
+/// no core from it); the time from `sent`, ms.
+pub fn poll_until(
+    sent: Instant,
+    timeout: Duration,
+    mut seen: impl FnMut() -> anyhow::Result<bool>,
+) -> anyhow::Result<Option<f64>> {
+    while sent.elapsed() < timeout {
+        if seen()? {
+            return Ok(Some(sent.elapsed().as_secs_f64() * 1000.0));
+        }
+        let pause = if sent.elapsed() < Duration::from_millis(50) { 200 } else { 1000 };
+        std::thread::sleep(Duration::from_micros(pause));
+    }
+    Ok(None)
+}

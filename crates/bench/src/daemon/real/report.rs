@@ -1,0 +1,210 @@
+//! The side-by-side table, and the targets of #27 judged on it.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use super::super::{DaemonArgs, Mode, Proxy};
+use super::{ProxyResult, SizeResult};
+
+/// The size the start, latency and memory targets are set at.
+const TARGET_SIZE: usize = 100_000;
+/// The size the side-by-side targets are set at.
+const SIDE_BY_SIDE_SIZE: usize = 10_000;
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[idx.min(sorted.len() - 1)]
+}
+
+fn ms(v: f64) -> String {
+    if v.is_nan() {
+        "–".into()
+    } else if v < 10.0 {
+        format!("{v:.2} ms")
+    } else if v < 1000.0 {
+        format!("{v:.0} ms")
+    } else {
+        format!("{:.2} s", v / 1000.0)
+    }
+}
+
+fn name(r: &ProxyResult) -> String {
+    match r.proxy {
+        Proxy::Kproxy => format!("kproxy, {}", r.mode.as_str()),
+        Proxy::Upstream => format!("kube-proxy v1.36.2, {}", r.mode.as_str()),
+    }
+}
+
+fn all_seen(r: &ProxyResult) -> bool {
+    r.change_ms.len() == r.changes_timed && r.changes_timed > 0
+}
+
+/// (target, measured, met).
+type Target = (String, String, bool);
+
+fn kproxy_targets(size: &SizeResult, r: &ProxyResult) -> Vec<Target> {
+    let bound = 15f64.max(1.5 * size.bare.best_s());
+    let (p50, p99) = (pct(&r.change_ms, 0.5), pct(&r.change_ms, 0.99));
+    vec![
+        (
+            format!(
+                "start → programmed ≤ 15 s or ≤ 1.5 × the bare lists ({:.2} s): ≤ {bound:.2} s",
+                size.bare.best_s()
+            ),
+            r.start_s.map_or_else(|| "not within the bound".into(), |s| format!("{s:.2} s")),
+            r.start_s.is_some_and(|s| s <= bound),
+        ),
+        (
+            "change p50 ≤ 10 ms, p99 ≤ 50 ms (every change seen)".into(),
+            format!("{} / {} ({} of {})", ms(p50), ms(p99), r.change_ms.len(), r.changes_timed),
+            p50 <= 10.0 && p99 <= 50.0 && all_seen(r),
+        ),
+        ("RSS steady ≤ 300 MiB".into(), format!("{:.0} MiB", r.rss_steady_mib), r.rss_steady_mib <= 300.0),
+    ]
+}
+
+fn side_by_side_targets(k: &ProxyResult, u: &ProxyResult) -> Vec<Target> {
+    let ratio = |a: f64, b: f64| if a > 0.0 { b / a } else { f64::NAN };
+    let start = match (k.start_s, u.start_s) {
+        (Some(k), Some(u)) => (format!("{:.1}× ({k:.2} s vs {u:.2} s)", ratio(k, u)), u >= 5.0 * k),
+        (Some(k), None) => (format!("kproxy {k:.2} s; upstream not within its bound"), true),
+        _ => ("kproxy did not start".into(), false),
+    };
+    let (kp, up) = (pct(&k.change_ms, 0.5), pct(&u.change_ms, 0.5));
+    vec![
+        ("start ≥ 5× ahead of upstream".into(), start.0, start.1),
+        (
+            "change latency ≥ 100× ahead (p50)".into(),
+            format!("{:.0}× ({} vs {})", ratio(kp, up), ms(kp), ms(up)),
+            all_seen(k) && up >= 100.0 * kp,
+        ),
+        (
+            "less memory (peak RSS)".into(),
+            format!("{:.0} vs {:.0} MiB", k.rss_peak_mib, u.rss_peak_mib),
+            k.rss_peak_mib < u.rss_peak_mib,
+        ),
+        (
+            "less CPU (whole run, children included)".into(),
+            format!("{:.1} vs {:.1} s", k.cpu_total_s, u.cpu_total_s),
+            k.cpu_total_s < u.cpu_total_s,
+        ),
+    ]
+}
+
+/// Renders the report; false when a size the targets are set at missed one.
+pub fn render(command: &str, args: &DaemonArgs, kproxy: &Path, results: &[SizeResult]) -> (String, bool) {
+    let mut s = String::new();
+    let mut met = true;
+    let _ = write_report(&mut s, command, args, kproxy, results, &mut met);
+    (s, met)
+}
+
+fn write_targets(s: &mut String, title: &str, targets: Vec<Target>, met: &mut bool) -> std::fmt::Result {
+    writeln!(s)?;
+    writeln!(s, "{title}")?;
+    writeln!(s)?;
+    writeln!(s, "| target | measured | met |")?;
+    writeln!(s, "|---|---:|:---:|")?;
+    for (target, measured, ok) in targets {
+        *met &= ok;
+        writeln!(s, "| {target} | {measured} | {} |", if ok { "yes" } else { "NO" })?;
+    }
+    Ok(())
+}
+
+fn write_report(
+    s: &mut String,
+    command: &str,
+    args: &DaemonArgs,
+    kproxy: &Path,
+    results: &[SizeResult],
+    met: &mut bool,
+) -> std::fmt::Result {
+    writeln!(s, "$ {command}")?;
+    writeln!(s)?;
+    let fsync = results.first().is_some_and(|r| r.unsafe_no_fsync);
+    writeln!(
+        s,
+        "Real kube-apiserver v1.36.2 + etcd 3.6.13{} in the node's network namespace, on the node's cores. \
+         kproxy: {}; upstream: kube-proxy v1.36.2 (KPROXY_K8S_DIR); both with their defaults but --proxy-mode, \
+         --kubeconfig (user system:kube-proxy), --hostname-override, --cluster-cidr and --conntrack-*=0, \
+         one after the other on the same objects, watched by the same netlink probe. Each Service: one TCP port, \
+         an EndpointSlice of 5 endpoints; 10% NodePort, 2% LoadBalancer (half eTP Local), 1% ClientIP affinity, \
+         10% dual-stack. Idle window {} s; {} changes at one per {} ms (the next once the last is seen), each one \
+         endpoint address replaced by a PATCH of the slice, timed from before the PATCH to the kernel; \
+         upstream's start bounded at {} s.",
+        if fsync { " (etcd --unsafe-no-fsync)" } else { "" },
+        kproxy.display(),
+        args.idle,
+        args.changes,
+        args.change_interval_ms,
+        args.upstream_timeout,
+    )?;
+    writeln!(s)?;
+    writeln!(
+        s,
+        "| services | created through the API server (objects/s) | bare client: lists / streaming lists | proxy | start → programmed | CPU to programmed | change p50 | change p99 | seen | idle CPU | RSS steady | RSS peak | RSS after changes | CPU, whole run | load avg |"
+    )?;
+    writeln!(s, "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")?;
+    for size in results {
+        for r in &size.proxies {
+            writeln!(
+                s,
+                "| {} | {:.0} s ({:.0}/s) | {:.2} s / {:.2} s | {} | {} | {:.1} s | {} | {} | {} / {} | {:.2} % | {:.0} MiB | {:.0} MiB | {:.0} MiB | {:.1} s | {:.1} → {:.1} |",
+                size.services,
+                size.created.seconds,
+                (size.created.services + size.created.slices) as f64 / size.created.seconds,
+                size.bare.list_s,
+                size.bare.streaming_s,
+                name(r),
+                r.start_s.map_or_else(
+                    || format!("> {} s", args.upstream_timeout),
+                    |v| format!("{v:.2} s{}", if r.start_by_listing { "*" } else { "" })
+                ),
+                r.start_cpu_s,
+                ms(pct(&r.change_ms, 0.5)),
+                ms(pct(&r.change_ms, 0.99)),
+                r.change_ms.len(),
+                r.changes_timed,
+                r.idle_cpu_pct,
+                r.rss_steady_mib,
+                r.rss_peak_mib,
+                r.rss_after_changes_mib,
+                r.cpu_total_s,
+                size.load.0,
+                size.load.1,
+            )?;
+        }
+    }
+    if results.iter().flat_map(|r| &r.proxies).any(|r| r.start_by_listing) {
+        writeln!(s)?;
+        writeln!(s, "\\* timed by full listings of the maps or chains (resolution: one listing).")?;
+    }
+    for size in results {
+        let find = |proxy: Proxy| size.proxies.iter().find(|r| r.proxy == proxy && r.mode == Mode::Nftables);
+        if size.services == TARGET_SIZE
+            && let Some(k) = find(Proxy::Kproxy)
+        {
+            write_targets(
+                s,
+                &format!("Targets of #27 at {} Services (kproxy, nftables):", size.services),
+                kproxy_targets(size, k),
+                met,
+            )?;
+        }
+        if size.services == SIDE_BY_SIDE_SIZE
+            && let (Some(k), Some(u)) = (find(Proxy::Kproxy), find(Proxy::Upstream))
+        {
+            write_targets(
+                s,
+                &format!("Targets of #27 at {} Services, side by side (nftables):", size.services),
+                side_by_side_targets(k, u),
+                met,
+            )?;
+        }
+    }
+    Ok(())
+}
