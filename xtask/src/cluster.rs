@@ -201,7 +201,11 @@ fn print_access(info: &ClusterInfo) {
         info.kubectl.display(),
         info.admin_kubeconfig.display()
     );
-    println!("logs: {}    down: cargo xtask cluster down", info.logs.display());
+    let name = info.wire_netns.strip_suffix("-wire").filter(|n| *n != wire::DEFAULT_CLUSTER);
+    let down = name
+        .map(|n| format!("cargo xtask cluster down --name {n}"))
+        .unwrap_or_else(|| "cargo xtask cluster down".into());
+    println!("logs: {}    down: {down}", info.logs.display());
 }
 
 /// /healthz, the last log lines and `kproxy explain` of every kproxy pod (or kube-proxy's healthz).
