@@ -137,9 +137,15 @@ impl<H: Host> IpvsDataplane<H> {
     /// Falls back to a full reconcile on the first sync, after a failure, or when node-wide
     /// settings or the set of families changed.
     pub fn sync(&mut self, plan: &Plan, delta: &PlanDelta) -> Result<SyncReport, Error> {
-        let node_changed = delta.families.values().any(|f| f.node.is_some());
+        // A node address that `nodePortAddresses` selects came or went: the auxiliary table's
+        // `nodeport-ips` elements (NodePorts are firewall-mark services), not a full reconcile.
+        let addresses_only = delta.families.iter().all(|(family, fd)| {
+            fd.node.as_ref().is_none_or(|node| {
+                self.families.get(family).is_some_and(|s| s.node.nodeport_addresses_change(node).is_some())
+            })
+        });
         let families_changed = !plan.families.keys().eq(self.families.keys());
-        let result = if !self.in_sync || node_changed || families_changed {
+        let result = if !self.in_sync || !addresses_only || families_changed {
             self.full_sync(plan)
         } else {
             self.partial_sync(delta)
@@ -272,6 +278,15 @@ impl<H: Host> IpvsDataplane<H> {
                 if let Some(value) = now {
                     adds.push(Op::AddElement(table.clone(), Element { set, key, value }));
                 }
+            }
+            if let Some(node) = &fd.node
+                && let Some((gone, added)) = state.node.nodeport_addresses_change(node)
+            {
+                let element = |ip: IpAddr| Element::new(aux_table::NODEPORT_IPS, kproxy_nft_model::Value::Addr(ip));
+                gone.into_iter().for_each(|ip| tx.push(Op::DeleteElement(table.clone(), element(ip))));
+                adds.extend(added.into_iter().map(|ip| Op::AddElement(table.clone(), element(ip))));
+                // A failure below makes the next sync a full reconcile, from the plan.
+                state.node = node.clone();
             }
             adds.into_iter().for_each(|op| tx.push(op));
         }

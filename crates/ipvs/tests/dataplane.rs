@@ -178,3 +178,34 @@ fn cleanup_spares_excluded_and_foreign_services() {
 }
 
 use kproxy_ipvs::Host as _;
+
+/// A node address that `nodePortAddresses` selects came, then went: one `nodeport-ips` element
+/// of the auxiliary table each (NodePorts are firewall-mark services), no IPVS change, no
+/// listing, and the table ends as a full sync of the new plan builds it.
+#[test]
+fn a_node_port_address_change_costs_its_element_alone() {
+    use kproxy_plan::{NodePortAddresses, PlanDelta};
+    let world = World::new(two_services());
+    let with = |ips: &[&str]| {
+        let mut plan = world.plan.clone();
+        let v4 = plan.families.get_mut(&IpFamily::V4).unwrap();
+        v4.node.nodeport_addresses = NodePortAddresses::Only(ips.iter().map(|ip| ip.parse().unwrap()).collect());
+        plan
+    };
+    let (one, two) = (with(&["198.18.0.2"]), with(&["198.18.0.2", "198.18.0.4"]));
+    let mut dp = IpvsDataplane::new(FakeHost::new(), Config::default());
+    dp.sync(&one, &PlanDelta::between(&kproxy_plan::Plan::default(), &one)).unwrap();
+    for (from, to) in [(&one, &two), (&two, &one)] {
+        dp.host_mut().clear_log();
+        let report = dp.sync(to, &PlanDelta::between(from, to)).unwrap();
+        assert!(!report.full, "not a full reconcile");
+        assert_eq!(report.nft_ops, 1, "one element: {:?}", dp.host().nft.last());
+        let text = dp.host().nft.last().unwrap().render();
+        assert!(text.contains("nodeport-ips") && text.contains("198.18.0.4"), "{text}");
+        assert!(dp.host().ipvs_ops.is_empty() && dp.host().dumps == 0, "{:?}", dp.host().log);
+
+        let mut fresh = IpvsDataplane::new(FakeHost::new(), Config::default());
+        fresh.sync(to, &PlanDelta::between(&kproxy_plan::Plan::default(), to)).unwrap();
+        assert_eq!(dp.host().nft_tables, fresh.host().nft_tables, "as a full sync builds it");
+    }
+}

@@ -27,6 +27,7 @@
 //! next sync retries, not a failed sync.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use kproxy_plan::{NodePlan, Plan, PlanDelta, ServicePortName, ServicePortPlan};
@@ -600,7 +601,7 @@ impl<E: Executor> NftablesDataplane<E> {
         // A node address that `nodePortAddresses` selects came or went: the `nodeport-ips`
         // elements, not every chain rewritten.
         let addresses_only = nodes.iter().all(|(family, node)| {
-            self.families.get(family).is_some_and(|state| nodeport_addresses_alone_differ(&state.node, node))
+            self.families.get(family).is_some_and(|state| state.node.nodeport_addresses_change(node).is_some())
         });
         let families_changed = !plan.families.keys().eq(self.families.keys());
         if !self.in_sync || !addresses_only || families_changed {
@@ -636,10 +637,11 @@ impl<E: Executor> NftablesDataplane<E> {
         for (family, changes) in changes {
             let Some(state) = self.families.get(&family) else { continue };
             let (mut batch, commit) = diff_services(state, changes);
-            if let Some(node) = nodes.get(&family) {
-                let (gone, new) = nodeport_address_elements(&state.node, node);
-                batch.delete_elements.extend(gone);
-                batch.add_elements.extend(new);
+            if let Some((gone, added)) = nodes.get(&family).and_then(|node| state.node.nodeport_addresses_change(node))
+            {
+                let element = |ip: IpAddr| Element::new(skeleton::NODEPORT_IPS, kproxy_nft_model::Value::Addr(ip));
+                batch.delete_elements.extend(gone.into_iter().map(element));
+                batch.add_elements.extend(added.into_iter().map(element));
             }
             batch.into_transaction(&state.ctx.table, &mut tx);
             commits.push((family, commit));
@@ -687,28 +689,6 @@ pub fn tables(config: &Config) -> Vec<TableRef> {
 
 pub(crate) fn ctx(config: &Config, family: IpFamily) -> Ctx {
     Ctx { service_counters: config.service_counters, ..Ctx::new(family, &config.table, config.masquerade_mark) }
-}
-
-/// True when `new` differs from `applied` in `nodePortAddresses` alone, both a list of addresses:
-/// then only the `nodeport-ips` elements change (no rule and no service chain reads them).
-fn nodeport_addresses_alone_differ(applied: &NodePlan, new: &NodePlan) -> bool {
-    use kproxy_plan::NodePortAddresses::Only;
-    matches!((&applied.nodeport_addresses, &new.nodeport_addresses), (Only(_), Only(_)))
-        && NodePlan { nodeport_addresses: applied.nodeport_addresses.clone(), ..new.clone() } == *applied
-}
-
-/// The `nodeport-ips` elements to delete and to add to go from `applied` to `new`.
-fn nodeport_address_elements(applied: &NodePlan, new: &NodePlan) -> (Vec<Element>, Vec<Element>) {
-    use kproxy_plan::NodePortAddresses::Only;
-    let ips = |node: &NodePlan| -> BTreeSet<std::net::IpAddr> {
-        match &node.nodeport_addresses {
-            Only(ips) => ips.iter().copied().collect(),
-            kproxy_plan::NodePortAddresses::AllLocal => BTreeSet::new(),
-        }
-    };
-    let (before, after) = (ips(applied), ips(new));
-    let element = |ip: &std::net::IpAddr| Element::new(skeleton::NODEPORT_IPS, kproxy_nft_model::Value::Addr(*ip));
-    (before.difference(&after).map(element).collect(), after.difference(&before).map(element).collect())
 }
 
 /// A family's skeleton split into what goes first (sets, regular chains and their rules, node

@@ -48,6 +48,24 @@ pub struct NodePlan {
 }
 
 impl NodePlan {
+    /// The addresses that go from these settings' node-port addresses to `new`'s, `(gone, added)`,
+    /// when `new` differs from these in `nodePortAddresses` alone, both lists of addresses (a node
+    /// address they select came or went): a dataplane then updates its set of node-port addresses
+    /// and nothing else, as no service port depends on them. `None` for any other change.
+    pub fn nodeport_addresses_change(&self, new: &NodePlan) -> Option<(Vec<IpAddr>, Vec<IpAddr>)> {
+        let (NodePortAddresses::Only(before), NodePortAddresses::Only(after)) =
+            (&self.nodeport_addresses, &new.nodeport_addresses)
+        else {
+            return None;
+        };
+        if (NodePlan { nodeport_addresses: self.nodeport_addresses.clone(), ..new.clone() }) != *self {
+            return None;
+        }
+        let gone = before.iter().filter(|ip| !after.contains(ip)).copied().collect();
+        let added = after.iter().filter(|ip| !before.contains(ip)).copied().collect();
+        Some((gone, added))
+    }
+
     /// The sources whose traffic skips masquerading to `snat.no_masquerade_cidrs` (KEP-6246):
     /// none without CIDRs; the node itself always; local pods when they are detectable. See
     /// [`SnatPolicy`] for the rendering contract and [`NoMasqueradeSource`] for why external
