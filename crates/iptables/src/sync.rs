@@ -21,8 +21,9 @@ use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
+use std::sync::Arc;
 
-use kproxy_plan::{NodePlan, Plan, PlanDelta, ServicePortName};
+use kproxy_plan::{NodePlan, Plan, PlanDelta, ServicePortName, ServicePortPlan};
 use kproxy_state::IpFamily;
 
 use crate::canary;
@@ -291,12 +292,21 @@ impl<E: Executor> IptablesDataplane<E> {
     /// Brings the kernel in line with `plan`: a partial restore of what `delta` changed, or a
     /// full one when due (start, failure, canary, node-wide change, [`Self::request_full_sync`]).
     pub fn sync(&mut self, plan: &Plan, delta: &PlanDelta) -> Result<SyncReport, SyncError> {
-        let node_changed = delta.families.values().any(|f| f.node.is_some());
+        // A node address that `nodePortAddresses` selects came or went (localhost NodePorts as
+        // they were): the rules that name the node-port addresses, not a full restore.
+        let addresses_only = delta.families.iter().all(|(family, fd)| {
+            fd.node.as_ref().is_none_or(|node| {
+                self.families.get(family).is_some_and(|s| {
+                    s.node.nodeport_addresses_change(node).is_some()
+                        && s.ctx.localhost_nodeports_active(&s.node) == s.ctx.localhost_nodeports_active(node)
+                })
+            })
+        });
         let families_changed = !plan.families.keys().eq(self.families.keys());
-        if self.needs_full || node_changed || families_changed {
+        if self.needs_full || !addresses_only || families_changed {
             return self.full_sync(plan);
         }
-        self.partial_sync(delta)
+        self.partial_sync(plan, delta)
     }
 
     /// Brings the kernel in line with `plan` whatever it held: writes everything on a node
@@ -391,7 +401,7 @@ impl<E: Executor> IptablesDataplane<E> {
     }
 
     /// Writes only the changed services' chains plus the dispatch chains.
-    fn partial_sync(&mut self, delta: &PlanDelta) -> Result<SyncReport, SyncError> {
+    fn partial_sync(&mut self, plan: &Plan, delta: &PlanDelta) -> Result<SyncReport, SyncError> {
         let mut report = SyncReport::default();
         for (&family, fd) in &delta.families {
             if fd.is_empty() {
@@ -402,7 +412,22 @@ impl<E: Executor> IptablesDataplane<E> {
             let Some(state) = self.families.get_mut(&family) else { continue };
             let mut nat = TableInput::default();
             let mut dispatch_changed = !fd.removed.is_empty();
-            for p in fd.added.iter().chain(fd.changed.iter().map(|c| &c.new)) {
+            let mut touched: Vec<&Arc<ServicePortPlan>> =
+                fd.added.iter().chain(fd.changed.iter().map(|c| &c.new)).collect();
+            if let Some(node) = &fd.node {
+                // Only the node-port addresses changed (see `sync`): KUBE-SERVICES' jumps to
+                // KUBE-NODEPORTS name them, and so do the REJECT/DROP rules of the NodePorts
+                // without endpoints, re-rendered here; no service chain does.
+                state.node = node.clone();
+                dispatch_changed = true;
+                let names_addresses = |p: &&Arc<ServicePortPlan>| {
+                    p.node_port.is_some() && p.external.as_ref().is_some_and(|x| x.no_endpoints.is_some())
+                };
+                touched.extend(
+                    plan.families.get(&family).into_iter().flat_map(|f| f.services.values()).filter(names_addresses),
+                );
+            }
+            for p in touched {
                 let rendered = rules::render_service(&state.ctx, &state.node, p);
                 let old = state.services.get(&p.name);
                 for (chain, rules) in &rendered.chains {

@@ -450,3 +450,40 @@ fn a_chain_shown_otherwise_than_kproxy_writes_it_is_rewritten_not_drift() {
     assert_eq!(report.drift, 0, "{report:?}");
     assert!(dp.take_drift().is_empty());
 }
+
+/// A node address that `nodePortAddresses` selects came, then went: a partial restore of the
+/// chains that name the node-port addresses (nat KUBE-SERVICES' jumps to KUBE-NODEPORTS, and
+/// filter KUBE-EXTERNAL-SERVICES for a NodePort without endpoints), no service chain, and the
+/// tables end as a full restore of the new plan leaves them.
+#[test]
+fn a_node_port_address_change_restores_only_the_chains_that_name_the_addresses() {
+    use kproxy_plan::NodePortAddresses;
+    let w = World::new([web(&[]), other()].concat());
+    let with = |ips: &[&str]| {
+        let mut plan = w.plan.clone();
+        let v4 = plan.families.get_mut(&IpFamily::V4).unwrap();
+        v4.node.nodeport_addresses = NodePortAddresses::Only(ips.iter().map(|ip| ip.parse().unwrap()).collect());
+        plan
+    };
+    let (one, two) = (with(&["198.18.0.2"]), with(&["198.18.0.2", "198.18.0.4"]));
+    let mut dp = IptablesDataplane::new(kernel(), Config::default());
+    dp.sync(&one, &PlanDelta::between(&Plan::default(), &one)).unwrap();
+    for (from, to) in [(&one, &two), (&two, &one)] {
+        let report = dp.sync(to, &PlanDelta::between(from, to)).unwrap();
+        assert!(!report.full, "{report:?}");
+        let input = dp.executor().last(IpFamily::V4).unwrap().to_owned();
+        let mut chains = declared(&input);
+        chains.sort_unstable();
+        assert_eq!(chains, ["KUBE-EXTERNAL-SERVICES", "KUBE-SERVICES"], "restore input:\n{input}");
+        assert!(input.contains("-d 198.18.0.2 -j KUBE-NODEPORTS"), "{input}");
+        assert_eq!(input.contains("198.18.0.4"), to == &two, "{input}");
+
+        let mut fresh = IptablesDataplane::new(kernel(), Config::default());
+        fresh.sync(to, &PlanDelta::between(&Plan::default(), to)).unwrap();
+        let tables = |dp: &IptablesDataplane<Recording>| {
+            let k = dp.executor().kernel.as_ref().unwrap();
+            [Table::Nat, Table::Filter].map(|t| k.save(IpFamily::V4, t))
+        };
+        assert_eq!(tables(&dp), tables(&fresh), "as a full restore leaves them");
+    }
+}
