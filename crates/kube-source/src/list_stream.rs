@@ -27,8 +27,13 @@
 //! replaces it, the source stopped), so a dropped list never leaves a thread waiting on a body
 //! that does not come.
 
+use std::cell::RefCell;
+use std::collections::VecDeque;
 use std::io::{self, Read};
+use std::rc::Rc;
 use std::time::Duration;
+
+use futures::FutureExt as _;
 
 use futures::io::AsyncReadExt as _;
 use futures::{AsyncBufRead, Stream, StreamExt};
@@ -43,8 +48,13 @@ use tokio::sync::mpsc;
 use crate::raw::{ApiKind, Decoded};
 use crate::watch::WatchEvent as SourceEvent;
 
-/// How many decoded objects may wait between the body's reader and the consumer.
-const AHEAD: usize = 64;
+/// Decoded objects are handed over in batches of at most this many, and whenever the reader
+/// is about to wait for more of the body (so none waits for bytes that have not come): one
+/// wake-up of the consumer per batch, not per object.
+const BATCH: usize = 64;
+
+/// How many batches may wait between the body's reader and the consumer.
+const AHEAD: usize = 4;
 
 /// kube-runtime's margin over a watch's server-side timeout before a silent watch is dropped.
 const WATCH_IDLE_TIMEOUT_MARGIN: Duration = Duration::from_secs(5);
@@ -72,8 +82,8 @@ enum State<K: ApiKind> {
     Empty,
     /// Listing began; the next step requests this page (`continue` token).
     Requesting { continue_token: Option<String> },
-    /// A page's objects are arriving.
-    Listing { items: mpsc::Receiver<Item<K>> },
+    /// A page's objects are arriving; `ready`: the rest of the last batch.
+    Listing { items: mpsc::Receiver<Item<K>>, ready: VecDeque<Decoded<K>> },
     /// Listed at this resource version; the next step starts a watch from it.
     Listed { resource_version: String },
     Watching {
@@ -84,7 +94,7 @@ enum State<K: ApiKind> {
 
 /// What the body's reader hands over.
 enum Item<K> {
-    Object(Decoded<K>),
+    Objects(Vec<Decoded<K>>),
     /// The page was read whole: its metadata.
     End(ListMeta),
     /// The body could not be read or is not a list.
@@ -106,11 +116,15 @@ impl<K: ApiKind> Lister<K> {
         match state {
             State::Empty => (Some(Ok(Event::Init)), State::Requesting { continue_token: None }),
             State::Requesting { continue_token } => match self.request(continue_token).await {
-                Ok(body) => (None, State::Listing { items: read_in_background(body) }),
+                Ok(body) => (None, State::Listing { items: read_in_background(body), ready: VecDeque::new() }),
                 Err(error) => (Some(Err(watcher::Error::InitialListFailed(error))), State::Empty),
             },
-            State::Listing { mut items } => match items.recv().await {
-                Some(Item::Object(object)) => (Some(Ok(Event::InitApply(object))), State::Listing { items }),
+            State::Listing { items, mut ready } if !ready.is_empty() => {
+                let object = ready.pop_front().map(Event::InitApply).map(Ok);
+                (object, State::Listing { items, ready })
+            }
+            State::Listing { mut items, .. } => match items.recv().await {
+                Some(Item::Objects(batch)) => (None, State::Listing { items, ready: batch.into() }),
                 Some(Item::End(meta)) => {
                     let continue_token = meta.continue_.filter(|token| !token.is_empty());
                     let resource_version = meta.resource_version.filter(|rv| !rv.is_empty());
@@ -226,37 +240,72 @@ fn read_in_background<K: ApiKind>(body: impl AsyncBufRead + Send + Unpin + 'stat
     let (tx, rx) = mpsc::channel(AHEAD);
     let handle = Handle::current();
     tokio::task::spawn_blocking(move || {
-        let reader = io::BufReader::with_capacity(64 * 1024, BodyReader { body, handle, dropped: tx.clone() });
-        let item = match read_list(reader, &tx) {
+        let outbox = Rc::new(RefCell::new(Outbox { tx: tx.clone(), batch: Vec::with_capacity(BATCH) }));
+        let body = BodyReader { body, handle, outbox: outbox.clone(), dropped: tx.clone() };
+        let reader = io::BufReader::with_capacity(64 * 1024, body);
+        let item = match read_list(reader, &outbox) {
             Ok(meta) => Item::End(meta),
             Err(error) => Item::Failed(kube::Error::SerdeError(error)),
         };
         // Nothing to do when the list was dropped meanwhile.
-        let _ = tx.blocking_send(item);
+        if outbox.borrow_mut().flush() {
+            let _ = tx.blocking_send(item);
+        }
     });
     rx
 }
 
-/// Reads one list from `reader`, sending each item to `tx` as it is decoded; the list's
+/// Reads one list from `reader`, handing each item to `outbox` as it is decoded; the list's
 /// metadata.
-fn read_list<K: ApiKind>(reader: impl Read, tx: &mpsc::Sender<Item<K>>) -> serde_json::Result<ListMeta> {
+fn read_list<K: ApiKind>(reader: impl Read, outbox: &Rc<RefCell<Outbox<K>>>) -> serde_json::Result<ListMeta> {
     let mut deserializer = serde_json::Deserializer::from_reader(reader);
-    let meta = ListSeed { tx }.deserialize(&mut deserializer)?;
+    let meta = ListSeed { outbox }.deserialize(&mut deserializer)?;
     deserializer.end()?;
     Ok(meta)
 }
 
-/// A sync reader of the body, for serde_json: each read waits for the next bytes on the
-/// runtime, or for the list's receiver to be dropped.
+/// The batch being filled, and where it goes.
+struct Outbox<K> {
+    tx: mpsc::Sender<Item<K>>,
+    batch: Vec<Decoded<K>>,
+}
+
+impl<K> Outbox<K> {
+    /// Adds an object, sending the batch when it is full; false once the list was dropped.
+    fn push(&mut self, object: Decoded<K>) -> bool {
+        self.batch.push(object);
+        self.batch.len() < BATCH || self.flush()
+    }
+
+    /// Sends the batch (waiting while [`AHEAD`] batches wait); false once the list was dropped.
+    fn flush(&mut self) -> bool {
+        if self.batch.is_empty() {
+            return true;
+        }
+        let batch = std::mem::replace(&mut self.batch, Vec::with_capacity(BATCH));
+        self.tx.blocking_send(Item::Objects(batch)).is_ok()
+    }
+}
+
+/// A sync reader of the body, for serde_json. When the next bytes are not there yet, it hands
+/// the objects decoded so far over, then waits on the runtime for the bytes, or for the list's
+/// receiver to be dropped.
 struct BodyReader<R, K> {
     body: R,
     handle: Handle,
+    outbox: Rc<RefCell<Outbox<K>>>,
     dropped: mpsc::Sender<Item<K>>,
 }
 
 impl<R: AsyncBufRead + Unpin, K> Read for BodyReader<R, K> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let Self { body, handle, dropped } = self;
+        let Self { body, handle, outbox, dropped } = self;
+        if let Some(read) = body.read(buf).now_or_never() {
+            return read;
+        }
+        if !outbox.borrow_mut().flush() {
+            return Err(io::Error::other("the list was dropped"));
+        }
         handle.block_on(async {
             tokio::select! {
                 read = body.read(buf) => read,
@@ -268,7 +317,7 @@ impl<R: AsyncBufRead + Unpin, K> Read for BodyReader<R, K> {
 
 /// The top-level list object: `metadata` kept, each of `items` sent, the rest skipped.
 struct ListSeed<'a, K> {
-    tx: &'a mpsc::Sender<Item<K>>,
+    outbox: &'a Rc<RefCell<Outbox<K>>>,
 }
 
 impl<'de, K: ApiKind> DeserializeSeed<'de> for ListSeed<'_, K> {
@@ -293,7 +342,7 @@ impl<'de, K: ApiKind> Visitor<'de> for ListSeed<'_, K> {
             match key.as_str() {
                 "metadata" => meta = Some(map.next_value::<ListMeta>()?),
                 "items" => {
-                    map.next_value_seed(ItemsSeed { tx: self.tx })?;
+                    map.next_value_seed(ItemsSeed { outbox: self.outbox })?;
                     items = true;
                 }
                 _ => {
@@ -310,7 +359,7 @@ impl<'de, K: ApiKind> Visitor<'de> for ListSeed<'_, K> {
 
 /// A list's `items`, each decoded and sent as soon as it is read (`null`: none).
 struct ItemsSeed<'a, K> {
-    tx: &'a mpsc::Sender<Item<K>>,
+    outbox: &'a Rc<RefCell<Outbox<K>>>,
 }
 
 impl<'de, K: ApiKind> DeserializeSeed<'de> for ItemsSeed<'_, K> {
@@ -334,7 +383,7 @@ impl<'de, K: ApiKind> Visitor<'de> for ItemsSeed<'_, K> {
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
         while let Some(object) = seq.next_element::<Decoded<K>>()? {
-            if self.tx.blocking_send(Item::Object(object)).is_err() {
+            if !self.outbox.borrow_mut().push(object) {
                 return Err(de::Error::custom("the list was dropped"));
             }
         }
@@ -375,10 +424,14 @@ mod tests {
         tokio::time::timeout(PATIENCE, items.recv()).await.expect("an item in time").expect("the reader stopped")
     }
 
-    fn object(item: Item<Service>) -> Result<String, ObjectKey> {
+    /// The objects of the next batch: each one's key, or the key of a bad one.
+    fn objects(item: Item<Service>) -> Vec<Result<String, ObjectKey>> {
         match item {
-            Item::Object(decoded) => decoded.into_result().map(|o| o.key().to_string()).map_err(|bad| bad.key),
-            Item::End(_) => panic!("the end of the list, not an object"),
+            Item::Objects(batch) => batch
+                .into_iter()
+                .map(|decoded| decoded.into_result().map(|o| o.key().to_string()).map_err(|bad| bad.key))
+                .collect(),
+            Item::End(_) => panic!("the end of the list, not objects"),
             Item::Failed(error) => panic!("failed: {error}"),
         }
     }
@@ -388,16 +441,38 @@ mod tests {
         let (chunks, mut items) = body();
         send(&chunks, &format!(r#"{{"kind":"ServiceList","apiVersion":"v1","items":[{},"#, service("a")));
         // The rest of the body has not been written: the first item is out already.
-        assert_eq!(object(next(&mut items).await), Ok("prod/a".to_owned()));
+        assert_eq!(objects(next(&mut items).await), [Ok("prod/a".to_owned())]);
         assert!(items.try_recv().is_err(), "nothing more before more of the body");
         // The metadata may come after the items.
         send(&chunks, &format!(r#"{}],"metadata":{{"resourceVersion":"42"}}}}"#, service("b")));
         drop(chunks);
-        assert_eq!(object(next(&mut items).await), Ok("prod/b".to_owned()));
+        assert_eq!(objects(next(&mut items).await), [Ok("prod/b".to_owned())]);
         match next(&mut items).await {
             Item::End(meta) => assert_eq!(meta.resource_version.as_deref(), Some("42")),
             _ => panic!("expected the end of the list"),
         }
+    }
+
+    #[tokio::test]
+    async fn a_body_that_is_all_there_is_handed_over_in_full_batches() {
+        let (chunks, mut items) = body();
+        let list: Vec<String> = (0..150).map(|i| service(&format!("s{i:03}"))).collect();
+        send(&chunks, &format!(r#"{{"metadata":{{"resourceVersion":"7"}},"items":[{}]}}"#, list.join(",")));
+        drop(chunks);
+        let mut sizes = Vec::new();
+        let mut names = Vec::new();
+        loop {
+            match next(&mut items).await {
+                Item::End(_) => break,
+                batch => {
+                    let batch = objects(batch);
+                    sizes.push(batch.len());
+                    names.extend(batch.into_iter().map(Result::unwrap));
+                }
+            }
+        }
+        assert_eq!(sizes, [BATCH, BATCH, 150 - 2 * BATCH]);
+        assert_eq!(names, (0..150).map(|i| format!("prod/s{i:03}")).collect::<Vec<_>>());
     }
 
     #[tokio::test]
@@ -408,9 +483,8 @@ mod tests {
             format!(r#"{{"metadata":{{"resourceVersion":"7"}},"items":[{},{bad},{}]}}"#, service("a"), service("c"));
         send(&chunks, &list);
         drop(chunks);
-        assert_eq!(object(next(&mut items).await), Ok("prod/a".to_owned()));
-        assert_eq!(object(next(&mut items).await), Err(ObjectKey::new("prod", "b")));
-        assert_eq!(object(next(&mut items).await), Ok("prod/c".to_owned()));
+        let batch = objects(next(&mut items).await);
+        assert_eq!(batch, [Ok("prod/a".to_owned()), Err(ObjectKey::new("prod", "b")), Ok("prod/c".to_owned())]);
         assert!(matches!(next(&mut items).await, Item::End(_)));
     }
 
@@ -426,7 +500,7 @@ mod tests {
             drop(chunks);
             let item = loop {
                 match next(&mut items).await {
-                    Item::Object(_) => {}
+                    Item::Objects(_) => {}
                     other => break other,
                 }
             };
