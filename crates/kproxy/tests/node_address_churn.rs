@@ -5,7 +5,8 @@
 //!
 //! The real binary in the testbed's node namespace, against a fake API server holding
 //! `KPROXY_CHURN_SERVICES` Services (default 2,000); `KPROXY_CHURN_VETHS` veth pairs (default 5)
-//! are added one every `KPROXY_CHURN_INTERVAL_MS` (default 500). `KPROXY_CHURN_BIN` runs another
+//! are added one every `KPROXY_CHURN_INTERVAL_MS` (default 500), in `KPROXY_CHURN_MODE` (default
+//! nftables; iptables, or ipvs where the kernel has it). `KPROXY_CHURN_BIN` runs another
 //! build of kproxy (to measure an older one: then what this test asserts is reported, `NOT MET: …`,
 //! not asserted, so the older build's figures are printed whole). The figures are printed; as a
 //! benchmark:
@@ -83,9 +84,15 @@ fn pod_veths_cost_no_sync_and_a_selected_address_costs_one_partial_sync() {
                         "ports": [{"name": "p", "port": 80, "protocol": "TCP", "targetPort": 8080, "nodePort": 30080}]}}),
     );
     let metrics = support::free_port();
+    let mode = format!("--proxy-mode={}", std::env::var("KPROXY_CHURN_MODE").unwrap_or_else(|_| "nftables".into()));
     let args = support::node_a_args(
         metrics,
-        &["--nodeport-addresses=198.18.0.0/24", "--healthz-bind-address=", "--iptables-min-sync-period=100ms"],
+        &[
+            mode.as_str(),
+            "--nodeport-addresses=198.18.0.0/24",
+            "--healthz-bind-address=",
+            "--iptables-min-sync-period=100ms",
+        ],
     );
     let dir = std::env::temp_dir().join(format!("kproxy-churn-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
