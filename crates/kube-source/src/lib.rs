@@ -31,6 +31,7 @@ pub mod fake;
 mod list_stream;
 mod rate_limit;
 mod raw;
+mod relist;
 mod retry;
 mod stats;
 mod streaming;

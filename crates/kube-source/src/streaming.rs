@@ -37,6 +37,7 @@ use kube::runtime::watcher::{self, Event};
 use tokio::time::Instant;
 
 use crate::raw::{ApiKind, Decoded};
+use crate::relist::relisting;
 use crate::stats::SourceStats;
 use crate::watch::{RetryBackoff, WatchEvent, WatchEvents, with_backoff};
 
@@ -117,11 +118,13 @@ struct Lists<K: ApiKind> {
 }
 
 fn streaming<K: ApiKind>(api: &Api<Decoded<K>>, config: &watcher::Config, backoff: RetryBackoff) -> WatchEvents<K> {
-    with_backoff(watcher::watcher(api.clone(), config.clone().streaming_lists()), backoff)
+    let (api, config) = (api.clone(), config.clone().streaming_lists());
+    with_backoff(relisting(move || watcher::watcher(api.clone(), config.clone()).boxed()), backoff)
 }
 
 fn list_watch<K: ApiKind>(api: &Api<Decoded<K>>, config: &watcher::Config, backoff: RetryBackoff) -> WatchEvents<K> {
-    with_backoff(crate::list_stream::list_watch(api.clone(), config.clone()), backoff)
+    let (api, config) = (api.clone(), config.clone());
+    with_backoff(relisting(move || crate::list_stream::list_watch(api.clone(), config.clone()).boxed()), backoff)
 }
 
 impl<K: ApiKind> Lists<K> {

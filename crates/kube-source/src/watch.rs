@@ -19,6 +19,7 @@ use tokio::task::JoinSet;
 
 use crate::list_stream;
 use crate::raw::{ApiKind, Decoded, Malformed};
+use crate::relist::relisting;
 use crate::retry::{LastError, RecoveryBackoff};
 use crate::stats::SourceStats;
 use crate::streaming;
@@ -175,8 +176,13 @@ fn watch<K: ApiKind>(
                 streaming::Bounds { progress: opts.initial_events_timeout, retry_after: opts.streaming_retry_after };
             streaming::lists(api, config, opts.backoff, bounds, stats.clone())
         }
-        ListMode::WatchCache => with_backoff(list_stream::list_watch(api, config), opts.backoff),
-        ListMode::Paginated(size) => with_backoff(watcher::watcher(api, config.page_size(size)), opts.backoff),
+        ListMode::WatchCache => {
+            with_backoff(relisting(move || list_stream::list_watch(api.clone(), config.clone()).boxed()), opts.backoff)
+        }
+        ListMode::Paginated(size) => {
+            let config = config.page_size(size);
+            with_backoff(relisting(move || watcher::watcher(api.clone(), config.clone()).boxed()), opts.backoff)
+        }
     };
     events.map(|event| event.map(read)).boxed()
 }
