@@ -45,7 +45,9 @@ use crate::watch::{RetryBackoff, WatchEvent, WatchEvents, with_backoff};
 /// event) before its `k8s.io/initial-events-end` bookmark, before the kind falls back.
 /// kube-apiserver streams the initial events from its watch cache without pause, after waiting
 /// at most a few seconds for the cache to be fresh: a minute of silence means the bookmark is
-/// not coming (a server that ignores `sendInitialEvents`).
+/// not coming (a server that ignores `sendInitialEvents`). The bound is on silence, not on the
+/// whole listing: such a server on a busy cluster sends live changes after the objects, and the
+/// kind then falls back when that watch ends without the bookmark (its `timeoutSeconds`).
 pub const INITIAL_EVENTS_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// After a fallback, the first relist at least this long after the failure tries a streaming
