@@ -306,6 +306,15 @@ fn watchlist_off_the_source_starts_through_the_fallback_follows_relists_after_go
     the_source_follows_the_real_api_server(plane, 1);
 }
 
+#[test]
+fn etcd_3_5_1_watchlist_off_the_source_starts_through_the_fallback_follows_relists_after_gone_and_survives_a_restart_and_rbac()
+ {
+    let options = ControlPlaneOptions { etcd: Etcd::V3_5_1, watch_list: false, ..Default::default() };
+    let Some(plane) = start(options) else { return };
+    a_failed_streaming_list_looks_the_same(&plane, StreamingLists::WatchListOff);
+    the_source_follows_the_real_api_server(plane, 1);
+}
+
 /// A response as a shape: every value replaced by its JSON type, objects by their keys' shapes,
 /// arrays by the distinct shapes of their items (in order). What must be equal besides (codes,
 /// reasons, event types) is compared apart.
