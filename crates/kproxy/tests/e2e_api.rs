@@ -4,16 +4,19 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers: a panic is a test failure
 
+mod support;
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use kproxy_kube_source::fake::FakeApiServer;
 use kproxy_state::Kind;
 use kproxy_testbed::{Netns, ProbeResult, Proto, Testbed, Where, probe};
 use serde_json::{Value, json};
+use support::probe_until;
 
 const CLUSTER_IP: &str = "198.18.128.10";
 
@@ -88,18 +91,6 @@ fn http_get(ns: &Netns, addr: SocketAddr, path: &str) -> (u16, String) {
     .unwrap()
 }
 
-/// Probes until `want` answers (or the deadline passes); returns the last result.
-fn eventually(from: &Netns, dest: SocketAddr, want: &ProbeResult, within: Duration) -> ProbeResult {
-    let start = Instant::now();
-    loop {
-        let got = probe(from, Proto::Tcp, dest, Duration::from_millis(300)).unwrap();
-        if &got == want || start.elapsed() > within {
-            return got;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 /// An answer from `backend`. The external client is not a local pod, so ClusterIP traffic from it is
 /// masqueraded to the node's address.
 fn answered(backend: &str) -> ProbeResult {
@@ -152,7 +143,7 @@ fn api_changes_reach_the_packets() {
     );
 
     let dest: SocketAddr = format!("{CLUSTER_IP}:80").parse().unwrap();
-    let got = eventually(tb.external(), dest, &answered("web-a"), Duration::from_secs(15));
+    let got = probe_until(tb.external(), dest, &answered("web-a"), Duration::from_secs(15));
     assert_eq!(got, answered("web-a"), "the initial state reaches the packets");
 
     let healthz: SocketAddr = "127.0.0.1:10256".parse().unwrap();
@@ -167,7 +158,7 @@ fn api_changes_reach_the_packets() {
         "endpoints.kubernetes.io/last-change-trigger-time": kproxy_servers::rfc3339_nano(Some(std::time::SystemTime::now())),
     });
     api.server.apply(Kind::EndpointSlice, moved);
-    assert_eq!(eventually(tb.external(), dest, &answered("web-b"), Duration::from_secs(10)), answered("web-b"));
+    assert_eq!(probe_until(tb.external(), dest, &answered("web-b"), Duration::from_secs(10)), answered("web-b"));
 
     // A malformed Service is skipped and counted; the rest keeps working.
     let mut bad = service(80, "not-an-ip");
@@ -184,9 +175,9 @@ fn api_changes_reach_the_packets() {
     tb.node().run_in(|| api.runtime.block_on(api.server.restart())).unwrap().unwrap();
     api.server.apply(Kind::Service, service(81, CLUSTER_IP));
     let dest81: SocketAddr = format!("{CLUSTER_IP}:81").parse().unwrap();
-    assert_eq!(eventually(tb.external(), dest81, &answered("web-b"), Duration::from_secs(20)), answered("web-b"));
+    assert_eq!(probe_until(tb.external(), dest81, &answered("web-b"), Duration::from_secs(20)), answered("web-b"));
     assert_eq!(
-        eventually(tb.external(), dest, &ProbeResult::Refused, Duration::from_secs(5)),
+        probe_until(tb.external(), dest, &ProbeResult::Refused, Duration::from_secs(5)),
         ProbeResult::Refused,
         "the old port has no stale path"
     );

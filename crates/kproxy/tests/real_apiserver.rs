@@ -9,28 +9,18 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers: a panic is a test failure
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+mod support;
+
+use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use kproxy_k8s_harness::{ControlPlane, ControlPlaneOptions, Etcd, Identity, Launch, Process, require_k8s};
 use kproxy_testbed::{Netns, ProbeResult, Proto, Testbed, Where, probe};
 use serde_json::json;
+use support::{http_get, probe_until, value};
 
 const CLUSTER_IP: &str = "198.18.128.10";
-
-/// Probes until `want` answers (or the deadline passes); returns the last result.
-fn eventually(from: &Netns, dest: SocketAddr, want: &ProbeResult, within: Duration) -> ProbeResult {
-    let start = Instant::now();
-    loop {
-        let got = probe(from, Proto::Tcp, dest, Duration::from_millis(300)).unwrap();
-        if &got == want || start.elapsed() > within {
-            return got;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
 
 /// Waits until the node namespace's ruleset does (or does not) mention `needle`.
 fn nft_eventually(node: &Netns, needle: &str, present: bool, within: Duration) -> bool {
@@ -54,18 +44,9 @@ fn answered(backend: &str) -> ProbeResult {
 
 /// A sample of kproxy's /metrics (127.0.0.1:10249 in the node namespace).
 fn metric(node: &Netns, series: &str) -> f64 {
-    let text = node
-        .run_in(|| {
-            let mut stream = TcpStream::connect("127.0.0.1:10249").unwrap();
-            stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-            write!(stream, "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").unwrap();
-            let mut response = String::new();
-            stream.read_to_string(&mut response).unwrap();
-            response
-        })
-        .unwrap();
-    let line = text.lines().find(|l| l.starts_with(series)).unwrap_or_else(|| panic!("/metrics lacks {series}"));
-    line[series.len()..].trim().parse().unwrap()
+    let (status, text) = node.run_in(|| http_get("127.0.0.1:10249".parse().unwrap(), "/metrics")).unwrap().unwrap();
+    assert_eq!(status, 200, "/metrics: {text}");
+    value(&text, series).unwrap_or_else(|| panic!("/metrics lacks {series}"))
 }
 
 fn apply(plane: &ControlPlane, object: serde_json::Value) {
@@ -160,7 +141,7 @@ fn services_and_slices_through_the_api_server_reach_the_packets(etcd: Etcd, watc
     let kproxy_log = || std::fs::read_to_string(&log).unwrap_or_default();
 
     let dest: SocketAddr = format!("{CLUSTER_IP}:80").parse().unwrap();
-    let got = eventually(tb.external(), dest, &answered("web-a"), Duration::from_secs(30));
+    let got = probe_until(tb.external(), dest, &answered("web-a"), Duration::from_secs(30));
     assert_eq!(
         got,
         answered("web-a"),
@@ -180,7 +161,7 @@ fn services_and_slices_through_the_api_server_reach_the_packets(etcd: Etcd, watc
 
     // The slice patched to the other node's pod moves the traffic.
     move_slice(&plane, pod_b.ipv4(), "node-b");
-    assert_eq!(eventually(tb.external(), dest, &answered("web-b"), Duration::from_secs(10)), answered("web-b"));
+    assert_eq!(probe_until(tb.external(), dest, &answered("web-b"), Duration::from_secs(10)), answered("web-b"));
     mark("slice patch in the packets");
 
     // The Service's port patched: the new port answers, the old one is refused.
@@ -197,9 +178,9 @@ fn services_and_slices_through_the_api_server_reach_the_packets(etcd: Etcd, watc
         ])
         .unwrap();
     let dest81: SocketAddr = format!("{CLUSTER_IP}:81").parse().unwrap();
-    assert_eq!(eventually(tb.external(), dest81, &answered("web-b"), Duration::from_secs(10)), answered("web-b"));
+    assert_eq!(probe_until(tb.external(), dest81, &answered("web-b"), Duration::from_secs(10)), answered("web-b"));
     mark("port patch in the packets");
-    assert_eq!(eventually(tb.external(), dest, &ProbeResult::Refused, Duration::from_secs(5)), ProbeResult::Refused);
+    assert_eq!(probe_until(tb.external(), dest, &ProbeResult::Refused, Duration::from_secs(5)), ProbeResult::Refused);
     mark("old port refused");
 
     // kube-proxy's RBAC (system:node-proxier) covers everything kproxy watches. (Right after an
@@ -218,7 +199,7 @@ fn services_and_slices_through_the_api_server_reach_the_packets(etcd: Etcd, watc
     move_slice(&plane, pod_a.ipv4(), "node-a");
     mark("post-restart patch made");
     assert_eq!(
-        eventually(tb.external(), dest81, &answered("web-a"), Duration::from_secs(20)),
+        probe_until(tb.external(), dest81, &answered("web-a"), Duration::from_secs(20)),
         answered("web-a"),
         "a change after an API server restart; kproxy's log:\n{}",
         kproxy_log()
@@ -229,7 +210,7 @@ fn services_and_slices_through_the_api_server_reach_the_packets(etcd: Etcd, watc
     plane.kubectl(&["-n", "demo", "delete", "endpointslice", "web-1"]).unwrap();
     mark("slice deleted");
     assert_eq!(
-        eventually(tb.external(), dest81, &ProbeResult::Refused, Duration::from_secs(10)),
+        probe_until(tb.external(), dest81, &ProbeResult::Refused, Duration::from_secs(10)),
         ProbeResult::Refused,
         "a Service whose slice was deleted; kproxy's log:\n{}",
         kproxy_log()

@@ -135,6 +135,23 @@ pub fn value(text: &str, series: &str) -> Option<f64> {
     text.lines().find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
+/// TCP probes from `from` to `dest` until `want` answers (or `within` passes); the last result.
+pub fn probe_until(
+    from: &kproxy_testbed::Netns,
+    dest: SocketAddr,
+    want: &kproxy_testbed::ProbeResult,
+    within: Duration,
+) -> kproxy_testbed::ProbeResult {
+    let start = Instant::now();
+    loop {
+        let got = kproxy_testbed::probe(from, kproxy_testbed::Proto::Tcp, dest, Duration::from_millis(300)).unwrap();
+        if &got == want || start.elapsed() > within {
+            return got;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// A child process killed (and reaped) on drop.
 pub struct KillOnDrop(pub Child);
 
