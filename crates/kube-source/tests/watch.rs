@@ -204,15 +204,7 @@ async fn bookmarks_let_a_resumed_watch_skip_the_relist() {
     h.synced().await;
     h.watches_open(4).await;
 
-    // Changes nobody watches move the resource version past what the watches have seen ...
-    for cidr in 2..6 {
-        h.server.apply(Kind::Node, node("node-b", &format!("198.19.{cidr}.0/24")));
-    }
-    // ... a bookmark tells them, and then the history is compacted and the connections drop.
-    h.server.bookmark();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    h.server.compact();
-    h.server.drop_connections().await;
+    bookmark_then_compact_and_drop(&h.server).await;
 
     h.server.apply(Kind::Service, service("prod", "f", "198.18.0.7"));
     assert_eq!(names(&h.next().await), ev(Kind::Service, "applied", &["prod/f"]));

@@ -249,3 +249,16 @@ impl Drop for Harness {
         }
     }
 }
+
+/// Moves the resource version past what the open watches have seen (changes to a Node nobody
+/// watches), tells them with a bookmark, then compacts the history and drops the connections:
+/// only a watch that kept its bookmark's version can resume without a relist.
+pub async fn bookmark_then_compact_and_drop(server: &FakeApiServer) {
+    for cidr in 2..6 {
+        server.apply(Kind::Node, node("node-b", &format!("198.19.{cidr}.0/24")));
+    }
+    server.bookmark();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    server.compact();
+    server.drop_connections().await;
+}
