@@ -32,8 +32,9 @@ environment: KPROXY_CLUSTER_DIR (default target/kproxy-cluster), KPROXY_K8S_DIR,
 pub const E2E_FOCUS: &str = r"\[sig-network\] (Services|Conntrack|Networking)";
 /// `invalid conntrack state bug`: its server image (regression-issue-74839) does not exist offline;
 /// `Networking-Performance`: an iperf2 throughput benchmark (the offline agnhost has no iperf2);
-/// `SCTP`: this kernel has no SCTP; `Networking-IPv4`, `Networking-DNS`: reach the internet.
-pub const E2E_SKIP: &str = r"LoadBalancer|ESIPP|GCE|Windows|Slow|Serial|Disruptive|Flaky|Networking-Performance|SCTP|Networking-IPv4|Networking-DNS|should not be vulnerable to the invalid conntrack state bug";
+/// `SCTP`: this kernel has no SCTP; `Networking-IPv4`, `Networking-IPv6`, `Networking-DNS`: reach
+/// the internet.
+pub const E2E_SKIP: &str = r"LoadBalancer|ESIPP|GCE|Windows|Slow|Serial|Disruptive|Flaky|Networking-Performance|SCTP|Networking-IPv4|Networking-IPv6|Networking-DNS|should not be vulnerable to the invalid conntrack state bug";
 
 #[derive(Debug)]
 struct Args {
