@@ -859,15 +859,19 @@ fn attribute(head: &str, key: &str) -> Option<String> {
     Some(head[start..end].to_owned())
 }
 
-/// The `message` attribute of a failure/skipped element, else its text; one line, bounded.
+/// The `message` attribute of a failure/skipped element, else (ginkgo leaves it empty for a
+/// failure) the first two lines of its text; one line, bounded.
 fn reason(element: &str) -> String {
     let head_end = element.find('>').unwrap_or(element.len());
-    let text = attribute(&element[..head_end], "message").unwrap_or_else(|| {
+    let attr = attribute(&element[..head_end], "message").unwrap_or_default();
+    let text = if attr.trim().is_empty() {
         let body = &element[(head_end + 1).min(element.len())..];
         body.split('<').next().unwrap_or_default().to_owned()
-    });
+    } else {
+        attr
+    };
     let text = unescape(&text);
-    let line = text.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or_default();
+    let line = text.lines().map(str::trim).filter(|l| !l.is_empty()).take(2).collect::<Vec<_>>().join(" ");
     line.chars().take(200).collect()
 }
 
@@ -909,12 +913,15 @@ mod tests {
     fn junit_cases_are_read_with_result_and_reason() {
         let xml = r#"<testsuite><testcase name="[sig-network] Services should a" classname="x" time="1"></testcase>
 <testcase name="[sig-network] Services should b &amp; c" time="2"><failure message="boom&#xA;more" type="failed">text</failure></testcase>
+<testcase name="[sig-network] Services should e" time="2"><failure message="" type="failed">[FAILED] Timed out.&#xA;expected pod ready&#xA;more</failure></testcase>
 <testcase name="[sig-network] Services should d" time="0"><skipped message="skipped - requires at least two ready nodes"></skipped></testcase>
 <testcase name="[sig-storage] x" time="0"/></testsuite>"#;
-        let cases = parse_junit(xml);
-        assert_eq!(cases.len(), 4);
+        let mut cases = parse_junit(xml);
+        assert_eq!(cases.len(), 5);
         assert_eq!((cases[0].result, cases[0].name.as_str()), ("passed", "[sig-network] Services should a"));
-        assert_eq!((cases[1].result, cases[1].message.as_str()), ("failed", "boom"));
+        assert_eq!((cases[1].result, cases[1].message.as_str()), ("failed", "boom more"));
+        let e = cases.remove(2);
+        assert_eq!((e.result, e.message.as_str()), ("failed", "[FAILED] Timed out. expected pod ready"));
         assert_eq!(cases[1].name, "[sig-network] Services should b & c");
         assert_eq!(
             (cases[2].result, cases[2].message.as_str()),
