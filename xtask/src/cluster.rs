@@ -876,7 +876,9 @@ fn reason(element: &str) -> String {
 }
 
 fn unescape(s: &str) -> String {
-    s.replace("&lt;", "<")
+    s.replace("&#34;", "\"")
+        .replace("&#39;", "'")
+        .replace("&lt;", "<")
         .replace("&gt;", ">")
         .replace("&quot;", "\"")
         .replace("&#39;", "'")
