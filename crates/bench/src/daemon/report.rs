@@ -9,7 +9,8 @@ use super::{DaemonArgs, Mode};
 /// The size the targets are set at.
 const TARGET_SIZE: usize = 100_000;
 
-fn pct(sorted: &[f64], p: f64) -> f64 {
+/// The `p` quantile (0–1) of sorted samples; NaN when there are none.
+pub(crate) fn pct(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
     }
@@ -17,7 +18,8 @@ fn pct(sorted: &[f64], p: f64) -> f64 {
     sorted[idx.min(sorted.len() - 1)]
 }
 
-fn ms(v: f64) -> String {
+/// Milliseconds as a reader wants them: 2 decimals below 10 ms, seconds from 1 s.
+pub(crate) fn ms(v: f64) -> String {
     if v.is_nan() {
         "–".into()
     } else if v < 10.0 {

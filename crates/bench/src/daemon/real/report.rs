@@ -1,5 +1,6 @@
 //! The side-by-side table, and the targets of #27 judged on it.
 
+use crate::daemon::report::{ms, pct};
 use std::fmt::Write as _;
 use std::path::Path;
 
@@ -10,26 +11,6 @@ use super::{ProxyResult, SizeResult};
 const TARGET_SIZE: usize = 100_000;
 /// The size the side-by-side targets are set at.
 const SIDE_BY_SIDE_SIZE: usize = 10_000;
-
-fn pct(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[idx.min(sorted.len() - 1)]
-}
-
-fn ms(v: f64) -> String {
-    if v.is_nan() {
-        "–".into()
-    } else if v < 10.0 {
-        format!("{v:.2} ms")
-    } else if v < 1000.0 {
-        format!("{v:.0} ms")
-    } else {
-        format!("{:.2} s", v / 1000.0)
-    }
-}
 
 fn name(r: &ProxyResult) -> String {
     match r.proxy {
