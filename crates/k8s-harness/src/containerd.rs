@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
+use crate::node::run;
+
 /// The pause image the sandboxes use (from `../shared/k8s/images`).
 pub const SANDBOX_IMAGE: &str = "registry.k8s.io/pause:3.10.2";
 /// Where Debian's containernetworking-plugins are.
@@ -129,11 +131,11 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     pub fn import(&self, archive: &Path) -> Result<()> {
         let mut cmd = self.ctr(&["images", "import", "--all-platforms"]);
         cmd.arg(archive);
-        run(cmd)
+        run(&mut cmd).map(drop)
     }
 
     pub fn tag(&self, from: &str, to: &str) -> Result<()> {
-        run(self.ctr(&["images", "tag", "--force", from, to]))
+        run(&mut self.ctr(&["images", "tag", "--force", from, to])).map(drop)
     }
 
     /// The image references containerd has (names only).
@@ -171,18 +173,4 @@ pub fn unpacked(archive: &Path, cache: &Path) -> Result<PathBuf> {
     fs::rename(&tmp, &out)?;
     fs::write(&stamp, b"")?;
     Ok(out)
-}
-
-pub(crate) fn run(mut cmd: Command) -> Result<()> {
-    let out = cmd.output().with_context(|| format!("running {:?}", cmd.get_program()))?;
-    if !out.status.success() {
-        bail!(
-            "{:?} {:?} failed ({}): {}",
-            cmd.get_program(),
-            cmd.get_args().collect::<Vec<_>>(),
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(())
 }
