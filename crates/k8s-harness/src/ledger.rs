@@ -105,7 +105,12 @@ impl Ledger {
         if self.resources.iter().any(|r| matches!(r, Resource::Sysctl { key: k, .. } if k == key)) {
             return Ok(());
         }
-        let original = read_sysctl(key)?;
+        // While another cluster of this harness is up, its kubelet has already rewritten the
+        // value: the machine's own value is the one that cluster recorded.
+        let original = match original_recorded_by_another_cluster(&self.path, key) {
+            Some(original) => original,
+            None => read_sysctl(key)?,
+        };
         self.add(Resource::Sysctl { key: key.to_owned(), original })
     }
 
@@ -520,4 +525,42 @@ fn run(program: &str, args: &[&str]) -> Result<()> {
         anyhow::bail!("{program} {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
     }
     Ok(())
+}
+
+/// The original value of sysctl `key` in the ledger of another cluster beside the one at
+/// `ledger` (the directories next to its own, each with a `ledger.json`), if one recorded it.
+/// Two clusters up at once otherwise leave the first one's kubelet values behind: the second
+/// records them as the originals and puts them back last.
+fn original_recorded_by_another_cluster(ledger: &Path, key: &str) -> Option<String> {
+    let (own_dir, file) = (ledger.parent()?, ledger.file_name()?);
+    let siblings = fs::read_dir(own_dir.parent()?).ok()?;
+    siblings.flatten().map(|entry| entry.path()).filter(|dir| dir != own_dir).find_map(|dir| {
+        let other = Ledger::open(&dir.join(file)).ok()?;
+        other.resources().find_map(|resource| match resource {
+            Resource::Sysctl { key: k, original } if k == key => Some(original.clone()),
+            _ => None,
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn a_sysctl_another_cluster_recorded_keeps_that_clusters_original_and_only_while_it_is_recorded() {
+        let root = std::env::temp_dir().join(format!("kproxy-ledger-test-{}", std::process::id()));
+        let (first, second) = (root.join("kproxy-cluster-a/ledger.json"), root.join("kproxy-cluster-b/ledger.json"));
+        let mut a = Ledger::open(&first).unwrap();
+        a.add(Resource::Sysctl { key: "kernel.panic".into(), original: "1".into() }).unwrap();
+        // The second cluster sees the first's record, not the machine's current value.
+        assert_eq!(original_recorded_by_another_cluster(&second, "kernel.panic").as_deref(), Some("1"));
+        assert_eq!(original_recorded_by_another_cluster(&second, "vm.overcommit_memory"), None, "not recorded");
+        assert_eq!(original_recorded_by_another_cluster(&first, "kernel.panic"), None, "its own ledger does not count");
+        fs::remove_file(&first).unwrap();
+        assert_eq!(original_recorded_by_another_cluster(&second, "kernel.panic"), None, "the first is down");
+        fs::remove_dir_all(&root).unwrap();
+    }
 }
