@@ -199,37 +199,21 @@ impl KernelProbe {
     /// Every key of map `set` in the probe's table of `family_of`'s family (one dump).
     pub fn map_keys(&mut self, family_of: IpAddr, set: &str) -> io::Result<HashSet<Vec<u8>>> {
         let mut keys = HashSet::new();
-        let set_name = set.to_owned();
-        let table = self.table;
-        let result = self.dumper.dump(
-            NFT_MSG_GETSETELEM,
-            nfproto_of(family_of),
-            move |m| {
-                m.put_str(NFTA_SET_ELEM_LIST_TABLE, table);
-                m.put_str(NFTA_SET_ELEM_LIST_SET, &set_name);
-            },
-            |payload| {
-                if let Some(list) = Attrs(payload).find(|a| a.kind == NFTA_SET_ELEM_LIST_ELEMENTS) {
-                    for elem in list.nested().filter(|a| a.kind == NFTA_LIST_ELEM) {
-                        if let Some(key) = elem_key(elem.data) {
-                            keys.insert(key);
-                        }
-                    }
-                }
-            },
-        );
-        match result {
-            Ok(()) => Ok(keys),
-            // No table or map yet: no keys.
-            Err(e) if e.raw_os_error() == Some(libc_enoent()) => Ok(HashSet::new()),
-            Err(e) => Err(e),
-        }
+        self.for_each_element(family_of, set, |elem| keys.extend(elem_key(elem)))?;
+        Ok(keys)
     }
 
     /// The data of every element of map `set` (an anonymous one too, by its `__mapN` name) in
     /// the probe's table of `family_of`'s family, one dump; empty when there is no such map.
     pub fn map_data(&mut self, family_of: IpAddr, set: &str) -> io::Result<Vec<Vec<u8>>> {
         let mut data = Vec::new();
+        self.for_each_element(family_of, set, |elem| data.extend(value_of(elem, NFTA_SET_ELEM_DATA)))?;
+        Ok(data)
+    }
+
+    /// Calls `each` with every element of map `set` in the probe's table (one dump); no table or
+    /// map yet is no element.
+    fn for_each_element(&mut self, family_of: IpAddr, set: &str, mut each: impl FnMut(&[u8])) -> io::Result<()> {
         let set_name = set.to_owned();
         let table = self.table;
         let result = self.dumper.dump(
@@ -242,15 +226,14 @@ impl KernelProbe {
             |payload| {
                 if let Some(list) = Attrs(payload).find(|a| a.kind == NFTA_SET_ELEM_LIST_ELEMENTS) {
                     for elem in list.nested().filter(|a| a.kind == NFTA_LIST_ELEM) {
-                        data.extend(value_of(elem.data, NFTA_SET_ELEM_DATA));
+                        each(elem.data);
                     }
                 }
             },
         );
         match result {
-            Ok(()) => Ok(data),
-            Err(e) if e.raw_os_error() == Some(libc_enoent()) => Ok(Vec::new()),
-            Err(e) => Err(e),
+            Err(e) if e.raw_os_error() == Some(libc_enoent()) => Ok(()),
+            other => other,
         }
     }
 
