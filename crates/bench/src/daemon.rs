@@ -170,15 +170,26 @@ pub fn main(args: &DaemonArgs) -> anyhow::Result<bool> {
         eprintln!("kproxy-bench daemon: {n} services, {mode_name} mode ...");
         let result =
             run::measure(n, mode, args, &binary, &log_dir).with_context(|| format!("{n} services, {mode_name}"))?;
-        eprintln!("kproxy-bench daemon: {n} services done: {}", serde_json::to_string(&result).unwrap_or_default());
-        results.push(result);
-        if let Some(path) = &args.json {
-            std::fs::write(path, serde_json::to_string_pretty(&results)?)
-                .with_context(|| format!("{}", path.display()))?;
-        }
+        keep_result(&mut results, result, n, args.json.as_deref())?;
     }
     let command: Vec<String> = std::env::args().collect();
     let (text, all_met) = report::render(&command.join(" "), args, &binary, &results);
     print!("{text}");
     Ok(all_met)
+}
+
+/// Logs one size's result, keeps it, and rewrites `--json` with every result so far (a run
+/// stopped midway keeps what it measured).
+pub(crate) fn keep_result<T: serde::Serialize>(
+    results: &mut Vec<T>,
+    result: T,
+    services: usize,
+    json: Option<&std::path::Path>,
+) -> anyhow::Result<()> {
+    eprintln!("kproxy-bench daemon: {services} services done: {}", serde_json::to_string(&result).unwrap_or_default());
+    results.push(result);
+    if let Some(path) = json {
+        std::fs::write(path, serde_json::to_string_pretty(results)?).with_context(|| format!("{}", path.display()))?;
+    }
+    Ok(())
 }

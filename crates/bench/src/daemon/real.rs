@@ -27,6 +27,7 @@ use kproxy_testbed::{Netns, Testbed};
 use serde::{Deserialize, Serialize};
 
 use super::api::NODE_NAME;
+use super::keep_result;
 use super::kernel::{self, KernelProbe};
 use super::kproxy::{self, Kproxy};
 use super::objects::{self, TARGET_PORT};
@@ -98,12 +99,7 @@ pub fn main(args: &DaemonArgs, proxies: &[Proxy]) -> anyhow::Result<bool> {
         let bins = Bins { binaries: &binaries, kproxy: &kproxy_binary, upstream: &upstream_binary };
         let result =
             measure(n, args, proxies, &bins, &log_dir.join(n.to_string())).with_context(|| format!("{n} services"))?;
-        eprintln!("kproxy-bench daemon: {n} services done: {}", serde_json::to_string(&result).unwrap_or_default());
-        results.push(result);
-        if let Some(path) = &args.json {
-            std::fs::write(path, serde_json::to_string_pretty(&results)?)
-                .with_context(|| format!("{}", path.display()))?;
-        }
+        keep_result(&mut results, result, n, args.json.as_deref())?;
     }
     let command: Vec<String> = std::env::args().collect();
     let (text, met) = report::render(&command.join(" "), args, &kproxy_binary, &results);
