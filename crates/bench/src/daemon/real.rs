@@ -227,7 +227,8 @@ impl Run<'_> {
     ) -> anyhow::Result<ProxyResult> {
         let (binary, flags, timeout) = match proxy {
             Proxy::Kproxy => (bins.kproxy, kproxy::args(kubeconfig, NODE_NAME, mode), self.args.start_timeout),
-            Proxy::Upstream => (bins.upstream, upstream::args(kubeconfig, NODE_NAME, mode), self.args.upstream_timeout),
+            // The same command line as kproxy's: kube-proxy reads every one of its flags alike.
+            Proxy::Upstream => (bins.upstream, kproxy::args(kubeconfig, NODE_NAME, mode), self.args.upstream_timeout),
         };
         let log = self.dir.join(format!("{}-{}.log", proxy.as_str(), mode.as_str()));
         eprintln!("  {} {} mode, log {}", proxy.as_str(), mode.as_str(), log.display());

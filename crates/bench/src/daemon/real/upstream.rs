@@ -2,33 +2,15 @@
 //! so the benchmark can find a change of one endpoint in the kernel by a point lookup.
 
 use std::net::IpAddr;
-use std::path::Path;
 
 use kproxy_iptables::naming::hash16;
-use kproxy_testbed::topology;
 
-use super::super::Mode;
 use super::super::objects::{self, TARGET_PORT};
 
 /// Upstream's nftables table (both families).
 pub const NFT_TABLE: &str = "kube-proxy";
 /// Upstream's map from `ClusterIP . protocol . port` to the Service's chain.
 pub const SERVICE_IPS: &str = "service-ips";
-
-/// kube-proxy's command line: the flags kproxy gets in the same benchmark, in upstream's
-/// spelling (both read `--cluster-cidr`, `--hostname-override` and the conntrack flags alike).
-pub fn args(kubeconfig: &Path, node_name: &str, mode: Mode) -> Vec<String> {
-    vec![
-        format!("--proxy-mode={}", mode.as_str()),
-        format!("--kubeconfig={}", kubeconfig.display()),
-        format!("--hostname-override={node_name}"),
-        format!("--cluster-cidr={},{}", topology::CLUSTER_CIDR_V4, topology::CLUSTER_CIDR_V6),
-        // Global sysctls: left alone, as kproxy is told to.
-        "--conntrack-max-per-core=0".into(),
-        "--conntrack-tcp-timeout-established=0".into(),
-        "--conntrack-tcp-timeout-close-wait=0".into(),
-    ]
-}
 
 /// The nftables chain of Service `i`'s port `http` in upstream's table (`service-`, the first 8
 /// characters of base32(sha256(name)), then `ns/svc/tcp/http`): its one rule picks an endpoint
