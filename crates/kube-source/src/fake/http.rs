@@ -287,12 +287,7 @@ fn trickled_list(
             *lock(&store).lists_sent.entry(kind).or_default() += 1;
             Some(("]}".to_owned(), (None, items, None)))
         });
-    let body = StreamBody::new(futures::StreamExt::map(chunks, |chunk| Ok(Frame::data(Bytes::from(chunk)))));
-    let mut response = Response::new(BodyExt::boxed_unsync(body));
-    response
-        .headers_mut()
-        .insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("application/json"));
-    response
+    streamed_json(chunks)
 }
 
 #[derive(Serialize)]
@@ -509,12 +504,7 @@ fn watch(shared: &Arc<Mutex<Store>>, kind: Kind, filter: Filter, options: WatchO
     };
     drop(store);
     let chunks = futures::stream::unfold(state, next_chunk);
-    let body = StreamBody::new(futures::StreamExt::map(chunks, |chunk| Ok(Frame::data(Bytes::from(chunk)))));
-    let mut response = Response::new(BodyExt::boxed_unsync(body));
-    response
-        .headers_mut()
-        .insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("application/json"));
-    response
+    streamed_json(chunks)
 }
 
 /// A streaming list's start: every current object as ADDED, then the bookmark that ends the
@@ -573,6 +563,16 @@ async fn pause(delay: Duration) {
     if !delay.is_zero() {
         tokio::time::sleep(delay).await;
     }
+}
+
+/// A `200` JSON response whose body is written chunk by chunk as `chunks` yields them.
+fn streamed_json(chunks: impl futures::Stream<Item = String> + Send + 'static) -> Response<Body> {
+    let body = StreamBody::new(futures::StreamExt::map(chunks, |chunk| Ok(Frame::data(Bytes::from(chunk)))));
+    let mut response = Response::new(BodyExt::boxed_unsync(body));
+    response
+        .headers_mut()
+        .insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("application/json"));
+    response
 }
 
 fn json_bytes(code: StatusCode, body: Vec<u8>) -> Response<Body> {
