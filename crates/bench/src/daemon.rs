@@ -127,6 +127,15 @@ pub struct DaemonArgs {
     /// the report).
     #[arg(long)]
     pub etcd_fsync: bool,
+    /// With `--api real`: keep each size's cluster here (etcd's data right after the cluster was
+    /// written through the API server) and start later runs of that size from it instead of
+    /// writing it again (writing 100k Services takes over an hour; the report marks reused
+    /// clusters). Default: `<workspace>/target/bench-clusters`.
+    #[arg(long)]
+    pub cluster_cache: Option<PathBuf>,
+    /// With `--api real`: write every cluster through the API server, neither reusing nor saving one.
+    #[arg(long)]
+    pub no_cluster_cache: bool,
 }
 
 impl DaemonArgs {

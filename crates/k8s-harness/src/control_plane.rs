@@ -63,6 +63,11 @@ pub struct ControlPlaneOptions {
     /// whose plane outlives its process (`cargo xtask cluster up`) keeps it out of /tmp, where a
     /// sweep of stale `kproxy-k8s-*` directories would take it from under a running cluster.
     pub work_parent: Option<PathBuf>,
+    /// An etcd data directory saved earlier by [`ControlPlane::save_etcd`]: copied into the work
+    /// directory and started instead of an empty etcd, so a cluster that took an hour to write
+    /// through the API server is written once (the benchmark's 100k Services). Its etcd version
+    /// must be [`ControlPlaneOptions::etcd`]'s.
+    pub etcd_seed: Option<PathBuf>,
 }
 
 impl Default for ControlPlaneOptions {
@@ -80,6 +85,7 @@ impl Default for ControlPlaneOptions {
             die_with_parent: true,
             ready_timeout: Duration::from_secs(90),
             work_parent: None,
+            etcd_seed: None,
         }
     }
 }
@@ -115,6 +121,7 @@ pub struct ControlPlane {
     pki: Pki,
     launch: Launch,
     etcd_port: u16,
+    etcd_peer_port: u16,
     port: u16,
     admin_kubeconfig: PathBuf,
     // Stopped in reverse order of start by Drop.
@@ -181,6 +188,7 @@ impl ControlPlane {
             work_path,
             pki,
             etcd_port: ports[0],
+            etcd_peer_port: ports[1],
             port,
             etcd: None,
             apiserver: None,
@@ -190,7 +198,11 @@ impl ControlPlane {
         };
         // The API server's client certificate towards kubelets (logs, exec, port-forward).
         plane.pki.client(&kubelet_client())?;
-        plane.start_etcd(ports[1])?;
+        if let Some(seed) = &plane.options.etcd_seed {
+            copy_dir(seed, &plane.work_path.join("etcd"))
+                .map_err(|e| Error::io(format!("copying the etcd seed {}", seed.display()), e))?;
+        }
+        plane.start_etcd()?;
         plane.pki.write_kubeconfig(&Identity::admin(), &plane.url(), &plane.admin_kubeconfig)?;
         plane.start_apiserver()?;
         Ok(plane)
@@ -428,7 +440,28 @@ impl ControlPlane {
         Ok(process)
     }
 
-    fn start_etcd(&mut self, peer_port: u16) -> Result<()> {
+    /// Saves etcd's data directory to `dest` (replaced if present) for a later
+    /// [`ControlPlaneOptions::etcd_seed`]: stops the API server and etcd (so the copy is
+    /// consistent), copies, and starts both again on the same ports.
+    pub fn save_etcd(&mut self, dest: &Path) -> Result<()> {
+        self.stop_apiserver();
+        if let Some(mut etcd) = self.etcd.take() {
+            etcd.stop(Duration::from_secs(30));
+        }
+        let partial = dest.with_extension("partial");
+        let _ = std::fs::remove_dir_all(&partial);
+        copy_dir(&self.work_path.join("etcd"), &partial)
+            .and_then(|()| {
+                let _ = std::fs::remove_dir_all(dest);
+                std::fs::rename(&partial, dest)
+            })
+            .map_err(|e| Error::io(format!("saving etcd's data to {}", dest.display()), e))?;
+        self.start_etcd()?;
+        self.start_apiserver()
+    }
+
+    fn start_etcd(&mut self) -> Result<()> {
+        let peer_port = self.etcd_peer_port;
         let (bin, version) = match self.options.etcd {
             Etcd::V3_6 => (self.binaries.path(Binary::Etcd3_6)?, "3.6"),
             Etcd::V3_5_1 => (self.binaries.etcd_3_5_1().to_path_buf(), "3.5.1"),
@@ -548,6 +581,21 @@ impl Drop for ControlPlane {
         }
         // Otherwise the TempDir removes the work directory as it drops.
     }
+}
+
+/// Copies the directory tree `from` to `to` (files, directories; etcd's data has nothing else).
+fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_dir(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), &target)?;
+        }
+    }
+    Ok(())
 }
 
 /// The identity the API server presents to kubelets (in `system:masters`: allowed every kubelet API).

@@ -11,6 +11,7 @@
 //! between two.
 
 mod bare;
+mod cache;
 mod create;
 mod observe;
 mod report;
@@ -87,6 +88,7 @@ pub fn main(args: &DaemonArgs, proxies: &[Proxy]) -> anyhow::Result<bool> {
     let binaries = Binaries::locate().context("the Kubernetes binaries (KPROXY_K8S_DIR)")?;
     let kproxy_binary = kproxy::binary(args.kproxy.as_deref())?;
     let upstream_binary = binaries.path(Binary::KubeProxy)?;
+    let apiserver_binary = binaries.path(Binary::KubeApiserver)?;
     let log_dir = kproxy::run_dir(args.log_dir.as_deref(), "kproxy-bench-daemon-real")?;
     let mut results = Vec::new();
     for &n in &args.services {
@@ -96,7 +98,12 @@ pub fn main(args: &DaemonArgs, proxies: &[Proxy]) -> anyhow::Result<bool> {
             objects::MAX_SERVICES
         );
         eprintln!("kproxy-bench daemon --api real: {n} services ...");
-        let bins = Bins { binaries: &binaries, kproxy: &kproxy_binary, upstream: &upstream_binary };
+        let bins = Bins {
+            binaries: &binaries,
+            apiserver: &apiserver_binary,
+            kproxy: &kproxy_binary,
+            upstream: &upstream_binary,
+        };
         let result =
             measure(n, args, proxies, &bins, &log_dir.join(n.to_string())).with_context(|| format!("{n} services"))?;
         keep_result(&mut results, result, n, args.json.as_deref())?;
@@ -109,6 +116,7 @@ pub fn main(args: &DaemonArgs, proxies: &[Proxy]) -> anyhow::Result<bool> {
 
 struct Bins<'a> {
     binaries: &'a Binaries,
+    apiserver: &'a Path,
     kproxy: &'a Path,
     upstream: &'a Path,
 }
@@ -125,7 +133,16 @@ fn measure(n: usize, args: &DaemonArgs, proxies: &[Proxy], bins: &Bins, dir: &Pa
     std::fs::create_dir_all(dir)?;
     let tb = Testbed::new()?;
     let node = tb.node();
+    let saved = (!args.no_cluster_cache).then(|| {
+        let root = args
+            .cluster_cache
+            .clone()
+            .unwrap_or_else(|| kproxy_k8s_harness::workspace_root().join("target").join("bench-clusters"));
+        cache::SavedCluster::new(&root, n, bins.apiserver, "etcd-3.6")
+    });
+    let seed = saved.as_ref().and_then(cache::SavedCluster::etcd);
     let options = ControlPlaneOptions {
+        etcd_seed: seed.clone(),
         netns: Some(PathBuf::from(format!("/run/netns/{}", node.name()))),
         unsafe_no_fsync: !args.etcd_fsync,
         service_cidr: "198.18.0.0/15".into(),
@@ -133,7 +150,7 @@ fn measure(n: usize, args: &DaemonArgs, proxies: &[Proxy], bins: &Bins, dir: &Pa
         extra_apiserver_args: vec![format!("--service-cluster-ip-range={SERVICE_CIDRS}")],
         ..ControlPlaneOptions::default()
     };
-    let plane = ControlPlane::start(bins.binaries, options).context("starting etcd and kube-apiserver")?;
+    let mut plane = ControlPlane::start(bins.binaries, options).context("starting etcd and kube-apiserver")?;
     eprintln!("  API server {} (etcd --unsafe-no-fsync: {})", plane.url(), !args.etcd_fsync);
     let admin = plane.admin_kubeconfig().to_path_buf();
     let proxy_kubeconfig = plane.kubeconfig(&Identity::kube_proxy())?;
@@ -142,7 +159,21 @@ fn measure(n: usize, args: &DaemonArgs, proxies: &[Proxy], bins: &Bins, dir: &Pa
     let runtime =
         node.run_in(|| tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build())??;
     let client = in_node(node, &runtime, client(&admin))?;
-    let created = in_node(node, &runtime, create::cluster(&client, n, WEB_POD.into(), args.create_concurrency))?;
+    let created = match (&saved, seed) {
+        (Some(saved), Some(seed)) => {
+            eprintln!("  the cluster: etcd started from {} (written by an earlier run)", seed.display());
+            saved.created()?
+        }
+        (saved, _) => {
+            let created =
+                in_node(node, &runtime, create::cluster(&client, n, WEB_POD.into(), args.create_concurrency))?;
+            if let Some(saved) = saved {
+                plane.save_etcd(&saved.etcd_dest()?).context("saving the cluster")?;
+                saved.finish(&created)?;
+            }
+            created
+        }
+    };
     eprintln!(
         "  created {} Services and {} EndpointSlices in {:.1} s ({:.0} objects/s, {} in flight)",
         created.services,

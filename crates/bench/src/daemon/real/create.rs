@@ -28,6 +28,10 @@ pub struct Created {
     pub concurrency: usize,
     /// JSON bytes sent for the Services and slices (as the benchmark wrote them).
     pub bytes: usize,
+    /// Set when this run did not write the cluster but started from one an earlier run wrote
+    /// and saved (`--cluster-cache`): that directory. The figures above are that run's.
+    #[serde(default)]
+    pub reused_from: Option<String>,
 }
 
 /// Drops what the API server sets itself.
@@ -89,6 +93,7 @@ pub async fn cluster(client: &kube::Client, n: usize, web_pod: IpAddr, concurren
         seconds: started.elapsed().as_secs_f64(),
         concurrency,
         bytes: results.iter().map(|(_, b)| b).sum(),
+        reused_from: None,
     })
 }
 

@@ -134,10 +134,11 @@ fn write_report(
         for r in &size.proxies {
             writeln!(
                 s,
-                "| {} | {:.0} s ({:.0}/s) | {:.2} s / {:.2} s | {} | {} | {:.1} s | {} | {} | {} / {} | {:.2} % | {:.0} MiB | {:.0} MiB | {:.0} MiB | {:.1} s | {:.1} → {:.1} |",
+                "| {} | {:.0} s ({:.0}/s){} | {:.2} s / {:.2} s | {} | {} | {:.1} s | {} | {} | {} / {} | {:.2} % | {:.0} MiB | {:.0} MiB | {:.0} MiB | {:.1} s | {:.1} → {:.1} |",
                 size.services,
                 size.created.seconds,
                 (size.created.services + size.created.slices) as f64 / size.created.seconds,
+                if size.created.reused_from.is_some() { " †" } else { "" },
                 size.bare.list_s,
                 size.bare.streaming_s,
                 name(r),
@@ -159,6 +160,16 @@ fn write_report(
                 size.load.1,
             )?;
         }
+    }
+    for size in results.iter().filter(|r| r.created.reused_from.is_some()) {
+        writeln!(s)?;
+        writeln!(
+            s,
+            "† {} Services: written through the API server by an earlier run (its time), saved as etcd's data \
+             right after, and started from a copy of it here (`--cluster-cache`: {}).",
+            size.services,
+            size.created.reused_from.as_deref().unwrap_or_default()
+        )?;
     }
     if results.iter().flat_map(|r| &r.proxies).any(|r| r.start_by_listing) {
         writeln!(s)?;
