@@ -184,10 +184,12 @@ fn measure(n: usize, args: &DaemonArgs, proxies: &[Proxy], bins: &Bins, dir: &Pa
     );
     let bare = in_node(node, &runtime, bare::measure(&client))?;
     eprintln!(
-        "  bare client: lists {:.2} s ({} MiB), streaming lists {:.2} s",
+        "  bare client: lists {:.2} s ({} MiB), streaming lists {:.2} s, a change PATCH → watch p50 {} p99 {}",
         bare.list_s,
         bare.list_bytes >> 20,
-        bare.streaming_s
+        bare.streaming_s,
+        super::report::ms(super::report::pct(&bare.watch_ms, 0.5)),
+        super::report::ms(super::report::pct(&bare.watch_ms, 0.99)),
     );
 
     let mut current: HashMap<usize, objects::Endpoints> = HashMap::new();

@@ -1,11 +1,18 @@
 //! What the API server itself takes to serve the cluster: the lists a proxy starts with, read
-//! by a bare client that decodes nothing. The daemon's start is judged against it.
+//! by a bare client that decodes nothing, and a change's trip from a PATCH to a watch. The
+//! daemon's start is judged against the first; the second is the part of a change's latency
+//! no proxy can shorten.
 
 use std::time::Instant;
 
 use anyhow::Context as _;
 use futures::AsyncBufReadExt as _;
 use futures::AsyncReadExt as _;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::json;
+
+use super::super::objects;
 
 /// The collections a proxy lists: Services and EndpointSlices (the node and ServiceCIDRs are a
 /// handful of objects).
@@ -22,6 +29,11 @@ pub struct BareLists {
     pub streaming_s: f64,
     /// Bytes of the plain lists' bodies.
     pub list_bytes: usize,
+    /// A change through the API server alone, ms, sorted: a PATCH of one EndpointSlice's
+    /// annotation, from before the request to its `MODIFIED` event on a watch of every
+    /// EndpointSlice (what a proxy holds open).
+    #[serde(default)]
+    pub watch_ms: Vec<f64>,
 }
 
 impl BareLists {
@@ -41,7 +53,54 @@ pub async fn measure(client: &kube::Client) -> anyhow::Result<BareLists> {
     let started = Instant::now();
     futures::future::try_join_all(COLLECTIONS.map(|path| streaming(client, path))).await?;
     let streaming_s = started.elapsed().as_secs_f64();
-    Ok(BareLists { list_s, streaming_s, list_bytes: sizes.iter().sum() })
+    let watch_ms = watch_latency(client, WATCH_SAMPLES).await?;
+    Ok(BareLists { list_s, streaming_s, list_bytes: sizes.iter().sum(), watch_ms })
+}
+
+/// Changes timed through the API server alone.
+const WATCH_SAMPLES: usize = 50;
+
+/// `samples` PATCHes of an annotation of Service 1's IPv4 slice, one after the other, each timed
+/// to its event on a watch of all EndpointSlices opened at the current resource version.
+async fn watch_latency(client: &kube::Client, samples: usize) -> anyhow::Result<Vec<f64>> {
+    let path = COLLECTIONS[1];
+    let list: serde_json::Value = client.request(get(&format!("{path}?limit=1"))?).await?;
+    let version = list["metadata"]["resourceVersion"].as_str().context("a list's resourceVersion")?.to_owned();
+    let uri = format!("{path}?watch=true&resourceVersion={version}&timeoutSeconds=600");
+    let mut events = client.request_stream(get(&uri)?).await?;
+    let (namespace, _) = objects::name(1);
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), &namespace);
+    let slice = objects::slice_name(1, false);
+    let mut timings = Vec::with_capacity(samples);
+    for sample in 0..samples {
+        let marker = format!("probe-{sample}");
+        let patch = Patch::Merge(json!({"metadata": {"annotations": {PROBE_ANNOTATION: marker}}}));
+        let params = PatchParams::default();
+        let needle = format!("\"{PROBE_ANNOTATION}\":\"{marker}\"");
+        let started = Instant::now();
+        let send = slices.patch(&slice, &params, &patch);
+        let (sent, seen) = futures::join!(send, next_event_with(&mut events, needle.as_bytes()));
+        sent.context("patching a slice's annotation")?;
+        seen?;
+        timings.push(started.elapsed().as_secs_f64() * 1e3);
+    }
+    timings.sort_by(f64::total_cmp);
+    Ok(timings)
+}
+
+const PROBE_ANNOTATION: &str = "kproxy-bench/probe";
+
+/// Reads watch events until one contains `needle`.
+async fn next_event_with(events: &mut (impl futures::AsyncBufRead + Unpin), needle: &[u8]) -> anyhow::Result<()> {
+    let mut line = Vec::with_capacity(1 << 14);
+    loop {
+        line.clear();
+        let read = events.read_until(b'\n', &mut line).await.context("reading the watch")?;
+        anyhow::ensure!(read > 0, "the watch ended before the change's event");
+        if contains(&line, needle) {
+            return Ok(());
+        }
+    }
 }
 
 fn get(uri: &str) -> anyhow::Result<http::Request<Vec<u8>>> {

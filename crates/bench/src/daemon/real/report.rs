@@ -127,20 +127,21 @@ fn write_report(
     writeln!(s)?;
     writeln!(
         s,
-        "| services | created through the API server (objects/s) | bare client: lists / streaming lists | proxy | start → programmed | CPU to programmed | change p50 | change p99 | seen | idle CPU | RSS steady | RSS peak | RSS after changes | CPU, whole run | load avg |"
+        "| services | created through the API server (objects/s) | bare client: lists / streaming lists / change p50 | proxy | start → programmed | CPU to programmed | change p50 | change p99 | seen | idle CPU | RSS steady | RSS peak | RSS after changes | CPU, whole run | load avg |"
     )?;
     writeln!(s, "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")?;
     for size in results {
         for r in &size.proxies {
             writeln!(
                 s,
-                "| {} | {:.0} s ({:.0}/s){} | {:.2} s / {:.2} s | {} | {} | {:.1} s | {} | {} | {} / {} | {:.2} % | {:.0} MiB | {:.0} MiB | {:.0} MiB | {:.1} s | {:.1} → {:.1} |",
+                "| {} | {:.0} s ({:.0}/s){} | {:.2} s / {:.2} s / {} | {} | {} | {:.1} s | {} | {} | {} / {} | {:.2} % | {:.0} MiB | {:.0} MiB | {:.0} MiB | {:.1} s | {:.1} → {:.1} |",
                 size.services,
                 size.created.seconds,
                 (size.created.services + size.created.slices) as f64 / size.created.seconds,
                 if size.created.reused_from.is_some() { " †" } else { "" },
                 size.bare.list_s,
                 size.bare.streaming_s,
+                ms(pct(&size.bare.watch_ms, 0.5)),
                 name(r),
                 r.start_s.map_or_else(
                     || format!("> {} s", args.upstream_timeout),
