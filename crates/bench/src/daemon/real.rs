@@ -11,6 +11,7 @@
 //! between two.
 
 mod bare;
+mod bulk;
 mod cache;
 mod create;
 mod observe;
@@ -165,8 +166,13 @@ fn measure(n: usize, args: &DaemonArgs, proxies: &[Proxy], bins: &Bins, dir: &Pa
             saved.created()?
         }
         (saved, _) => {
-            let created =
-                in_node(node, &runtime, create::cluster(&client, n, WEB_POD.into(), args.create_concurrency))?;
+            let concurrency = args.create_concurrency;
+            let created = if n > args.store_directly_above {
+                let etcd = plane.etcd_url();
+                in_node(node, &runtime, bulk::cluster(&client, &etcd, n, WEB_POD.into(), concurrency))?
+            } else {
+                in_node(node, &runtime, create::cluster(&client, n, WEB_POD.into(), concurrency))?
+            };
             if let Some(saved) = saved {
                 plane.save_etcd(&saved.etcd_dest()?).context("saving the cluster")?;
                 saved.finish(&created)?;
@@ -175,12 +181,13 @@ fn measure(n: usize, args: &DaemonArgs, proxies: &[Proxy], bins: &Bins, dir: &Pa
         }
     };
     eprintln!(
-        "  created {} Services and {} EndpointSlices in {:.1} s ({:.0} objects/s, {} in flight)",
+        "  created {} Services and {} EndpointSlices in {:.1} s ({:.0} objects/s, {} in flight{})",
         created.services,
         created.slices,
         created.seconds,
         (created.services + created.slices) as f64 / created.seconds,
-        created.concurrency
+        created.concurrency,
+        if created.stored_directly { "; dry-run creates put into etcd" } else { "" }
     );
     let bare = in_node(node, &runtime, bare::measure(&client))?;
     eprintln!(
@@ -357,8 +364,11 @@ impl Run<'_> {
                 let svc_chain = objects::svc_chain(i);
                 let nft_chain = upstream::nft_service_chain(i);
                 let sep_chain = upstream::iptables_endpoint_chain(i, fresh);
+                // The kernel is polled from the moment the PATCH leaves, not from its answer:
+                // a proxy may program the change before the API server has answered the writer.
+                let client = self.client.clone();
                 let sent = Instant::now();
-                self.runtime.block_on(create::set_endpoints(self.client, i, &eps))?;
+                let patch = self.runtime.spawn(async move { create::set_endpoints(&client, i, &eps).await });
                 let latency = observe::poll_until(sent, CHANGE_TIMEOUT, || {
                     Ok(match (proxy, mode) {
                         (Proxy::Kproxy, Mode::Nftables) => {
@@ -371,6 +381,7 @@ impl Run<'_> {
                         (Proxy::Upstream, Mode::Iptables) => nat_probe.chain_exists(ip, &sep_chain)?,
                     })
                 })?;
+                self.runtime.block_on(patch)??;
                 if latency.is_none() {
                     eprintln!("  change {k} (Service {i}, {fresh}) not seen within {CHANGE_TIMEOUT:?}");
                 }

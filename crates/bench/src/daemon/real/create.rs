@@ -32,10 +32,15 @@ pub struct Created {
     /// and saved (`--cluster-cache`): that directory. The figures above are that run's.
     #[serde(default)]
     pub reused_from: Option<String>,
+    /// Set when the Services (but the first) and slices were not created through the API server
+    /// but validated and defaulted by it (a dry-run create each) and put into etcd directly
+    /// (`bulk.rs`, for sizes the API server cannot write in a run).
+    #[serde(default)]
+    pub stored_directly: bool,
 }
 
 /// Drops what the API server sets itself.
-fn for_create(mut object: Value) -> Value {
+pub(super) fn for_create(mut object: Value) -> Value {
     if let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut) {
         for field in ["uid", "creationTimestamp", "managedFields", "generation", "resourceVersion"] {
             meta.remove(field);
@@ -50,6 +55,30 @@ fn for_create(mut object: Value) -> Value {
 /// Creates the node, the namespaces and `n` Services with their slices; `web_pod` backs Service 0.
 pub async fn cluster(client: &kube::Client, n: usize, web_pod: IpAddr, concurrency: usize) -> anyhow::Result<Created> {
     let started = Instant::now();
+    node_and_namespaces(client, n, concurrency).await?;
+    let trigger = kproxy_servers::rfc3339_nano(Some(std::time::SystemTime::now()));
+    let results: Vec<(usize, usize)> = futures::stream::iter(0..n)
+        .map(|i| {
+            let client = client.clone();
+            let trigger = trigger.clone();
+            async move { create_one(&client, i, web_pod, &trigger).await }
+        })
+        .buffer_unordered(concurrency)
+        .try_collect()
+        .await?;
+    Ok(Created {
+        services: n,
+        slices: results.iter().map(|(s, _)| s).sum(),
+        seconds: started.elapsed().as_secs_f64(),
+        concurrency,
+        bytes: results.iter().map(|(_, b)| b).sum(),
+        reused_from: None,
+        stored_directly: false,
+    })
+}
+
+/// The node (with its addresses) and the namespaces of `n` Services.
+pub(super) async fn node_and_namespaces(client: &kube::Client, n: usize, concurrency: usize) -> anyhow::Result<()> {
     let pod_cidrs = [topology::NODE_POD_CIDR_V4.to_string(), topology::NODE_POD_CIDR_V6.to_string()];
     let node_json =
         objects::node(NODE_NAME, topology::NODE_IP_V4, topology::NODE_IP_V6, [&pod_cidrs[0], &pod_cidrs[1]]);
@@ -76,29 +105,16 @@ pub async fn cluster(client: &kube::Client, n: usize, web_pod: IpAddr, concurren
         .buffer_unordered(concurrency)
         .try_collect::<Vec<()>>()
         .await?;
-
-    let trigger = kproxy_servers::rfc3339_nano(Some(std::time::SystemTime::now()));
-    let results: Vec<(usize, usize)> = futures::stream::iter(0..n)
-        .map(|i| {
-            let client = client.clone();
-            let trigger = trigger.clone();
-            async move { create_one(&client, i, web_pod, &trigger).await }
-        })
-        .buffer_unordered(concurrency)
-        .try_collect()
-        .await?;
-    Ok(Created {
-        services: n,
-        slices: results.iter().map(|(s, _)| s).sum(),
-        seconds: started.elapsed().as_secs_f64(),
-        concurrency,
-        bytes: results.iter().map(|(_, b)| b).sum(),
-        reused_from: None,
-    })
+    Ok(())
 }
 
 /// Service `i`, its load balancer status, and its slices: (slices, bytes sent).
-async fn create_one(client: &kube::Client, i: usize, web_pod: IpAddr, trigger: &str) -> anyhow::Result<(usize, usize)> {
+pub(super) async fn create_one(
+    client: &kube::Client,
+    i: usize,
+    web_pod: IpAddr,
+    trigger: &str,
+) -> anyhow::Result<(usize, usize)> {
     let (namespace, name) = objects::name(i);
     let services: Api<Service> = Api::namespaced(client.clone(), &namespace);
     let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), &namespace);
@@ -113,10 +129,7 @@ async fn create_one(client: &kube::Client, i: usize, web_pod: IpAddr, trigger: &
             .await
             .with_context(|| format!("Service {name} status"))?;
     }
-    let mut families = vec![false];
-    if Shape::of(i).dual_stack && i > 0 {
-        families.push(true);
-    }
+    let families = families(i);
     for v6 in &families {
         let eps = objects::initial_endpoints(i, *v6, (web_pod, NODE_NAME));
         let slice_json = objects::slice(i, *v6, &eps, trigger);
@@ -127,9 +140,14 @@ async fn create_one(client: &kube::Client, i: usize, web_pod: IpAddr, trigger: &
     Ok((families.len(), bytes))
 }
 
+/// The families of Service `i`'s slices (IPv6: true).
+pub(super) fn families(i: usize) -> Vec<bool> {
+    if Shape::of(i).dual_stack && i > 0 { vec![false, true] } else { vec![false] }
+}
+
 /// A request tried again on a conflict or a server that is briefly too busy (429, 5xx, a
 /// connection reset): creating at full speed meets them; anything else is an error.
-async fn retry<T, F, Fut>(mut request: F) -> kube::Result<T>
+pub(super) async fn retry<T, F, Fut>(mut request: F) -> kube::Result<T>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = kube::Result<T>>,
