@@ -118,12 +118,12 @@ async fn stored_objects(
 /// (its resourceVersion dropped: etcd's revision is the version of what is stored).
 async fn dry_run(client: &kube::Client, collection: &str, object: Value) -> anyhow::Result<Value> {
     let body = serde_json::to_vec(&object)?;
-    let mut stored: Value = retry(|| {
+    let mut stored: Value = retry(|| async {
         let request = http::Request::post(format!("{collection}?dryRun=All"))
             .header("content-type", "application/json")
             .body(body.clone())
-            .expect("a request from a path and a body");
-        client.request::<Value>(request)
+            .map_err(kube::Error::HttpError)?;
+        client.request::<Value>(request).await
     })
     .await?;
     if let Some(meta) = stored.get_mut("metadata").and_then(Value::as_object_mut) {
