@@ -10,7 +10,7 @@
 //! tables carry Services. Service 0 is `bench/web`: its one endpoint is a real pod.
 //!
 //! Addresses stay in the test ranges: ClusterIPs in 198.19.0.0/16, then 198.18.128.0/17 and
-//! 198.18.64.0/18 (unique up to 114,688 Services) and fd00:96::/96; endpoints in 198.18.32.0/20
+//! 198.18.64.0/18 (unique up to 114,684 Services) and fd00:96::/96; endpoints in 198.18.32.0/20
 //! (shared by many Services past 4,096 endpoints) and fd00:10:20::/64; addresses brought in by
 //! changes in 198.18.48.0/20; load balancer IPs in 203.0.113.0/24.
 
@@ -25,12 +25,14 @@ pub const TARGET_PORT: u16 = 8080;
 /// The namespace and name of the Service backed by a real pod.
 pub const WEB: (&str, &str) = ("bench", "web");
 
-/// ClusterIP ranges, in order: (first address, size).
+/// ClusterIP ranges, in order: (first address, size). The first stops before 198.19.255.255,
+/// the broadcast address of the real API server's 198.18.0.0/15, which it refuses to allocate
+/// (its dry-run validation found Service 65534 there).
 const CLUSTER_IP_RANGES: [([u8; 4], u32); 3] =
-    [([198, 19, 0, 0], 1 << 16), ([198, 18, 128, 0], 1 << 15), ([198, 18, 64, 0], 1 << 14)];
+    [([198, 19, 0, 0], (1 << 16) - 1), ([198, 18, 128, 0], 1 << 15), ([198, 18, 64, 0], 1 << 14)];
 
 /// The largest cluster with unique IPv4 ClusterIPs.
-pub const MAX_SERVICES: usize = (1 << 16) + (1 << 15) + (1 << 14) - 3;
+pub const MAX_SERVICES: usize = (1 << 16) - 1 + (1 << 15) + (1 << 14) - 3;
 
 /// What Service `i` is like.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -305,8 +307,9 @@ mod tests {
             assert!(seen.insert(ip), "service {i}: {ip} twice");
         }
         assert_eq!(cluster_ip_v4(0), Ipv4Addr::new(198, 19, 0, 1));
-        assert_eq!(cluster_ip_v4(65534), Ipv4Addr::new(198, 19, 255, 255));
-        assert_eq!(cluster_ip_v4(65535), Ipv4Addr::new(198, 18, 128, 1));
+        assert_eq!(cluster_ip_v4(65533), Ipv4Addr::new(198, 19, 255, 254));
+        assert_eq!(cluster_ip_v4(65534), Ipv4Addr::new(198, 18, 128, 1));
+        assert!((0..MAX_SERVICES).all(|i| cluster_ip_v4(i) != Ipv4Addr::new(198, 19, 255, 255)));
     }
 
     #[test]
