@@ -356,6 +356,9 @@ impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
 
     /// Applies one source event.
     pub fn apply(&mut self, change: Change) {
+        if self.ready() {
+            tracing::trace!(kind = %change.kind(), "source change");
+        }
         self.observer.received(&change);
         let kind = change.kind();
         let mut outcome = self.state.apply(change);

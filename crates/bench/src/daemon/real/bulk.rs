@@ -9,7 +9,8 @@
 //! ~110 Services/s at the start, ~25/s at 20k here, hours for 100k (`cache.rs`). A dry-run
 //! create returns before the allocation, so it costs the same at any size. NodePorts need no
 //! copy: the API server's repair loop rebuilds its port bitmap from the Services when it starts.
-//! The API server watches etcd, so what is put here is served at once; the caller counts it.
+//! The puts happen while the API server is stopped (see [`put`]); once it is started again, its
+//! start-up repair rebuilds the NodePort bitmap, and [`served`] counts what it serves.
 
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
@@ -29,22 +30,22 @@ const TXN_OPS: usize = 128;
 /// Below etcd's default `--max-request-bytes` (1.5 MiB) once base64-encoded.
 const TXN_BYTES: usize = 900 << 10;
 
-/// Writes `n` Services and their slices: Service 0 through the API server, the rest as above.
-pub async fn cluster(
-    client: &kube::Client,
-    etcd_url: &str,
-    n: usize,
-    web_pod: IpAddr,
-    concurrency: usize,
-) -> anyhow::Result<Created> {
+/// The objects of a cluster as the API server would store them, ready to be put.
+pub struct Prepared {
+    batches: Vec<Batch>,
+    created: Created,
+    started: Instant,
+}
+
+/// Creates Service 0 and has the API server validate and default every other object: nothing
+/// of the rest is stored yet.
+pub async fn prepare(client: &kube::Client, n: usize, web_pod: IpAddr, concurrency: usize) -> anyhow::Result<Prepared> {
     let started = Instant::now();
     create::node_and_namespaces(client, n, concurrency).await?;
     let trigger = kproxy_servers::rfc3339_nano(Some(std::time::SystemTime::now()));
-    let (first_slices, mut bytes) = create::create_one(client, 0, web_pod, &trigger).await?;
+    let (mut slices, mut bytes) = create::create_one(client, 0, web_pod, &trigger).await?;
     let template = ip_address_template(client).await?;
-    let etcd = Etcd::new(etcd_url);
-    let mut batch = Batch::default();
-    let mut slices = first_slices;
+    let mut batches = vec![Batch::default()];
     let mut stream = futures::stream::iter(1..n)
         .map(|i| {
             let (client, trigger, template) = (client.clone(), trigger.clone(), &template);
@@ -55,23 +56,35 @@ pub async fn cluster(
         bytes += sent;
         slices += slice_count;
         for (key, value) in objects {
-            if batch.would_overflow(&value) {
-                etcd.put(std::mem::take(&mut batch)).await?;
+            if batches.last().is_some_and(|b| b.would_overflow(&value)) {
+                batches.push(Batch::default());
             }
-            batch.push(key, value);
+            batches.last_mut().expect("one batch at least").push(key, value);
         }
     }
-    etcd.put(batch).await?;
-    wait_served(client, n, slices).await?;
-    Ok(Created {
-        services: n,
-        slices,
-        seconds: started.elapsed().as_secs_f64(),
-        concurrency,
-        bytes,
-        reused_from: None,
-        stored_directly: true,
-    })
+    let created =
+        Created { services: n, slices, seconds: 0.0, concurrency, bytes, reused_from: None, stored_directly: true };
+    Ok(Prepared { batches, created, started })
+}
+
+/// Puts what [`prepare`] made into etcd. Run it while the API server is stopped: a running one
+/// sees a Service before its IPAddress (two informers), repairs the "missing" address, and its
+/// start-up check, which must pass within a minute, fails on the conflict with the put.
+pub async fn put(etcd_url: &str, prepared: Prepared) -> anyhow::Result<Prepared> {
+    let etcd = Etcd::new(etcd_url);
+    let Prepared { batches, created, started } = prepared;
+    for batch in batches {
+        etcd.put(batch).await?;
+    }
+    Ok(Prepared { batches: Vec::new(), created, started })
+}
+
+/// Once the API server runs again: waits until it serves every Service and slice put; what
+/// writing took, start to end.
+pub async fn served(client: &kube::Client, prepared: Prepared) -> anyhow::Result<Created> {
+    let Prepared { created, started, .. } = prepared;
+    wait_served(client, created.services, created.slices).await?;
+    Ok(Created { seconds: started.elapsed().as_secs_f64(), ..created })
 }
 
 /// Service `i`'s objects as the API server would store them: its key and JSON each (the Service,
