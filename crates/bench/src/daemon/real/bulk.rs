@@ -45,7 +45,7 @@ pub async fn prepare(client: &kube::Client, n: usize, web_pod: IpAddr, concurren
     let trigger = kproxy_servers::rfc3339_nano(Some(std::time::SystemTime::now()));
     let (mut slices, mut bytes) = create::create_one(client, 0, web_pod, &trigger).await?;
     let template = ip_address_template(client).await?;
-    let mut batches = vec![Batch::default()];
+    let (mut batches, mut batch) = (Vec::new(), Batch::default());
     let mut stream = futures::stream::iter(1..n)
         .map(|i| {
             let (client, trigger, template) = (client.clone(), trigger.clone(), &template);
@@ -56,12 +56,13 @@ pub async fn prepare(client: &kube::Client, n: usize, web_pod: IpAddr, concurren
         bytes += sent;
         slices += slice_count;
         for (key, value) in objects {
-            if batches.last().is_some_and(|b| b.would_overflow(&value)) {
-                batches.push(Batch::default());
+            if batch.would_overflow(&value) {
+                batches.push(std::mem::take(&mut batch));
             }
-            batches.last_mut().expect("one batch at least").push(key, value);
+            batch.push(key, value);
         }
     }
+    batches.push(batch);
     let created =
         Created { services: n, slices, seconds: 0.0, concurrency, bytes, reused_from: None, stored_directly: true };
     Ok(Prepared { batches, created, started })
