@@ -168,13 +168,8 @@ fn measure(n: usize, args: &DaemonArgs, proxies: &[Proxy], bins: &Bins, dir: &Pa
         (saved, _) => {
             let concurrency = args.create_concurrency;
             let created = if n > args.store_directly_above {
-                let prepared = in_node(node, &runtime, bulk::prepare(&client, n, WEB_POD.into(), concurrency))?;
-                plane.stop_apiserver();
                 let etcd = plane.etcd_url();
-                let prepared = in_node(node, &runtime, bulk::put(&etcd, prepared))?;
-                // Its start-up repair rebuilds the NodePort bitmap from the Services put.
-                plane.start_apiserver().context("starting the API server after the direct writes")?;
-                in_node(node, &runtime, bulk::served(&client, prepared))?
+                in_node(node, &runtime, bulk::cluster(&client, &etcd, n, WEB_POD.into(), concurrency))?
             } else {
                 in_node(node, &runtime, create::cluster(&client, n, WEB_POD.into(), concurrency))?
             };

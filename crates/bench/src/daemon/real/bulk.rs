@@ -2,15 +2,17 @@
 //! validated, defaulted and given its uid, timestamps and managed fields by the API server (a
 //! dry-run create, which runs admission and validation but allocates nothing), and the result is
 //! put into etcd directly, as the API server would have stored it; the IPAddress object of each
-//! ClusterIP is copied from the one the API server made for Service 0, which is created for real.
+//! ClusterIP is copied from the one the API server made for Service 0, which is created for real,
+//! as is every Service with node ports.
 //!
 //! Why: kube-apiserver v1.36.2's ClusterIP allocator lists every IPAddress twice per allocation
 //! for its metrics (`Used()`, `Free()`), so each real create costs O(Services already there):
 //! ~110 Services/s at the start, ~25/s at 20k here, hours for 100k (`cache.rs`). A dry-run
 //! create returns before the allocation, so it costs the same at any size. NodePorts need no
 //! copy: the API server's repair loop rebuilds its port bitmap from the Services when it starts.
-//! The puts happen while the API server is stopped (see [`put`]); once it is started again, its
-//! start-up repair rebuilds the NodePort bitmap, and [`served`] counts what it serves.
+//! The API server runs throughout: NodePort Services (10%) are created for real, so its port
+//! bitmap is its own; each round's IPAddresses are put before its Services (see
+//! [`ADDRESSES_FIRST`]); at the end it must serve every object.
 
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
@@ -30,62 +32,85 @@ const TXN_OPS: usize = 128;
 /// Below etcd's default `--max-request-bytes` (1.5 MiB) once base64-encoded.
 const TXN_BYTES: usize = 900 << 10;
 
-/// The objects of a cluster as the API server would store them, ready to be put.
-pub struct Prepared {
-    batches: Vec<Batch>,
-    created: Created,
-    started: Instant,
-}
+/// Services written per round: their IPAddresses first, then the Services and slices.
+const CHUNK: usize = 2000;
+/// Between a round's IPAddresses and its Services: the API server's informers follow etcd
+/// separately, and its repair loop must see an address before the Service that holds it (else
+/// it "repairs" the address, and a start-up check that meets that conflict fails).
+const ADDRESSES_FIRST: Duration = Duration::from_millis(300);
 
-/// Creates Service 0 and has the API server validate and default every other object: nothing
-/// of the rest is stored yet.
-pub async fn prepare(client: &kube::Client, n: usize, web_pod: IpAddr, concurrency: usize) -> anyhow::Result<Prepared> {
+/// Writes `n` Services and their slices: Service 0 and every NodePort Service (10%) through the
+/// API server — so its NodePort bitmap is its own, no repair needed — the rest as above, while
+/// the API server runs; returns once it serves them all.
+pub async fn cluster(
+    client: &kube::Client,
+    etcd_url: &str,
+    n: usize,
+    web_pod: IpAddr,
+    concurrency: usize,
+) -> anyhow::Result<Created> {
     let started = Instant::now();
     create::node_and_namespaces(client, n, concurrency).await?;
     let trigger = kproxy_servers::rfc3339_nano(Some(std::time::SystemTime::now()));
     let (mut slices, mut bytes) = create::create_one(client, 0, web_pod, &trigger).await?;
     let template = ip_address_template(client).await?;
-    let (mut batches, mut batch) = (Vec::new(), Batch::default());
-    let mut stream = futures::stream::iter(1..n)
-        .map(|i| {
-            let (client, trigger, template) = (client.clone(), trigger.clone(), &template);
-            async move { stored_objects(&client, i, web_pod, &trigger, template).await }
-        })
-        .buffered(concurrency);
-    while let Some((objects, sent, slice_count)) = stream.try_next().await? {
-        bytes += sent;
-        slices += slice_count;
-        for (key, value) in objects {
-            if batch.would_overflow(&value) {
-                batches.push(std::mem::take(&mut batch));
-            }
-            batch.push(key, value);
-        }
-    }
-    batches.push(batch);
-    let created =
-        Created { services: n, slices, seconds: 0.0, concurrency, bytes, reused_from: None, stored_directly: true };
-    Ok(Prepared { batches, created, started })
-}
-
-/// Puts what [`prepare`] made into etcd. Run it while the API server is stopped: a running one
-/// sees a Service before its IPAddress (two informers), repairs the "missing" address, and its
-/// start-up check, which must pass within a minute, fails on the conflict with the put.
-pub async fn put(etcd_url: &str, prepared: Prepared) -> anyhow::Result<Prepared> {
     let etcd = Etcd::new(etcd_url);
-    let Prepared { batches, created, started } = prepared;
-    for batch in batches {
-        etcd.put(batch).await?;
+    for first in (1..n).step_by(CHUNK) {
+        let round: Vec<Written> = futures::stream::iter(first..(first + CHUNK).min(n))
+            .map(|i| {
+                let (client, trigger, template) = (client.clone(), trigger.clone(), &template);
+                async move { write_one(&client, i, web_pod, &trigger, template).await }
+            })
+            .buffer_unordered(concurrency)
+            .try_collect()
+            .await?;
+        let mut addresses = Vec::new();
+        let mut objects = Vec::new();
+        for written in round {
+            bytes += written.sent;
+            slices += written.slices;
+            addresses.extend(written.addresses);
+            objects.extend(written.objects);
+        }
+        etcd.put_all(addresses).await?;
+        tokio::time::sleep(ADDRESSES_FIRST).await;
+        etcd.put_all(objects).await?;
     }
-    Ok(Prepared { batches: Vec::new(), created, started })
+    wait_served(client, n, slices).await?;
+    Ok(Created {
+        services: n,
+        slices,
+        seconds: started.elapsed().as_secs_f64(),
+        concurrency,
+        bytes,
+        reused_from: None,
+        stored_directly: true,
+    })
 }
 
-/// Once the API server runs again: waits until it serves every Service and slice put; what
-/// writing took, start to end.
-pub async fn served(client: &kube::Client, prepared: Prepared) -> anyhow::Result<Created> {
-    let Prepared { created, started, .. } = prepared;
-    wait_served(client, created.services, created.slices).await?;
-    Ok(Created { seconds: started.elapsed().as_secs_f64(), ..created })
+/// One Service, written or made ready to be put.
+struct Written {
+    /// Its IPAddress objects to put (key, JSON).
+    addresses: Vec<(String, Vec<u8>)>,
+    /// The Service and its slices to put.
+    objects: Vec<(String, Vec<u8>)>,
+    sent: usize,
+    slices: usize,
+}
+
+/// Service `i`: created through the API server when it has node ports, else dry-run for putting.
+async fn write_one(
+    client: &kube::Client,
+    i: usize,
+    web_pod: IpAddr,
+    trigger: &str,
+    template: &Value,
+) -> anyhow::Result<Written> {
+    if Shape::of(i).node_port {
+        let (slices, sent) = create::create_one(client, i, web_pod, trigger).await?;
+        return Ok(Written { addresses: Vec::new(), objects: Vec::new(), sent, slices });
+    }
+    stored_objects(client, i, web_pod, trigger, template).await
 }
 
 /// Service `i`'s objects as the API server would store them: its key and JSON each (the Service,
@@ -96,7 +121,7 @@ async fn stored_objects(
     web_pod: IpAddr,
     trigger: &str,
     template: &Value,
-) -> anyhow::Result<(Vec<(String, Vec<u8>)>, usize, usize)> {
+) -> anyhow::Result<Written> {
     let (namespace, name) = objects::name(i);
     let service_json = objects::service(i);
     let mut sent = service_json.to_string().len();
@@ -108,11 +133,12 @@ async fn stored_objects(
         // What the status subresource's PATCH would have written.
         service["status"] = service_json["status"].clone();
     }
-    let mut out = Vec::new();
+    let mut addresses = Vec::new();
     for ip in service["spec"]["clusterIPs"].as_array().into_iter().flatten().filter_map(Value::as_str) {
         let address = ip_address(template, ip, &service)?;
-        out.push((format!("/registry/ipaddresses/{ip}"), serde_json::to_vec(&address)?));
+        addresses.push((format!("/registry/ipaddresses/{ip}"), serde_json::to_vec(&address)?));
     }
+    let mut out = Vec::new();
     out.push((format!("/registry/services/specs/{namespace}/{name}"), serde_json::to_vec(&service)?));
     let families = families(i);
     for v6 in &families {
@@ -125,7 +151,7 @@ async fn stored_objects(
         let slice_name = objects::slice_name(i, *v6);
         out.push((format!("/registry/endpointslices/{namespace}/{slice_name}"), serde_json::to_vec(&slice)?));
     }
-    Ok((out, sent, families.len()))
+    Ok(Written { addresses, objects: out, sent, slices: families.len() })
 }
 
 /// POSTs `object` to `collection` with `dryRun=All`; the object the API server would store
@@ -214,6 +240,18 @@ impl Etcd {
     fn new(url: &str) -> Etcd {
         let agent = ureq::Agent::config_builder().timeout_global(Some(Duration::from_secs(60))).build().into();
         Etcd { url: format!("{url}/v3/kv/txn"), agent }
+    }
+
+    /// Puts `objects` in as few transactions as etcd's limits allow.
+    async fn put_all(&self, objects: Vec<(String, Vec<u8>)>) -> anyhow::Result<()> {
+        let mut batch = Batch::default();
+        for (key, value) in objects {
+            if batch.would_overflow(&value) {
+                self.put(std::mem::take(&mut batch)).await?;
+            }
+            batch.push(key, value);
+        }
+        self.put(batch).await
     }
 
     /// One transaction of `batch`'s puts (on a blocking thread: born in the node namespace like
