@@ -189,7 +189,7 @@ fn measure(n: usize, args: &DaemonArgs, proxies: &[Proxy], bins: &Bins, dir: &Pa
         created.concurrency,
         if created.stored_directly { "; dry-run creates put into etcd" } else { "" }
     );
-    let bare = in_node(node, &runtime, bare::measure(&client))?;
+    let bare = in_node(node, &runtime, bare::measure(&client, args.changes.max(1), args.change_interval()))?;
     eprintln!(
         "  bare client: lists {:.2} s ({} MiB), streaming lists {:.2} s, a change PATCH → watch p50 {} p99 {}",
         bare.list_s,

@@ -3,7 +3,7 @@
 //! daemon's start is judged against the first; the second is the part of a change's latency
 //! no proxy can shorten.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use futures::AsyncBufReadExt as _;
@@ -31,7 +31,8 @@ pub struct BareLists {
     pub list_bytes: usize,
     /// A change through the API server alone, ms, sorted: a PATCH of one EndpointSlice's
     /// annotation, from before the request to its `MODIFIED` event on a watch of every
-    /// EndpointSlice (what a proxy holds open), whether or not the PATCH's answer came first.
+    /// EndpointSlice (what a proxy holds open), whether or not the PATCH's answer came first; as
+    /// many and at the same cadence as the proxies' timed changes.
     #[serde(default)]
     pub watch_ms: Vec<f64>,
 }
@@ -43,7 +44,7 @@ impl BareLists {
     }
 }
 
-pub async fn measure(client: &kube::Client) -> anyhow::Result<BareLists> {
+pub async fn measure(client: &kube::Client, samples: usize, interval: Duration) -> anyhow::Result<BareLists> {
     // Untimed: the first lists after the API server started wait for its watch cache to fill
     // (a plane started from a saved cluster has just started); a proxy meets a warm server.
     futures::future::try_join_all(COLLECTIONS.map(|path| list(client, path))).await?;
@@ -53,16 +54,15 @@ pub async fn measure(client: &kube::Client) -> anyhow::Result<BareLists> {
     let started = Instant::now();
     futures::future::try_join_all(COLLECTIONS.map(|path| streaming(client, path))).await?;
     let streaming_s = started.elapsed().as_secs_f64();
-    let watch_ms = watch_latency(client, WATCH_SAMPLES).await?;
+    let watch_ms = watch_latency(client, samples, interval).await?;
     Ok(BareLists { list_s, streaming_s, list_bytes: sizes.iter().sum(), watch_ms })
 }
 
-/// Changes timed through the API server alone.
-const WATCH_SAMPLES: usize = 50;
-
-/// `samples` PATCHes of an annotation of Service 1's IPv4 slice, one after the other, each timed
-/// to its event on a watch of all EndpointSlices opened at the current resource version.
-async fn watch_latency(client: &kube::Client, samples: usize) -> anyhow::Result<Vec<f64>> {
+/// `samples` PATCHes of an annotation of Service 1's IPv4 slice, one per `interval` (the cadence
+/// of the proxies' changes: back to back, the same trip measured 3 ms at 1k here, one a second
+/// 18 ms — an idle API server and machine wake up slower), each timed to its event on a watch of
+/// all EndpointSlices opened at the current resource version.
+async fn watch_latency(client: &kube::Client, samples: usize, interval: Duration) -> anyhow::Result<Vec<f64>> {
     let path = COLLECTIONS[1];
     let list: serde_json::Value = client.request(get(&format!("{path}?limit=1"))?).await?;
     let version = list["metadata"]["resourceVersion"].as_str().context("a list's resourceVersion")?.to_owned();
@@ -73,6 +73,7 @@ async fn watch_latency(client: &kube::Client, samples: usize) -> anyhow::Result<
     let slice = objects::slice_name(1, false);
     let mut timings = Vec::with_capacity(samples);
     for sample in 0..samples {
+        tokio::time::sleep(interval).await;
         let marker = format!("probe-{sample}");
         let patch = Patch::Merge(json!({"metadata": {"annotations": {PROBE_ANNOTATION: marker}}}));
         let params = PatchParams::default();
