@@ -226,25 +226,23 @@ fn plain(name: &str) -> Chain {
     Chain { name: name.to_owned(), hook: None }
 }
 
-/// Collects operations into transactions of at most `max` operations, handing each full one to
-/// `apply`: a cold start never exists in memory as a whole.
-struct Stream<F> {
+/// Collects operations into transactions of at most `max` operations and hands each full one
+/// to the thread that applies them: a cold start never exists in memory as a whole. Once that
+/// thread has stopped (a transaction failed), the rest is dropped unbuilt into transactions.
+struct Chunks {
     tx: Transaction,
     max: usize,
-    apply: F,
-    parts: usize,
-    report: SyncReport,
-    failed: Option<ExecError>,
+    ready: std::sync::mpsc::SyncSender<Transaction>,
+    applier_stopped: bool,
 }
 
-impl<F: FnMut(Transaction, usize) -> Result<(), ExecError>> Stream<F> {
-    fn new(max: usize, apply: F) -> Self {
-        let report = SyncReport { full: true, ops: 0, counts: OpCounts::default() };
-        Stream { tx: Transaction::new(), max: max.max(1), apply, parts: 0, report, failed: None }
+impl Chunks {
+    fn new(max: usize, ready: std::sync::mpsc::SyncSender<Transaction>) -> Self {
+        Chunks { tx: Transaction::new(), max: max.max(1), ready, applier_stopped: false }
     }
 
     fn push(&mut self, op: Op) {
-        if self.failed.is_some() {
+        if self.applier_stopped {
             return;
         }
         self.tx.push(op);
@@ -254,26 +252,10 @@ impl<F: FnMut(Transaction, usize) -> Result<(), ExecError>> Stream<F> {
     }
 
     fn flush(&mut self) {
-        if self.tx.is_empty() || self.failed.is_some() {
+        if self.tx.is_empty() || self.applier_stopped {
             return;
         }
-        let tx = std::mem::take(&mut self.tx);
-        let counts = tx.counts();
-        self.report.ops += tx.len();
-        self.report.counts += counts;
-        self.parts += 1;
-        if let Err(e) = (self.apply)(tx, self.parts) {
-            self.failed = Some(e);
-        }
-    }
-
-    /// Applies what is left; the report and the number of transactions applied.
-    fn finish(mut self) -> Result<(SyncReport, usize), ExecError> {
-        self.flush();
-        match self.failed {
-            Some(e) => Err(e),
-            None => Ok((self.report, self.parts)),
-        }
+        self.applier_stopped = self.ready.send(std::mem::take(&mut self.tx)).is_err();
     }
 }
 
@@ -462,22 +444,52 @@ impl<E: Executor> NftablesDataplane<E> {
         }
     }
 
-    /// Builds the tables as a stream of bounded transactions, base chains last.
+    /// Builds the tables as a stream of bounded transactions, base chains last. The next
+    /// transaction is built on a thread of its own while the kernel applies the current one
+    /// (at 100k Services, building is about a quarter of a cold start and applying the rest).
     fn cold_start(&mut self, plan: &Plan) -> Result<SyncReport, SyncError> {
         // The cold start decides everything its tables hold: the generation before it is as
         // good a starting point as one a check established.
         self.applied.generation = self.exec.generation().ok().flatten();
-        let exec = &mut self.exec;
-        let applied = &mut self.applied;
-        let mut stream = Stream::new(self.config.cold_start_chunk_ops, |tx: Transaction, part| {
-            let ops = tx.len();
-            applied.apply(exec, &tx)?;
-            tracing::debug!(part, ops, "nftables cold start progress");
-            Ok(())
+        let (config, exec, applied) = (&self.config, &mut self.exec, &mut self.applied);
+        let outcome = std::thread::scope(|scope| {
+            // A rendezvous: at most one transaction waits while another is being applied.
+            let (ready, built) = std::sync::mpsc::sync_channel::<Transaction>(0);
+            let builder = std::thread::Builder::new().name("kproxy-nft-build".into()).spawn_scoped(scope, move || {
+                let mut chunks = Chunks::new(config.cold_start_chunk_ops, ready);
+                let families = cold_start(config, plan, &mut |op| chunks.push(op));
+                chunks.flush();
+                families
+            });
+            let builder = match builder {
+                Ok(builder) => builder,
+                Err(source) => {
+                    let program = "the cold start's builder thread".to_owned();
+                    return Err(ExecError::Spawn { program, source });
+                }
+            };
+            let mut report = SyncReport { full: true, ops: 0, counts: OpCounts::default() };
+            let mut parts = 0;
+            let mut outcome = Ok(());
+            for tx in built.iter() {
+                parts += 1;
+                let started = std::time::Instant::now();
+                if let Err(e) = applied.apply(exec, &tx) {
+                    outcome = Err(e);
+                    break;
+                }
+                let apply_ms = started.elapsed().as_secs_f64() * 1e3;
+                tracing::debug!(part = parts, ops = tx.len(), apply_ms, "nftables cold start progress");
+                report.ops += tx.len();
+                report.counts += tx.counts();
+            }
+            // Stops the builder at its next transaction if one failed.
+            drop(built);
+            let families = builder.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            outcome.map(|()| (report, parts, families))
         });
-        let families = cold_start(&self.config, plan, &mut |op| stream.push(op));
-        match stream.finish() {
-            Ok((report, parts)) => {
+        match outcome {
+            Ok((report, parts, families)) => {
                 tracing::info!(transactions = parts, ops = report.ops, "nftables cold start applied");
                 self.families = families;
                 self.in_sync = true;
