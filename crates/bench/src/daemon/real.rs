@@ -25,6 +25,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use kproxy_k8s_harness::{Binaries, Binary, ControlPlane, ControlPlaneOptions, Identity};
+use kproxy_nft_model::{TableFamily, TableRef};
+use kproxy_nft_netlink::monitor::Monitor;
 use kproxy_testbed::{Netns, Testbed};
 use serde::{Deserialize, Serialize};
 
@@ -44,6 +46,9 @@ const WEB_POD: Ipv4Addr = Ipv4Addr::new(198, 18, 47, 254);
 const SETTLE: Duration = Duration::from_secs(5);
 /// A change not in the kernel after this long counts as not observed.
 const CHANGE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a change's wait goes without a commit notice before it looks anyway (a notice lost
+/// to an overflowing socket would otherwise cost the whole timeout).
+const MISSED_NOTICE: Duration = Duration::from_millis(100);
 /// ClusterIP ranges of the API server: every address `objects.rs` gives a Service.
 const SERVICE_CIDRS: &str = "198.18.0.0/15,fd00:96::/108";
 /// NodePorts `objects.rs` gives: 20000 + i/10 and health checks at 12000 + i/100.
@@ -120,6 +125,11 @@ struct Bins<'a> {
     apiserver: &'a Path,
     kproxy: &'a Path,
     upstream: &'a Path,
+}
+
+/// A table of that name in both IP families.
+fn both_families(name: &str) -> Vec<TableRef> {
+    [TableFamily::Ip, TableFamily::Ip6].map(|family| TableRef { family, name: name.to_owned() }).to_vec()
 }
 
 fn load_average() -> f64 {
@@ -348,6 +358,12 @@ impl Run<'_> {
             let mut kproxy_probe = KernelProbe::open()?;
             let mut upstream_probe = KernelProbe::open_table(upstream::NFT_TABLE)?;
             let mut nat_probe = KernelProbe::open_table("nat")?;
+            let watched = match (proxy, mode) {
+                (_, Mode::Iptables) => vec![TableRef { family: TableFamily::Ip, name: "nat".into() }],
+                (Proxy::Kproxy, Mode::Nftables) => both_families(kernel::TABLE),
+                (Proxy::Upstream, Mode::Nftables) => both_families(upstream::NFT_TABLE),
+            };
+            let mut monitor = Monitor::open(&watched)?.with_timeout(MISSED_NOTICE)?;
             let mut timed = Vec::new();
             let mut next = Instant::now();
             for k in run * count..(run + 1) * count {
@@ -364,12 +380,12 @@ impl Run<'_> {
                 let svc_chain = objects::svc_chain(i);
                 let nft_chain = upstream::nft_service_chain(i);
                 let sep_chain = upstream::iptables_endpoint_chain(i, fresh);
-                // The kernel is polled from the moment the PATCH leaves, not from its answer:
+                // The kernel is watched from the moment the PATCH leaves, not from its answer:
                 // a proxy may program the change before the API server has answered the writer.
                 let client = self.client.clone();
                 let sent = Instant::now();
                 let patch = self.runtime.spawn(async move { create::set_endpoints(&client, i, &eps).await });
-                let latency = observe::poll_until(sent, CHANGE_TIMEOUT, || {
+                let latency = observe::wait_for_commit(sent, CHANGE_TIMEOUT, &mut monitor, || {
                     Ok(match (proxy, mode) {
                         (Proxy::Kproxy, Mode::Nftables) => {
                             kproxy_probe.endpoint_in_slots(ip, objects::service_port(i), 8, &want)?
