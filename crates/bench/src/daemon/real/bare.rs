@@ -59,9 +59,9 @@ pub async fn measure(client: &kube::Client, samples: usize, interval: Duration) 
 }
 
 /// `samples` PATCHes of an annotation of Service 1's IPv4 slice, one per `interval` (the cadence
-/// of the proxies' changes: back to back, the same trip measured 3 ms at 1k here, one a second
-/// 18 ms — an idle API server and machine wake up slower), each timed to its event on a watch of
-/// all EndpointSlices opened at the current resource version.
+/// of the proxies' changes: an idle API server and machine wake up slower than busy ones, so
+/// back to back the same trip measured less), each timed to its event on a watch of all
+/// EndpointSlices opened at the current resource version.
 async fn watch_latency(client: &kube::Client, samples: usize, interval: Duration) -> anyhow::Result<Vec<f64>> {
     let path = COLLECTIONS[1];
     let list: serde_json::Value = client.request(get(&format!("{path}?limit=1"))?).await?;
