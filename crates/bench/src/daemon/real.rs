@@ -49,6 +49,8 @@ const CHANGE_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a change's wait goes without a commit notice before it looks anyway (a notice lost
 /// to an overflowing socket would otherwise cost the whole timeout).
 const MISSED_NOTICE: Duration = Duration::from_millis(100);
+/// A change slower than this is named in the output, with when it was sent.
+const SLOW_CHANGE_MS: f64 = 20.0;
 /// ClusterIP ranges of the API server: every address `objects.rs` gives a Service.
 const SERVICE_CIDRS: &str = "198.18.0.0/15,fd00:96::/108";
 /// NodePorts `objects.rs` gives: 20000 + i/10 and health checks at 12000 + i/100.
@@ -383,6 +385,7 @@ impl Run<'_> {
                 // The kernel is watched from the moment the PATCH leaves, not from its answer:
                 // a proxy may program the change before the API server has answered the writer.
                 let client = self.client.clone();
+                let sent_at = std::time::SystemTime::now();
                 let sent = Instant::now();
                 let patch = self.runtime.spawn(async move { create::set_endpoints(&client, i, &eps).await });
                 let latency = observe::wait_for_commit(sent, CHANGE_TIMEOUT, &mut monitor, || {
@@ -398,8 +401,14 @@ impl Run<'_> {
                     })
                 })?;
                 self.runtime.block_on(patch)??;
-                if latency.is_none() {
-                    eprintln!("  change {k} (Service {i}, {fresh}) not seen within {CHANGE_TIMEOUT:?}");
+                match latency {
+                    None => eprintln!("  change {k} (Service {i}, {fresh}) not seen within {CHANGE_TIMEOUT:?}"),
+                    // Its PATCH's wall-clock time, to find it in the proxy's and API server's logs.
+                    Some(ms) if ms > SLOW_CHANGE_MS => {
+                        let at = kproxy_servers::rfc3339_nano(Some(sent_at));
+                        eprintln!("  change {k} (Service {i}) took {ms:.1} ms; its PATCH left at {at}");
+                    }
+                    Some(_) => {}
                 }
                 timed.push(latency);
                 anyhow::ensure!(daemon.alive(), "the proxy exited during the changes");
