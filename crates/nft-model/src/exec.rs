@@ -161,6 +161,8 @@ pub struct Recording {
     pub applied: Vec<Transaction>,
     /// Fail the next `apply` (then reset).
     pub fail_next: bool,
+    /// Apply this many more transactions, then fail the next `apply` (then reset).
+    pub fail_after: Option<usize>,
     /// What each table holds after the applied transactions.
     pub tables: Listings,
     /// Commits so far (the kernel's generation); tests bump it when they change `tables`.
@@ -181,6 +183,10 @@ impl Recording {
 
 impl Executor for Recording {
     fn apply(&mut self, tx: &Transaction) -> Result<(), ExecError> {
+        if let Some(left) = self.fail_after {
+            self.fail_after = left.checked_sub(1);
+            self.fail_next |= left == 0;
+        }
         if std::mem::take(&mut self.fail_next) {
             return Err(ExecError::Injected);
         }
