@@ -5,6 +5,7 @@
 
 pub(crate) mod api;
 mod changes;
+mod commit;
 pub(crate) mod first_sync;
 pub(crate) mod kernel;
 pub(crate) mod kproxy;
@@ -116,6 +117,11 @@ pub struct DaemonArgs {
     /// `kproxy,upstream`), each in every `--modes`.
     #[arg(long, value_enum, value_delimiter = ',')]
     pub proxies: Option<Vec<Proxy>>,
+    /// With `--api real`: each proxy runs this many times in a row on the same objects (a fresh
+    /// start each time, the ruleset flushed between two), every run reported and judged, so the
+    /// spread of one run's figures is measured rather than guessed.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10))]
+    pub repeat: u32,
     /// With `--api real`: give up on upstream kube-proxy's first sync after this many seconds
     /// (reported as not within the bound; the run goes on).
     #[arg(long, default_value_t = 600)]
@@ -168,6 +174,7 @@ pub fn main(args: &DaemonArgs) -> anyhow::Result<bool> {
         args.proxies.as_deref().is_none_or(|p| p == [Proxy::Kproxy]),
         "--proxies: upstream kube-proxy runs only with --api real"
     );
+    anyhow::ensure!(args.repeat == 1, "--repeat runs only with --api real");
     let binary = kproxy::binary(args.kproxy.as_deref())?;
     for &n in &args.services {
         anyhow::ensure!(

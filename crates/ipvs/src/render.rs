@@ -222,7 +222,7 @@ pub fn render_port(
     if dnat {
         out.elements.extend(kproxy_nftables::ruleset::pick::elements(p).into_iter().map(|(_, e)| e));
     }
-    for ep in p.reachable_endpoints() {
+    for ep in p.hairpin_endpoints() {
         out.elements.push(elem(t::HAIRPIN, Key(vec![Value::Addr(ep.ip), Value::Addr(ep.ip)]), None));
     }
     out.vips.sort();

@@ -315,7 +315,9 @@ fn opted_in_services_change_by_elements_only() {
     let mut dp = IpvsDataplane::new(FakeHost::new(), Config::default());
     dp.sync(&world.plan, &PlanDelta::between(&Plan::default(), &world.plan)).unwrap();
     let np = json!({"type": "NodePort", "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP", "nodePort": 30020}]});
-    let four = [("198.18.16.20", NODE_A), ("198.18.17.20", NODE_B), ("198.18.17.21", NODE_B), ("198.18.17.25", NODE_B)];
+    // The added endpoint runs on this node (its address sorts last, so it takes the last slot):
+    // its hairpin pair is an element too (a remote endpoint has none).
+    let four = [("198.18.16.20", NODE_A), ("198.18.17.20", NODE_B), ("198.18.17.21", NODE_B), ("198.18.17.25", NODE_A)];
     let mut syncs = Vec::new();
     for objects in [
         opted_in(svc4("fast", "198.18.128.20", &four, np.clone())),

@@ -139,16 +139,62 @@ fn one_endpoint_change_costs_the_same_at_100_and_5000_services() {
     let (large, large_tx) = one_endpoint_change_ops(5000);
     assert_eq!(small, large, "small:\n{small_tx}\nlarge:\n{large_tx}");
     assert_eq!(small_tx, large_tx);
-    // Only map and set elements: the slot's endpoint and the hairpin pair. No rule, and no
-    // verdict element, so the kernel does not re-validate the table.
+    // Only the slot's map element (the endpoints run on another node: no hairpin pair). No
+    // rule, and no verdict element, so the kernel does not re-validate the table.
     assert_eq!(
         small_tx.lines().collect::<Vec<_>>(),
         [
             "delete element ip kproxy cluster-tcp-endpoints { 198.18.128.10 . tcp . 80 . 0x1 }",
-            "delete element ip kproxy hairpin-endpoints { 198.18.17.3 . 198.18.17.3 }",
             "add element ip kproxy cluster-tcp-endpoints { 198.18.128.10 . tcp . 80 . 0x1 : 198.18.17.4 . 8080 }",
-            "add element ip kproxy hairpin-endpoints { 198.18.17.4 . 198.18.17.4 }",
         ]
+    );
+}
+
+/// `web` with endpoints on this node and elsewhere, as `(address, node)`.
+fn web_on_nodes(endpoints: &[(&str, &str)]) -> Plan {
+    let objects = vec![
+        common::node(),
+        common::service(
+            "default",
+            "web",
+            json!({"clusterIP": "198.18.128.10", "ports": [{"name": "p", "port": 80}]}),
+            json!({}),
+        ),
+        common::slice(
+            "default",
+            "web",
+            "1",
+            "IPv4",
+            json!([{"name": "p", "port": 8080}]),
+            json!(endpoints.iter().map(|(ip, node)| common::ep(ip, node)).collect::<Vec<_>>()),
+        ),
+    ];
+    common::planner().build(&common::state(objects))
+}
+
+#[test]
+fn hairpin_pairs_are_written_for_endpoints_on_this_node_only() {
+    let before = web_on_nodes(&[("198.18.16.2", "node-a"), ("198.18.17.2", "node-b")]);
+    let mut dp = dataplane();
+    dp.full_sync(&before).unwrap();
+    let full = dp.executor().last().unwrap().render();
+    let hairpin: Vec<&str> = full.lines().filter(|l| l.contains("element ip kproxy hairpin-endpoints")).collect();
+    assert_eq!(hairpin, ["add element ip kproxy hairpin-endpoints { 198.18.16.2 . 198.18.16.2 }"], "{full}");
+    // Both endpoints are picked from all the same.
+    assert!(full.contains(": 198.18.16.2 . 8080 }") && full.contains(": 198.18.17.2 . 8080 }"), "{full}");
+
+    // A local endpoint replaced: its pair goes with it, the new one's comes.
+    let after = web_on_nodes(&[("198.18.16.3", "node-a"), ("198.18.17.2", "node-b")]);
+    dp.partial_sync(&after, &PlanDelta::between(&before, &after)).unwrap();
+    let tx = dp.executor().last().unwrap().render();
+    let hairpin: Vec<&str> = tx.lines().filter(|l| l.contains("hairpin-endpoints")).collect();
+    assert_eq!(
+        hairpin,
+        [
+            "delete element ip kproxy hairpin-endpoints { 198.18.16.2 . 198.18.16.2 }",
+            "add element ip kproxy hairpin-endpoints { 198.18.16.3 . 198.18.16.3 }",
+        ],
+        "{tx}"
     );
 }
 
@@ -166,7 +212,6 @@ fn scaling_a_service_changes_only_elements_and_moves_it_between_caps() {
             "delete element ip kproxy cluster-cap-2 { 198.18.128.10 . tcp . 80 }",
             "add element ip kproxy cluster-cap-4 { 198.18.128.10 . tcp . 80 }",
             "add element ip kproxy cluster-tcp-endpoints { 198.18.128.10 . tcp . 80 . 0x2 : 198.18.17.4 . 8080 }",
-            "add element ip kproxy hairpin-endpoints { 198.18.17.4 . 198.18.17.4 }",
         ]
     );
     // And back down.
@@ -230,7 +275,7 @@ fn a_stale_chain_that_cannot_be_deleted_is_a_cleanup_failure_retried_by_the_next
 }
 
 /// Two services claiming one external IP and port (a conflict in the cluster), each with one
-/// endpoint shared with the other.
+/// endpoint shared with the other, on this node (so it has a hairpin pair, which both want).
 fn rivals(with_a: bool) -> Plan {
     let mut objects = vec![common::node()];
     let mut add = |name: &str, cluster_ip: &str, ep: &str, port: u16| {
@@ -246,7 +291,7 @@ fn rivals(with_a: bool) -> Plan {
             "1",
             "IPv4",
             json!([{"name": "p", "port": port}]),
-            json!([common::ep(ep, "node-b")]),
+            json!([common::ep(ep, "node-a")]),
         ));
     };
     if with_a {

@@ -309,7 +309,8 @@ fn postrouting(
     ep: &PlanEndpoint,
     marked: &Marked,
 ) -> (bool, SnatReason) {
-    if ep.ip == from {
+    // Only a local endpoint is hairpin (`ServicePortPlan::hairpin_endpoints`).
+    if ep.is_local && ep.ip == from {
         return (true, SnatReason::Hairpin);
     }
     if !marked.mark {

@@ -234,6 +234,18 @@ impl ServicePortPlan {
         all
     }
 
+    /// The endpoints whose own connections to this port can be sent back to them (hairpin,
+    /// masqueraded so the reply comes back through the un-DNAT): the local ones among the
+    /// reachable. A pod on another node reaches the Service through its own node's proxy,
+    /// which translates it there; its packets never cross this node's DNAT addressed to the
+    /// Service. Upstream's IPVS mode fills `KUBE-LOOP-BACK` the same way (local endpoints
+    /// only); its iptables and nftables modes mark hairpin in every endpoint's own chain, a
+    /// rule that costs them nothing more, where an element per remote endpoint here was half
+    /// of a large cluster's elements (one per endpoint in the cluster).
+    pub fn hairpin_endpoints(&self) -> Vec<&Endpoint> {
+        self.reachable_endpoints().into_iter().filter(|ep| ep.is_local).collect()
+    }
+
     /// Whether the cluster-policy endpoint set is in use by some traffic class.
     pub fn uses_cluster_endpoints(&self) -> bool {
         !self.internal.local || self.external.is_some()

@@ -12,10 +12,8 @@ use super::api::NODE_NAME;
 use super::kernel::{self, KernelProbe};
 use super::kproxy::{Kproxy, full_syncs};
 use super::objects::{self, Shape, TARGET_PORT};
-use super::{DaemonArgs, Mode};
+use super::{DaemonArgs, Mode, commit};
 
-/// How often the kernel is polled while waiting for one change.
-const CHANGE_POLL: Duration = Duration::from_micros(200);
 /// A change not visible after this long counts as not observed.
 const CHANGE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Slots looked at for a changed endpoint (a Service has at most 6 endpoints during a change).
@@ -117,6 +115,7 @@ pub fn make(
     };
     node.run_in(|| -> anyhow::Result<()> {
         let mut probe = KernelProbe::open()?;
+        let mut monitor = commit::monitor(&commit::tables(mode, kernel::TABLE))?;
         let mut next = Instant::now();
         for k in 0..args.changes {
             std::thread::sleep(next.saturating_duration_since(Instant::now()));
@@ -127,20 +126,14 @@ pub fn make(
             let (i, _) = changer.change(k);
             let ip: IpAddr = objects::cluster_ip_v4(i).into();
             let chain = objects::svc_chain(i);
-            let mut latency = None;
-            while sent.elapsed() < CHANGE_TIMEOUT {
-                let shown = match mode {
+            let latency = commit::wait(sent, CHANGE_TIMEOUT, &mut monitor, || {
+                Ok(match mode {
                     Mode::Nftables => probe.endpoint_in_slots(ip, objects::service_port(i), SLOTS, &want)?,
                     Mode::Iptables => probe
                         .iptables_rules(ip, "nat", &chain)?
                         .is_some_and(|rules| kernel::mention(&rules, &kernel::ip_bytes(fresh))),
-                };
-                if shown {
-                    latency = Some(sent.elapsed().as_secs_f64() * 1000.0);
-                    break;
-                }
-                std::thread::sleep(CHANGE_POLL);
-            }
+                })
+            })?;
             changes.observed += usize::from(latency.is_some());
             changes.timed.push(latency);
             anyhow::ensure!(daemon.alive(), "kproxy exited during the changes");

@@ -25,8 +25,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use kproxy_k8s_harness::{Binaries, Binary, ControlPlane, ControlPlaneOptions, Identity};
-use kproxy_nft_model::{TableFamily, TableRef};
-use kproxy_nft_netlink::monitor::Monitor;
 use kproxy_testbed::{Netns, Testbed};
 use serde::{Deserialize, Serialize};
 
@@ -35,7 +33,7 @@ use super::keep_result;
 use super::kernel::{self, KernelProbe};
 use super::kproxy::{self, Kproxy};
 use super::objects::{self, TARGET_PORT};
-use super::{DaemonArgs, Mode, Proxy, changes, first_sync};
+use super::{DaemonArgs, Mode, Proxy, changes, commit, first_sync};
 
 pub use bare::BareLists;
 pub use create::Created;
@@ -46,9 +44,6 @@ const WEB_POD: Ipv4Addr = Ipv4Addr::new(198, 18, 47, 254);
 const SETTLE: Duration = Duration::from_secs(5);
 /// A change not in the kernel after this long counts as not observed.
 const CHANGE_TIMEOUT: Duration = Duration::from_secs(60);
-/// How long a change's wait goes without a commit notice before it looks anyway (a notice lost
-/// to an overflowing socket would otherwise cost the whole timeout).
-const MISSED_NOTICE: Duration = Duration::from_millis(100);
 /// A change slower than this is named in the output, with when it was sent.
 const SLOW_CHANGE_MS: f64 = 20.0;
 /// ClusterIP ranges of the API server: every address `objects.rs` gives a Service.
@@ -61,6 +56,9 @@ const NODE_PORTS: (u16, u16) = (10000, 32767);
 pub struct ProxyResult {
     pub proxy: Proxy,
     pub mode: Mode,
+    /// Which of the `--repeat` runs of this proxy and mode (from 1).
+    #[serde(default = "first_run")]
+    pub repeat: u32,
     /// `None`: no first sync within the bound (`--upstream-timeout` / `--start-timeout`).
     pub start_s: Option<f64>,
     pub start_by_listing: bool,
@@ -76,6 +74,10 @@ pub struct ProxyResult {
     pub rss_after_changes_mib: f64,
     /// CPU over the whole run of the proxy (start, idle, changes), s.
     pub cpu_total_s: f64,
+}
+
+fn first_run() -> u32 {
+    1
 }
 
 /// One size: the cluster, what the API server takes to serve it, and each proxy.
@@ -127,11 +129,6 @@ struct Bins<'a> {
     apiserver: &'a Path,
     kproxy: &'a Path,
     upstream: &'a Path,
-}
-
-/// A table of that name in both IP families.
-fn both_families(name: &str) -> Vec<TableRef> {
-    [TableFamily::Ip, TableFamily::Ip6].map(|family| TableRef { family, name: name.to_owned() }).to_vec()
 }
 
 fn load_average() -> f64 {
@@ -213,12 +210,17 @@ fn measure(n: usize, args: &DaemonArgs, proxies: &[Proxy], bins: &Bins, dir: &Pa
 
     let mut current: HashMap<usize, objects::Endpoints> = HashMap::new();
     let mut results = Vec::new();
-    for (run, (&proxy, &mode)) in proxies.iter().flat_map(|p| args.modes.iter().map(move |m| (p, m))).enumerate() {
+    let runs = proxies
+        .iter()
+        .flat_map(|p| args.modes.iter().map(move |m| (*p, *m)))
+        .flat_map(|(p, m)| (1..=args.repeat).map(move |repeat| (p, m, repeat)));
+    for (index, (proxy, mode, repeat)) in runs.enumerate() {
         node.nft("flush ruleset\n").context("flushing the node's ruleset between two proxies")?;
         let ctx = Run { node, n, args, runtime: &runtime, client: &client, dir };
+        let turn = Turn { proxy, mode, repeat, index };
         let result = ctx
-            .proxy(proxy, mode, bins, &proxy_kubeconfig, run, &mut current)
-            .with_context(|| format!("{} in {} mode", proxy.as_str(), mode.as_str()))?;
+            .proxy(turn, bins, &proxy_kubeconfig, &mut current)
+            .with_context(|| format!("{} in {} mode, run {repeat}", proxy.as_str(), mode.as_str()))?;
         eprintln!("  {} {}: {}", proxy.as_str(), mode.as_str(), serde_json::to_string(&result).unwrap_or_default());
         results.push(result);
     }
@@ -257,6 +259,16 @@ async fn client(kubeconfig: &Path) -> anyhow::Result<kube::Client> {
     Ok(kube::Client::try_from(config)?)
 }
 
+/// One run of one proxy: which proxy, in which mode, which of its `--repeat` runs, and its
+/// place among every run of the size (which decides the changes it makes).
+#[derive(Clone, Copy)]
+struct Turn {
+    proxy: Proxy,
+    mode: Mode,
+    repeat: u32,
+    index: usize,
+}
+
 /// What every proxy's run shares.
 struct Run<'a> {
     node: &'a Netns,
@@ -270,19 +282,21 @@ struct Run<'a> {
 impl Run<'_> {
     fn proxy(
         &self,
-        proxy: Proxy,
-        mode: Mode,
+        turn: Turn,
         bins: &Bins,
         kubeconfig: &Path,
-        run: usize,
         current: &mut HashMap<usize, objects::Endpoints>,
     ) -> anyhow::Result<ProxyResult> {
+        let Turn { proxy, mode, repeat, index: run } = turn;
         let (binary, flags, timeout) = match proxy {
             Proxy::Kproxy => (bins.kproxy, kproxy::args(kubeconfig, NODE_NAME, mode), self.args.start_timeout),
             // The same command line as kproxy's: kube-proxy reads every one of its flags alike.
             Proxy::Upstream => (bins.upstream, kproxy::args(kubeconfig, NODE_NAME, mode), self.args.upstream_timeout),
         };
-        let log = self.dir.join(format!("{}-{}.log", proxy.as_str(), mode.as_str()));
+        let log = match self.args.repeat {
+            1 => self.dir.join(format!("{}-{}.log", proxy.as_str(), mode.as_str())),
+            _ => self.dir.join(format!("{}-{}-{repeat}.log", proxy.as_str(), mode.as_str())),
+        };
         eprintln!("  {} {} mode, log {}", proxy.as_str(), mode.as_str(), log.display());
         let mut daemon = Kproxy::start(self.node, binary, &flags, &log)?;
         let memory_watch = daemon.watch_memory();
@@ -303,6 +317,7 @@ impl Run<'_> {
         let mut result = ProxyResult {
             proxy,
             mode,
+            repeat,
             start_s,
             start_by_listing,
             start_cpu_s,
@@ -360,12 +375,11 @@ impl Run<'_> {
             let mut kproxy_probe = KernelProbe::open()?;
             let mut upstream_probe = KernelProbe::open_table(upstream::NFT_TABLE)?;
             let mut nat_probe = KernelProbe::open_table("nat")?;
-            let watched = match (proxy, mode) {
-                (_, Mode::Iptables) => vec![TableRef { family: TableFamily::Ip, name: "nat".into() }],
-                (Proxy::Kproxy, Mode::Nftables) => both_families(kernel::TABLE),
-                (Proxy::Upstream, Mode::Nftables) => both_families(upstream::NFT_TABLE),
+            let table = match proxy {
+                Proxy::Kproxy => kernel::TABLE,
+                Proxy::Upstream => upstream::NFT_TABLE,
             };
-            let mut monitor = Monitor::open(&watched)?.with_timeout(MISSED_NOTICE)?;
+            let mut monitor = commit::monitor(&commit::tables(mode, table))?;
             let mut timed = Vec::new();
             let mut next = Instant::now();
             for k in run * count..(run + 1) * count {
@@ -388,7 +402,7 @@ impl Run<'_> {
                 let sent_at = std::time::SystemTime::now();
                 let sent = Instant::now();
                 let patch = self.runtime.spawn(async move { create::set_endpoints(&client, i, &eps).await });
-                let latency = observe::wait_for_commit(sent, CHANGE_TIMEOUT, &mut monitor, || {
+                let latency = commit::wait(sent, CHANGE_TIMEOUT, &mut monitor, || {
                     Ok(match (proxy, mode) {
                         (Proxy::Kproxy, Mode::Nftables) => {
                             kproxy_probe.endpoint_in_slots(ip, objects::service_port(i), 8, &want)?

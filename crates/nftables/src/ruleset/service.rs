@@ -259,7 +259,7 @@ pub fn render(ctx: &Ctx, node: &NodePlan, p: &ServicePortPlan) -> ServiceObjects
             out.destinations.entry(d).or_default().push(element);
         }
     }
-    out.shared.extend(p.reachable_endpoints().into_iter().map(|ep| Shared::Hairpin(ep.ip)));
+    out.shared.extend(p.hairpin_endpoints().into_iter().map(|ep| Shared::Hairpin(ep.ip)));
     for elements in out.destinations.values_mut() {
         elements.sort();
         elements.dedup();

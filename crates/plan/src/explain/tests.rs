@@ -156,6 +156,19 @@ fn hairpin_masquerades_only_the_way_back_to_the_client_itself() {
 }
 
 #[test]
+fn an_endpoint_on_another_node_is_never_hairpin_here() {
+    // Its own node's proxy translates its connections; should one arrive here untranslated
+    // (routed in from outside), it is judged as any other source, as the kernel does.
+    let p = plan(cluster_cidr(), web(json!({}), json!({}), &both()));
+    let e = ask(&p, REMOTE_EP, CIP);
+    let to_itself = e.endpoints.iter().find(|ep| ep.address.ip() == ip(REMOTE_EP)).unwrap();
+    assert_ne!(to_itself.masquerade_reason, SnatReason::Hairpin, "{e:?}");
+    let local = ask(&p, LOCAL_EP, CIP);
+    let to_itself = local.endpoints.iter().find(|ep| ep.address.ip() == ip(LOCAL_EP)).unwrap();
+    assert_eq!(to_itself.masquerade_reason, SnatReason::Hairpin, "{local:?}");
+}
+
+#[test]
 fn masquerade_all_marks_everything_and_no_masquerade_cidrs_exempt_only_node_and_local_pods() {
     let policy = ProxyPolicy {
         masquerade_all: true,

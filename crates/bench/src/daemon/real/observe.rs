@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 
 use kproxy_nft_model::{Key, Value};
 use kproxy_nft_netlink::lower::element_key;
-use kproxy_nft_netlink::monitor::Monitor;
 use kproxy_state::Protocol;
 use kproxy_testbed::Netns;
 
@@ -82,31 +81,4 @@ pub fn wait_upstream_nft(node: &Netns, n: usize, daemon: &mut Kproxy, timeout_s:
             std::thread::sleep(START_POLL);
         }
     })?
-}
-
-/// Waits until `seen` answers true or `timeout` passes, looking only when the kernel reports a
-/// commit to the watched tables (`monitor`, `nft monitor`'s notifications) or, should one be
-/// missed, after the monitor's receive timeout; the time from `sent` to the notice of the
-/// commit that made it true, ms. Nothing is polled meanwhile: a busy poll (every 0.2 ms, as
-/// this used to) competed for the node's two cores with the API server, etcd and the proxy, and
-/// slowed the very change it timed.
-pub fn wait_for_commit(
-    sent: Instant,
-    timeout: Duration,
-    monitor: &mut Monitor,
-    mut seen: impl FnMut() -> anyhow::Result<bool>,
-) -> anyhow::Result<Option<f64>> {
-    let mut noticed = sent;
-    while sent.elapsed() < timeout {
-        if seen()? {
-            return Ok(Some(noticed.duration_since(sent).as_secs_f64() * 1000.0));
-        }
-        match monitor.wait() {
-            Ok(_) => {}
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
-            Err(e) => return Err(e.into()),
-        }
-        noticed = Instant::now();
-    }
-    Ok(None)
 }
