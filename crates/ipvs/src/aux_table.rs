@@ -53,7 +53,8 @@ pub const VIP_PORTS: &str = "vip-ports";
 pub const NODEPORT_IPS: &str = "nodeport-ips";
 /// Local pod CIDRs (detect-local by CIDR); the name `local_match` expects.
 pub const POD_CIDRS: &str = "pod-cidrs";
-/// `endpoint . endpoint`: after IPVS NAT, a packet from an endpoint to itself is hairpin.
+/// `endpoint . endpoint`: after IPVS NAT, a packet from an endpoint to itself is hairpin
+/// (endpoints on this node: `ServicePortPlan::hairpin_endpoints`).
 pub const HAIRPIN: &str = "hairpin-endpoints";
 /// ClusterIP destinations always masqueraded (`masqueradeAll`).
 pub const MASQ_ALWAYS: &str = "masquerade-always";

@@ -15,7 +15,8 @@ pub const CLUSTER_IPS: &str = "cluster-ips";
 pub const NODEPORT_IPS: &str = "nodeport-ips";
 /// Interval set of local pod CIDRs (detect-local `ClusterCIDR` / `NodeCIDR`).
 pub const POD_CIDRS: &str = "pod-cidrs";
-/// Set of `endpoint . endpoint` pairs: after DNAT, a packet from an endpoint to itself is hairpin.
+/// Set of `endpoint . endpoint` pairs: after DNAT, a packet from an endpoint to itself is hairpin
+/// (endpoints on this node: `ServicePortPlan::hairpin_endpoints`).
 pub const HAIRPIN: &str = "hairpin-endpoints";
 /// `addr . proto . port : verdict` for ClusterIP, ExternalIP and LoadBalancer IP traffic.
 pub const SERVICE_IPS: &str = "service-ips";

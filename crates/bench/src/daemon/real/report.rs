@@ -239,3 +239,71 @@ fn write_report(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    use super::super::{BareLists, Created};
+    use super::*;
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: DaemonArgs,
+    }
+
+    fn kproxy_run(repeat: u32, start_s: f64) -> ProxyResult {
+        ProxyResult {
+            proxy: Proxy::Kproxy,
+            mode: Mode::Nftables,
+            repeat,
+            start_s: Some(start_s),
+            start_by_listing: false,
+            start_cpu_s: 1.0,
+            idle_s: 30.0,
+            idle_cpu_pct: 0.0,
+            change_ms: vec![7.0, 8.0],
+            changes_timed: 2,
+            rss_steady_mib: 250.0,
+            rss_peak_mib: 300.0,
+            rss_after_changes_mib: 250.0,
+            cpu_total_s: 2.0,
+        }
+    }
+
+    fn size(proxies: Vec<ProxyResult>) -> SizeResult {
+        SizeResult {
+            services: TARGET_SIZE,
+            endpoints: 500_000,
+            created: Created {
+                services: TARGET_SIZE,
+                slices: TARGET_SIZE,
+                seconds: 900.0,
+                concurrency: 64,
+                bytes: 1,
+                reused_from: None,
+                stored_directly: true,
+            },
+            bare: BareLists { list_s: 5.0, streaming_s: 6.0, list_bytes: 1, watch_ms: vec![5.0] },
+            unsafe_no_fsync: true,
+            proxies,
+            load: (0.0, 0.0),
+        }
+    }
+
+    #[test]
+    fn with_repeats_every_run_is_judged_and_one_missed_start_fails_the_whole() {
+        let cli = Cli::parse_from(["kproxy-bench", "--api", "real", "--repeat", "2"]);
+        let (text, met) =
+            render("cmd", &cli.args, Path::new("kproxy"), &[size(vec![kproxy_run(1, 9.0), kproxy_run(2, 16.0)])]);
+        assert!(!met, "{text}");
+        assert!(text.contains("| kproxy, nftables, run 1 of 2 | 9.00 s |"), "{text}");
+        assert!(text.contains("(kproxy, nftables, run 2 of 2):"), "{text}");
+        assert!(text.contains("| 16.00 s | NO |"), "{text}");
+
+        let (text, met) =
+            render("cmd", &cli.args, Path::new("kproxy"), &[size(vec![kproxy_run(1, 9.0), kproxy_run(2, 14.0)])]);
+        assert!(met, "{text}");
+    }
+}
