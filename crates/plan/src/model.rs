@@ -240,8 +240,8 @@ impl ServicePortPlan {
     /// which translates it there; its packets never cross this node's DNAT addressed to the
     /// Service. Upstream's IPVS mode fills `KUBE-LOOP-BACK` the same way (local endpoints
     /// only); its iptables and nftables modes mark hairpin in every endpoint's own chain, a
-    /// rule that costs them nothing more, where an element per remote endpoint here was half
-    /// of a large cluster's elements (one per endpoint in the cluster).
+    /// rule that costs them nothing more, where here every distinct endpoint address in the
+    /// cluster was one more element to write at start and to change with each endpoint.
     pub fn hairpin_endpoints(&self) -> Vec<&Endpoint> {
         self.reachable_endpoints().into_iter().filter(|ep| ep.is_local).collect()
     }
