@@ -309,8 +309,7 @@ fn postrouting(
     ep: &PlanEndpoint,
     marked: &Marked,
 ) -> (bool, SnatReason) {
-    // Only a local endpoint is hairpin (`ServicePortPlan::hairpin_endpoints`).
-    if ep.is_local && ep.ip == from {
+    if ep.can_hairpin() && ep.ip == from {
         return (true, SnatReason::Hairpin);
     }
     if !marked.mark {

@@ -123,6 +123,20 @@ pub struct Endpoint {
     pub ready: bool,
 }
 
+impl Endpoint {
+    /// Whether a connection from this endpoint to its own Service can be sent back to it here
+    /// (hairpin): only when it runs on this node. A pod on another node reaches the Service
+    /// through its own node's proxy, which translates it there; its packets never cross this
+    /// node's DNAT addressed to the Service. Upstream's IPVS mode fills `KUBE-LOOP-BACK` the
+    /// same way (local endpoints only); its iptables and nftables modes mark hairpin in every
+    /// endpoint's own chain, a rule that costs them nothing more, where here every distinct
+    /// endpoint address in the cluster was one more element to write at start and to change
+    /// with each endpoint.
+    pub fn can_hairpin(&self) -> bool {
+        self.is_local
+    }
+}
+
 /// When ClusterIP traffic is masqueraded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum MasqueradeWhen {
@@ -228,22 +242,22 @@ impl ServicePortPlan {
 
     /// Every endpoint some traffic class of this port may reach (the union of both sets).
     pub fn reachable_endpoints(&self) -> Vec<&Endpoint> {
-        let mut all: Vec<&Endpoint> = self.cluster_endpoints.iter().chain(&self.local_endpoints).collect();
+        self.reachable_where(|_| true)
+    }
+
+    /// The reachable endpoints whose own connections to this port are hairpin here
+    /// ([`Endpoint::can_hairpin`]): masqueraded so the reply comes back through the un-DNAT.
+    pub fn hairpin_endpoints(&self) -> Vec<&Endpoint> {
+        self.reachable_where(Endpoint::can_hairpin)
+    }
+
+    /// The reachable endpoints `keep` accepts, each once, in order.
+    fn reachable_where(&self, keep: impl Fn(&Endpoint) -> bool) -> Vec<&Endpoint> {
+        let mut all: Vec<&Endpoint> =
+            self.cluster_endpoints.iter().chain(&self.local_endpoints).filter(|ep| keep(ep)).collect();
         all.sort();
         all.dedup();
         all
-    }
-
-    /// The endpoints whose own connections to this port can be sent back to them (hairpin,
-    /// masqueraded so the reply comes back through the un-DNAT): the local ones among the
-    /// reachable. A pod on another node reaches the Service through its own node's proxy,
-    /// which translates it there; its packets never cross this node's DNAT addressed to the
-    /// Service. Upstream's IPVS mode fills `KUBE-LOOP-BACK` the same way (local endpoints
-    /// only); its iptables and nftables modes mark hairpin in every endpoint's own chain, a
-    /// rule that costs them nothing more, where here every distinct endpoint address in the
-    /// cluster was one more element to write at start and to change with each endpoint.
-    pub fn hairpin_endpoints(&self) -> Vec<&Endpoint> {
-        self.reachable_endpoints().into_iter().filter(|ep| ep.is_local).collect()
     }
 
     /// Whether the cluster-policy endpoint set is in use by some traffic class.
