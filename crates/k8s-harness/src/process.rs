@@ -1,6 +1,6 @@
 //! A supervised child: its own process group, stdout and stderr appended to a log file, killed
 //! with its whole group on [`Process::stop`] or drop (also during a panic's unwind), and
-//! optionally killed by the kernel when the thread that started it dies (`setpriv --pdeathsig`),
+//! optionally killed by the kernel when the thread that started it dies (`PR_SET_PDEATHSIG`),
 //! so a test killed outright leaves no server behind.
 
 use std::fs::{self, File, OpenOptions};
@@ -10,6 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use nix::sched::{CloneFlags, setns};
+use nix::sys::prctl::set_pdeathsig;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 
@@ -18,9 +20,9 @@ use crate::{Error, Result};
 /// How a child is started: where, and tied to what.
 #[derive(Debug, Clone, Default)]
 pub struct Launch {
-    /// Enter this network namespace first (`nsenter --net=PATH`).
+    /// Run in this network namespace (a path such as `/run/netns/NAME`).
     pub netns: Option<PathBuf>,
-    /// Have the kernel kill the child when the thread that spawned it exits (`setpriv --pdeathsig KILL`).
+    /// Have the kernel kill the child when the thread that spawned it exits (`PR_SET_PDEATHSIG`).
     pub die_with_parent: bool,
 }
 
@@ -35,23 +37,36 @@ pub struct Process {
 impl Process {
     /// Starts `program args` as `name`, appending its output to `log`.
     pub fn spawn(name: &str, program: &Path, args: &[String], log: &Path, launch: &Launch) -> Result<Process> {
-        let mut argv: Vec<String> = Vec::new();
-        if launch.die_with_parent {
-            argv.extend(["setpriv".into(), "--pdeathsig".into(), "KILL".into(), "--".into()]);
-        }
-        if let Some(netns) = &launch.netns {
-            argv.extend(["nsenter".into(), format!("--net={}", netns.display()), "--".into()]);
-        }
-        argv.push(program.display().to_string());
-        argv.extend(args.iter().cloned());
         let out = OpenOptions::new()
             .create(true)
             .append(true)
             .open(log)
             .map_err(|e| Error::io(format!("opening {}", log.display()), e))?;
         let err = out.try_clone().map_err(|e| Error::io(format!("opening {}", log.display()), e))?;
-        let mut command = Command::new(&argv[0]);
-        command.args(&argv[1..]).stdin(Stdio::null()).stdout(out).stderr(err).process_group(0);
+        let mut command = Command::new(program);
+        command.args(args).stdin(Stdio::null()).stdout(out).stderr(err).process_group(0);
+        // The namespace and the death signal are set in the child itself, not by `nsenter` or
+        // `setpriv` in front of the program: the program is then exec'd by this spawn, so an exec
+        // failure (ETXTBSY below) comes back here as an error that can be retried.
+        let netns = match &launch.netns {
+            Some(path) => Some(File::open(path).map_err(|e| Error::io(format!("opening {}", path.display()), e))?),
+            None => None,
+        };
+        let die_with_parent = launch.die_with_parent;
+        // SAFETY: the closure runs between fork and exec and makes only async-signal-safe
+        // syscalls (setns, prctl) on a descriptor opened before the fork; it allocates nothing.
+        #[allow(unsafe_code)]
+        unsafe {
+            command.pre_exec(move || {
+                if let Some(netns) = &netns {
+                    setns(netns, CloneFlags::CLONE_NEWNET)?;
+                }
+                if die_with_parent {
+                    set_pdeathsig(Signal::SIGKILL)?;
+                }
+                Ok(())
+            });
+        }
         // A binary just unpacked may still be open for writing in a child another thread is
         // forking (ETXTBSY): that passes within moments.
         let deadline = Instant::now() + Duration::from_secs(5);
@@ -61,7 +76,7 @@ impl Process {
                 Err(e) if e.raw_os_error() == Some(nix::libc::ETXTBSY) && Instant::now() < deadline => {
                     std::thread::sleep(Duration::from_millis(50));
                 }
-                Err(e) => return Err(Error::io(format!("starting {name} ({})", argv.join(" ")), e)),
+                Err(e) => return Err(Error::io(format!("starting {name} ({})", program.display()), e)),
             }
         };
         tracing::debug!(name, pid = child.id(), log = %log.display(), "started");
@@ -145,4 +160,56 @@ pub fn log_tail(path: &Path, bytes: u64) -> String {
     let mut buf = Vec::new();
     let _ = file.read_to_end(&mut buf);
     String::from_utf8_lossy(&buf).into_owned()
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // tests: a panic is a failure
+mod tests {
+    use super::*;
+
+    /// `/proc/self/ns/net` is the test's own namespace: entering it changes nothing on the host.
+    fn own_netns() -> Launch {
+        Launch { netns: Some(PathBuf::from("/proc/self/ns/net")), die_with_parent: true }
+    }
+
+    fn wait_exit(process: &mut Process) -> String {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(status) = process.exited() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "{} did not exit", process.name());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    #[test]
+    fn a_program_still_open_for_writing_starts_once_the_writer_closes_it_inside_a_namespace() {
+        let dir = tempfile::tempdir().unwrap();
+        let program = dir.path().join("prog");
+        let log = dir.path().join("prog.log");
+        let writer = File::create(&program).unwrap();
+        fs::write(&program, "#!/bin/sh\necho started\n").unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(&program, fs::Permissions::from_mode(0o755)).unwrap();
+        // The exec is refused (ETXTBSY) while `writer` is open; it is closed a moment later.
+        let closer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            drop(writer);
+        });
+        let started = Instant::now();
+        let mut process = Process::spawn("prog", &program, &[], &log, &own_netns()).unwrap();
+        closer.join().unwrap();
+        assert!(started.elapsed() >= Duration::from_millis(250), "exec'd while the file was open for writing");
+        assert_eq!(wait_exit(&mut process), "exit status: 0");
+        assert_eq!(fs::read_to_string(&log).unwrap(), "started\n");
+    }
+
+    #[test]
+    fn a_missing_program_is_an_error_at_spawn_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("no-such-program");
+        let err = Process::spawn("missing", &missing, &[], &dir.path().join("log"), &own_netns()).unwrap_err();
+        assert!(err.to_string().contains("no-such-program"), "{err}");
+    }
 }
