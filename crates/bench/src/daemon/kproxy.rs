@@ -5,6 +5,7 @@
 use std::fs::File;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -13,6 +14,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use kproxy_testbed::{Netns, topology};
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
 
 use super::Mode;
 
@@ -85,6 +88,9 @@ impl Kproxy {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
+            // A group of its own: killing the group also ends whatever `binary` may have started
+            // (a wrapper's child), never leaving a proxy running after the benchmark.
+            .process_group(0)
             .spawn()
             .context("starting kproxy")?;
         let kproxy = Kproxy { child, started };
@@ -101,7 +107,11 @@ impl Kproxy {
             if exe.as_deref() == Some(want.as_path()) {
                 return Ok(());
             }
-            anyhow::ensure!(Instant::now() < deadline, "kproxy did not start (pid {} is {exe:?})", self.pid());
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "kproxy did not start (pid {} is {exe:?}; --kproxy must name the kproxy executable itself, not a wrapper)",
+                self.pid()
+            );
             std::thread::sleep(Duration::from_millis(2));
         }
     }
@@ -115,11 +125,19 @@ impl Kproxy {
         matches!(self.child.try_wait(), Ok(None))
     }
 
-    /// SIGKILL, and waits for it to be gone.
+    /// SIGKILL to its process group, and waits for it to be gone.
     pub fn kill(&mut self) -> anyhow::Result<()> {
-        self.child.kill().context("killing kproxy")?;
+        self.kill_group();
         self.child.wait().context("waiting for kproxy")?;
         Ok(())
+    }
+
+    /// SIGKILL to the whole group, while the child is not yet reaped (until then its pid, the
+    /// group's id, cannot be anyone else's).
+    fn kill_group(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = killpg(Pid::from_raw(self.pid() as i32), Signal::SIGKILL);
+        }
     }
 
     /// CPU time (user + system, every thread, and every child it waited for, such as
@@ -178,7 +196,7 @@ impl MemoryWatch {
 
 impl Drop for Kproxy {
     fn drop(&mut self) {
-        let _ = self.child.kill();
+        self.kill_group();
         let _ = self.child.wait();
     }
 }
@@ -253,8 +271,36 @@ fn sum_samples(text: &str, name: &str, label: &str) -> Option<f64> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)] // tests: a panic is a failure
 mod tests {
     use super::*;
+
+    fn gone(pid: u32) -> bool {
+        // A zombie is gone for this purpose: it runs nothing.
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| stat.contains(") Z "))
+    }
+
+    #[test]
+    fn a_wrapper_given_as_kproxy_is_refused_and_leaves_nothing_running() {
+        if !kproxy_testbed::kernel::require_root() {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let wrapper = dir.path().join("wrapper");
+        let child_pid = dir.path().join("child.pid");
+        std::fs::write(&wrapper, format!("#!/bin/sh\nsleep 300 &\necho $! > {}\nwait\n", child_pid.display())).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let ns = Netns::new("wrapper").unwrap();
+        let err = Kproxy::start(&ns, &wrapper, &[], &dir.path().join("log")).unwrap_err();
+        assert!(err.to_string().contains("not a wrapper"), "{err:#}");
+        let pid: u32 = std::fs::read_to_string(&child_pid).unwrap().trim().parse().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !gone(pid) {
+            assert!(Instant::now() < deadline, "the wrapper's child {pid} is still running");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
 
     #[test]
     fn cpu_time_is_read_after_the_command_name() {
