@@ -17,23 +17,68 @@ pub fn is_kproxy_chain(table: Table, chain: &str) -> bool {
     rules::fixed_chain_names(table).contains(&chain) || (table == Table::Nat && naming::is_service_chain(chain))
 }
 
+/// Whether `chain` in `table` is one upstream kube-proxy creates in any of its modes: its
+/// iptables mode's (the chains kproxy's iptables mode shares), and its IPVS mode's
+/// (`KUBE-NODE-PORT`, `KUBE-LOAD-BALANCER`, the `KUBE-IPVS-*FILTER` chains, ...), as upstream's
+/// own cleanups of both modes list them. Never the kubelet's chains (`KUBE-FIREWALL`,
+/// `KUBE-KUBELET-CANARY`, `KUBE-IPTABLES-HINT`) nor `KUBE-MARK-DROP`, which upstream's cleanups
+/// leave too.
+pub fn is_kube_proxy_chain(table: Table, chain: &str) -> bool {
+    const NAT: [&str; 8] = [
+        "KUBE-SERVICES",
+        "KUBE-NODEPORTS",
+        "KUBE-POSTROUTING",
+        "KUBE-MARK-MASQ",
+        "KUBE-PROXY-CANARY",
+        // IPVS mode.
+        "KUBE-NODE-PORT",
+        "KUBE-LOAD-BALANCER",
+        // Before v1.24, IPVS mode's own.
+        "KUBE-FIREWALL",
+    ];
+    const FILTER: [&str; 10] = [
+        "KUBE-SERVICES",
+        "KUBE-EXTERNAL-SERVICES",
+        "KUBE-FORWARD",
+        "KUBE-NODEPORTS",
+        "KUBE-PROXY-FIREWALL",
+        "KUBE-PROXY-CANARY",
+        // IPVS mode.
+        "KUBE-NODE-PORT",
+        "KUBE-SOURCE-RANGES-FIREWALL",
+        "KUBE-IPVS-FILTER",
+        "KUBE-IPVS-OUT-FILTER",
+    ];
+    match table {
+        Table::Nat => NAT.contains(&chain) || naming::is_service_chain(chain) || chain.starts_with("KUBE-XLB-"),
+        Table::Filter => FILTER.contains(&chain),
+        Table::Mangle => chain == "KUBE-PROXY-CANARY",
+    }
+}
+
 /// The restore input that removes kproxy from one table, given its `iptables-save` output.
 pub fn cleanup_input(table: Table, save: &str) -> TableInput {
+    removal_input(save, |chain| is_kproxy_chain(table, chain))
+}
+
+/// The restore input that removes, from one table given its `iptables-save` output, every
+/// chain `doomed` selects and every rule elsewhere that jumps (or goes) to one of them.
+pub fn removal_input(save: &str, doomed: impl Fn(&str) -> bool) -> TableInput {
     let mut t = TableInput::default();
     for line in save.lines() {
         if let Some(decl) = line.strip_prefix(':') {
-            if let Some(chain) = decl.split_whitespace().next().filter(|c| is_kproxy_chain(table, c)) {
+            if let Some(chain) = decl.split_whitespace().next().filter(|c| doomed(c)) {
                 t.delete.push(chain.to_owned());
             }
         } else if let Some(rule) = line.strip_prefix("-A ") {
             let w = live::words(rule);
             let Some(chain) = w.first() else { continue };
-            if is_kproxy_chain(table, chain.text) {
+            if doomed(chain.text) {
                 continue;
             }
             let target =
                 w.windows(2).find(|p| !p[0].quoted && (p[0].text == "-j" || p[0].text == "-g")).map(|p| p[1].text);
-            if target.is_some_and(|t| is_kproxy_chain(table, t)) {
+            if target.is_some_and(&doomed) {
                 t.delete_rules.push(format!("-D {rule}"));
             }
         }
@@ -54,18 +99,45 @@ pub fn is_empty_table(save: &str) -> bool {
 
 /// Removes kproxy from every table of `family`.
 pub fn cleanup_family(exec: &mut dyn Executor, family: IpFamily) -> Result<(), ExecError> {
-    for table in Table::ALL {
+    remove_chains(exec, family, &Table::ALL, is_kproxy_chain).map(|_| ())
+}
+
+/// What [`remove_chains`] removed from one table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Removed {
+    /// The table.
+    pub table: Table,
+    /// The chains flushed and deleted.
+    pub chains: Vec<String>,
+    /// The rules of other chains that jumped into them, as `-D` lines.
+    pub jumps: Vec<String>,
+}
+
+/// Removes from `tables` of `family` the chains `doomed` selects and the jumps into them (one
+/// restore per table that has any), then drops a table left empty where the backend can.
+/// Only `tables` are read: with the legacy backend, reading a table that does not exist yet
+/// would create it.
+pub fn remove_chains(
+    exec: &mut dyn Executor,
+    family: IpFamily,
+    tables: &[Table],
+    doomed: impl Fn(Table, &str) -> bool,
+) -> Result<Vec<Removed>, ExecError> {
+    let mut removed = Vec::new();
+    for &table in tables {
         let save = exec.save(family, table)?;
-        let input = cleanup_input(table, &save);
+        let input = removal_input(&save, |chain| doomed(table, chain));
         if !input.is_empty() {
+            let (chains, jumps) = (input.delete.clone(), input.delete_rules.clone());
             let text = crate::layout::restore_text(&std::collections::BTreeMap::from([(table, input)]), None);
             exec.restore(family, &text)?;
             if is_empty_table(&exec.save(family, table)?) {
                 exec.drop_empty_table(family, table)?;
             }
+            removed.push(Removed { table, chains, jumps });
         }
     }
-    Ok(())
+    Ok(removed)
 }
 
 /// Removes kproxy from each of `families`: those the node has (on an IPv4-only node,
@@ -131,6 +203,37 @@ mod tests {
         assert_eq!(exec.0.restores.len(), 1);
         assert!(exec.0.last(IpFamily::V4).is_some_and(|text| text.contains("-X KUBE-SERVICES")));
         assert!(matches!(cleanup(&mut exec, &IpFamily::BOTH), Err(ExecError::Injected)), "IPv6 is walked when given");
+    }
+
+    /// kube-proxy's IPVS mode on a node: its own chains, the kubelet's, and a CNI's.
+    const IPVS_FILTER: &str = "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n\
+        :KUBE-FIREWALL - [0:0]\n:KUBE-KUBELET-CANARY - [0:0]\n:KUBE-FORWARD - [0:0]\n:KUBE-IPVS-FILTER - [0:0]\n\
+        :KUBE-NODE-PORT - [0:0]\n:CNI-FORWARD - [0:0]\n\
+        -A INPUT -j KUBE-FIREWALL\n\
+        -A INPUT -m comment --comment \"kubernetes ipvs access filter\" -j KUBE-IPVS-FILTER\n\
+        -A FORWARD -m comment --comment \"kubernetes forwarding rules\" -j KUBE-FORWARD\n\
+        -A FORWARD -j CNI-FORWARD\n\
+        -A KUBE-FORWARD -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT\nCOMMIT\n";
+
+    #[test]
+    fn kube_proxys_chains_of_every_mode_go_and_the_kubelets_and_others_stay() {
+        let t = removal_input(IPVS_FILTER, |c| is_kube_proxy_chain(Table::Filter, c));
+        assert_eq!(t.delete, vec!["KUBE-FORWARD", "KUBE-IPVS-FILTER", "KUBE-NODE-PORT"]);
+        assert_eq!(
+            t.delete_rules,
+            vec![
+                "-D INPUT -m comment --comment \"kubernetes ipvs access filter\" -j KUBE-IPVS-FILTER",
+                "-D FORWARD -m comment --comment \"kubernetes forwarding rules\" -j KUBE-FORWARD",
+            ]
+        );
+        for kubelets in ["KUBE-FIREWALL", "KUBE-KUBELET-CANARY", "KUBE-IPTABLES-HINT", "KUBE-MARK-DROP"] {
+            assert!(!is_kube_proxy_chain(Table::Filter, kubelets) && !is_kube_proxy_chain(Table::Mangle, kubelets));
+        }
+        assert!(
+            is_kube_proxy_chain(Table::Nat, "KUBE-SVC-XPGD46QRK7WJZT7O")
+                && is_kube_proxy_chain(Table::Nat, "KUBE-LOAD-BALANCER")
+        );
+        assert!(is_kube_proxy_chain(Table::Mangle, "KUBE-PROXY-CANARY"));
     }
 
     #[test]

@@ -605,8 +605,18 @@ fn full_table(cfg: &Config, state: &FamilyState, tx: &mut Transaction) {
 /// firewall-mark services in kproxy's mark range.
 fn owned(cfg: &Config, key: &ServiceKey) -> bool {
     match key {
-        ServiceKey::Addr { addr, .. } => !cfg.exclude_cidrs.iter().any(|c| c.contains(addr)),
+        ServiceKey::Addr { .. } => is_proxy_service(cfg, key),
         ServiceKey::Fwmark { mark, .. } => cfg.owns_fwmark(*mark),
+    }
+}
+
+/// Whether a kernel virtual service is a Service proxy's by upstream kube-proxy's convention
+/// (which kproxy's IPVS mode shares): an address service outside `ipvs.excludeCIDRs`. Taking a
+/// node over from kube-proxy's IPVS mode removes exactly these.
+pub fn is_proxy_service(cfg: &Config, key: &ServiceKey) -> bool {
+    match key {
+        ServiceKey::Addr { addr, .. } => !cfg.exclude_cidrs.iter().any(|c| c.contains(addr)),
+        ServiceKey::Fwmark { .. } => false,
     }
 }
 

@@ -30,8 +30,9 @@ pub mod render;
 pub mod rtnl;
 
 pub use config::{Config, Scheduler, UnknownScheduler};
-pub use dataplane::{IpvsDataplane, SyncReport, cleanup};
+pub use dataplane::{IpvsDataplane, SyncReport, cleanup, is_proxy_service};
 pub use error::Error;
 pub use fake::{FakeHost, FakeLink, FakeService};
 pub use genl::{DestKey, DestSpec, DestState, IpvsOp, ServiceKey, ServiceSpec};
+pub use host::{ENOENT, ESRCH};
 pub use host::{Host, KernelHost};

@@ -24,6 +24,7 @@
 //!   tables.
 //! - [`acct`]: nfnetlink_acct counters (iptables' `-m nfacct`), created and read on the same
 //!   socket.
+//! - [`ipset`]: the names of the ip sets and their removal (kube-proxy's IPVS mode leaves them).
 
 pub mod acct;
 pub mod batch;
@@ -31,6 +32,7 @@ pub mod counters;
 pub mod executor;
 pub mod expr;
 pub mod identity;
+pub mod ipset;
 pub mod listing;
 pub mod lower;
 pub mod monitor;

@@ -3,7 +3,7 @@
 
 use std::io;
 
-use kproxy_nft_model::{TableListing, TableRef};
+use kproxy_nft_model::{TableFamily, TableListing, TableRef};
 
 use crate::NetlinkExecutor;
 use crate::batch::nfproto;
@@ -113,6 +113,35 @@ fn dump_table(sock: &mut NfSocket, table: &TableRef, count_elements: bool) -> io
         l.sets.insert(set, Some(n));
     }
     Ok(l)
+}
+
+/// Every `ip`, `ip6` and `inet` table of the network namespace, whoever made it (one
+/// `NFT_MSG_GETTABLE` dump of every family): how kproxy finds another program's tables
+/// (kube-proxy's `kube-proxy`, iptables-nft's `nat`/`filter`/`mangle`) without changing anything.
+pub fn tables(exec: &mut NetlinkExecutor) -> io::Result<Vec<TableRef>> {
+    let mut out = Vec::new();
+    exec.on_socket(|sock| {
+        sock.dump_families(
+            NFNL_SUBSYS_NFTABLES,
+            NFT_MSG_GETTABLE,
+            NFPROTO_UNSPEC,
+            |_| {},
+            |family, p| {
+                let family = match family {
+                    NFPROTO_IPV4 => TableFamily::Ip,
+                    NFPROTO_IPV6 => TableFamily::Ip6,
+                    NFPROTO_INET => TableFamily::Inet,
+                    _ => return,
+                };
+                if let Some(name) = attr_str(p, NFTA_TABLE_NAME) {
+                    out.push(TableRef { family, name });
+                }
+            },
+        )
+    })?;
+    out.sort();
+    out.dedup();
+    Ok(out)
 }
 
 /// Dumps the elements of set `set` of table `table` (family `family`): `each` gets every reply

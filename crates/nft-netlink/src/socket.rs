@@ -240,6 +240,19 @@ impl NfSocket {
         attrs: impl FnOnce(&mut MsgBuf),
         mut each: impl FnMut(&[u8]),
     ) -> io::Result<()> {
+        self.dump_families(subsystem, msg, family, attrs, |_, payload| each(payload))
+    }
+
+    /// [`NfSocket::dump_subsystem`], telling `each` the family of every reply (its `nfgenmsg`):
+    /// a dump for `NFPROTO_UNSPEC` answers objects of every family.
+    pub fn dump_families(
+        &mut self,
+        subsystem: u16,
+        msg: u16,
+        family: u8,
+        attrs: impl FnOnce(&mut MsgBuf),
+        mut each: impl FnMut(u8, &[u8]),
+    ) -> io::Result<()> {
         let mut m = MsgBuf::new();
         m.begin((subsystem << 8) | msg, NLM_F_REQUEST | NLM_F_DUMP | NLM_F_ACK, 1, family, 0);
         attrs(&mut m);
@@ -263,7 +276,7 @@ impl NfSocket {
                             None => return Err(io::Error::other("truncated netlink error")),
                         }
                     }
-                    _ => each(reply.payload.get(4..).unwrap_or(&[])),
+                    _ => each(reply.payload.first().copied().unwrap_or(0), reply.payload.get(4..).unwrap_or(&[])),
                 }
             }
         }

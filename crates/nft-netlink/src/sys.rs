@@ -27,6 +27,8 @@ pub const NFPROTO_IPV4: u8 = 2;
 pub const NFPROTO_IPV6: u8 = 10;
 
 pub const NFT_MSG_NEWTABLE: u16 = 0;
+/// `NFT_MSG_GETTABLE`: one table, or every table with `NLM_F_DUMP`.
+pub const NFT_MSG_GETTABLE: u16 = 1;
 pub const NFT_MSG_DELTABLE: u16 = 2;
 pub const NFT_MSG_NEWCHAIN: u16 = 3;
 pub const NFT_MSG_GETCHAIN: u16 = 4;

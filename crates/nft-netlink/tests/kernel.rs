@@ -806,3 +806,68 @@ fn the_monitor_reports_other_processes_commits_to_the_watched_table_and_no_other
     own.join().unwrap();
     assert_eq!(notice, Notice::Touched(generation), "only the last of three commits is reported");
 }
+
+#[test]
+fn tables_lists_every_family_and_name_of_other_programs_tables() {
+    if !require_root() {
+        return;
+    }
+    let ns = Netns::new("nltables").unwrap();
+    ns.nft("table ip kube-proxy {}\ntable ip6 kube-proxy {}\ntable inet other {}\ntable ip nat {}").unwrap();
+    let listed = ns.run_in(|| kproxy_nft_netlink::listing::tables(&mut NetlinkExecutor::new()).unwrap()).unwrap();
+    let t = |family, name: &str| TableRef { family, name: name.to_owned() };
+    assert_eq!(
+        listed,
+        vec![
+            t(TableFamily::Ip, "kube-proxy"),
+            t(TableFamily::Ip, "nat"),
+            t(TableFamily::Ip6, "kube-proxy"),
+            t(TableFamily::Inet, "other")
+        ]
+    );
+    let empty = Netns::new("nlnotables").unwrap();
+    assert_eq!(empty.run_in(|| kproxy_nft_netlink::listing::tables(&mut NetlinkExecutor::new()).unwrap()).unwrap(), []);
+}
+
+#[test]
+fn ipsets_are_listed_by_name_and_destroyed_unless_an_iptables_rule_refers_to_them() {
+    if !require_root() {
+        return;
+    }
+    use kproxy_nft_netlink::ipset::IpsetClient;
+    let ns = Netns::new("nlipset").unwrap();
+    for (name, kind) in
+        [("KUBE-CLUSTER-IP", "hash:ip,port"), ("KUBE-6-LOOP-BACK", "hash:ip,port,ip"), ("other", "hash:ip")]
+    {
+        let family = if name.contains("-6-") { "inet6" } else { "inet" };
+        ns.exec_ok("ipset", &["create", name, kind, "family", family]).unwrap();
+    }
+    ns.exec_ok(
+        "iptables-legacy",
+        &["-t", "nat", "-A", "PREROUTING", "-m", "set", "--match-set", "KUBE-CLUSTER-IP", "dst,dst", "-j", "ACCEPT"],
+    )
+    .unwrap();
+    let (names, refused, after) = ns
+        .run_in(|| {
+            let mut client = IpsetClient::open().unwrap();
+            let names = client.names().unwrap();
+            let refused = client.destroy("KUBE-CLUSTER-IP").unwrap_err().to_string();
+            client.destroy("KUBE-6-LOOP-BACK").unwrap();
+            client.destroy("no-such-set").unwrap();
+            (names, refused, client.names().unwrap())
+        })
+        .unwrap();
+    assert_eq!(names, ["KUBE-CLUSTER-IP", "KUBE-6-LOOP-BACK", "other"]);
+    assert!(refused.contains("still in use"), "{refused}");
+    assert_eq!(after, ["KUBE-CLUSTER-IP", "other"]);
+    // Once the rule is gone, the set goes too: the refusal was the reference.
+    ns.exec_ok("iptables-legacy", &["-t", "nat", "-F", "PREROUTING"]).unwrap();
+    let last = ns
+        .run_in(|| {
+            let mut client = IpsetClient::open().unwrap();
+            client.destroy("KUBE-CLUSTER-IP").unwrap();
+            client.names().unwrap()
+        })
+        .unwrap();
+    assert_eq!(last, ["other"]);
+}
