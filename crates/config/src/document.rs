@@ -62,6 +62,8 @@ pub(crate) struct Document {
     pub service_counters: Option<bool>,
     pub watch_kernel_changes: Option<bool>,
     pub acceleration: Option<AccelerationDoc>,
+    pub take_over_kube_proxy: Option<bool>,
+    pub explain_access: Option<String>,
 }
 
 #[derive(Debug, Default, Clone, PartialEq, Deserialize, Serialize)]

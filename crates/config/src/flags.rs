@@ -262,6 +262,15 @@ pub struct Flags {
     /// [default: true in nftables mode] Overrides watchKernelChanges.
     #[arg(global = true, long = "watch-kernel-changes", value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = parse_go_bool, help_heading = "kproxy flags")]
     pub watch_kernel_changes: Option<bool>,
+    /// kproxy: once kproxy's rules are in the kernel and kube-proxy no longer runs on the node,
+    /// remove what kube-proxy left (any of its modes); on SIGTERM while kube-proxy runs again,
+    /// hand the node back to it (docs/migration.md). [default: true] Overrides takeOverKubeProxy.
+    #[arg(global = true, long = "take-over-kube-proxy", value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = parse_go_bool, help_heading = "kproxy flags")]
+    pub take_over_kube_proxy: Option<bool>,
+    /// kproxy: who may ask `/debug/explain` on the metrics listener: `local` (connections from
+    /// the node itself), `any`, or `off`. [default: local] Overrides explainAccess.
+    #[arg(global = true, long = "explain-access", value_name = "local|any|off", help_heading = "kproxy flags")]
+    pub explain_access: Option<String>,
     /// kproxy (KEP-4963): offload established Service connections to a flowtable. [default: true]
     /// Overrides acceleration.enabled.
     #[arg(global = true, long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = parse_go_bool, help_heading = "kproxy flags")]

@@ -104,6 +104,8 @@
 //! | `watchKernelChanges: bool` | `--watch-kernel-changes[=BOOL]` | true (nftables mode) | check kproxy's tables as soon as another program commits to them (nf_tables notifications) instead of at the next periodic check |
 //! | `acceleration.enabled: bool` | `--acceleration[=BOOL]` | true | KEP-4963: flowtable fast path for established Service connections |
 //! | `acceleration.packetThreshold: int` | `--offload-packet-threshold=N` | 20 | packets before offload; 0 disables |
+//! | `takeOverKubeProxy: bool` | `--take-over-kube-proxy[=BOOL]` | true | once kproxy's rules are in the kernel and kube-proxy no longer holds the healthz/metrics ports, remove what kube-proxy left; on SIGTERM while kube-proxy runs again, hand the node back (`docs/migration.md`) |
+//! | `explainAccess: string` | `--explain-access=local\|any\|off` | `local` | who may ask `/debug/explain` on the metrics listener: connections from the node itself, anyone, or nobody |
 //! | — | `--manifests DIR` | — | read Services/EndpointSlices/Nodes from YAML files instead of the API |
 //! | — | `--dry-run[=BOOL]` | false | print what would be applied; apply nothing |
 
@@ -123,7 +125,7 @@ pub use duration::{DurationError, GoDuration};
 pub use error::{ConfigError, FieldError};
 pub use flags::{Flags, VersionRequest};
 pub use model::{
-    AccelerationConfig, Action, ClientConnection, ConntrackConfig, DetectLocal, IpvsConfig, IpvsScheduler, LogFormat,
-    LoggingConfig, NodePortAddress, ProxyConfig, ProxyMode, SourceSelection,
+    AccelerationConfig, Action, ClientConnection, ConntrackConfig, DetectLocal, ExplainAccess, IpvsConfig,
+    IpvsScheduler, LogFormat, LoggingConfig, NodePortAddress, ProxyConfig, ProxyMode, SourceSelection,
 };
 pub use resolve::{parse_feature_gates, resolve};

@@ -349,6 +349,11 @@ pub struct ProxyConfig {
     pub watch_kernel_changes: bool,
     /// KEP-4963 flowtable fast path.
     pub acceleration: AccelerationConfig,
+    /// Take the node over from kube-proxy (remove its leftovers once kproxy's rules are in and it
+    /// no longer runs), and hand it back on SIGTERM when kube-proxy runs again.
+    pub take_over_kube_proxy: bool,
+    /// Who may ask `/debug/explain`.
+    pub explain_access: ExplainAccess,
     /// Where cluster objects come from.
     pub source: SourceSelection,
     /// `--dry-run`: compute and print what would be applied, apply nothing.
@@ -360,6 +365,36 @@ pub struct ProxyConfig {
     /// Things the user should know (ignored flags, deprecated flags, unknown feature gates, mode
     /// defaulting). Resolution happens before logging is set up, so the caller logs these.
     pub warnings: Vec<String>,
+}
+
+/// Who may ask the daemon's `/debug/explain` (which endpoints sit behind any address of the
+/// node, and the plan's reasons).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ExplainAccess {
+    /// Connections from the node itself: a loopback peer, or a peer whose address is the
+    /// address it connected to. Never a pod or another host.
+    #[default]
+    Local,
+    /// Anyone who can reach the metrics listener.
+    Any,
+    /// Nobody: `/debug/explain` answers 404.
+    Off,
+}
+
+impl ExplainAccess {
+    /// The keyword (`local`, `any`, `off`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ExplainAccess::Local => "local",
+            ExplainAccess::Any => "any",
+            ExplainAccess::Off => "off",
+        }
+    }
+
+    /// The setting of a keyword.
+    pub fn parse(keyword: &str) -> Option<Self> {
+        [ExplainAccess::Local, ExplainAccess::Any, ExplainAccess::Off].into_iter().find(|a| a.as_str() == keyword)
+    }
 }
 
 impl Default for ProxyConfig {
@@ -392,6 +427,8 @@ impl Default for ProxyConfig {
             service_counters: false,
             watch_kernel_changes: true,
             acceleration: AccelerationConfig::default(),
+            take_over_kube_proxy: true,
+            explain_access: ExplainAccess::Local,
             source: SourceSelection::KubernetesApi,
             dry_run: false,
             action: Action::Run,

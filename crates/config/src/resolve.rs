@@ -383,6 +383,13 @@ fn apply_extension_flags(s: &mut Settings, f: &Flags) {
         s.acceleration_packet_threshold = n;
         s.set_by("acceleration.packetThreshold", "--offload-packet-threshold");
     }
+    if let Some(v) = f.take_over_kube_proxy {
+        s.take_over_kube_proxy = v;
+    }
+    if let Some(access) = &f.explain_access {
+        s.explain_access = access.clone();
+        s.set_by("explainAccess", "--explain-access");
+    }
 }
 
 fn non_empty(list: &[String]) -> Vec<String> {

@@ -92,6 +92,8 @@ pub(crate) struct Settings {
     pub watch_kernel_changes: Option<bool>,
     pub acceleration_enabled: bool,
     pub acceleration_packet_threshold: i64,
+    pub take_over_kube_proxy: bool,
+    pub explain_access: String,
     /// Field path → the flag that set it, for error messages.
     pub origins: BTreeMap<String, String>,
     /// The settings come from a `--config` file (a cluster's KubeProxyConfiguration).
@@ -279,6 +281,8 @@ pub(crate) fn from_document(doc: Document) -> Settings {
         watch_kernel_changes: doc.watch_kernel_changes,
         acceleration_enabled: accel.enabled.unwrap_or(true),
         acceleration_packet_threshold: accel.packet_threshold.unwrap_or(DEFAULT_PACKET_THRESHOLD),
+        take_over_kube_proxy: doc.take_over_kube_proxy.unwrap_or(true),
+        explain_access: doc.explain_access.unwrap_or_else(|| "local".to_owned()),
         raw_mode,
         origins: BTreeMap::new(),
         from_file: false,

@@ -14,8 +14,8 @@ use ipnet::IpNet;
 use crate::duration::GoDuration;
 use crate::error::{ConfigError, FieldError};
 use crate::model::{
-    AccelerationConfig, ClientConnection, ConntrackConfig, DetectLocal, IpvsConfig, IpvsScheduler, LogFormat,
-    LoggingConfig, NodePortAddress, ProxyConfig, ProxyMode,
+    AccelerationConfig, ClientConnection, ConntrackConfig, DetectLocal, ExplainAccess, IpvsConfig, IpvsScheduler,
+    LogFormat, LoggingConfig, NodePortAddress, ProxyConfig, ProxyMode,
 };
 use crate::settings::{Settings, split_host_port};
 
@@ -272,6 +272,10 @@ pub(crate) fn validate(s: &Settings, warnings: &mut Vec<String>) -> Result<Proxy
     } else {
         mode
     };
+    let explain_access = ExplainAccess::parse(&s.explain_access).unwrap_or_else(|| {
+        c.fail("explainAccess", &s.explain_access, "must be local, any or off");
+        ExplainAccess::Local
+    });
     if s.service_counters && mode != ProxyMode::Nftables {
         c.fail("serviceCounters", true, "per-Service counters are read from nftables maps: they need mode nftables");
     }
@@ -370,6 +374,8 @@ pub(crate) fn validate(s: &Settings, warnings: &mut Vec<String>) -> Result<Proxy
         snat_to_node_ip: s.snat_to_node_ip,
         service_counters: s.service_counters,
         watch_kernel_changes: s.watch_kernel_changes.unwrap_or(mode == ProxyMode::Nftables),
+        take_over_kube_proxy: s.take_over_kube_proxy,
+        explain_access,
         acceleration: AccelerationConfig {
             enabled: gates.acceleration.unwrap_or(s.acceleration_enabled),
             packet_threshold,

@@ -154,6 +154,8 @@ impl ProxyConfig {
                 enabled: Some(self.acceleration.enabled),
                 packet_threshold: Some(i64::from(self.acceleration.packet_threshold)),
             }),
+            take_over_kube_proxy: Some(self.take_over_kube_proxy),
+            explain_access: Some(self.explain_access.as_str().to_owned()),
         }
     }
 }

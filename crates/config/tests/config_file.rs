@@ -269,3 +269,24 @@ fn nftables_mode_refuses_localhost_node_ports_instead_of_ignoring_them() {
     let c = kproxy_config::resolve(&common::flags(&[&format!("--config={}", path.display())])).unwrap();
     assert_eq!(c.node_port_addresses, vec![NodePortAddress::Primary, NodePortAddress::Localhost]);
 }
+
+#[test]
+fn take_over_and_explain_access_are_read_from_the_file_and_their_flags_win() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kproxy.yaml");
+    std::fs::write(
+        &path,
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: nftables\n\
+         takeOverKubeProxy: false\nexplainAccess: \"off\"\n",
+    )
+    .unwrap();
+    let file = path.to_str().unwrap();
+    let c = kproxy_config::resolve(&common::flags(&["--config", file])).unwrap();
+    assert!(!c.take_over_kube_proxy);
+    assert_eq!(c.explain_access, kproxy_config::ExplainAccess::Off);
+    let c =
+        kproxy_config::resolve(&common::flags(&["--config", file, "--take-over-kube-proxy", "--explain-access=any"]))
+            .unwrap();
+    assert!(c.take_over_kube_proxy);
+    assert_eq!(c.explain_access, kproxy_config::ExplainAccess::Any);
+}

@@ -336,3 +336,23 @@ fn settings_kproxy_does_not_use_are_warned_about() {
     assert!(c.warnings.iter().any(|w| w.contains("contentType") && w.contains("JSON is used")), "{:?}", c.warnings);
     assert!(resolve_ok(&["--config-sync-period=15m", "--kube-api-content-type=application/json"]).warnings.is_empty());
 }
+
+#[test]
+fn taking_over_from_kube_proxy_is_on_by_default_and_can_be_turned_off() {
+    assert!(resolve_ok(&[]).take_over_kube_proxy);
+    assert!(!resolve_ok(&["--take-over-kube-proxy=false"]).take_over_kube_proxy);
+    assert!(resolve_ok(&["--take-over-kube-proxy"]).take_over_kube_proxy);
+}
+
+#[test]
+fn explain_is_for_the_node_itself_by_default_and_an_unknown_access_is_refused_by_name() {
+    use kproxy_config::ExplainAccess;
+    assert_eq!(resolve_ok(&[]).explain_access, ExplainAccess::Local);
+    assert_eq!(resolve_ok(&["--explain-access=any"]).explain_access, ExplainAccess::Any);
+    assert_eq!(resolve_ok(&["--explain-access=off"]).explain_access, ExplainAccess::Off);
+    let error = resolve(&["--explain-access=everyone"]).expect_err("not a keyword").to_string();
+    assert!(
+        error.contains("explainAccess") && error.contains("--explain-access") && error.contains("everyone"),
+        "{error}"
+    );
+}

@@ -56,6 +56,26 @@ pub fn is_kube_proxy_chain(table: Table, chain: &str) -> bool {
     }
 }
 
+/// Whether `chain` in `table` is one upstream kube-proxy's IPVS mode writes: a kube-proxy in
+/// IPVS mode on the same backend owns these even where kproxy's iptables mode uses the same name.
+pub fn is_kube_proxy_ipvs_chain(table: Table, chain: &str) -> bool {
+    const NAT: [&str; 5] =
+        ["KUBE-SERVICES", "KUBE-POSTROUTING", "KUBE-NODE-PORT", "KUBE-LOAD-BALANCER", "KUBE-MARK-MASQ"];
+    const FILTER: [&str; 6] = [
+        "KUBE-FORWARD",
+        "KUBE-NODE-PORT",
+        "KUBE-PROXY-FIREWALL",
+        "KUBE-SOURCE-RANGES-FIREWALL",
+        "KUBE-IPVS-FILTER",
+        "KUBE-IPVS-OUT-FILTER",
+    ];
+    match table {
+        Table::Nat => NAT.contains(&chain),
+        Table::Filter => FILTER.contains(&chain),
+        Table::Mangle => false,
+    }
+}
+
 /// The restore input that removes kproxy from one table, given its `iptables-save` output.
 pub fn cleanup_input(table: Table, save: &str) -> TableInput {
     removal_input(save, |chain| is_kproxy_chain(table, chain))

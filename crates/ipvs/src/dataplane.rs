@@ -638,20 +638,37 @@ fn apply<H: Host>(host: &mut H, op: &IpvsOp) -> Result<(), Error> {
 /// `excludeCIDRs`, firewall-mark services in kproxy's range), the dummy interface and the
 /// auxiliary tables; nothing else. Works without a prior sync and when IPVS is not loaded.
 pub fn cleanup<H: Host>(host: &mut H, config: &Config) -> Result<(), Error> {
-    match host.ipvs_services() {
-        Ok(services) => {
-            for s in services.iter().filter(|s| owned(config, &s.key)) {
-                apply(host, &IpvsOp::DeleteService(s.key))?;
-            }
-        }
-        Err(Error::NoIpvs(_)) => {}
-        Err(e) => return Err(e),
-    }
+    delete_services(host, |key| owned(config, key))?;
     if let Some((index, Some(kind))) = host.link(&config.interface)?
         && kind == "dummy"
     {
         host.delete_link(index)?;
     }
+    delete_aux_tables(host, config)
+}
+
+/// What only kproxy's IPVS mode has, when kube-proxy's IPVS mode runs on the node again and owns
+/// the address services and the dummy interface (handing the node back): kproxy's
+/// firewall-mark services and its auxiliary tables.
+pub fn cleanup_kproxy_only<H: Host>(host: &mut H, config: &Config) -> Result<(), Error> {
+    delete_services(host, |key| matches!(key, ServiceKey::Fwmark { mark, .. } if config.owns_fwmark(*mark)))?;
+    delete_aux_tables(host, config)
+}
+
+fn delete_services<H: Host>(host: &mut H, doomed: impl Fn(&ServiceKey) -> bool) -> Result<(), Error> {
+    match host.ipvs_services() {
+        Ok(services) => {
+            for s in services.iter().filter(|s| doomed(&s.key)) {
+                apply(host, &IpvsOp::DeleteService(s.key))?;
+            }
+            Ok(())
+        }
+        Err(Error::NoIpvs(_)) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+fn delete_aux_tables<H: Host>(host: &mut H, config: &Config) -> Result<(), Error> {
     let mut tx = Transaction::new();
     for family in IpFamily::BOTH {
         let table = table_ref(family, &config.table);

@@ -19,6 +19,7 @@ mod observer;
 mod plan_table;
 mod policy;
 mod proxier;
+mod takeover;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -245,6 +246,9 @@ fn explainer(requests: mpsc::Sender<proxier::ExplainRequest>) -> kproxy_servers:
     })
 }
 
+/// How long a handback waits for the sync in progress to end before it removes kproxy's rules.
+const STOP_SYNCING_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// How long a stopping kproxy waits for work in flight. A sync in progress is not waited for:
 /// each one is atomic in the kernel (one nf_tables batch, one `iptables-restore` per table), so
 /// leaving mid-sync leaves the last committed ruleset, and a long sync (seconds at 50k Services)
@@ -297,7 +301,7 @@ fn serve(runtime: &tokio::runtime::Runtime, config: ProxyConfig) -> anyhow::Resu
         };
         // `/debug/explain` questions go to the sync loop, which owns the plan.
         let (explain_tx, explain_rx) = mpsc::channel::<proxier::ExplainRequest>(16);
-        let (mut observer, _servers) =
+        let (mut observer, mut listeners, health) =
             start_servers(&config, &name, families, explainer(explain_tx), source_counters).await?;
         // One owner of the node's addresses, followed over rtnetlink: the planner (through the
         // sync loop) and the conntrack reconciler (through the observer) read it.
@@ -313,7 +317,13 @@ fn serve(runtime: &tokio::runtime::Runtime, config: ProxyConfig) -> anyhow::Resu
             },
             None => None,
         };
-        let proxier_task = match (config.mode, config.dry_run) {
+        // kproxy's iptables backend, detected once like upstream (iptables mode only).
+        let iptables_backend = (config.mode == ProxyMode::Iptables && !config.dry_run).then(|| {
+            let backend = kproxy_iptables::backend::detect();
+            info!(?backend, "iptables backend");
+            backend
+        });
+        let mut proxier_task = match (config.mode, config.dry_run) {
             (ProxyMode::Nftables, false) => {
                 let dp = NftablesDataplane::new(kproxy_nft_netlink::NetlinkExecutor::new(), nft_config(&config));
                 let counters = config.service_counters.then(|| counter_reader(nft_config(&config)));
@@ -331,8 +341,7 @@ fn serve(runtime: &tokio::runtime::Runtime, config: ProxyConfig) -> anyhow::Resu
                 Extras::default(),
             ),
             (ProxyMode::Iptables, false) => {
-                let backend = kproxy_iptables::backend::detect();
-                info!(?backend, "iptables backend");
+                let backend = iptables_backend.unwrap_or(kproxy_iptables::Backend::Nft);
                 let exec = kproxy_iptables::IptablesRestore::new(backend);
                 let nfacct = nfacct::setup(observer.metrics());
                 let dp = IptablesDataplane::new(exec, kproxy_iptables::Config { nfacct, ..iptables_config(&config) });
@@ -354,15 +363,59 @@ fn serve(runtime: &tokio::runtime::Runtime, config: ProxyConfig) -> anyhow::Resu
                 spawn_proxier(planner, dp, observer, pacing, rx, explain_rx, Extras::default())
             }
         };
+        let own = match config.mode {
+            ProxyMode::Nftables => kproxy_takeover::Own::Nftables,
+            ProxyMode::Iptables => {
+                kproxy_takeover::Own::Iptables(iptables_backend.unwrap_or(kproxy_iptables::Backend::Nft))
+            }
+            ProxyMode::Ipvs => kproxy_takeover::Own::Ipvs,
+        };
+        let ipvs = ipvs_config(&config)?;
+        let took_over = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let handover = config.take_over_kube_proxy && !config.dry_run;
+        let takeover_task = handover.then(|| {
+            tokio::spawn(takeover::take_over(
+                own,
+                ipvs.clone(),
+                health.clone(),
+                listeners.configured(),
+                listeners.held(),
+                took_over.clone(),
+            ))
+        });
         let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         let result = tokio::select! {
             _ = tokio::signal::ctrl_c() => Ok(()),
             _ = terminate.recv() => Ok(()),
-            ended = proxier_task => Err(match ended {
+            ended = &mut proxier_task => Err(match ended {
                 Ok(()) => anyhow::anyhow!("the sync loop stopped: its source of cluster state ended"),
                 Err(e) => anyhow::anyhow!("the sync loop failed: {e}"),
             }),
         };
+        if let Some(task) = takeover_task {
+            task.abort();
+        }
+        if result.is_ok() && handover {
+            // Stopping the source closes the sync loop's channel: it ends after the sync in
+            // progress, if any (each is atomic in the kernel).
+            let stop_syncing = async {
+                source.abort();
+                let _ = tokio::time::timeout(STOP_SYNCING_WAIT, &mut proxier_task).await;
+            };
+            let healthz = config.healthz_bind_address;
+            let outcome = takeover::hand_back(
+                own,
+                &ipvs,
+                healthz,
+                &mut listeners,
+                took_over.load(std::sync::atomic::Ordering::Relaxed),
+                stop_syncing,
+            )
+            .await;
+            if outcome != takeover::Handback::NotRunning {
+                return result;
+            }
+        }
         if result.is_ok() {
             info!("stopping; the rules stay in place (kproxy --cleanup removes them)");
         }
@@ -384,15 +437,15 @@ fn log_masquerade_policy(config: &ProxyConfig) {
     );
 }
 
-/// Starts `/healthz`+`/livez`, `/metrics` and the health-check node port server; a bind failure
-/// is fatal only with `bindAddressHardFail`, as upstream.
+/// Starts `/healthz`+`/livez`, `/metrics` (see [`takeover::Listeners`]) and the health-check
+/// node port server.
 async fn start_servers(
     config: &ProxyConfig,
     node_name: &str,
     families: Vec<kproxy_state::IpFamily>,
     explainer: kproxy_servers::Explainer,
     source_counters: Option<std::sync::Arc<dyn kproxy_servers::SourceCounters>>,
-) -> anyhow::Result<(DaemonObserver, Vec<kproxy_servers::RunningServer>)> {
+) -> anyhow::Result<(DaemonObserver, takeover::Listeners, std::sync::Arc<kproxy_servers::ProxyHealth>)> {
     use kproxy_servers::{DataplaneMode, HealthCheckBind, MetricsServerInfo, ProxyHealth, ServiceHealthServer};
     use std::sync::Arc;
 
@@ -412,20 +465,14 @@ async fn start_servers(
             .into_iter()
             .map(|(gate, enabled)| (gate.name, gate.stage.label(), enabled)),
     );
-    let mut servers = Vec::new();
-    let hard_fail = |what: &str, e: kproxy_servers::ServeError| -> anyhow::Result<()> {
-        if config.bind_address_hard_fail {
-            Err(anyhow::anyhow!("{what}: {e}"))
-        } else {
-            warn!("{what}: {e}");
-            Ok(())
-        }
-    };
+    let mut specs = Vec::new();
     if let Some(addr) = config.healthz_bind_address {
-        match kproxy_servers::serve_healthz(addr, health.clone(), metrics.clone()).await {
-            Ok(server) => servers.push(server),
-            Err(e) => hard_fail("healthz server", e)?,
-        }
+        let (health, metrics) = (health.clone(), metrics.clone());
+        let serve: takeover::Serve = Arc::new(move || {
+            let (health, metrics) = (health.clone(), metrics.clone());
+            Box::pin(async move { kproxy_servers::serve_healthz(addr, health, metrics).await })
+        });
+        specs.push(takeover::ListenerSpec { what: "healthz server", addr, serve });
     }
     if let Some(addr) = config.metrics_bind_address {
         let info = MetricsServerInfo {
@@ -437,11 +484,16 @@ async fn start_servers(
                 .unwrap_or_default(),
             explainer: Some(explainer),
         };
-        match kproxy_servers::serve_metrics(addr, metrics.clone(), info).await {
-            Ok(server) => servers.push(server),
-            Err(e) => hard_fail("metrics server", e)?,
-        }
+        let metrics = metrics.clone();
+        let serve: takeover::Serve = Arc::new(move || {
+            let (metrics, info) = (metrics.clone(), info.clone());
+            Box::pin(async move { kproxy_servers::serve_metrics(addr, metrics, info).await })
+        });
+        specs.push(takeover::ListenerSpec { what: "metrics server", addr, serve });
     }
+    // A bind failure is fatal only with `bindAddressHardFail`, as upstream; a taken port is
+    // tried again (another proxy on the node: see `takeover`).
+    let listeners = takeover::Listeners::start(specs, config.bind_address_hard_fail).await?;
     // Health-check node ports follow the plan's nodePortAddresses (the observer moves them once
     // the addresses are known, e.g. `primary` once the Node arrives). --dry-run opens none.
     let hc = (!config.dry_run)
@@ -470,14 +522,14 @@ async fn start_servers(
     let observer = DaemonObserver::new(Sinks {
         node_name: node_name.to_owned(),
         families,
-        health,
+        health: health.clone(),
         metrics,
         health_check_server: hc,
         conntrack,
         mode,
         accel,
     });
-    Ok((observer, servers))
+    Ok((observer, listeners, health))
 }
 
 /// kube-proxy's privileged host setup: nf_conntrack limits and timeouts.

@@ -144,6 +144,33 @@ pub fn tables(exec: &mut NetlinkExecutor) -> io::Result<Vec<TableRef>> {
     Ok(out)
 }
 
+/// The names of `table`'s chains (one `NFT_MSG_GETCHAIN` dump, no rules): enough to tell whose
+/// chains an iptables-nft table holds without `iptables-nft-save`, which reads the whole ruleset.
+/// A missing table has none.
+pub fn chain_names(exec: &mut NetlinkExecutor, table: &TableRef) -> io::Result<Vec<String>> {
+    let family = nfproto(table.family);
+    let name = table.name.clone();
+    let mut out = Vec::new();
+    let dumped = exec.on_socket(|sock| {
+        sock.dump(
+            NFT_MSG_GETCHAIN,
+            family,
+            |m| m.put_str(NFTA_CHAIN_TABLE, &name),
+            |p| {
+                if attr_str(p, NFTA_CHAIN_TABLE).as_deref() == Some(name.as_str())
+                    && let Some(c) = attr_str(p, NFTA_CHAIN_NAME)
+                {
+                    out.push(c);
+                }
+            },
+        )
+    });
+    match dumped {
+        Err(e) if e.raw_os_error() == Some(nix::libc::ENOENT) => Ok(Vec::new()),
+        other => other.map(|()| out),
+    }
+}
+
 /// Dumps the elements of set `set` of table `table` (family `family`): `each` gets every reply
 /// message's payload.
 pub(crate) fn dump_set_elements(

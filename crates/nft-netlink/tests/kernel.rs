@@ -825,6 +825,18 @@ fn tables_lists_every_family_and_name_of_other_programs_tables() {
             t(TableFamily::Inet, "other")
         ]
     );
+    let chains = ns
+        .run_in(|| {
+            ns.nft("table ip nat {\n chain KUBE-SERVICES {\n }\n chain POSTROUTING { type nat hook postrouting priority srcnat; }\n}")
+                .unwrap();
+            let nat = t(TableFamily::Ip, "nat");
+            let mut exec = NetlinkExecutor::new();
+            let mut names = kproxy_nft_netlink::listing::chain_names(&mut exec, &nat).unwrap();
+            names.sort();
+            (names, kproxy_nft_netlink::listing::chain_names(&mut exec, &t(TableFamily::Ip6, "nat")).unwrap())
+        })
+        .unwrap();
+    assert_eq!(chains, (vec!["KUBE-SERVICES".to_owned(), "POSTROUTING".to_owned()], vec![]));
     let empty = Netns::new("nlnotables").unwrap();
     assert_eq!(empty.run_in(|| kproxy_nft_netlink::listing::tables(&mut NetlinkExecutor::new()).unwrap()).unwrap(), []);
 }

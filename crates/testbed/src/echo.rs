@@ -33,10 +33,30 @@ pub struct EchoServer {
     threads: Vec<JoinHandle<()>>,
 }
 
+/// What a TCP (or SCTP) backend does after its greeting line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Closes the connection: one connection, one answer (what probes expect).
+    OneAnswer,
+    /// Keeps the connection and answers every line received with the greeting again, until the
+    /// client closes it: a long-lived connection whose every exchange shows who serves it.
+    Conversation,
+}
+
 impl EchoServer {
     /// Starts answering on every `(proto, port)` on all addresses of `netns`, identifying itself
     /// as `name`. Binding happens before this returns, so the ports are reachable immediately.
     pub fn start(netns: &Netns, name: &str, ports: &[(Proto, u16)]) -> Result<EchoServer> {
+        Self::start_in(netns, name, ports, Mode::OneAnswer)
+    }
+
+    /// Like [`EchoServer::start`], but a TCP connection stays open after the greeting, and every
+    /// line the client sends is answered with the greeting again.
+    pub fn start_conversations(netns: &Netns, name: &str, ports: &[(Proto, u16)]) -> Result<EchoServer> {
+        Self::start_in(netns, name, ports, Mode::Conversation)
+    }
+
+    fn start_in(netns: &Netns, name: &str, ports: &[(Proto, u16)], mode: Mode) -> Result<EchoServer> {
         if name.is_empty() || name.contains(char::is_whitespace) {
             return Err(TestbedError::Invalid(format!("backend name {name:?} must be one non-empty word")));
         }
@@ -50,7 +70,7 @@ impl EchoServer {
             let name = server.name.clone();
             let thread = std::thread::Builder::new()
                 .name(format!("echo-{name}-{proto}-{port}"))
-                .spawn(move || serve(socket, proto, &name, &stop))
+                .spawn(move || serve(socket, proto, &name, &stop, mode))
                 .map_err(|e| TestbedError::io("spawning echo thread", e))?;
             server.threads.push(thread);
         }
@@ -95,7 +115,7 @@ fn listen(proto: Proto, port: u16) -> Result<Socket> {
     Ok(socket)
 }
 
-fn serve(socket: Socket, proto: Proto, name: &str, stop: &AtomicBool) {
+fn serve(socket: Socket, proto: Proto, name: &str, stop: &Arc<AtomicBool>, mode: Mode) {
     while !stop.load(Ordering::Relaxed) {
         let mut fds = [PollFd::new(socket.as_fd(), PollFlags::POLLIN)];
         match poll(&mut fds, STOP_POLL) {
@@ -109,7 +129,7 @@ fn serve(socket: Socket, proto: Proto, name: &str, stop: &AtomicBool) {
         }
         let answered = match proto {
             Proto::Udp => answer_datagram(&socket, name),
-            Proto::Tcp | Proto::Sctp => answer_connection(&socket, name),
+            Proto::Tcp | Proto::Sctp => answer_connection(&socket, name, mode, stop),
         };
         if let Err(e) = answered {
             tracing::debug!(backend = name, %proto, error = %e, "echo server could not answer");
@@ -121,12 +141,47 @@ fn reply_line(name: &str, peer: SocketAddr) -> String {
     format!("{name} {} {}\n", peer.ip(), peer.port())
 }
 
-fn answer_connection(listener: &Socket, name: &str) -> std::io::Result<()> {
+fn answer_connection(listener: &Socket, name: &str, mode: Mode, stop: &Arc<AtomicBool>) -> std::io::Result<()> {
     let (mut conn, peer) = listener.accept()?;
     let peer = peer.as_socket().map(canonical).ok_or_else(|| std::io::Error::other("peer is not an IP address"))?;
     conn.set_write_timeout(Some(Duration::from_secs(1)))?;
-    conn.write_all(reply_line(name, peer).as_bytes())?;
-    conn.flush()
+    let line = reply_line(name, peer);
+    conn.write_all(line.as_bytes())?;
+    conn.flush()?;
+    if mode == Mode::Conversation {
+        let stop = Arc::clone(stop);
+        std::thread::Builder::new()
+            .name(format!("echo-{name}-conversation"))
+            .spawn(move || converse(conn, &line, &stop))?;
+    }
+    Ok(())
+}
+
+/// Answers every line read on `conn` with `line`, until the client closes or the server stops.
+fn converse(conn: Socket, line: &str, stop: &AtomicBool) {
+    use std::io::BufRead;
+    let _ = conn.set_nonblocking(false);
+    let _ = conn.set_read_timeout(Some(Duration::from_millis(u64::from(STOP_POLL))));
+    let mut writer = match conn.try_clone() {
+        Ok(w) => w,
+        Err(_) => return,
+    };
+    let mut reader = std::io::BufReader::new(std::net::TcpStream::from(conn));
+    let mut request = String::new();
+    while !stop.load(Ordering::Relaxed) {
+        match reader.read_line(&mut request) {
+            Ok(0) => return,
+            Ok(_) if request.ends_with('\n') => {
+                request.clear();
+                if writer.write_all(line.as_bytes()).is_err() {
+                    return;
+                }
+            }
+            Ok(_) => {}
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(_) => return,
+        }
+    }
 }
 
 fn answer_datagram(socket: &Socket, name: &str) -> std::io::Result<()> {

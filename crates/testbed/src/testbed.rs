@@ -146,6 +146,14 @@ impl Pod {
         Ok(())
     }
 
+    /// Like [`Pod::serve`], but TCP connections stay open and every line sent is answered (see
+    /// [`EchoServer::start_conversations`]): for long-lived connections.
+    pub fn serve_conversations(&self, ports: &[(Proto, u16)]) -> Result<()> {
+        let server = EchoServer::start_conversations(&self.netns, &self.name, ports)?;
+        self.servers.lock().unwrap_or_else(PoisonError::into_inner).push(server);
+        Ok(())
+    }
+
     /// Stops every backend of this pod; afterwards its ports refuse connections.
     pub fn stop_serving(&self) {
         let servers = std::mem::take(&mut *self.servers.lock().unwrap_or_else(PoisonError::into_inner));
