@@ -243,6 +243,13 @@ pub fn render(packet: &Packet, e: &Explanation) -> String {
     }));
     out.push('\n');
     out.push_str(&crate::columns::render(&rows));
+    if e.endpoints_omitted > 0 {
+        out.push_str(&format!(
+            "… and {} more endpoints (the daemon lists at most {})\n",
+            e.endpoints_omitted,
+            e.endpoints.len()
+        ));
+    }
     out
 }
 

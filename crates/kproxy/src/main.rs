@@ -238,7 +238,9 @@ fn explainer(requests: mpsc::Sender<proxier::ExplainRequest>) -> kproxy_servers:
             let (reply, answer) = tokio::sync::oneshot::channel();
             requests.send(proxier::ExplainRequest { packet, reply }).await.map_err(|_| ExplainUnavailable::Busy)?;
             match answer.await {
-                Ok(Some(explanation)) => serde_json::to_value(explanation).map_err(|_| ExplainUnavailable::Busy),
+                Ok(Some(explanation)) => {
+                    serde_json::to_value(explanation.bounded()).map_err(|_| ExplainUnavailable::Busy)
+                }
                 Ok(None) => Err(ExplainUnavailable::NotSynced),
                 Err(_) => Err(ExplainUnavailable::Busy),
             }
@@ -482,7 +484,13 @@ async fn start_servers(
                 .ok()
                 .and_then(|yaml| serde_saphyr::from_str::<serde_json::Value>(&yaml).ok())
                 .unwrap_or_default(),
-            explainer: Some(explainer),
+            explainer: match config.explain_access {
+                kproxy_config::ExplainAccess::Off => None,
+                kproxy_config::ExplainAccess::Local => {
+                    Some(explainer.with_access(kproxy_servers::ExplainAccess::Local))
+                }
+                kproxy_config::ExplainAccess::Any => Some(explainer.with_access(kproxy_servers::ExplainAccess::Any)),
+            },
         };
         let metrics = metrics.clone();
         let serve: takeover::Serve = Arc::new(move || {

@@ -560,9 +560,6 @@ impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
                 },
                 _ = Self::counters_due(self.counting.as_ref().map(|c| c.next_at)) => self.count(),
                 () = Self::next_touch(&mut self.touched) => self.check_soon = true,
-                request = Self::next_explain_request(&mut self.explain_requests) => {
-                    let _ = request.reply.send(self.explain(&request.packet));
-                },
                 addresses = Self::next_local_addresses(&mut self.local_addresses) => self.local_addresses_changed(addresses),
                 _ = tokio::time::sleep(wait) => {
                     if !self.pending && !self.needs_full_sync && self.retry_at.is_none() && self.ready() {
@@ -577,6 +574,10 @@ impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
                         }
                     }
                 }
+                // Last: a sync that is due runs before any question waiting here.
+                request = Self::next_explain_request(&mut self.explain_requests) => {
+                    let _ = request.reply.send(self.explain(&request.packet));
+                },
             }
         }
     }

@@ -194,3 +194,51 @@ fn daemon_explains_from_the_plan_it_programmed_and_the_server_client_prints_the_
     let (status, _) = http_get(kproxy.metrics, "/debug/explain?from=203.0.113.7").unwrap();
     assert_eq!(status, 400);
 }
+
+/// The daemon's metrics listener on every address of a sandbox's node, as operators bind it for
+/// Prometheus: `/debug/explain` answers the node itself and refuses another host (403) unless
+/// `--explain-access=any`; `off` answers nobody (404). Root: network namespaces.
+#[test]
+fn daemon_explains_to_the_node_itself_and_to_others_only_when_asked() {
+    use kproxy_testbed::{Testbed, topology::NODE_IP_V4};
+    if !kproxy_testbed::kernel::require_root() {
+        return;
+    }
+    let tb = Testbed::new().unwrap();
+    let api = support::api_in(tb.node());
+    apply_node_a(&api.server);
+    apply_web_service(&api.server, "p");
+    let query = "/debug/explain?from=203.0.113.7&to=198.18.128.10:80";
+    for (access, from_node, from_outside) in [("local", 200, 403), ("any", 200, 200), ("off", 404, 404)] {
+        let port = 10249 + u16::from(access == "any") + 2 * u16::from(access == "off");
+        let args = vec![
+            "--dry-run".to_owned(),
+            "--hostname-override=node-a".into(),
+            format!("--metrics-bind-address=0.0.0.0:{port}"),
+            format!("--healthz-bind-address=127.0.0.1:{}", port + 100),
+            format!("--explain-access={access}"),
+        ];
+        let (_kproxy, dir) =
+            support::kproxy_in(tb.node().name(), &api.server.url(), &format!("explain-{access}"), &args);
+        let on_node = std::net::SocketAddr::new(NODE_IP_V4.into(), port);
+        let local = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+        // Until the first sync, explain answers 503: wait for the node's own answer to settle.
+        let start = Instant::now();
+        let node_status = loop {
+            let status = tb.node().run_in(|| http_get(local, query)).unwrap().map_or(0, |(s, _)| s);
+            if status == from_node || start.elapsed() > support::START {
+                break status;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        assert_eq!(node_status, from_node, "--explain-access={access}, from the node over loopback");
+        let via_address = tb.node().run_in(|| http_get(on_node, query)).unwrap().map_or(0, |(s, _)| s);
+        assert_eq!(via_address, from_node, "--explain-access={access}, from the node to its own address");
+        let outside = tb.external().run_in(|| http_get(on_node, query)).unwrap().map_or(0, |(s, _)| s);
+        assert_eq!(outside, from_outside, "--explain-access={access}, from another host");
+        // The metrics themselves answer everyone who reaches them, as kube-proxy's do.
+        let metrics = tb.external().run_in(|| http_get(on_node, "/metrics")).unwrap().map_or(0, |(s, _)| s);
+        assert_eq!(metrics, 200);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}

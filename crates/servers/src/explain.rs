@@ -3,6 +3,11 @@
 //!
 //! This module only speaks HTTP: it parses the query and hands it to an [`Explainer`] the
 //! daemon provides, which owns the plan and the semantics.
+//!
+//! An answer tells which endpoints sit behind any address of the node, and the metrics listener
+//! is often bound to every address for Prometheus: so by default only the node itself may ask
+//! ([`ExplainAccess::Local`]), and at most [`EXPLAIN_RATE`] questions a second are answered
+//! (429 beyond), so that a flood costs the sync loop, which answers them, next to nothing.
 
 use std::fmt;
 use std::future::Future;
@@ -39,18 +44,71 @@ pub type ExplainResult = Result<serde_json::Value, ExplainUnavailable>;
 
 type ExplainFn = dyn Fn(ExplainQuery) -> Pin<Box<dyn Future<Output = ExplainResult> + Send>> + Send + Sync;
 
-/// Answers explain queries (provided by the daemon, which owns the plan).
+/// Who may ask.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExplainAccess {
+    /// The node itself (see [`crate::ConnInfo::from_this_node`]); anyone else gets 403.
+    Local,
+    /// Anyone who reaches the listener.
+    Any,
+}
+
+/// Questions answered per second at most, and the burst allowed.
+pub const EXPLAIN_RATE: u32 = 20;
+
+/// A token bucket of [`EXPLAIN_RATE`] per second.
+#[derive(Debug)]
+struct RateLimit {
+    /// Tokens left, and when they were counted.
+    state: std::sync::Mutex<(f64, std::time::Instant)>,
+}
+
+impl RateLimit {
+    fn new() -> Self {
+        RateLimit { state: std::sync::Mutex::new((f64::from(EXPLAIN_RATE), std::time::Instant::now())) }
+    }
+
+    /// Takes a token if there is one.
+    fn take(&self) -> bool {
+        let mut state = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let now = std::time::Instant::now();
+        let refill = now.saturating_duration_since(state.1).as_secs_f64() * f64::from(EXPLAIN_RATE);
+        *state = ((state.0 + refill).min(f64::from(EXPLAIN_RATE)), now);
+        if state.0 >= 1.0 {
+            state.0 -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// Answers explain queries (provided by the daemon, which owns the plan), to whom it may.
 #[derive(Clone)]
-pub struct Explainer(Arc<ExplainFn>);
+pub struct Explainer {
+    answer: Arc<ExplainFn>,
+    access: ExplainAccess,
+    limit: Arc<RateLimit>,
+}
 
 impl Explainer {
-    /// An explainer calling `f`.
+    /// An explainer calling `f`, for the node itself only.
     pub fn new<F, Fut>(f: F) -> Self
     where
         F: Fn(ExplainQuery) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = ExplainResult> + Send + 'static,
     {
-        Explainer(Arc::new(move |q| Box::pin(f(q))))
+        Explainer {
+            answer: Arc::new(move |q| Box::pin(f(q))),
+            access: ExplainAccess::Local,
+            limit: Arc::new(RateLimit::new()),
+        }
+    }
+
+    /// Who may ask.
+    pub fn with_access(mut self, access: ExplainAccess) -> Self {
+        self.access = access;
+        self
     }
 }
 
@@ -63,13 +121,32 @@ impl fmt::Debug for Explainer {
 /// How long a query may wait for the sync loop before `503`.
 const ANSWER_WITHIN: Duration = Duration::from_secs(10);
 
-/// Answers one request: `400` for a malformed query, `503` when the daemon cannot answer yet.
-pub async fn answer(explainer: &Explainer, raw_query: Option<&str>) -> (StatusCode, String) {
-    let query = match parse_query(raw_query.unwrap_or("")) {
+/// The longest query string read.
+const MAX_QUERY_BYTES: usize = 512;
+
+/// Answers one request from the client at `conn`: `403` to a client the access does not allow,
+/// `429` beyond the rate, `400` for a malformed query, `503` when the daemon cannot answer yet.
+pub async fn answer(
+    explainer: &Explainer,
+    conn: Option<crate::ConnInfo>,
+    raw_query: Option<&str>,
+) -> (StatusCode, String) {
+    if explainer.access == ExplainAccess::Local && !conn.is_some_and(|c| c.from_this_node()) {
+        let why = "/debug/explain answers the node itself only (kproxy --explain-access=any opens it to others)";
+        return (StatusCode::FORBIDDEN, error_body(why));
+    }
+    if !explainer.limit.take() {
+        return (StatusCode::TOO_MANY_REQUESTS, error_body(&format!("at most {EXPLAIN_RATE} questions a second")));
+    }
+    let raw_query = raw_query.unwrap_or("");
+    if raw_query.len() > MAX_QUERY_BYTES {
+        return (StatusCode::BAD_REQUEST, error_body(&format!("the query is longer than {MAX_QUERY_BYTES} bytes")));
+    }
+    let query = match parse_query(raw_query) {
         Ok(q) => q,
         Err(e) => return (StatusCode::BAD_REQUEST, error_body(&e)),
     };
-    match tokio::time::timeout(ANSWER_WITHIN, (explainer.0)(query)).await {
+    match tokio::time::timeout(ANSWER_WITHIN, (explainer.answer)(query)).await {
         Ok(Ok(value)) => (StatusCode::OK, value.to_string()),
         Ok(Err(ExplainUnavailable::NotSynced)) => {
             let why = "no plan is known to be in the kernel: the first sync has not run, or the last one failed";

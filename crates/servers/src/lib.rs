@@ -28,7 +28,7 @@ mod timefmt;
 
 pub use clock::{Clock, FakeClock, SystemClock};
 pub use error::ServeError;
-pub use explain::{ExplainQuery, ExplainResult, ExplainUnavailable, Explainer};
+pub use explain::{EXPLAIN_RATE, ExplainAccess, ExplainQuery, ExplainResult, ExplainUnavailable, Explainer};
 pub use health::{FamilyHealth, HealthStatus, Probe, ProbeResponse, ProxyHealth};
 pub use healthz::{healthz_router, serve_healthz};
 pub use metrics::{
@@ -38,7 +38,7 @@ pub use metrics::{
 pub use metrics_server::{CONFIGZ_GROUP, MetricsServerInfo, metrics_router, serve_metrics};
 pub use packet_metrics::{PacketCounters, PacketCounts};
 pub use process_metrics::{ProcessCollector, ProcessSample};
-pub use server::RunningServer;
+pub use server::{ConnInfo, MAX_CONNECTIONS, MAX_HEAD_BYTES, RunningServer};
 pub use service_health::{
     BindFailure, ENDPOINT_WEIGHT_HEADER, HealthCheckBind, ServiceHealthServer, service_health_body,
 };

@@ -52,10 +52,11 @@ pub fn metrics_router(metrics: Metrics, info: MetricsServerInfo) -> Router {
     match info.explainer.clone() {
         Some(explainer) => router.route(
             "/debug/explain",
-            get(move |RawQuery(query): RawQuery| {
+            get(move |conn: Option<axum::Extension<crate::ConnInfo>>, RawQuery(query): RawQuery| {
                 let explainer = explainer.clone();
                 async move {
-                    let (status, body) = explain::answer(&explainer, query.as_deref()).await;
+                    let conn = conn.map(|axum::Extension(c)| c);
+                    let (status, body) = explain::answer(&explainer, conn, query.as_deref()).await;
                     let mut response = json(body);
                     *response.status_mut() = status;
                     response

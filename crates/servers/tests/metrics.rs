@@ -524,3 +524,119 @@ fn service_packets_and_bytes_are_series_of_their_own_with_the_same_labels() {
     assert_eq!(value(&metrics, "kproxy_service_packets_total", "served"), Some(40));
     assert_eq!(value(&metrics, "kproxy_service_new_connections_total", "served"), None);
 }
+
+/// An explainer that answers every query with 200.
+fn always_explains() -> kproxy_servers::Explainer {
+    kproxy_servers::Explainer::new(|_| async { Ok(serde_json::json!({"ok": true})) })
+}
+
+async fn explain_server(explainer: kproxy_servers::Explainer) -> kproxy_servers::RunningServer {
+    let info = MetricsServerInfo {
+        proxy_mode: "nftables".into(),
+        config: serde_json::Value::Null,
+        explainer: Some(explainer),
+    };
+    serve_metrics(loopback(), populated(DataplaneMode::Nftables), info).await.unwrap()
+}
+
+#[tokio::test]
+async fn debug_explain_answers_at_most_its_rate_and_then_429_until_the_bucket_refills() {
+    let server = explain_server(always_explains().with_access(kproxy_servers::ExplainAccess::Any)).await;
+    let addr = server.local_addr();
+    let query = "/debug/explain?from=203.0.113.7&to=198.18.128.10:80";
+    let rate = kproxy_servers::EXPLAIN_RATE as usize;
+    let started = std::time::Instant::now();
+    let asked: Vec<_> = (0..5 * rate).map(|_| tokio::spawn(get(addr, query))).collect();
+    let mut statuses = Vec::new();
+    for a in asked {
+        statuses.push(a.await.unwrap().unwrap().status);
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let answered = statuses.iter().filter(|s| **s == 200).count();
+    let limited = statuses.iter().filter(|s| **s == 429).count();
+    assert_eq!(answered + limited, statuses.len(), "{statuses:?}");
+    // The burst, plus what refilled while the questions came (however slow the machine).
+    let allowed = rate + (elapsed * rate as f64).ceil() as usize;
+    assert!(answered >= rate && answered <= allowed, "{answered} answered in {elapsed:.2} s: {statuses:?}");
+    assert!(limited > 0 || allowed >= statuses.len(), "{statuses:?}");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(get(addr, query).await.unwrap().status, 200, "refilled");
+    // Metrics are never limited.
+    for _ in 0..30 {
+        assert_eq!(get(addr, "/metrics").await.unwrap().status, 200);
+    }
+}
+
+#[tokio::test]
+async fn debug_explain_for_the_node_only_answers_loopback_and_refuses_long_queries() {
+    let server = explain_server(always_explains()).await;
+    let ok = get(server.local_addr(), "/debug/explain?from=203.0.113.7&to=198.18.128.10:80").await.unwrap();
+    assert_eq!(ok.status, 200, "a loopback client is the node itself: {}", ok.body);
+    let long = format!("/debug/explain?from=203.0.113.7&to=198.18.128.10:80&{}", "x".repeat(600));
+    assert_eq!(get(server.local_addr(), &long).await.unwrap().status, 400);
+}
+
+#[test]
+fn a_client_is_the_node_itself_when_loopback_or_connected_from_the_address_it_reached() {
+    use kproxy_servers::ConnInfo;
+    let sa = |s: &str| s.parse::<SocketAddr>().unwrap();
+    let node = |peer: &str, local: &str| ConnInfo { peer: sa(peer), local: sa(local) }.from_this_node();
+    assert!(node("127.0.0.1:5000", "127.0.0.1:10249"));
+    assert!(node("[::1]:5000", "[::1]:10249"));
+    assert!(node("198.18.0.2:5000", "198.18.0.2:10249"), "a process on the node using the node's address");
+    assert!(node("[::ffff:198.18.0.2]:5000", "198.18.0.2:10249"), "dual-stack sockets see IPv4 as mapped");
+    assert!(!node("198.18.16.5:5000", "198.18.0.2:10249"), "a pod");
+    assert!(!node("198.18.0.10:5000", "198.18.0.2:10249"), "another host");
+}
+
+#[tokio::test]
+async fn a_request_with_a_body_is_refused_and_its_connection_closed() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let server = explain_server(always_explains()).await;
+    let mut stream = tokio::net::TcpStream::connect(server.local_addr()).await.unwrap();
+    stream
+        .write_all(b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\nxxxxxxxxxxxxxxxx")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer)).await.unwrap().unwrap();
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.starts_with("HTTP/1.1 413"), "{text}");
+    // The same server still answers a plain GET.
+    assert_eq!(get(server.local_addr(), "/metrics").await.unwrap().status, 200);
+}
+
+#[tokio::test]
+async fn a_request_head_larger_than_the_limit_is_not_read() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let server = explain_server(always_explains()).await;
+    let mut stream = tokio::net::TcpStream::connect(server.local_addr()).await.unwrap();
+    let huge = format!(
+        "GET /metrics HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n",
+        "a".repeat(4 * kproxy_servers::MAX_HEAD_BYTES)
+    );
+    let _ = stream.write_all(huge.as_bytes()).await;
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer)).await.unwrap();
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.is_empty() || text.starts_with("HTTP/1.1 431"), "no 200 for an oversized head: {text}");
+    assert_eq!(get(server.local_addr(), "/metrics").await.unwrap().status, 200, "and the server goes on");
+}
+
+#[tokio::test]
+async fn connections_beyond_the_cap_wait_until_one_closes() {
+    let server = explain_server(always_explains()).await;
+    let addr = server.local_addr();
+    let mut idle = Vec::new();
+    for _ in 0..kproxy_servers::MAX_CONNECTIONS {
+        idle.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+    }
+    // Give the server time to take them all in (accepting is what the cap stops).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let waiting = tokio::spawn(get(addr, "/metrics"));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!waiting.is_finished(), "a connection beyond the cap was served");
+    idle.pop();
+    let answered = tokio::time::timeout(Duration::from_secs(10), waiting).await.unwrap().unwrap().unwrap();
+    assert_eq!(answered.status, 200, "served once a slot freed");
+}

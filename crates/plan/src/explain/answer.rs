@@ -190,6 +190,10 @@ pub struct Explanation {
     pub verdict: Verdict,
     /// The endpoints a new connection can go to, with their probabilities.
     pub endpoints: Vec<Endpoint>,
+    /// Endpoints left out of `endpoints` (a running daemon lists at most
+    /// [`Explanation::MAX_LISTED_ENDPOINTS`], so an answer's size stays bounded).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub endpoints_omitted: usize,
     /// The packet is source-NATed to at least one of the endpoints (each says for itself).
     pub masquerade: bool,
     /// The source the endpoint sees, when every endpoint sees the same.
@@ -219,12 +223,29 @@ pub struct Explanation {
     pub bytes: Option<ConnectionCounts>,
 }
 
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
 impl Explanation {
+    /// The most endpoints a running daemon lists in one answer.
+    pub const MAX_LISTED_ENDPOINTS: usize = 100;
+
+    /// Keeps the first [`Explanation::MAX_LISTED_ENDPOINTS`] endpoints and counts the rest.
+    pub fn bounded(mut self) -> Self {
+        if self.endpoints.len() > Self::MAX_LISTED_ENDPOINTS {
+            self.endpoints_omitted += self.endpoints.len() - Self::MAX_LISTED_ENDPOINTS;
+            self.endpoints.truncate(Self::MAX_LISTED_ENDPOINTS);
+        }
+        self
+    }
+
     pub(super) fn untouched(source: SourceKind, reason: String) -> Self {
         Explanation {
             service: None,
             verdict: Verdict::None,
             endpoints: Vec::new(),
+            endpoints_omitted: 0,
             masquerade: false,
             source_seen: None,
             reason,

@@ -392,3 +392,30 @@ fn masquerade_on_a_node_without_a_known_ip_says_the_source_is_unknown() {
     assert_eq!(e.source_seen, None);
     assert!(e.endpoints.iter().all(|ep| ep.source_seen.is_none() && !ep.source_seen_certain));
 }
+
+#[test]
+fn a_bounded_answer_lists_at_most_the_limit_and_counts_the_rest() {
+    let endpoint = |i: usize| crate::explain::Endpoint {
+        address: std::net::SocketAddr::from(([198, 18, 16, (i % 250) as u8], 8080)),
+        probability: 1.0,
+        local: true,
+        ready: true,
+        masquerade: false,
+        masquerade_reason: crate::explain::SnatReason::Hairpin,
+        source_seen: None,
+        source_seen_certain: false,
+    };
+    let mut e = crate::explain::Explanation::untouched(crate::explain::SourceKind::Remote, String::new());
+    e.endpoints = (0..250).map(endpoint).collect();
+    let bounded = e.clone().bounded();
+    assert_eq!(bounded.endpoints.len(), crate::explain::Explanation::MAX_LISTED_ENDPOINTS);
+    assert_eq!(bounded.endpoints_omitted, 150);
+    assert_eq!(bounded.endpoints[..], e.endpoints[..100]);
+    let json = serde_json::to_value(&bounded).unwrap();
+    assert_eq!(json["endpoints_omitted"], 150);
+    let small = crate::explain::Explanation::untouched(crate::explain::SourceKind::Remote, String::new()).bounded();
+    assert!(
+        serde_json::to_value(&small).unwrap().get("endpoints_omitted").is_none(),
+        "absent when nothing is left out"
+    );
+}
