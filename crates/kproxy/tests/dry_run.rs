@@ -73,3 +73,69 @@ fn master_overrides_the_kubeconfig_server() {
     let requests = api.server.list_count(Kind::Service) + api.server.watch_count(Kind::Service);
     assert!(requests >= 1, "kproxy listed Services from --master");
 }
+
+/// In `--manifests` mode no API server checks names: a Service and a slice whose names hold a
+/// newline and a quote are rejected by field, counted, and nothing of theirs reaches the
+/// `iptables-restore` input, while the valid Service next to them is written.
+#[test]
+fn names_an_api_server_would_refuse_never_reach_iptables_restore_input() {
+    use std::io::Read;
+    let dir = std::env::temp_dir().join(format!("kproxy-dry-names-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let service = |name: &str, ip: &str| {
+        format!(
+            "---\napiVersion: v1\nkind: Service\nmetadata: {{namespace: demo, name: {name}}}\n\
+             spec: {{clusterIP: {ip}, ports: [{{name: p, port: 80, protocol: TCP}}]}}\n"
+        )
+    };
+    let slice = |name: &str, service: &str, ip: &str| {
+        format!(
+            "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+             metadata: {{namespace: demo, name: {name}, labels: {{kubernetes.io/service-name: {service}}}}}\n\
+             addressType: IPv4\nendpoints: [{{addresses: [{ip}]}}]\nports: [{{name: p, port: 8080, protocol: TCP}}]\n"
+        )
+    };
+    let manifests = [
+        service("good", "198.18.128.10"),
+        slice("good-1", "good", "198.18.16.5"),
+        service("\"bad\\n-A INPUT -j ACCEPT\"", "198.18.128.11"),
+        slice("\"evil\\\" -j DROP\"", "good", "198.18.16.6"),
+    ]
+    .concat();
+    std::fs::write(dir.join("cluster.yaml"), manifests).unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_kproxy"))
+        .arg(format!("--manifests={}", dir.display()))
+        .args(["--dry-run", "--proxy-mode=iptables", "--hostname-override=node-a", "--healthz-bind-address="])
+        .arg(format!("--metrics-bind-address={}", free_port()))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let mut buf = [0u8; 4096];
+        // The first full restore holds the nat table with every Service chain.
+        while !text.contains("demo/good:p") || !text.contains("COMMIT") {
+            match stdout.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => text.push_str(&String::from_utf8_lossy(&buf[..n])),
+            }
+        }
+        text
+    });
+    let deadline = std::time::Instant::now() + support::START;
+    while !reader.is_finished() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let text = reader.join().unwrap();
+    let mut log = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut log).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(text.contains("demo/good:p") && text.contains("198.18.16.5"), "the valid Service is written:\n{text}");
+    assert!(!text.contains("bad") && !text.contains("evil") && !text.contains("198.18.128.11"), "{text}");
+    assert!(!text.contains("198.18.16.6"), "the bad slice's endpoint is not written:\n{text}");
+    assert!(log.contains("metadata.name"), "the rejection names the field:\n{log}");
+}

@@ -9,6 +9,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use crate::change::{Kind, ObjectKey};
 use crate::error::ObjectError;
 use crate::labels::{LAST_CHANGE_TRIGGER_TIME_ANNOTATION, SERVICE_NAME_LABEL, ignored_by_selectors};
+use crate::names;
 use crate::service::{IpFamily, Protocol, parse_ip, port_number};
 
 /// One port of an EndpointSlice.
@@ -96,6 +97,8 @@ impl SliceInfo {
         if key.name.is_empty() {
             return Err(err("metadata.name", "missing".into()));
         }
+        names::dns1123_label(&key.namespace).map_err(|e| err("metadata.namespace", e))?;
+        names::dns1123_subdomain(&key.name).map_err(|e| err("metadata.name", e))?;
         let labels = slice.metadata.labels.as_ref();
         if ignored_by_selectors(labels) {
             return Ok(None);
@@ -103,6 +106,7 @@ impl SliceInfo {
         let Some(service_name) = labels.and_then(|l| l.get(SERVICE_NAME_LABEL)).filter(|n| !n.is_empty()) else {
             return Ok(None);
         };
+        names::dns1035_label(service_name).map_err(|e| err(&format!("metadata.labels[{SERVICE_NAME_LABEL}]"), e))?;
         let family = match slice.address_type.as_str() {
             "IPv4" => IpFamily::V4,
             "IPv6" => IpFamily::V6,
@@ -118,7 +122,11 @@ impl SliceInfo {
             let protocol =
                 Protocol::from_k8s(p.protocol.as_deref()).map_err(|e| err(&format!("ports[{i}].protocol"), e))?;
             let port = port_number(number).map_err(|e| err(&format!("ports[{i}].port"), e))?;
-            ports.push(SlicePort { name: p.name.clone().unwrap_or_default(), protocol, port });
+            let name = p.name.clone().unwrap_or_default();
+            if !name.is_empty() {
+                names::dns1123_label(&name).map_err(|e| err(&format!("ports[{i}].name"), e))?;
+            }
+            ports.push(SlicePort { name, protocol, port });
         }
 
         let mut endpoints = Vec::with_capacity(slice.endpoints.len());
@@ -128,6 +136,9 @@ impl SliceInfo {
             if IpFamily::of(&ip) != family {
                 return Err(err(&format!("endpoints[{i}].addresses[0]"), format!("{ip} is not an {family} address")));
             }
+            if let Some(node) = ep.node_name.as_deref().filter(|n| !n.is_empty()) {
+                names::dns1123_subdomain(node).map_err(|e| err(&format!("endpoints[{i}].nodeName"), e))?;
+            }
             let conditions = ep.conditions.as_ref();
             let ready = conditions.and_then(|c| c.ready).unwrap_or(true);
             let hints = ep.hints.as_ref();
@@ -135,6 +146,13 @@ impl SliceInfo {
                 zones: hints.and_then(|h| h.for_zones.as_ref()).into_iter().flatten().map(|z| z.name.clone()).collect(),
                 nodes: hints.and_then(|h| h.for_nodes.as_ref()).into_iter().flatten().map(|n| n.name.clone()).collect(),
             };
+            for (j, zone) in hints.zones.iter().enumerate() {
+                names::label_value(zone).map_err(|e| err(&format!("endpoints[{i}].hints.forZones[{j}].name"), e))?;
+            }
+            for (j, node) in hints.nodes.iter().enumerate() {
+                names::dns1123_subdomain(node)
+                    .map_err(|e| err(&format!("endpoints[{i}].hints.forNodes[{j}].name"), e))?;
+            }
             endpoints.push(EndpointInfo {
                 ip,
                 ready,

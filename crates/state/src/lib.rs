@@ -10,6 +10,7 @@ mod change;
 mod endpoints;
 mod error;
 mod labels;
+pub mod names;
 mod node;
 mod service;
 mod store;

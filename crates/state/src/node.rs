@@ -10,6 +10,7 @@ use k8s_openapi::api::core::v1::Node;
 use crate::change::{Kind, ObjectKey};
 use crate::error::ObjectError;
 use crate::labels::ZONE_LABEL;
+use crate::names;
 use crate::service::parse_ip;
 
 /// A Node, validated.
@@ -44,6 +45,7 @@ impl NodeInfo {
         if key.name.is_empty() {
             return Err(err("metadata.name", "missing".into()));
         }
+        names::dns1123_subdomain(&key.name).map_err(|e| err("metadata.name", e))?;
         let spec = node.spec.as_ref();
         let mut cidr_strings: Vec<&String> = spec.and_then(|s| s.pod_cidrs.as_ref()).into_iter().flatten().collect();
         if cidr_strings.is_empty() {

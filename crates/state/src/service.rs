@@ -9,6 +9,7 @@ use ipnet::IpNet;
 use crate::change::{Kind, ObjectKey, ServiceObject};
 use crate::error::ObjectError;
 use crate::labels::{TRAFFIC_HINT_ANNOTATION, ignored_by_selectors};
+use crate::names;
 
 /// An IP family.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
@@ -149,6 +150,8 @@ impl ServiceInfo {
         if key.name.is_empty() {
             return Err(err("metadata.name", "missing".into()));
         }
+        names::dns1123_label(&key.namespace).map_err(|e| err("metadata.namespace", e))?;
+        names::dns1035_label(&key.name).map_err(|e| err("metadata.name", e))?;
         if ignored_by_selectors(svc.metadata.labels.as_ref()) {
             return Ok(None);
         }
@@ -192,6 +195,9 @@ impl ServiceInfo {
                 _ => None,
             };
             let name = p.name.clone().unwrap_or_default();
+            if !name.is_empty() {
+                names::dns1123_label(&name).map_err(|e| err(&format!("{field}.name"), e))?;
+            }
             if ports.iter().any(|q: &ServicePortSpec| q.name == name && q.protocol == protocol) {
                 return Err(err(&format!("{field}.name"), format!("duplicate port name {name:?}")));
             }

@@ -378,6 +378,8 @@ fn service_cidr_nets(cidr: &ServiceCIDR) -> Result<Vec<IpNet>, ObjectError> {
     if key.name.is_empty() {
         return Err(ObjectError::new(Kind::ServiceCidr, &key, "metadata.name", "missing"));
     }
+    crate::names::dns1123_subdomain(&key.name)
+        .map_err(|e| ObjectError::new(Kind::ServiceCidr, &key, "metadata.name", e))?;
     cidr.spec
         .iter()
         .flat_map(|s| s.cidrs.iter().flatten())

@@ -239,3 +239,40 @@ fn a_service_that_becomes_headless_is_reported_gone_by_a_relist_that_no_longer_n
     state.apply(Change::ListStarted(Kind::Service));
     assert_eq!(state.apply(Change::ListEnded(Kind::Service)).gone, [ObjectKey::new("ns", "b")]);
 }
+
+#[test]
+fn names_the_api_server_would_refuse_are_rejected_by_field_and_the_rest_is_kept() {
+    let mut state = ClusterState::new();
+    state.apply(Change::Applied(service("web", "198.18.0.1", &[])));
+    let cases: Vec<(Object, &str)> = vec![
+        (service("web\nX", "198.18.0.2", &[]), "metadata.name"),
+        (service("Web", "198.18.0.3", &[]), "metadata.name"),
+        (service("1web", "198.18.0.4", &[]), "metadata.name"),
+        (slice("web-\"1", "web", &["198.18.1.1"]), "metadata.name"),
+        (slice("web-2", "web x", &["198.18.1.1"]), "metadata.labels[kubernetes.io/service-name]"),
+    ];
+    for (object, field) in cases {
+        let outcome = state.apply(Change::Applied(object));
+        assert_eq!(outcome.rejected.len(), 1, "{field}");
+        assert_eq!(outcome.rejected[0].field, field);
+    }
+    let mut bad_namespace = service("ok", "198.18.0.5", &[]);
+    if let Object::Service(s) = &mut bad_namespace {
+        s.service.metadata.namespace = Some("ns;drop".into());
+    }
+    assert_eq!(state.apply(Change::Applied(bad_namespace)).rejected[0].field, "metadata.namespace");
+    let mut bad_port = slice("web-3", "web", &["198.18.1.1"]);
+    if let Object::EndpointSlice(s) = &mut bad_port {
+        s.ports =
+            Some(vec![EndpointPort { port: Some(8080), name: Some("http\" -j ACCEPT".into()), ..Default::default() }]);
+        s.endpoints[0].node_name = Some("node-a".into());
+    }
+    assert_eq!(state.apply(Change::Applied(bad_port)).rejected[0].field, "ports[0].name");
+    let mut bad_node = slice("web-4", "web", &["198.18.1.1"]);
+    if let Object::EndpointSlice(s) = &mut bad_node {
+        s.endpoints[0].node_name = Some("node a".into());
+    }
+    assert_eq!(state.apply(Change::Applied(bad_node)).rejected[0].field, "endpoints[0].nodeName");
+    let names: Vec<&str> = state.services().map(|s| &*s.key.name).collect();
+    assert_eq!(names, ["web"], "only the valid Service is kept");
+}
