@@ -25,6 +25,8 @@ pub const USAGE: &str = "cargo xtask cluster up    [--name NAME] [--nodes N] [--
        cargo xtask cluster workloads [--proxy P] [--mode M] [--keep]   rolling update under load, internalTrafficPolicy Local, headless, hairpin
        cargo xtask cluster table                      the e2e runs in target/kproxy-e2e side by side (markdown)
        cargo xtask cluster e2e   [--proxy P] [--mode M] [--nodes N] [--focus RE] [--skip RE] [--keep] [--no-image-build]
+       cargo xtask cluster migrate [--from M] [--mode M] [--nodes N] [--keep] [--no-image-build]
+                                  kube-proxy (--from) -> kproxy (--mode) -> kube-proxy, node by node, under traffic
 every command takes --name NAME (default kpc): clusters of different names run side by side
 environment: KPROXY_CLUSTER_DIR (default target/kproxy-cluster), KPROXY_K8S_DIR, KPROXY_CLUSTER_KEEP=1 (keep a failed up)";
 
@@ -36,7 +38,7 @@ pub const E2E_FOCUS: &str = r"\[sig-network\] (Services|Conntrack|Networking)";
 /// the internet.
 pub const E2E_SKIP: &str = r"LoadBalancer|ESIPP|GCE|Windows|Slow|Serial|Disruptive|Flaky|Networking-Performance|SCTP|Networking-IPv4|Networking-IPv6|Networking-DNS|should not be vulnerable to the invalid conntrack state bug";
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Args {
     name: String,
     nodes: Option<u8>,
@@ -47,6 +49,8 @@ struct Args {
     focus: String,
     skip: String,
     dns: Vec<String>,
+    /// `migrate`: kube-proxy's mode (default: `--mode`).
+    from: Option<String>,
 }
 
 fn parse(args: &[OsString]) -> Result<Args> {
@@ -61,6 +65,7 @@ fn parse(args: &[OsString]) -> Result<Args> {
         focus: E2E_FOCUS.into(),
         skip: E2E_SKIP.into(),
         dns: Vec::new(),
+        from: None,
     };
     let mut it = args.iter().map(|a| a.to_str().map(str::to_owned).ok_or_else(usage));
     while let Some(arg) = it.next() {
@@ -86,6 +91,13 @@ fn parse(args: &[OsString]) -> Result<Args> {
                 if !matches!(parsed.mode.as_str(), "nftables" | "iptables") {
                     return Err(usage());
                 }
+            }
+            "--from" => {
+                let from = value()?;
+                if !matches!(from.as_str(), "nftables" | "iptables") {
+                    return Err(usage());
+                }
+                parsed.from = Some(from);
             }
             "--keep" => parsed.keep = true,
             "--no-image-build" => parsed.image_build = false,
@@ -134,9 +146,44 @@ pub fn run(layout: &Layout, args: &[OsString]) -> Result<i32> {
             Ok(0)
         }
         "e2e" => e2e(layout, &work, &parsed),
+        "migrate" => migrate(layout, &work, &parsed),
         // Internal: the cluster DNS stand-in, started by `up` in each node's namespace.
         "dns" => serve_dns(&parsed.dns),
         _ => Err(Error::Usage(USAGE.into())),
+    }
+}
+
+/// `cargo xtask cluster migrate`: see `crate::migrate`.
+fn migrate(layout: &Layout, work: &Path, args: &Args) -> Result<i32> {
+    let archive = layout.target.join(image::ARCHIVE);
+    if args.image_build || !archive.is_file() {
+        let status = image::run(layout, &["--no-verify".into()])?;
+        if status != 0 {
+            return Err(setup(format!("cargo xtask image failed ({status})")));
+        }
+    }
+    let from = args.from.clone().unwrap_or_else(|| args.mode.clone());
+    let upstream = Args { proxy: Proxy::Upstream, mode: from.clone(), ..args.clone() };
+    let cluster = up(layout, work, &upstream, args.nodes.unwrap_or(2))?;
+    let binaries = Binaries::locate().map_err(setup)?;
+    let run = crate::migrate::Migration { layout, work, from: &from, to: &args.mode };
+    let result = crate::migrate::run(&run, &cluster, &binaries);
+    if args.keep {
+        print_access(&cluster.info);
+        cluster.detach();
+    } else {
+        cluster.down().map_err(anyhow_err)?;
+    }
+    match result {
+        Ok(true) => Ok(0),
+        Ok(false) => {
+            println!("migrate: FAILED (requests failed or connections broke)");
+            Ok(1)
+        }
+        Err(e) => {
+            println!("migrate: FAILED: {e:#}");
+            Ok(1)
+        }
     }
 }
 

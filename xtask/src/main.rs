@@ -19,6 +19,7 @@ mod image;
 mod initramfs;
 mod kernel_image;
 mod layout;
+mod migrate;
 mod packages;
 mod process;
 mod qemu;

@@ -182,6 +182,11 @@ impl Executor for IptablesRestore {
 
     fn sysctl(&mut self, key: &str, value: &str) -> Result<(), ExecError> {
         let path = format!("/proc/sys/{key}");
+        // Written only where it differs: in an unprivileged container `/proc/sys` is read-only,
+        // and `kproxy --init-only` set it before.
+        if std::fs::read_to_string(&path).is_ok_and(|now| now.trim() == value) {
+            return Ok(());
+        }
         std::fs::write(&path, value).map_err(|source| ExecError::Spawn { program: path, source })
     }
 
@@ -189,24 +194,15 @@ impl Executor for IptablesRestore {
         if self.backend == Backend::Legacy {
             return Ok(());
         }
-        let nft_family = match family {
-            IpFamily::V4 => "ip",
-            IpFamily::V6 => "ip6",
-        };
-        let spawn_err = |source| ExecError::Spawn { program: "nft".to_owned(), source };
-        let out = Command::new("nft")
-            .args(["delete", "table", nft_family, table.as_str()])
-            .stdin(Stdio::null())
-            .output()
-            .map_err(spawn_err)?;
-        if out.status.success() {
-            Ok(())
-        } else {
-            Err(ExecError::Failed {
-                program: "nft".to_owned(),
-                stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
-            })
-        }
+        // Over nf_tables netlink: the image carries no `nft` for this one command.
+        use kproxy_nft_model::{Executor as _, Op, TableRef, Transaction};
+        let table = TableRef { family: family.into(), name: table.as_str().to_owned() };
+        let mut tx = Transaction::new();
+        tx.push(Op::AddTable { table: table.clone(), comment: None });
+        tx.push(Op::DeleteTable(table));
+        kproxy_nft_netlink::NetlinkExecutor::new()
+            .apply(&tx)
+            .map_err(|e| ExecError::Failed { program: "nf_tables netlink".to_owned(), stderr: e.to_string() })
     }
 }
 

@@ -344,37 +344,8 @@ impl<H: Host> IpvsDataplane<H> {
 
     /// Sets the sysctls IPVS mode needs where they differ; returns one line per sysctl set.
     fn ensure_sysctls(&mut self, plan: &Plan) -> Result<Vec<String>, Error> {
-        let mut wanted = vec![
-            // IPVS keeps conntrack entries: the auxiliary table's marks and masquerading need them.
-            ("net/ipv4/vs/conntrack", "1"),
-            // Drop a connection's packets once its real server is deleted, so clients reconnect.
-            ("net/ipv4/vs/expire_nodest_conn", "1"),
-            // Persistence templates of a weight-0 (draining) real server expire.
-            ("net/ipv4/vs/expire_quiescent_template", "1"),
-        ];
-        if plan.families.contains_key(&IpFamily::V4) {
-            wanted.push(("net/ipv4/ip_forward", "1"));
-        }
-        if plan.families.contains_key(&IpFamily::V6) {
-            wanted.push(("net/ipv6/conf/all/forwarding", "1"));
-        }
-        if self.config.strict_arp {
-            wanted.push(("net/ipv4/conf/all/arp_ignore", "1"));
-            wanted.push(("net/ipv4/conf/all/arp_announce", "2"));
-        }
-        let mut set = Vec::new();
-        for (path, value) in wanted {
-            match self.host.sysctl(path)? {
-                Some(v) if v == value => {}
-                Some(was) => {
-                    tracing::info!(sysctl = path, value, "setting sysctl");
-                    self.host.set_sysctl(path, value)?;
-                    set.push(format!("sysctl {path} was {was}, set to {value}"));
-                }
-                None => tracing::warn!(sysctl = path, "sysctl missing; not set"),
-            }
-        }
-        Ok(set)
+        let families: Vec<IpFamily> = plan.families.keys().copied().collect();
+        ensure_node_sysctls(&mut self.host, &self.config, &families)
     }
 
     /// Takes one virtual service from what is applied to what is wanted; returns the number of
@@ -599,6 +570,53 @@ fn full_table(cfg: &Config, state: &FamilyState, tx: &mut Transaction) {
             tx.push(Op::AddElement(table.clone(), Element { set: set.clone(), key: key.clone(), value }));
         }
     }
+}
+
+/// The sysctls IPVS mode needs for `families`, with their values.
+pub fn node_sysctls(config: &Config, families: &[IpFamily]) -> Vec<(&'static str, &'static str)> {
+    let mut wanted = vec![
+        // IPVS keeps conntrack entries: the auxiliary table's marks and masquerading need them.
+        ("net/ipv4/vs/conntrack", "1"),
+        // Drop a connection's packets once its real server is deleted, so clients reconnect.
+        ("net/ipv4/vs/expire_nodest_conn", "1"),
+        // Persistence templates of a weight-0 (draining) real server expire.
+        ("net/ipv4/vs/expire_quiescent_template", "1"),
+    ];
+    if families.contains(&IpFamily::V4) {
+        wanted.push(("net/ipv4/ip_forward", "1"));
+    }
+    if families.contains(&IpFamily::V6) {
+        wanted.push(("net/ipv6/conf/all/forwarding", "1"));
+    }
+    if config.strict_arp {
+        wanted.push(("net/ipv4/conf/all/arp_ignore", "1"));
+        wanted.push(("net/ipv4/conf/all/arp_announce", "2"));
+    }
+    wanted
+}
+
+/// Sets [`node_sysctls`] where they differ (nothing is written where they are right, so an
+/// unprivileged container whose `/proc/sys` is read-only runs once `kproxy --init-only` set
+/// them); returns one line per sysctl set. The IPVS ones exist once `ip_vs` is loaded: asking
+/// for its generic netlink family makes the kernel load it.
+pub fn ensure_node_sysctls<H: Host>(
+    host: &mut H,
+    config: &Config,
+    families: &[IpFamily],
+) -> Result<Vec<String>, Error> {
+    let mut set = Vec::new();
+    for (path, value) in node_sysctls(config, families) {
+        match host.sysctl(path)? {
+            Some(v) if v == value => {}
+            Some(was) => {
+                tracing::info!(sysctl = path, value, "setting sysctl");
+                host.set_sysctl(path, value)?;
+                set.push(format!("sysctl {path} was {was}, set to {value}"));
+            }
+            None => tracing::warn!(sysctl = path, "sysctl missing; not set"),
+        }
+    }
+    Ok(set)
 }
 
 /// Whether a kernel virtual service is kproxy's: address services outside `excludeCIDRs`, and

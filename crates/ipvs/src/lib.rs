@@ -30,7 +30,9 @@ pub mod render;
 pub mod rtnl;
 
 pub use config::{Config, Scheduler, UnknownScheduler};
-pub use dataplane::{IpvsDataplane, SyncReport, cleanup, cleanup_kproxy_only, is_proxy_service};
+pub use dataplane::{
+    IpvsDataplane, SyncReport, cleanup, cleanup_kproxy_only, ensure_node_sysctls, is_proxy_service, node_sysctls,
+};
 pub use error::Error;
 pub use fake::{FakeHost, FakeLink, FakeService};
 pub use genl::{DestKey, DestSpec, DestState, IpvsOp, ServiceKey, ServiceSpec};

@@ -412,17 +412,28 @@ pub fn substitute_manifest(manifest: &str, image: &str, server: &str, mode: &str
             out.push('\n');
         }
     }
-    if (images, servers, modes, conntracks) != (1, 1, 1, 1) {
+    // The image twice: the init container (`--init-only`) and the proxy.
+    if (images, servers, modes, conntracks) != (2, 1, 1, 1) {
         bail!(
-            "deploy/kproxy.yaml: expected one image, kubeconfig server, mode and conntrack maxPerCore line, found {images}, {servers}, {modes}, {conntracks}"
+            "deploy/kproxy.yaml: expected two image lines and one kubeconfig server, mode and conntrack maxPerCore line, found {images}, {servers}, {modes}, {conntracks}"
         );
     }
     Ok(out)
 }
 
+/// Top-level fields of kproxy's ConfigMap that kube-proxy does not know (one-line scalars).
+const KPROXY_ONLY_FIELDS: [&str; 6] = [
+    "takeOverKubeProxy",
+    "explainAccess",
+    "snatToNodeIP",
+    "serviceCounters",
+    "watchKernelChanges",
+    "noMasqueradeCIDRs",
+];
+
 /// The `config.conf` of kproxy's ConfigMap in `manifest`, for upstream kube-proxy: its
 /// kubeconfig path, mode and `conntrack.maxPerCore` (0, as for kproxy) replaced (each must be
-/// found once).
+/// found once), and kproxy's own fields left out.
 pub fn upstream_config(manifest: &str, kubeconfig: &Path, mode: &str) -> Result<String> {
     let mut lines = manifest.lines();
     let key_indent = loop {
@@ -450,6 +461,8 @@ pub fn upstream_config(manifest: &str, kubeconfig: &Path, mode: &str) -> Result<
         } else if body.starts_with("mode: ") {
             out.push_str(&format!("mode: {mode}\n"));
             modes += 1;
+        } else if KPROXY_ONLY_FIELDS.iter().any(|f| body.starts_with(&format!("{f}:"))) {
+            // kproxy's own fields: a cluster's kube-proxy ConfigMap has none of them.
         } else {
             out.push_str(body);
             out.push('\n');
@@ -553,9 +566,9 @@ mod tests {
 
     #[test]
     fn manifest_substitution_replaces_image_server_mode_and_conntrack_max_only() {
-        let manifest = "data:\n  config.conf: |-\n    mode: nftables\n    conntrack:\n      maxPerCore: 32768\n  kubeconfig.conf: |-\n    clusters:\n      - cluster:\n          server: https://CONTROL-PLANE-ENDPOINT:6443\nspec:\n  containers:\n    - name: kproxy\n      image: ghcr.io/x:latest\n      imagePullPolicy: IfNotPresent\n";
+        let manifest = "data:\n  config.conf: |-\n    mode: nftables\n    conntrack:\n      maxPerCore: 32768\n  kubeconfig.conf: |-\n    clusters:\n      - cluster:\n          server: https://CONTROL-PLANE-ENDPOINT:6443\nspec:\n  initContainers:\n    - name: init\n      image: ghcr.io/x:1\n  containers:\n    - name: kproxy\n      image: ghcr.io/x:1\n      imagePullPolicy: IfNotPresent\n";
         let out = substitute_manifest(manifest, "localhost/kproxy:dev", "https://198.18.0.1:6443", "iptables").unwrap();
-        assert!(out.contains("      image: localhost/kproxy:dev\n"));
+        assert_eq!(out.matches("      image: localhost/kproxy:dev\n").count(), 2, "{out}");
         assert!(out.contains("          server: https://198.18.0.1:6443\n"));
         assert!(out.contains("    mode: iptables\n"));
         assert!(out.contains("      maxPerCore: 0\n"));
@@ -565,7 +578,7 @@ mod tests {
 
     #[test]
     fn upstream_config_is_the_configmaps_with_its_kubeconfig_and_mode() {
-        let manifest = "data:\n  config.conf: |-\n    kind: KubeProxyConfiguration\n    clientConnection:\n      kubeconfig: /var/lib/kproxy/kubeconfig.conf\n    mode: nftables\n    conntrack:\n      maxPerCore: 32768\n  kubeconfig.conf: |-\n    x: y\n";
+        let manifest = "data:\n  config.conf: |-\n    kind: KubeProxyConfiguration\n    clientConnection:\n      kubeconfig: /var/lib/kproxy/kubeconfig.conf\n    mode: nftables\n    takeOverKubeProxy: true\n    conntrack:\n      maxPerCore: 32768\n  kubeconfig.conf: |-\n    x: y\n";
         let out = upstream_config(manifest, Path::new("/k/kp.kubeconfig"), "iptables").unwrap();
         assert_eq!(
             out,

@@ -67,6 +67,7 @@ pub mod containerd;
 mod control_plane;
 pub mod dns;
 pub mod ledger;
+pub mod migration;
 mod net;
 pub mod node;
 mod pki;

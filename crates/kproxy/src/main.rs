@@ -125,10 +125,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Action::Cleanup => cleanup(&config),
-        Action::InitOnly => {
-            tune_conntrack(&config);
-            Ok(())
-        }
+        Action::InitOnly => init_node(&config),
         Action::Run => {
             if !config.dry_run {
                 tune_conntrack(&config);
@@ -538,6 +535,50 @@ async fn start_servers(
         accel,
     });
     Ok((observer, listeners, health))
+}
+
+/// `--init-only`: every host setting the proxy needs that only a privileged process can write
+/// (as upstream's `--init-only`): conntrack limits and timeouts; in iptables mode
+/// `route_localnet` when NodePorts are served on 127.0.0.1; in IPVS mode the IPVS sysctls and
+/// forwarding. The proxy itself then runs with `CAP_NET_ADMIN` (and `CAP_NET_RAW` for
+/// iptables-legacy): it reads these and writes only what differs (deploy/kproxy.yaml).
+fn init_node(config: &ProxyConfig) -> anyhow::Result<()> {
+    tune_conntrack(config);
+    match config.mode {
+        ProxyMode::Iptables if serves_localhost_node_ports(config) => {
+            let path = "/proc/sys/net/ipv4/conf/all/route_localnet";
+            if std::fs::read_to_string(path).map(|v| v.trim() != "1").unwrap_or(true) {
+                std::fs::write(path, "1").with_context(|| format!("writing {path}"))?;
+                info!("set net.ipv4.conf.all.route_localnet=1 (NodePorts on 127.0.0.1)");
+            }
+        }
+        ProxyMode::Ipvs => {
+            let families = families::probe(config.mode, false);
+            let mut host = kproxy_ipvs::KernelHost::new();
+            // Asking for IPVS loads ip_vs, whose sysctls come with it.
+            if let Err(e) = kproxy_ipvs::Host::ipvs_services(&mut host) {
+                warn!(error = %e, "IPVS is not available");
+            }
+            for line in kproxy_ipvs::ensure_node_sysctls(&mut host, &ipvs_config(config)?, &families)? {
+                info!("{line}");
+            }
+        }
+        _ => {}
+    }
+    info!("host set up (--init-only); exiting");
+    Ok(())
+}
+
+/// Whether iptables mode will serve NodePorts on 127.0.0.1 (and so needs `route_localnet`).
+fn serves_localhost_node_ports(config: &ProxyConfig) -> bool {
+    use kproxy_config::NodePortAddress;
+    let loopback = std::net::IpAddr::from([127, 0, 0, 1]);
+    config.localhost_node_ports
+        && config.node_port_addresses.iter().any(|a| match a {
+            NodePortAddress::All | NodePortAddress::Localhost => true,
+            NodePortAddress::Cidr(net) => net.contains(&loopback),
+            NodePortAddress::Primary => false,
+        })
 }
 
 /// kube-proxy's privileged host setup: nf_conntrack limits and timeouts.

@@ -79,4 +79,49 @@ fn config_map_holds_a_configuration_kproxy_accepts() {
     let config = config.unwrap_or_else(|e| panic!("deploy ConfigMap rejected: {e}"));
     assert_eq!(config.mode, kproxy_config::ProxyMode::Nftables);
     assert!(matches!(config.detect_local, kproxy_config::DetectLocal::NodeCidr));
+    assert!(config.take_over_kube_proxy, "the DaemonSet takes nodes over from kube-proxy");
+}
+
+#[test]
+fn cluster_role_grants_only_reading_what_the_source_watches() {
+    let role: ClusterRole = one(&documents(), "ClusterRole");
+    let watched: Vec<_> = Kind::ALL.iter().map(|k| watched(*k)).collect();
+    for rule in role.rules.unwrap_or_default() {
+        for verb in &rule.verbs {
+            assert!(verb == "list" || verb == "watch", "kproxy writes nothing and gets nothing: {verb}");
+        }
+        for group in rule.api_groups.iter().flatten() {
+            for resource in rule.resources.iter().flatten() {
+                assert!(
+                    watched.contains(&(group.as_str(), resource.as_str())),
+                    "{group}/{resource} is not something kproxy watches"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn the_proxy_runs_unprivileged_with_net_admin_and_net_raw_only_and_a_privileged_init_sets_the_host_up() {
+    let ds: DaemonSet = one(&documents(), "DaemonSet");
+    let pod = ds.spec.unwrap().template.spec.unwrap();
+    let [proxy] = &pod.containers[..] else { panic!("one container: {:?}", pod.containers) };
+    let sc = proxy.security_context.clone().unwrap();
+    assert_ne!(sc.privileged, Some(true), "the proxy itself is not privileged");
+    assert_eq!(sc.allow_privilege_escalation, Some(false));
+    assert_eq!(sc.read_only_root_filesystem, Some(true));
+    assert_eq!(sc.seccomp_profile.map(|p| p.type_), Some("RuntimeDefault".to_owned()));
+    let caps = sc.capabilities.unwrap();
+    assert_eq!(caps.drop, Some(vec!["ALL".to_owned()]));
+    assert_eq!(caps.add, Some(vec!["NET_ADMIN".to_owned(), "NET_RAW".to_owned()]));
+    let mounts: Vec<_> = proxy.volume_mounts.iter().flatten().map(|m| m.mount_path.as_str()).collect();
+    assert!(!mounts.contains(&"/lib/modules"), "no mode needs the host's modules: the kernel loads them itself");
+    let [init] = &pod.init_containers.clone().unwrap()[..] else { panic!("one init container") };
+    assert!(init.command.iter().flatten().any(|a| a == "--init-only"), "{:?}", init.command);
+    assert_eq!(init.security_context.clone().unwrap().privileged, Some(true), "only it writes global sysctls");
+    for image in [&proxy.image, &init.image] {
+        let image = image.clone().unwrap();
+        assert!(!image.ends_with(":latest") && image.contains(':'), "a pinned tag: {image}");
+        assert_eq!(image, proxy.image.clone().unwrap(), "both run the same image");
+    }
 }
