@@ -4,8 +4,8 @@
 //! and real TCP connections from a pod. What each figure times is in `docs/benchmarks.md`.
 
 pub(crate) mod api;
-mod changes;
-mod commit;
+pub(crate) mod changes;
+pub(crate) mod commit;
 pub(crate) mod first_sync;
 pub(crate) mod kernel;
 pub(crate) mod kproxy;

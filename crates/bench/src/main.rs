@@ -13,6 +13,7 @@
 mod churn;
 mod cluster;
 mod daemon;
+mod explain_flood;
 mod faults;
 mod iptables;
 mod ipvs_verify;
@@ -54,6 +55,8 @@ enum Bench {
     MonitorCost(monitor_cost::MonitorCostArgs),
     /// The IPVS dataplane's periodic check against a full sync (guest kernel: needs IPVS).
     IpvsVerify(ipvs_verify::IpvsVerifyArgs),
+    /// Endpoint changes timed with and without a flood of `/debug/explain` questions.
+    ExplainFlood(explain_flood::FloodArgs),
 }
 
 /// The dataplane-only benchmark's options.
@@ -106,6 +109,7 @@ fn main() -> ExitCode {
         Some(Bench::Soak(args)) => Some(("soak", soak::main(args))),
         Some(Bench::MonitorCost(args)) => Some(("monitor-cost", monitor_cost::main(args))),
         Some(Bench::IpvsVerify(args)) => Some(("ipvs-verify", ipvs_verify::main(args))),
+        Some(Bench::ExplainFlood(args)) => Some(("explain-flood", explain_flood::main(args))),
         None => None,
     };
     if let Some((name, result)) = subcommand {
