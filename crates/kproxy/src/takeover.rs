@@ -348,7 +348,7 @@ pub async fn hand_back(
     stop_syncing: impl Future<Output = ()>,
 ) -> Handback {
     let ipvs_config = ipvs.clone();
-    let found = match tokio::task::spawn_blocking(move || kproxy_takeover::find(own, &ipvs_config)).await {
+    let found = match tokio::task::spawn_blocking(move || kproxy_takeover::find_running(own, &ipvs_config)).await {
         Ok(Ok(found)) => found,
         Ok(Err(e)) => {
             warn!(error = %e, "could not look for kube-proxy's rules; stopping as usual");

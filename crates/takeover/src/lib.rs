@@ -209,6 +209,18 @@ fn doomed(own: Own, backend: Backend) -> impl Fn(Table, &str) -> bool {
 /// own. Changes nothing. `ipvs` says which virtual services count as a proxy's
 /// (`ipvs.excludeCIDRs` are someone else's).
 pub fn find(own: Own, ipvs: &kproxy_ipvs::Config) -> Result<Leftovers, Error> {
+    find_in(own, ipvs, true)
+}
+
+/// [`find`] without reading the chains of kproxy's own iptables backend (in iptables mode): what
+/// tells whether a kube-proxy runs on the node again, quickly enough for a SIGTERM. That backend
+/// holds kproxy's own chains (listing them is seconds at 100k Services), and what it could add
+/// — kube-proxy's IPVS-mode chains — comes with that mode's ip sets, which are found anyway.
+pub fn find_running(own: Own, ipvs: &kproxy_ipvs::Config) -> Result<Leftovers, Error> {
+    find_in(own, ipvs, false)
+}
+
+fn find_in(own: Own, ipvs: &kproxy_ipvs::Config, own_backend: bool) -> Result<Leftovers, Error> {
     let mut found = Leftovers::default();
     let tables =
         kproxy_nft_netlink::listing::tables(&mut NetlinkExecutor::new()).map_err(netlink("listing nftables tables"))?;
@@ -218,6 +230,9 @@ pub fn find(own: Own, ipvs: &kproxy_ipvs::Config) -> Result<Leftovers, Error> {
         .cloned()
         .collect();
     for backend in [Backend::Nft, Backend::Legacy] {
+        if !own_backend && own == Own::Iptables(backend) {
+            continue;
+        }
         for family in IpFamily::BOTH {
             let present = iptables_tables(backend, family, &tables);
             if present.is_empty() {
