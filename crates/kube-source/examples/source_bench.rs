@@ -299,7 +299,7 @@ fn parse_mode(mode: &str) -> ListMode {
 /// asks the server (through it) to expire every watch and measures the relist too.
 async fn load(url: &str, mode: &str, n: usize, relist: Option<&mut std::process::ChildStdin>) {
     let config = kube::Config::new(url.parse().unwrap());
-    let client = client_from_config(config, 5.0, 10, "application/json").unwrap();
+    let client = client_from_config(config, 5.0, 10).unwrap();
     let mut options = KubeSourceOptions::new("node-0");
     options.list_mode = parse_mode(mode);
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Change>(1024);

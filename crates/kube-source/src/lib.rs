@@ -29,18 +29,22 @@ mod error;
 #[cfg(feature = "fake")]
 pub mod fake;
 mod list_stream;
+pub mod protobuf;
 mod rate_limit;
 mod raw;
 mod relist;
+mod request;
 mod retry;
 mod stats;
 mod streaming;
 mod watch;
+mod watcher;
 
 pub use client::{DEFAULT_BURST, DEFAULT_QPS, client, client_from_config};
 pub use error::Error;
 pub use rate_limit::{RateLimit, RateLimitLayer};
-pub use raw::{Malformed, decode};
+pub use raw::{Malformed, decode, decode_protobuf};
+pub use request::ContentTypes;
 pub use stats::SourceStats;
 pub use streaming::{INITIAL_EVENTS_TIMEOUT, STREAMING_RETRY_AFTER};
 pub use watch::{DEFAULT_LABEL_SELECTOR, KubeSourceOptions, ListMode, RetryBackoff, run};

@@ -91,7 +91,7 @@ impl Source {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
         let stats = Arc::new(SourceStats::new());
         let (tx, rx) = mpsc::channel(256);
-        let client = rt.block_on(kproxy_kube_source::client(Some(kubeconfig), 0.0, 0, "application/json")).unwrap();
+        let client = rt.block_on(kproxy_kube_source::client(Some(kubeconfig), 0.0, 0)).unwrap();
         let task = rt.spawn(kproxy_kube_source::run(client, KubeSourceOptions::new("node-a"), tx, stats.clone()));
         Source { rt, rx, stats, state: ClusterState::new(), gone: Vec::new(), deleted: Vec::new(), task }
     }
