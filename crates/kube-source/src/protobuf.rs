@@ -319,7 +319,8 @@ pub fn read_list_body(kind: Kind, body: &[u8]) -> (Vec<Result<Object, Malformed>
 }
 
 /// A protobuf watch body of `kind` read whole, as a watch is read (for fuzzing and tests): each
-/// item as `TYPE name` (`ERROR <code>`, `BOOKMARK <resourceVersion>`), or the error.
+/// item as `TYPE name` (`ERROR <code>`, `BOOKMARK <resourceVersion>[ initial-events-end]`), or
+/// the error.
 pub fn read_watch_body(kind: Kind, body: &[u8]) -> Vec<Result<String, String>> {
     fn read<K: ApiKind>(body: &[u8]) -> Vec<Result<String, String>> {
         use futures::StreamExt as _;
@@ -334,7 +335,10 @@ pub fn read_watch_body(kind: Kind, body: &[u8]) -> Vec<Result<String, String>> {
                 WatchEvent::Added(o) => format!("ADDED {}", name(o)),
                 WatchEvent::Modified(o) => format!("MODIFIED {}", name(o)),
                 WatchEvent::Deleted(o) => format!("DELETED {}", name(o)),
-                WatchEvent::Bookmark(b) => format!("BOOKMARK {}", b.metadata.resource_version),
+                WatchEvent::Bookmark(b) => {
+                    let end = b.metadata.annotations.contains_key(crate::watcher::INITIAL_EVENTS_END_ANNOTATION);
+                    format!("BOOKMARK {}{}", b.metadata.resource_version, if end { " initial-events-end" } else { "" })
+                }
                 WatchEvent::Error(status) => format!("ERROR {}", status.code),
             }
         };

@@ -196,7 +196,7 @@ fn watch_frames_are_events_a_bad_frame_is_reported_and_the_next_one_read() {
     assert_eq!(events[0], Ok("ADDED prod/web".to_owned()));
     assert!(events[1].is_err(), "{:?}", events[1]);
     assert!(events[2].as_ref().is_ok_and(|e| e.starts_with("MODIFIED malformed prod/b")), "{:?}", events[2]);
-    assert_eq!(events[3], Ok("BOOKMARK 77".to_owned()));
+    assert_eq!(events[3], Ok("BOOKMARK 77 initial-events-end".to_owned()));
     assert_eq!(events[4], Ok("ERROR 410".to_owned()));
     assert!(events[5].as_ref().is_err_and(|e| e.contains("SURPRISE")), "{:?}", events[5]);
 }
