@@ -24,7 +24,7 @@
 //! k8s-openapi types the state takes (`Object`): no generated type of the whole API (k8s-pb)
 //! is built first — it would decode, allocate and then drop everything kproxy never reads, and
 //! its code for the whole API costs minutes of build on two cores. Only the framing is
-//! hand-written ([`FieldReader`], `list.rs`, `watch.rs`): reading a list's items one at a time as
+//! hand-written (`FieldReader`, `list.rs`, `watch.rs`): reading a list's items one at a time as
 //! the body arrives (prost decodes whole buffers only; a 100k-Service list is ~100 MB), the
 //! watch frames, and the identity of an object that does not decode. Those read varints and
 //! lengths and nothing else, and bound every length by [`MAX_OBJECT_BYTES`].
