@@ -295,10 +295,13 @@ pub(crate) fn open_envelope<R: Read>(reader: &mut FieldReader<R>) -> io::Result<
 #[cfg(test)]
 mod tests;
 
-/// A protobuf list body of `kind` read whole, as a list answer is read (for fuzzing and tests):
-/// each item, read or why not, and the list's resource version, or why the list failed.
-pub fn read_list_body(kind: Kind, body: &[u8]) -> (Vec<Result<Object, Malformed>>, Result<Option<String>, String>) {
-    fn read<K: ApiKind>(body: &[u8]) -> (Vec<Result<Object, Malformed>>, Result<Option<String>, String>) {
+/// What [`read_list_body`] read: each item, read or why not, and the list's resource version, or
+/// why the list failed.
+pub type ListBody = (Vec<Result<Object, Malformed>>, Result<Option<String>, String>);
+
+/// A protobuf list body of `kind` read whole, as a list answer is read (for fuzzing and tests).
+pub fn read_list_body(kind: Kind, body: &[u8]) -> ListBody {
+    fn read<K: ApiKind>(body: &[u8]) -> ListBody {
         let mut items = Vec::new();
         let meta = read_list(body, |raw| {
             let decoded = match raw {
