@@ -63,8 +63,8 @@ pub struct Flags {
     /// The address of the Kubernetes API server (overrides any value in kubeconfig).
     #[arg(global = true, long, value_name = "URL")]
     pub master: Option<String>,
-    /// Content type of requests sent to apiserver; kproxy speaks JSON (protobuf is accepted and
-    /// JSON used, with a warning). [default: application/json]
+    /// Content type of requests sent to apiserver; lists and watches ask for it first.
+    /// [default: application/vnd.kubernetes.protobuf]
     #[arg(global = true, long, value_name = "TYPE")]
     pub kube_api_content_type: Option<String>,
     /// Burst to use while talking with kubernetes apiserver. [default: 10]

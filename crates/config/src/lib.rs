@@ -80,8 +80,10 @@
 //!   cannot be turned off. `AllAlpha` / `AllBeta` set the unset gates of their stage as upstream,
 //!   except that they leave the gates of features kproxy lacks off (a warning names them), so
 //!   `kubernetes_feature_enabled` never reports those on.
-//! * `clientConnection.contentType` defaults to `application/json`: kproxy's client (kube-rs)
-//!   speaks JSON; an explicit protobuf type is accepted with a warning and JSON is used.
+//! * `clientConnection.contentType` and `acceptContentTypes` are upstream's (protobuf first by
+//!   default), but a media type kproxy cannot read (anything but JSON, protobuf and, in
+//!   `acceptContentTypes`, `*/*`) is refused when the API source starts, not sent
+//!   (`kproxy_kube_source::ContentTypes`).
 //! * `configSyncPeriod` is validated but not used (no informer resync exists to pace); a
 //!   non-default value draws a warning.
 //! * `metricsBindAddress` may be empty to disable the metrics server (the flag help says so upstream).

@@ -23,8 +23,8 @@ use crate::duration::GoDuration;
 
 pub(crate) const HEALTHZ_PORT: u16 = 10256;
 pub(crate) const METRICS_PORT: u16 = 10249;
-/// kproxy's API client (kube-rs) speaks JSON; upstream's default is protobuf (see [`crate`]).
-pub(crate) const DEFAULT_CONTENT_TYPE: &str = "application/json";
+/// Upstream's default: lists and watches ask for protobuf first.
+pub(crate) const DEFAULT_CONTENT_TYPE: &str = "application/vnd.kubernetes.protobuf";
 pub(crate) const DEFAULT_FLUSH_FREQUENCY: GoDuration = GoDuration::from_secs(5);
 pub(crate) const DEFAULT_PACKET_THRESHOLD: i64 = 20;
 

@@ -188,12 +188,6 @@ pub(crate) fn validate(s: &Settings, warnings: &mut Vec<String>) -> Result<Proxy
         }
     };
 
-    if s.content_type.contains("protobuf") {
-        warnings.push(format!(
-            "clientConnection.contentType {:?}: kproxy's API client speaks JSON only, so JSON is used",
-            s.content_type
-        ));
-    }
     if s.config_sync_period != crate::duration::GoDuration::from_secs(15 * 60) {
         warnings.push(
             "configSyncPeriod is not used: kproxy's watches keep the state current and relist when the \

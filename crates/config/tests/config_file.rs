@@ -43,8 +43,8 @@ fn kubeadm_configmap_parses_with_upstream_defaults() {
     assert_eq!(c.conntrack.tcp_close_wait_timeout, Duration::from_secs(3600));
     assert_eq!(c.client_connection.qps, 5.0);
     assert_eq!(c.client_connection.burst, 10);
-    // kubeadm leaves contentType empty: kproxy's default is JSON, what its client speaks.
-    assert_eq!(c.client_connection.content_type, "application/json");
+    // kubeadm leaves contentType empty: upstream's default, protobuf.
+    assert_eq!(c.client_connection.content_type, "application/vnd.kubernetes.protobuf");
     assert_eq!(
         c.client_connection.kubeconfig.as_deref(),
         Some(std::path::Path::new("/var/lib/kube-proxy/kubeconfig.conf"))

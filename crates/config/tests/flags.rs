@@ -332,9 +332,15 @@ fn all_alpha_acts_on_implemented_gates_and_names_the_others_once() {
 fn settings_kproxy_does_not_use_are_warned_about() {
     let c = resolve_ok(&["--config-sync-period=5m"]);
     assert!(c.warnings.iter().any(|w| w.starts_with("configSyncPeriod is not used")), "{:?}", c.warnings);
-    let c = resolve_ok(&["--kube-api-content-type=application/vnd.kubernetes.protobuf"]);
-    assert!(c.warnings.iter().any(|w| w.contains("contentType") && w.contains("JSON is used")), "{:?}", c.warnings);
     assert!(resolve_ok(&["--config-sync-period=15m", "--kube-api-content-type=application/json"]).warnings.is_empty());
+    let c = resolve_ok(&["--kube-api-content-type=application/vnd.kubernetes.protobuf"]);
+    assert!(c.warnings.is_empty(), "protobuf is spoken: {:?}", c.warnings);
+    assert_eq!(c.client_connection.content_type, "application/vnd.kubernetes.protobuf");
+    assert_eq!(
+        resolve_ok(&[]).client_connection.content_type,
+        "application/vnd.kubernetes.protobuf",
+        "upstream's default"
+    );
 }
 
 #[test]

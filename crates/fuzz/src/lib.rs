@@ -376,3 +376,74 @@ mod tests {
         assert_ne!(edited, text);
     }
 }
+
+/// One edit of a byte string.
+#[derive(Debug, Clone)]
+enum ByteMutation {
+    Flip(proptest::sample::Index, u8),
+    Insert(proptest::sample::Index, Vec<u8>),
+    Delete(proptest::sample::Index, usize),
+    Truncate(proptest::sample::Index),
+    /// A varint of this value written over the bytes at the index (a length or a key that lies).
+    Varint(proptest::sample::Index, u64),
+}
+
+fn byte_mutation() -> impl Strategy<Value = ByteMutation> {
+    use proptest::sample::Index;
+    prop_oneof![
+        3 => (any::<Index>(), 1u8..=255).prop_map(|(i, x)| ByteMutation::Flip(i, x)),
+        2 => (any::<Index>(), proptest::collection::vec(any::<u8>(), 1..8)).prop_map(|(i, b)| ByteMutation::Insert(i, b)),
+        2 => (any::<Index>(), 1usize..16).prop_map(|(i, n)| ByteMutation::Delete(i, n)),
+        1 => any::<Index>().prop_map(ByteMutation::Truncate),
+        2 => (any::<Index>(), prop_oneof![Just(u64::from(u32::MAX)), Just(1u64 << 40), 0u64..4096, any::<u64>()])
+            .prop_map(|(i, v)| ByteMutation::Varint(i, v)),
+    ]
+}
+
+/// Between one and six edits of a binary `seed` (protobuf): flipped, inserted and deleted bytes,
+/// a cut, lengths and keys that lie.
+pub fn mutated_bytes(seed: Vec<u8>) -> impl Strategy<Value = Vec<u8>> {
+    proptest::collection::vec(byte_mutation(), 1..7).prop_map(move |mutations| {
+        let mut bytes = seed.clone();
+        for mutation in mutations {
+            let at = |index: &proptest::sample::Index, len: usize| index.index(len + 1).min(len);
+            match mutation {
+                ByteMutation::Flip(index, x) => {
+                    if !bytes.is_empty() {
+                        let i = index.index(bytes.len());
+                        bytes[i] ^= x;
+                    }
+                }
+                ByteMutation::Insert(index, inserted) => {
+                    let i = at(&index, bytes.len());
+                    bytes.splice(i..i, inserted);
+                }
+                ByteMutation::Delete(index, n) => {
+                    let i = at(&index, bytes.len());
+                    let end = (i + n).min(bytes.len());
+                    bytes.drain(i..end);
+                }
+                ByteMutation::Truncate(index) => {
+                    let i = at(&index, bytes.len());
+                    bytes.truncate(i);
+                }
+                ByteMutation::Varint(index, mut value) => {
+                    let mut varint = Vec::new();
+                    loop {
+                        let byte = (value & 0x7f) as u8;
+                        value >>= 7;
+                        if value == 0 {
+                            varint.push(byte);
+                            break;
+                        }
+                        varint.push(byte | 0x80);
+                    }
+                    let i = at(&index, bytes.len());
+                    let end = (i + varint.len()).min(bytes.len());
+                    bytes.splice(i..end, varint);
+                }
+            }
+        }
+        bytes
+    })
+}

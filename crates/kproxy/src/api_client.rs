@@ -8,7 +8,7 @@ use kproxy_config::ClientConnection;
 /// A client for the API server `cc` (and `--master`) name.
 pub async fn client(cc: &ClientConnection) -> anyhow::Result<kube::Client> {
     let Some(master) = cc.master.as_deref() else {
-        return Ok(kproxy_kube_source::client(cc.kubeconfig.as_deref(), cc.qps, cc.burst, &cc.content_type).await?);
+        return Ok(kproxy_kube_source::client(cc.kubeconfig.as_deref(), cc.qps, cc.burst).await?);
     };
     let url = master.parse().with_context(|| format!("--master {master:?} is not a URL"))?;
     let config = match cc.kubeconfig.as_deref() {
@@ -24,7 +24,20 @@ pub async fn client(cc: &ClientConnection) -> anyhow::Result<kube::Client> {
         None => kube::Config::new(url),
     };
     tracing::info!(master, "API server from --master");
-    Ok(kproxy_kube_source::client_from_config(config, cc.qps, cc.burst, &cc.content_type)?)
+    Ok(kproxy_kube_source::client_from_config(config, cc.qps, cc.burst)?)
+}
+
+/// The API source's options for the node `node_name`: upstream's defaults, with what
+/// `clientConnection.contentType` and `acceptContentTypes` ask for.
+pub fn source_options(
+    cc: &ClientConnection,
+    node_name: String,
+) -> anyhow::Result<kproxy_kube_source::KubeSourceOptions> {
+    let mut options = kproxy_kube_source::KubeSourceOptions::new(node_name);
+    options.content_types =
+        kproxy_kube_source::ContentTypes::from_client_connection(&cc.content_type, &cc.accept_content_types)?;
+    tracing::info!(accept = options.content_types.accept(), "API lists and watches");
+    Ok(options)
 }
 
 /// The API source's counters, as the metrics exporter reads them.

@@ -96,9 +96,9 @@ fn load_from_api(config: &ProxyConfig, kubeconfig: Option<PathBuf>) -> anyhow::R
     }
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime.block_on(async {
+        let options = crate::api_client::source_options(&connection, crate::node::node_name(config))?;
         let client = crate::api_client::client(&connection).await.context("connecting to the Kubernetes API")?;
         let (tx, mut rx) = tokio::sync::mpsc::channel::<Change>(1024);
-        let options = kproxy_kube_source::KubeSourceOptions::new(crate::node::node_name(config));
         let stats = std::sync::Arc::new(kproxy_kube_source::SourceStats::new());
         let source = tokio::spawn(kproxy_kube_source::run(client, options, tx, stats));
         let mut state = ClusterState::new();

@@ -289,10 +289,10 @@ fn serve(runtime: &tokio::runtime::Runtime, config: ProxyConfig) -> anyhow::Resu
                 (task, None)
             }
             SourceSelection::KubernetesApi => {
+                let options = api_client::source_options(&config.client_connection, name.clone())?;
                 let client =
                     api_client::client(&config.client_connection).await.context("connecting to the Kubernetes API")?;
                 let stats = std::sync::Arc::new(kproxy_kube_source::SourceStats::new());
-                let options = kproxy_kube_source::KubeSourceOptions::new(name.clone());
                 let counters: std::sync::Arc<dyn kproxy_servers::SourceCounters> =
                     std::sync::Arc::new(api_client::ApiSourceCounters(stats.clone()));
                 (tokio::spawn(kproxy_kube_source::run(client, options, tx, stats)), Some(counters))

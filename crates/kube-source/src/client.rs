@@ -19,12 +19,10 @@ pub const DEFAULT_QPS: f32 = 5.0;
 /// client-go's default when `burst` is 0.
 pub const DEFAULT_BURST: u32 = 10;
 
-const JSON: &str = "application/json";
-const PROTOBUF: &str = "application/vnd.kubernetes.protobuf";
-
 /// A client for the API server named by `kubeconfig` (its current context), or the in-cluster
-/// configuration when `None`, limited to `qps`/`burst` and checked against `content_type`.
-pub async fn client(kubeconfig: Option<&Path>, qps: f32, burst: u32, content_type: &str) -> Result<Client, Error> {
+/// configuration when `None`, limited to `qps`/`burst`. (`clientConnection.contentType` and
+/// `acceptContentTypes` are the source's: [`ContentTypes`](crate::ContentTypes).)
+pub async fn client(kubeconfig: Option<&Path>, qps: f32, burst: u32) -> Result<Client, Error> {
     let config = match kubeconfig {
         Some(path) => {
             let kubeconfig_error = |source| Error::Kubeconfig { path: path.to_owned(), source };
@@ -33,18 +31,14 @@ pub async fn client(kubeconfig: Option<&Path>, qps: f32, burst: u32, content_typ
         }
         None => Config::incluster().map_err(Error::InCluster)?,
     };
-    client_from_config(config, qps, burst, content_type)
+    client_from_config(config, qps, burst)
 }
 
 /// A client for `config`, with kube-proxy's `clientConnection` semantics:
 ///
-/// - `qps` 0 means [`DEFAULT_QPS`], negative means no limit (as in client-go); `burst` 0 means
-///   [`DEFAULT_BURST`];
-/// - `content_type`: kube-rs speaks JSON only. `application/json` (or empty) is used as is;
-///   kube-proxy's default `application/vnd.kubernetes.protobuf` is accepted and JSON is used
-///   instead (logged at info); anything else is an error.
-pub fn client_from_config(config: Config, qps: f32, burst: u32, content_type: &str) -> Result<Client, Error> {
-    check_content_type(content_type)?;
+/// `qps` 0 means [`DEFAULT_QPS`], negative means no limit (as in client-go); `burst` 0 means
+/// [`DEFAULT_BURST`].
+pub fn client_from_config(config: Config, qps: f32, burst: u32) -> Result<Client, Error> {
     let limit = rate_limit(qps, burst)?;
     let builder = ClientBuilder::try_from(config).map_err(Error::Client)?;
     Ok(match limit {
@@ -65,36 +59,9 @@ fn rate_limit(qps: f32, burst: u32) -> Result<Option<RateLimitLayer>, Error> {
     Ok(Some(RateLimitLayer::new(qps, burst)))
 }
 
-fn check_content_type(content_type: &str) -> Result<(), Error> {
-    let mut protobuf = false;
-    for part in content_type.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let media = part.split(';').next().unwrap_or_default().trim();
-        match media {
-            JSON => {}
-            PROTOBUF => protobuf = true,
-            _ => return Err(Error::UnsupportedContentType(content_type.to_owned())),
-        }
-    }
-    if protobuf {
-        tracing::info!(content_type, "the API client speaks JSON only; using application/json instead of protobuf");
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn content_types() {
-        assert!(check_content_type("").is_ok());
-        assert!(check_content_type(JSON).is_ok());
-        assert!(check_content_type(PROTOBUF).is_ok());
-        assert!(check_content_type("application/vnd.kubernetes.protobuf, application/json").is_ok());
-        assert!(
-            matches!(check_content_type("application/yaml"), Err(Error::UnsupportedContentType(t)) if t == "application/yaml")
-        );
-    }
 
     #[test]
     fn qps_defaults_like_client_go() {
@@ -105,7 +72,7 @@ mod tests {
 
     #[tokio::test]
     async fn missing_kubeconfig_is_an_error_naming_the_file() {
-        let Err(err) = client(Some(Path::new("/nonexistent/kproxy-kubeconfig")), 5.0, 10, JSON).await else {
+        let Err(err) = client(Some(Path::new("/nonexistent/kproxy-kubeconfig")), 5.0, 10).await else {
             panic!("a missing kubeconfig must be an error");
         };
         assert!(err.to_string().contains("/nonexistent/kproxy-kubeconfig"), "{err}");

@@ -25,6 +25,12 @@ pub enum Error {
         "unsupported clientConnection.contentType {0:?} (want application/json or application/vnd.kubernetes.protobuf)"
     )]
     UnsupportedContentType(String),
+    /// `clientConnection.acceptContentTypes` names a type kproxy cannot read.
+    #[error(
+        "unsupported clientConnection.acceptContentTypes {0:?} (want a comma-separated list of application/json, \
+         application/vnd.kubernetes.protobuf and */*)"
+    )]
+    UnsupportedAcceptContentTypes(String),
     /// `clientConnection.qps` is not a number kproxy can use.
     #[error("invalid clientConnection.qps {0}")]
     InvalidQps(f32),

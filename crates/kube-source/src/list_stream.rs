@@ -1,28 +1,23 @@
-//! Watch-cache lists decoded as their body arrives, then a watch from the list's resource
-//! version ([`ListMode::WatchCache`](crate::ListMode::WatchCache), and the fallback of a
-//! streaming list).
+//! List bodies decoded as they arrive, in either encoding (for `watcher.rs`).
 //!
 //! A `resourceVersion=0` list is answered by kube-apiserver's watch cache in one response,
 //! however large. kube-rs's `watcher` reads it with `Api::list`: the whole body as one string,
 //! then the whole `ObjectList` decoded, so at 100k Services the text and every object exist at
-//! once (about 0.9 GB peak heap). `watcher` offers no hook for the list step (its `ApiMode` is
-//! private), and it cannot be started from a resource version either (it always lists first).
-//! So this module makes its own list request and runs its own watch from the list's
-//! `metadata.resourceVersion`, step for step as kube-runtime's `watcher` does (same requests
-//! and parameters, same events and errors, same recovery: a `410 Gone` relists, any other
-//! failure of a watch resumes it from the last resource version seen, bookmarks included; the
-//! caller's backoff applies after every error).
+//! once (about 0.9 GB peak heap). Here the body is read on a blocking thread as it arrives and
+//! each item is decoded and handed over as soon as it is read:
 //!
-//! The list: the request goes through the client (its rate limit layer included) and its body
-//! is read on a blocking thread by serde_json's streaming deserializer over a reader of the
-//! body. A visitor takes the top-level object's fields one by one; `items` is read one element
-//! at a time, each decoded as every object is (`raw.rs`: a bad one is kept aside with its name,
-//! never breaks the list) and handed over through a small bounded channel, in batches of up to
-//! [`BATCH`] and whenever the reader would wait for more of the body (so no decoded object waits
-//! for bytes that have not come, and the consumer is not woken per object). Only those batches
-//! and serde_json's buffer of the current item exist besides what the consumer keeps, and a
-//! slow consumer slows the reading of the body instead of growing a buffer. `metadata` (the
-//! resource version to watch from, a `continue` token) may come before or after `items`.
+//! - JSON: serde_json's streaming deserializer over a reader of the body. A visitor takes the
+//!   top-level object's fields one by one; `items` is read one element at a time, each decoded
+//!   as every object is (`raw.rs`: a bad one is kept aside with its name, never breaks the list);
+//! - protobuf: the list's framing read field by field (`protobuf/list.rs`), each item's message
+//!   decoded by [`Decoded::from_protobuf`].
+//!
+//! Items are handed over through a small bounded channel, in batches of up to [`BATCH`] and
+//! whenever the reader would wait for more of the body (so no decoded object waits for bytes
+//! that have not come, and the consumer is not woken per object). Only those batches and the
+//! reader's buffer of the current item exist besides what the consumer keeps, and a slow
+//! consumer slows the reading of the body instead of growing a buffer. `metadata` (the resource
+//! version to watch from, a `continue` token) may come before or after `items`.
 //!
 //! Why serde_json's reader and not a splitter of the items' text written here: JSON's strings,
 //! escapes and nesting are serde_json's to get right, and a hand-written scanner would be one
@@ -36,24 +31,20 @@
 //! that does not come.
 
 use std::cell::RefCell;
-use std::collections::VecDeque;
 use std::io::{self, Read};
 use std::rc::Rc;
-use std::time::Duration;
 
+use futures::AsyncBufRead;
 use futures::FutureExt as _;
 use futures::io::AsyncReadExt as _;
-use futures::{AsyncBufRead, Stream, StreamExt};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ListMeta;
-use kube::Api;
-use kube::api::{ListParams, VersionMatch, WatchEvent, WatchParams};
-use kube::runtime::watcher::{self, Event};
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use tokio::runtime::Handle;
 use tokio::sync::mpsc;
 
+use crate::protobuf;
 use crate::raw::{ApiKind, Decoded};
-use crate::watch::WatchEvent as SourceEvent;
+use crate::request::Encoding;
 
 /// Decoded objects are handed over in batches of at most this many, and whenever the reader
 /// is about to wait for more of the body (so none waits for bytes that have not come): one
@@ -63,44 +54,8 @@ const BATCH: usize = 64;
 /// How many batches may wait between the body's reader and the consumer.
 const AHEAD: usize = 4;
 
-/// kube-runtime's margin over a watch's server-side timeout before a silent watch is dropped.
-const WATCH_IDLE_TIMEOUT_MARGIN: Duration = Duration::from_secs(5);
-
-/// The events of `api`'s objects: a watch-cache list decoded as it arrives, then a watch from
-/// its resource version; relisting after `410 Gone` (see the module documentation).
-pub(crate) fn list_watch<K: ApiKind>(
-    api: Api<Decoded<K>>,
-    config: watcher::Config,
-) -> impl Stream<Item = SourceEvent<K>> + Send + 'static {
-    let lister = Lister { api, config };
-    futures::stream::unfold((lister, State::Empty), |(lister, state)| async move {
-        let (event, state) = lister.step(state).await;
-        Some((event, (lister, state)))
-    })
-}
-
-struct Lister<K: ApiKind> {
-    api: Api<Decoded<K>>,
-    config: watcher::Config,
-}
-
-enum State<K: ApiKind> {
-    /// The next step starts a listing.
-    Empty,
-    /// Listing began; the next step requests this page (`continue` token).
-    Requesting { continue_token: Option<String> },
-    /// A page's objects are arriving; `ready`: the rest of the last batch.
-    Listing { items: mpsc::Receiver<Item<K>>, ready: VecDeque<Decoded<K>> },
-    /// Listed at this resource version; the next step starts a watch from it.
-    Listed { resource_version: String },
-    Watching {
-        resource_version: String,
-        stream: futures::stream::BoxStream<'static, kube::Result<WatchEvent<Decoded<K>>>>,
-    },
-}
-
 /// What the body's reader hands over.
-enum Item<K> {
+pub(crate) enum Item<K> {
     Objects(Vec<Decoded<K>>),
     /// The page was read whole: its metadata.
     End(ListMeta),
@@ -108,151 +63,36 @@ enum Item<K> {
     Failed(kube::Error),
 }
 
-impl<K: ApiKind> Lister<K> {
-    /// One step: an event, and the state after it.
-    async fn step(&self, mut state: State<K>) -> (SourceEvent<K>, State<K>) {
-        loop {
-            match self.step_once(state).await {
-                (Some(event), next) => return (event, next),
-                (None, next) => state = next,
-            }
-        }
-    }
-
-    async fn step_once(&self, state: State<K>) -> (Option<SourceEvent<K>>, State<K>) {
-        match state {
-            State::Empty => (Some(Ok(Event::Init)), State::Requesting { continue_token: None }),
-            State::Requesting { continue_token } => match self.request(continue_token).await {
-                Ok(body) => (None, State::Listing { items: read_in_background(body), ready: VecDeque::new() }),
-                Err(error) => (Some(Err(watcher::Error::InitialListFailed(error))), State::Empty),
-            },
-            State::Listing { items, mut ready } if !ready.is_empty() => {
-                let object = ready.pop_front().map(Event::InitApply).map(Ok);
-                (object, State::Listing { items, ready })
-            }
-            State::Listing { mut items, .. } => match items.recv().await {
-                Some(Item::Objects(batch)) => (None, State::Listing { items, ready: batch.into() }),
-                Some(Item::End(meta)) => {
-                    let continue_token = meta.continue_.filter(|token| !token.is_empty());
-                    let resource_version = meta.resource_version.filter(|rv| !rv.is_empty());
-                    match (continue_token, resource_version) {
-                        (Some(token), _) => (None, State::Requesting { continue_token: Some(token) }),
-                        (None, Some(resource_version)) => {
-                            (Some(Ok(Event::InitDone)), State::Listed { resource_version })
-                        }
-                        (None, None) => (Some(Err(watcher::Error::NoResourceVersion)), State::Empty),
-                    }
-                }
-                Some(Item::Failed(error)) => (Some(Err(watcher::Error::InitialListFailed(error))), State::Empty),
-                None => {
-                    let error = kube::Error::Service("the list's reader stopped".into());
-                    (Some(Err(watcher::Error::InitialListFailed(error))), State::Empty)
-                }
-            },
-            State::Listed { resource_version } => match self.api.watch(&self.watch_params(), &resource_version).await {
-                Ok(stream) => (None, State::Watching { resource_version, stream: stream.boxed() }),
-                Err(error) => (Some(Err(watcher::Error::WatchStartFailed(error))), State::Listed { resource_version }),
-            },
-            State::Watching { resource_version, mut stream } => match next_or_idle(&mut stream, self.config.timeout)
-                .await
-            {
-                Some(Ok(WatchEvent::Added(object) | WatchEvent::Modified(object))) => {
-                    match kube::Resource::meta(&object).resource_version.clone().filter(|rv| !rv.is_empty()) {
-                        Some(resource_version) => {
-                            (Some(Ok(Event::Apply(object))), State::Watching { resource_version, stream })
-                        }
-                        None => (Some(Err(watcher::Error::NoResourceVersion)), State::Empty),
-                    }
-                }
-                Some(Ok(WatchEvent::Deleted(object))) => {
-                    match kube::Resource::meta(&object).resource_version.clone().filter(|rv| !rv.is_empty()) {
-                        Some(resource_version) => {
-                            (Some(Ok(Event::Delete(object))), State::Watching { resource_version, stream })
-                        }
-                        None => (Some(Err(watcher::Error::NoResourceVersion)), State::Empty),
-                    }
-                }
-                Some(Ok(WatchEvent::Bookmark(bookmark))) => {
-                    (None, State::Watching { resource_version: bookmark.metadata.resource_version, stream })
-                }
-                Some(Ok(WatchEvent::Error(status))) => {
-                    // 410 Gone: the resource version is compacted away; list again.
-                    let next =
-                        if status.code == 410 { State::Empty } else { State::Watching { resource_version, stream } };
-                    (Some(Err(watcher::Error::WatchError(status))), next)
-                }
-                Some(Err(error)) => {
-                    (Some(Err(watcher::Error::WatchFailed(error))), State::Watching { resource_version, stream })
-                }
-                None => (None, State::Listed { resource_version }),
-            },
-        }
-    }
-
-    /// kube-runtime's list parameters for [`watcher::ListSemantic::Any`] without a page size:
-    /// `resourceVersion=0`, served from the watch cache; a `continue` token (which the watch
-    /// cache never sends) asks for the next page of the list it began.
-    fn list_params(&self, continue_token: Option<String>) -> ListParams {
-        let (resource_version, version_match) = match continue_token {
-            Some(_) => (None, None),
-            None => (Some("0".to_owned()), Some(VersionMatch::NotOlderThan)),
-        };
-        ListParams {
-            label_selector: self.config.label_selector.clone(),
-            field_selector: self.config.field_selector.clone(),
-            resource_version,
-            version_match,
-            limit: None,
-            continue_token,
-            ..ListParams::default()
-        }
-    }
-
-    /// kube-runtime's parameters of a watch that follows a list.
-    fn watch_params(&self) -> WatchParams {
-        WatchParams {
-            label_selector: self.config.label_selector.clone(),
-            field_selector: self.config.field_selector.clone(),
-            timeout: self.config.timeout,
-            bookmarks: self.config.bookmarks,
-            send_initial_events: false,
-        }
-    }
-
-    /// Sends the list request; its body, once the server has answered with success.
-    async fn request(
-        &self,
-        continue_token: Option<String>,
-    ) -> kube::Result<impl AsyncBufRead + Send + Unpin + 'static> {
-        let request = kube::core::Request::new(self.api.resource_url())
-            .list(&self.list_params(continue_token))
-            .map_err(kube::Error::BuildRequest)?;
-        let body = self.api.clone().into_client().request_stream(request).await?;
-        Ok(Box::pin(body))
-    }
-}
-
-/// The next event of a watch; `None` when it ends or says nothing for longer than its
-/// server-side timeout (kube-runtime's idle timeout: 290 s when none is set).
-async fn next_or_idle<S: Stream + Unpin>(stream: &mut S, timeout: Option<u32>) -> Option<S::Item> {
-    if timeout == Some(0) {
-        return stream.next().await;
-    }
-    let idle = Duration::from_secs(u64::from(timeout.unwrap_or(290))) + WATCH_IDLE_TIMEOUT_MARGIN;
-    tokio::time::timeout(idle, stream.next()).await.ok().flatten()
-}
-
-/// Reads a list body on a blocking thread, handing its items over as they are decoded.
-fn read_in_background<K: ApiKind>(body: impl AsyncBufRead + Send + Unpin + 'static) -> mpsc::Receiver<Item<K>> {
+/// Reads a list body in `encoding` on a blocking thread, handing its items over as they are
+/// decoded.
+pub(crate) fn read_in_background<K: ApiKind>(
+    encoding: Encoding,
+    body: impl AsyncBufRead + Send + Unpin + 'static,
+) -> mpsc::Receiver<Item<K>> {
     let (tx, rx) = mpsc::channel(AHEAD);
     let handle = Handle::current();
     tokio::task::spawn_blocking(move || {
         let outbox = Rc::new(RefCell::new(Outbox { tx: tx.clone(), batch: Vec::with_capacity(BATCH) }));
         let body = BodyReader { body, handle, outbox: outbox.clone(), dropped: tx.clone() };
         let reader = io::BufReader::with_capacity(64 * 1024, body);
-        let item = match read_list(reader, &outbox) {
-            Ok(meta) => Item::End(meta),
-            Err(error) => Item::Failed(kube::Error::SerdeError(error)),
+        let item = match encoding {
+            Encoding::Json => match read_list(reader, &outbox) {
+                Ok(meta) => Item::End(meta),
+                Err(error) => Item::Failed(kube::Error::SerdeError(error)),
+            },
+            Encoding::Protobuf => {
+                let read = protobuf::read_list(reader, |raw| {
+                    let object = match raw {
+                        Ok(raw) => Decoded::from_protobuf(raw),
+                        Err(error) => Decoded::unreadable(error.to_string()),
+                    };
+                    outbox.borrow_mut().push(object)
+                });
+                match read {
+                    Ok(meta) => Item::End(meta),
+                    Err(error) => Item::Failed(kube::Error::ReadEvents(error)),
+                }
+            }
         };
         // Nothing to do when the list was dropped meanwhile.
         if outbox.borrow_mut().flush() {
@@ -405,6 +245,8 @@ mod tests {
     use kproxy_state::ObjectKey;
     use serde_json::json;
 
+    use std::time::Duration;
+
     use super::*;
 
     const PATIENCE: Duration = Duration::from_secs(10);
@@ -420,7 +262,7 @@ mod tests {
     /// A list body fed by the test, and the items read from it.
     fn body() -> (Chunks, mpsc::Receiver<Item<Service>>) {
         let (chunks, rx) = futures::channel::mpsc::unbounded();
-        (chunks, read_in_background(rx.into_async_read()))
+        (chunks, read_in_background(Encoding::Json, rx.into_async_read()))
     }
 
     fn send(chunks: &Chunks, text: &str) {
@@ -528,25 +370,5 @@ mod tests {
         })
         .await
         .expect("the reader let go of the body");
-    }
-
-    #[tokio::test]
-    async fn lists_ask_the_watch_cache_without_a_limit_and_watches_follow_the_config() {
-        let client = kube::Client::try_from(kube::Config::new("http://127.0.0.1:1".parse().unwrap())).unwrap();
-        let config = watcher::Config::default().labels("a=b").fields("metadata.name=n").timeout(30);
-        let lister = Lister::<Service> { api: Api::all(client), config };
-        let first = lister.list_params(None);
-        assert_eq!(first.resource_version.as_deref(), Some("0"));
-        assert_eq!(first.version_match, Some(VersionMatch::NotOlderThan));
-        assert_eq!(first.limit, None, "kube-rs would drop resourceVersion=0 from a request with a limit");
-        assert_eq!(
-            (first.label_selector.as_deref(), first.field_selector.as_deref()),
-            (Some("a=b"), Some("metadata.name=n"))
-        );
-        let next = lister.list_params(Some("token".into()));
-        assert_eq!((next.resource_version, next.continue_token.as_deref()), (None, Some("token")));
-        let watch = lister.watch_params();
-        assert_eq!((watch.label_selector.as_deref(), watch.timeout, watch.bookmarks), (Some("a=b"), Some(30), true));
-        assert!(!watch.send_initial_events);
     }
 }

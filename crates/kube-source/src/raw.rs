@@ -19,6 +19,8 @@
 
 use std::borrow::Cow;
 use std::fmt;
+
+use bytes::Bytes;
 use std::marker::PhantomData;
 
 use k8s_openapi::api::core::v1::{Node, Service};
@@ -29,6 +31,8 @@ use kproxy_state::{Kind, Object, ObjectKey, ServiceObject};
 use serde::Deserialize;
 use serde::de::{self, DeserializeOwned, DeserializeSeed, Deserializer, Error as _, MapAccess, Visitor};
 use serde_json::Value;
+
+use crate::protobuf;
 
 /// The newtype name that makes serde_json (feature `raw_value`) hand a value over as its text.
 /// Any other deserializer treats it as an ordinary newtype, which [`ObjectVisitor`] also reads.
@@ -133,17 +137,31 @@ impl<K: ApiKind> Decoded<K> {
     /// Decodes one object's JSON text.
     fn from_json(json: &str) -> Self {
         let read = match serde_json::from_str::<K>(json) {
-            Ok(typed) => Self::named(typed, json),
+            Ok(typed) => Self::named(typed.into_object(json)),
             Err(_) => Self::without_unread_fields(json),
         };
         Self { read, kind: PhantomData }
     }
 
-    fn named(typed: K, json: &str) -> Result<Object, Box<Unreadable>> {
-        if typed.meta().name.as_deref().is_none_or(str::is_empty) {
-            return Err(Box::new(Unreadable { meta: typed.meta().clone(), reason: "metadata.name missing".into() }));
+    /// Decodes one object's protobuf message (a list item, or the `raw` of an event's object);
+    /// one that does not decode keeps what can be read of its identity, and why.
+    pub(crate) fn from_protobuf(raw: Bytes) -> Self {
+        let read = match protobuf::decode_object(K::KIND, raw.clone()) {
+            Ok(object) => Self::named(object),
+            Err(error) => Err(Box::new(Unreadable { meta: protobuf::identity(&raw), reason: error.to_string() })),
+        };
+        Self { read, kind: PhantomData }
+    }
+
+    /// An object nothing could be read of, and why.
+    pub(crate) fn unreadable(reason: String) -> Self {
+        Self { read: Err(Box::new(Unreadable { meta: ObjectMeta::default(), reason })), kind: PhantomData }
+    }
+
+    fn named(mut object: Object) -> Result<Object, Box<Unreadable>> {
+        if object.meta().name.as_deref().is_none_or(str::is_empty) {
+            return Err(Box::new(Unreadable { meta: object.meta().clone(), reason: "metadata.name missing".into() }));
         }
-        let mut object = typed.into_object(json);
         // Often the largest part of an object, and nothing kproxy reads: dropped before the
         // object waits in a channel.
         object_meta_mut(&mut object).managed_fields = None;
@@ -163,7 +181,7 @@ impl<K: ApiKind> Decoded<K> {
                 let text = value.to_string();
                 tracing::debug!(kind = %K::KIND, name = ?typed.meta().name, ?dropped,
                                 "fields kproxy does not read did not decode; read without them");
-                Self::named(typed, &text)
+                Self::named(typed.into_object(&text))
             }
             Err(reason) => Err(Box::new(Unreadable { meta: identity(&value), reason })),
         }
@@ -443,6 +461,24 @@ pub struct Malformed {
     pub key: ObjectKey,
     /// What is wrong, starting with the field path when one is at fault.
     pub reason: String,
+}
+
+/// Decodes one object of `kind` from the protobuf the API server sent (the magic `k8s\0` and the
+/// `runtime.Unknown` envelope, as a watch event's object comes), exactly as a watch event's object
+/// is decoded. The entry point for fuzzing.
+pub fn decode_protobuf(kind: Kind, bytes: &[u8]) -> Result<Object, Malformed> {
+    fn read<K: ApiKind>(bytes: &[u8]) -> Result<Object, Malformed> {
+        match protobuf::unwrap(Bytes::copy_from_slice(bytes)) {
+            Ok((_, raw)) => Decoded::<K>::from_protobuf(raw).into_result(),
+            Err(error) => Err(Malformed { kind: K::KIND, key: ObjectKey::default(), reason: error.to_string() }),
+        }
+    }
+    match kind {
+        Kind::Service => read::<Service>(bytes),
+        Kind::EndpointSlice => read::<EndpointSlice>(bytes),
+        Kind::Node => read::<Node>(bytes),
+        Kind::ServiceCidr => read::<ServiceCIDR>(bytes),
+    }
 }
 
 /// Decodes one object of `kind` from the JSON the API server sent, exactly as a list item or a

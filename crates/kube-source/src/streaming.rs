@@ -38,8 +38,10 @@ use tokio::time::Instant;
 
 use crate::raw::{ApiKind, Decoded};
 use crate::relist::relisting;
+use crate::request::ContentTypes;
 use crate::stats::SourceStats;
 use crate::watch::{RetryBackoff, WatchEvent, WatchEvents, with_backoff};
+use crate::watcher::{Strategy, watcher};
 
 /// How long a streaming list may go without making progress (an answer to its request, an
 /// event) before its `k8s.io/initial-events-end` bookmark, before the kind falls back.
@@ -91,12 +93,13 @@ enum Mode {
 pub(crate) fn lists<K: ApiKind>(
     api: Api<Decoded<K>>,
     config: watcher::Config,
+    accept: ContentTypes,
     backoff: RetryBackoff,
     bounds: Bounds,
     stats: Arc<SourceStats>,
 ) -> WatchEvents<K> {
-    let events = streaming(&api, &config, backoff);
-    let lists = Lists { api, config, backoff, bounds, stats, events, mode: Mode::Streaming(Phase::STARTING) };
+    let events = streaming(&api, &config, &accept, backoff);
+    let lists = Lists { api, config, accept, backoff, bounds, stats, events, mode: Mode::Streaming(Phase::STARTING) };
     futures::stream::unfold(lists, |mut lists| async move {
         let event = lists.next().await?;
         Some((event, lists))
@@ -111,6 +114,7 @@ impl Phase {
 struct Lists<K: ApiKind> {
     api: Api<Decoded<K>>,
     config: watcher::Config,
+    accept: ContentTypes,
     backoff: RetryBackoff,
     bounds: Bounds,
     stats: Arc<SourceStats>,
@@ -119,14 +123,26 @@ struct Lists<K: ApiKind> {
     mode: Mode,
 }
 
-fn streaming<K: ApiKind>(api: &Api<Decoded<K>>, config: &watcher::Config, backoff: RetryBackoff) -> WatchEvents<K> {
-    let (api, config) = (api.clone(), config.clone().streaming_lists());
-    with_backoff(relisting(move || watcher::watcher(api.clone(), config.clone()).boxed()), backoff)
+fn streaming<K: ApiKind>(
+    api: &Api<Decoded<K>>,
+    config: &watcher::Config,
+    accept: &ContentTypes,
+    backoff: RetryBackoff,
+) -> WatchEvents<K> {
+    let (api, config, accept) = (api.clone(), config.clone(), accept.clone());
+    let start = move || watcher(api.clone(), config.clone(), Strategy::Streaming, accept.clone()).boxed();
+    with_backoff(relisting(start), backoff)
 }
 
-fn list_watch<K: ApiKind>(api: &Api<Decoded<K>>, config: &watcher::Config, backoff: RetryBackoff) -> WatchEvents<K> {
-    let (api, config) = (api.clone(), config.clone());
-    with_backoff(relisting(move || crate::list_stream::list_watch(api.clone(), config.clone()).boxed()), backoff)
+fn list_watch<K: ApiKind>(
+    api: &Api<Decoded<K>>,
+    config: &watcher::Config,
+    accept: &ContentTypes,
+    backoff: RetryBackoff,
+) -> WatchEvents<K> {
+    let (api, config, accept) = (api.clone(), config.clone(), accept.clone());
+    let start = move || watcher(api.clone(), config.clone(), Strategy::WatchCache, accept.clone()).boxed();
+    with_backoff(relisting(start), backoff)
 }
 
 impl<K: ApiKind> Lists<K> {
@@ -160,7 +176,7 @@ impl<K: ApiKind> Lists<K> {
                         // list + watch watcher is dropped before it sends its list request.
                         tracing::info!(kind = %K::KIND, "relisting: trying a streaming list again");
                         self.mode = Mode::Streaming(Phase::STARTING);
-                        self.events = streaming(&self.api, &self.config, self.backoff);
+                        self.events = streaming(&self.api, &self.config, &self.accept, self.backoff);
                         continue;
                     }
                     Ok(Event::InitDone) => *listed = true,
@@ -184,7 +200,7 @@ impl<K: ApiKind> Lists<K> {
         );
         self.stats.count_streaming_fallback(kind);
         self.mode = Mode::ListWatch { failed_at: Instant::now(), listed: false };
-        self.events = list_watch(&self.api, &self.config, self.backoff);
+        self.events = list_watch(&self.api, &self.config, &self.accept, self.backoff);
     }
 }
 

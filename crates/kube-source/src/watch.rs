@@ -17,12 +17,13 @@ use kube::{Api, Client};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
-use crate::list_stream;
 use crate::raw::{ApiKind, Decoded, Malformed};
 use crate::relist::relisting;
+use crate::request::ContentTypes;
 use crate::retry::{LastError, RecoveryBackoff};
 use crate::stats::SourceStats;
 use crate::streaming;
+use crate::watcher::Strategy;
 
 /// Upstream's informer selector for Services and EndpointSlices: objects that belong to another
 /// service proxy, and endpoints of headless services, are not ours.
@@ -89,10 +90,13 @@ pub struct KubeSourceOptions {
     /// [`ListMode::Streaming`]: after a fallback, the first relist at least this long after the
     /// failure tries streaming again ([`STREAMING_RETRY_AFTER`](crate::STREAMING_RETRY_AFTER)).
     pub streaming_retry_after: Duration,
+    /// What lists and watches ask for (`clientConnection.contentType` and `acceptContentTypes`);
+    /// protobuf first by default, as kube-proxy.
+    pub content_types: ContentTypes,
 }
 
 impl KubeSourceOptions {
-    /// Upstream's defaults for the node `node_name`, with streaming lists.
+    /// Upstream's defaults for the node `node_name`: streaming lists, protobuf.
     pub fn new(node_name: impl Into<String>) -> Self {
         Self {
             node_name: node_name.into(),
@@ -101,6 +105,7 @@ impl KubeSourceOptions {
             list_mode: ListMode::default(),
             initial_events_timeout: streaming::INITIAL_EVENTS_TIMEOUT,
             streaming_retry_after: streaming::STREAMING_RETRY_AFTER,
+            content_types: ContentTypes::default(),
         }
     }
 }
@@ -170,18 +175,22 @@ fn watch<K: ApiKind>(
     stats: &Arc<SourceStats>,
 ) -> BoxStream<'static, ReadEvent> {
     let api: Api<Decoded<K>> = Api::all(client.clone());
+    let accept = opts.content_types.clone();
     let events = match opts.list_mode {
         ListMode::Streaming => {
             let bounds =
                 streaming::Bounds { progress: opts.initial_events_timeout, retry_after: opts.streaming_retry_after };
-            streaming::lists(api, config, opts.backoff, bounds, stats.clone())
+            streaming::lists(api, config, accept, opts.backoff, bounds, stats.clone())
         }
         ListMode::WatchCache => {
-            with_backoff(relisting(move || list_stream::list_watch(api.clone(), config.clone()).boxed()), opts.backoff)
+            let start =
+                move || crate::watcher::watcher(api.clone(), config.clone(), Strategy::WatchCache, accept.clone());
+            with_backoff(relisting(move || start().boxed()), opts.backoff)
         }
         ListMode::Paginated(size) => {
-            let config = config.page_size(size);
-            with_backoff(relisting(move || watcher::watcher(api.clone(), config.clone()).boxed()), opts.backoff)
+            let strategy = Strategy::Paginated(size);
+            let start = move || crate::watcher::watcher(api.clone(), config.clone(), strategy, accept.clone());
+            with_backoff(relisting(move || start().boxed()), opts.backoff)
         }
     };
     events.map(|event| event.map(read)).boxed()

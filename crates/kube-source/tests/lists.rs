@@ -250,7 +250,7 @@ async fn rate_limited_start(list_mode: ListMode) -> (Harness, Duration) {
     services(&h.server, 1000);
     slices(&h.server, 1000);
     h.server.apply(Kind::Node, node(NODE, "198.19.0.0/24"));
-    let client = client_from_config(h.server.kube_config().unwrap(), 10.0, 4, "application/json").unwrap();
+    let client = client_from_config(h.server.kube_config().unwrap(), 10.0, 4).unwrap();
     let start = Instant::now();
     h.start_source_with(client, list_mode);
     h.synced().await;

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use kproxy_k8s_harness::{ControlPlane, ControlPlaneOptions, Etcd, Identity, require_k8s};
 use kproxy_kube_source::fake::{FakeApiServer, StreamingLists};
-use kproxy_kube_source::{KubeSourceOptions, SourceStats};
+use kproxy_kube_source::{ContentTypes, KubeSourceOptions, SourceStats};
 use kproxy_state::{Change, ClusterState, Kind, ObjectKey};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
@@ -82,8 +82,8 @@ struct Source {
 
 impl Source {
     /// Starts the source as kproxy does: a client from the kubeconfig (kube-proxy's default
-    /// qps/burst), production retries and list mode.
-    fn start(kubeconfig: &Path) -> Source {
+    /// qps/burst), production retries and list mode, asking for `content_types`.
+    fn start(kubeconfig: &Path, content_types: &ContentTypes) -> Source {
         let _ = tracing_subscriber::fmt()
             .with_test_writer()
             .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
@@ -91,8 +91,10 @@ impl Source {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
         let stats = Arc::new(SourceStats::new());
         let (tx, rx) = mpsc::channel(256);
-        let client = rt.block_on(kproxy_kube_source::client(Some(kubeconfig), 0.0, 0, "application/json")).unwrap();
-        let task = rt.spawn(kproxy_kube_source::run(client, KubeSourceOptions::new("node-a"), tx, stats.clone()));
+        let client = rt.block_on(kproxy_kube_source::client(Some(kubeconfig), 0.0, 0)).unwrap();
+        let mut options = KubeSourceOptions::new("node-a");
+        options.content_types = content_types.clone();
+        let task = rt.spawn(kproxy_kube_source::run(client, options, tx, stats.clone()));
         Source { rt, rx, stats, state: ClusterState::new(), gone: Vec::new(), deleted: Vec::new(), task }
     }
 
@@ -179,10 +181,12 @@ fn delete_in_etcd_and_compact(plane: &ControlPlane, name: &str) {
 /// What every server configuration must do to the source: start (streaming, or through the
 /// fallback: `fallbacks` per kind), follow changes, relist after `410 Gone`, come through an
 /// API server restart; and an identity without RBAC is denied until it is granted.
-fn the_source_follows_the_real_api_server(mut plane: ControlPlane, fallbacks: u64) {
+/// The source's whole life against the real server, asking for `content_types` (the server's
+/// answers in that encoding: every list, watch, streaming list, bookmark, `410` and `Status`).
+fn the_source_follows_the_real_api_server(mut plane: ControlPlane, fallbacks: u64, content_types: &ContentTypes) {
     seed(&plane);
     let began = Instant::now();
-    let mut source = Source::start(&plane.kubeconfig(&Identity::kube_proxy()).unwrap());
+    let mut source = Source::start(&plane.kubeconfig(&Identity::kube_proxy()).unwrap(), content_types);
 
     // Start.
     source.synced();
@@ -256,7 +260,7 @@ fn the_source_follows_the_real_api_server(mut plane: ControlPlane, fallbacks: u6
     phase("restart");
 
     // RBAC: an identity without a role is denied every kind, and starts once it is granted.
-    let mut denied = Source::start(&plane.kubeconfig(&Identity::unprivileged("mallory")).unwrap());
+    let mut denied = Source::start(&plane.kubeconfig(&Identity::unprivileged("mallory")).unwrap(), content_types);
     let deadline = Instant::now() + PATIENCE;
     while Kind::ALL.iter().any(|kind| denied.stats.watch_errors(*kind) < 2) {
         assert!(Instant::now() < deadline, "no denial seen");
@@ -289,21 +293,28 @@ fn a_failed_streaming_list_looks_the_same(plane: &ControlPlane, answer: Streamin
 #[test]
 fn etcd_3_6_the_source_starts_streaming_follows_relists_after_gone_and_survives_a_restart_and_rbac() {
     let Some(plane) = start(ControlPlaneOptions::default()) else { return };
-    the_source_follows_the_real_api_server(plane, 0);
+    the_source_follows_the_real_api_server(plane, 0, &ContentTypes::protobuf());
+}
+
+#[test]
+fn etcd_3_6_in_json_the_source_starts_streaming_follows_relists_after_gone_and_survives_a_restart_and_rbac() {
+    let Some(plane) = start(ControlPlaneOptions::default()) else { return };
+    the_source_follows_the_real_api_server(plane, 0, &ContentTypes::json());
 }
 
 #[test]
 fn etcd_3_5_1_the_source_starts_through_the_fallback_follows_relists_after_gone_and_survives_a_restart_and_rbac() {
     let Some(plane) = start(ControlPlaneOptions { etcd: Etcd::V3_5_1, ..Default::default() }) else { return };
     a_failed_streaming_list_looks_the_same(&plane, StreamingLists::ErrorEvent(500));
-    the_source_follows_the_real_api_server(plane, 1);
+    the_source_follows_the_real_api_server(plane, 1, &ContentTypes::protobuf());
 }
 
 #[test]
-fn watchlist_off_the_source_starts_through_the_fallback_follows_relists_after_gone_and_survives_a_restart_and_rbac() {
+fn watchlist_off_in_json_the_source_starts_through_the_fallback_follows_relists_after_gone_and_survives_a_restart_and_rbac()
+ {
     let Some(plane) = start(ControlPlaneOptions { watch_list: false, ..Default::default() }) else { return };
     a_failed_streaming_list_looks_the_same(&plane, StreamingLists::WatchListOff);
-    the_source_follows_the_real_api_server(plane, 1);
+    the_source_follows_the_real_api_server(plane, 1, &ContentTypes::json());
 }
 
 #[test]
@@ -312,7 +323,7 @@ fn etcd_3_5_1_watchlist_off_the_source_starts_through_the_fallback_follows_relis
     let options = ControlPlaneOptions { etcd: Etcd::V3_5_1, watch_list: false, ..Default::default() };
     let Some(plane) = start(options) else { return };
     a_failed_streaming_list_looks_the_same(&plane, StreamingLists::WatchListOff);
-    the_source_follows_the_real_api_server(plane, 1);
+    the_source_follows_the_real_api_server(plane, 1, &ContentTypes::protobuf());
 }
 
 /// A response as a shape: every value replaced by its JSON type, objects by their keys' shapes,
@@ -497,4 +508,181 @@ fn the_fake_api_server_answers_lists_streaming_lists_watches_and_410_like_kube_a
     assert_eq!(r.event_types(), ["ERROR"], "{:#}", r.body);
     assert_eq!(status_fields(&r.body[0]["object"]), status_fields(&f.body[0]["object"]));
     assert_eq!(r.body[0]["object"]["code"], 410);
+}
+
+/// A GET through a kube-rs client with this Accept header: the status, `Content-Type` and body.
+fn get_raw(rt: &tokio::runtime::Runtime, client: &kube::Client, path: &str, accept: &str) -> (u16, String, Vec<u8>) {
+    use http_body_util::BodyExt as _;
+    let request =
+        http::Request::get(path).header(http::header::ACCEPT, accept).body(kube::client::Body::empty()).unwrap();
+    rt.block_on(async {
+        let response = client.send(request).await.unwrap();
+        let status = response.status().as_u16();
+        let content_type = response
+            .headers()
+            .get(http::header::CONTENT_TYPE)
+            .map(|v| v.to_str().unwrap().to_owned())
+            .unwrap_or_default();
+        (status, content_type, response.into_body().collect().await.unwrap().to_bytes().to_vec())
+    })
+}
+
+const PROTOBUF: &str = "application/vnd.kubernetes.protobuf";
+
+/// What the state makes of an object, and the metadata it reads: equal for the two encodings.
+fn record(object: &kproxy_state::Object) -> String {
+    use kproxy_state::{NodeInfo, Object, ServiceInfo, SliceInfo};
+    let meta = object.meta();
+    let read = [kproxy_state::TRAFFIC_HINT_ANNOTATION, kproxy_state::LAST_CHANGE_TRIGGER_TIME_ANNOTATION];
+    let annotations: Vec<_> = meta.annotations.iter().flatten().filter(|(k, _)| read.contains(&k.as_str())).collect();
+    let info = match object {
+        Object::Service(s) => format!("{:?}", ServiceInfo::from_object(s)),
+        Object::EndpointSlice(s) => format!("{:?}", SliceInfo::from_object(s)),
+        Object::Node(n) => {
+            format!("{:?} unschedulable={:?}", NodeInfo::from_object(n), n.spec.as_ref().and_then(|s| s.unschedulable))
+        }
+        Object::ServiceCidr(c) => format!("{:?}", c.spec.as_ref().and_then(|s| s.cidrs.clone())),
+    };
+    format!(
+        "{} rv={:?} labels={:?} annotations={annotations:?} deleting={:?} {info}",
+        object.key(),
+        meta.resource_version,
+        meta.labels,
+        meta.deletion_timestamp
+    )
+}
+
+/// Every kind, read from kube-apiserver v1.36.2 as JSON and as protobuf: the field numbers of
+/// `protobuf/messages.rs` are checked here, against the real encoder.
+#[test]
+fn every_kind_reads_the_same_from_kube_apiserver_in_protobuf_and_in_json() {
+    let Some(mut plane) = start(ControlPlaneOptions::default()) else { return };
+    seed(&plane);
+    // What the seed lacks of what kproxy reads: a LoadBalancer Service with node ports, every
+    // spec field kproxy reads, its status; a slice with every endpoint field; a Node.
+    apply(
+        &plane,
+        &json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "lb", "namespace": NS, "labels": {"app": "lb"},
+                     "annotations": {"service.kproxy.io/traffic-hint": "LongLived", "unread": "x"}},
+        "spec": {"type": "LoadBalancer", "ipFamilyPolicy": "PreferDualStack",
+                 "ports": [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080},
+                           {"name": "dns", "port": 53, "protocol": "UDP"}],
+                 "externalIPs": ["203.0.113.7"], "externalTrafficPolicy": "Local", "internalTrafficPolicy": "Local",
+                 "sessionAffinity": "ClientIP", "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 600}},
+                 "loadBalancerSourceRanges": ["192.0.2.0/24"]}}),
+    );
+    plane
+        .kubectl(&[
+            "-n",
+            NS,
+            "patch",
+            "service",
+            "lb",
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            r#"{"status":{"loadBalancer":{"ingress":[{"ip":"198.51.100.1"},{"ip":"198.51.100.2","ipMode":"Proxy"}]}}}"#,
+        ])
+        .unwrap();
+    apply(
+        &plane,
+        &json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": "lb-1", "namespace": NS,
+                     "labels": {"kubernetes.io/service-name": "lb", "endpointslice.kubernetes.io/managed-by": "kproxy-tests"},
+                     "annotations": {"endpoints.kubernetes.io/last-change-trigger-time": "2026-12-06T05:00:00Z"}},
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}, {"name": "dns", "port": 53, "protocol": "UDP"}],
+        "endpoints": [{"addresses": ["198.18.2.1"], "conditions": {"ready": true, "serving": true, "terminating": false},
+                       "nodeName": "node-a", "zone": "z1", "hints": {"forZones": [{"name": "z1"}]}},
+                      {"addresses": ["198.18.2.2"], "conditions": {"ready": false, "serving": true, "terminating": true}},
+                      {"addresses": ["198.18.2.3"]}]}),
+    );
+    apply(
+        &plane,
+        &json!({"apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": "node-a", "labels": {"topology.kubernetes.io/zone": "z1"}},
+        "spec": {"podCIDR": "198.19.0.0/24", "podCIDRs": ["198.19.0.0/24"], "unschedulable": true,
+                 "taints": [{"key": "ToBeDeletedByClusterAutoscaler", "effect": "NoSchedule"}]}}),
+    );
+    plane
+        .kubectl(&["patch", "node", "node-a", "--subresource=status", "--type=merge", "-p",
+            r#"{"status":{"addresses":[{"type":"InternalIP","address":"198.51.100.9"},{"type":"Hostname","address":"node-a"}]}}"#])
+        .unwrap();
+
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let client = rt.block_on(kproxy_kube_source::client(Some(plane.admin_kubeconfig()), -1.0, 0)).unwrap();
+    let kinds = [
+        (Kind::Service, "/api/v1/services"),
+        (Kind::EndpointSlice, "/apis/discovery.k8s.io/v1/endpointslices"),
+        (Kind::Node, "/api/v1/nodes"),
+        (Kind::ServiceCidr, "/apis/networking.k8s.io/v1/servicecidrs"),
+    ];
+    for (kind, path) in kinds {
+        let (status, content_type, json_body) = get_raw(&rt, &client, path, "application/json");
+        assert_eq!((status, content_type.as_str()), (200, "application/json"), "{kind}");
+        let list: Value = serde_json::from_slice(&json_body).unwrap();
+        let from_json: Vec<String> = list["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|item| record(&kproxy_kube_source::decode(kind, item.to_string().as_bytes()).unwrap()))
+            .collect();
+        let (status, content_type, proto_body) = get_raw(&rt, &client, path, &format!("{PROTOBUF}, */*"));
+        assert_eq!((status, content_type.as_str()), (200, PROTOBUF), "{kind}");
+        let (items, meta) = kproxy_kube_source::protobuf::read_list_body(kind, &proto_body);
+        let from_protobuf: Vec<String> = items.iter().map(|item| record(item.as_ref().unwrap())).collect();
+        assert!(meta.unwrap().is_some(), "{kind}: the list's resource version");
+        assert!(!from_json.is_empty(), "{kind}");
+        assert_eq!(from_protobuf, from_json, "{kind}");
+        eprintln!(
+            "{kind}: {} objects, {} bytes of JSON, {} of protobuf",
+            items.len(),
+            json_body.len(),
+            proto_body.len()
+        );
+    }
+    let lb = record(
+        &kproxy_kube_source::decode(
+            Kind::Service,
+            real(&plane, "/api/v1/namespaces/kp/services/lb").body.to_string().as_bytes(),
+        )
+        .unwrap(),
+    );
+    assert!(
+        lb.contains("198.51.100.1") && lb.contains("LongLived") && lb.contains("node_port: Some("),
+        "the LoadBalancer is read whole: {lb}"
+    );
+
+    // A streaming list in protobuf: the objects, then the bookmark that ends them (its annotation
+    // read); a watch from a version long gone: an ERROR event (410) with a protobuf Status.
+    let stream = "/api/v1/namespaces/kp/services?watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true&timeoutSeconds=2";
+    let (status, content_type, body) = get_raw(&rt, &client, stream, &format!("{PROTOBUF}, */*"));
+    assert_eq!((status, content_type.as_str()), (200, "application/vnd.kubernetes.protobuf;stream=watch"));
+    let events = kproxy_kube_source::protobuf::read_watch_body(Kind::Service, &body);
+    let added: BTreeSet<String> =
+        events.iter().filter_map(|e| e.as_ref().ok()?.strip_prefix("ADDED kp/").map(str::to_owned)).collect();
+    assert_eq!(added, names(&["a", "b", "lb"]), "{events:?}");
+    assert!(events.iter().any(|e| e.as_ref().is_ok_and(|e| e.ends_with(" initial-events-end"))), "{events:?}");
+    assert!(events.iter().all(Result::is_ok), "{events:?}");
+    // A watch from the start of history replays every change as a frame (the status patch a
+    // MODIFIED); from before a restarted server's cache, with etcd compacted meanwhile, it is an
+    // ERROR event whose object is a protobuf Status (410).
+    let from = |rv: &str| format!("/api/v1/namespaces/kp/services?watch=1&resourceVersion={rv}&timeoutSeconds=2");
+    let (status, _, body) = get_raw(&rt, &client, &from("1"), &format!("{PROTOBUF}, */*"));
+    assert_eq!(status, 200);
+    let events = kproxy_kube_source::protobuf::read_watch_body(Kind::Service, &body);
+    assert!(events.iter().all(Result::is_ok) && events.contains(&Ok("MODIFIED kp/lb".to_owned())), "{events:?}");
+    let old = real(&plane, SERVICES).body["metadata"]["resourceVersion"].as_str().unwrap().to_owned();
+    plane.stop_apiserver();
+    bump_and_compact_etcd(&plane);
+    plane.start_apiserver().unwrap();
+    let (status, _, body) = get_raw(&rt, &client, &from(&old), &format!("{PROTOBUF}, */*"));
+    assert_eq!(status, 200);
+    assert_eq!(kproxy_kube_source::protobuf::read_watch_body(Kind::Service, &body), [Ok("ERROR 410".to_owned())]);
+    // An error answer is a protobuf Status.
+    let (status, content_type, body) =
+        get_raw(&rt, &client, "/api/v1/namespaces/kp/services/nope", &format!("{PROTOBUF}, */*"));
+    assert_eq!((status, content_type.as_str()), (404, PROTOBUF), "{}", String::from_utf8_lossy(&body));
+    assert!(body.starts_with(&kproxy_kube_source::protobuf::MAGIC));
 }

@@ -174,7 +174,7 @@ async fn watch_cache_list_requests_wait_for_the_client_rate_limit() {
     h.server.apply(Kind::Node, node(NODE, "198.19.0.0/24"));
     // One request at once, then 5 a second: 4 lists and 4 watches take 1.4 s at least; the
     // watches alone would take 0.6 s.
-    let client = client_from_config(h.server.kube_config().unwrap(), 5.0, 1, "application/json").unwrap();
+    let client = client_from_config(h.server.kube_config().unwrap(), 5.0, 1).unwrap();
     let started = Instant::now();
     h.start_source_with(client, ListMode::WatchCache);
     h.synced().await;

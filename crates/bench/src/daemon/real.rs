@@ -199,8 +199,16 @@ fn measure(n: usize, args: &DaemonArgs, proxies: &[Proxy], bins: &Bins, dir: &Pa
         if created.stored_directly { "; dry-run creates put into etcd" } else { "" }
     );
     let bare = in_node(node, &runtime, bare::measure(&client, args.changes.max(1), args.change_interval()))?;
+    if let Some(p) = &bare.protobuf {
+        eprintln!(
+            "  bare client, protobuf: lists {:.2} s ({} MiB), streaming lists {:.2} s",
+            p.list_s,
+            p.list_bytes >> 20,
+            p.streaming_s
+        );
+    }
     eprintln!(
-        "  bare client: lists {:.2} s ({} MiB), streaming lists {:.2} s, a change PATCH → watch p50 {} p99 {}",
+        "  bare client, JSON: lists {:.2} s ({} MiB), streaming lists {:.2} s, a change PATCH → watch p50 {} p99 {}",
         bare.list_s,
         bare.list_bytes >> 20,
         bare.streaming_s,

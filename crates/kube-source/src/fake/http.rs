@@ -1,7 +1,9 @@
 //! The HTTP side of the fake API server: list and `?watch=true` requests, answered the way
-//! kube-apiserver answers them (JSON lists with a resourceVersion, paginated with
-//! `limit`/`continue`; newline-delimited watch events; streaming lists with `sendInitialEvents`
-//! ending in the `k8s.io/initial-events-end` bookmark; `410 Gone`; `Status` bodies for errors).
+//! kube-apiserver answers them (lists with a resourceVersion, paginated with `limit`/`continue`;
+//! watch events; streaming lists with `sendInitialEvents` ending in the
+//! `k8s.io/initial-events-end` bookmark; `410 Gone`; `Status` bodies for errors), in JSON or, when
+//! the `Accept` header asks for it first, protobuf (lists and `Status` bodies in the envelope,
+//! watches as length-delimited frames: `crate::protobuf::encode`).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::convert::Infallible;
@@ -23,6 +25,7 @@ use tokio::time::Instant;
 use super::selector::{Filter, Selector};
 use super::store::{Signal, Store, event_line, expired, info, visible};
 use super::{StreamingLists, lock};
+use crate::protobuf;
 
 pub(crate) type Body = UnsyncBoxBody<Bytes, Infallible>;
 
@@ -35,47 +38,102 @@ const FRAME_BYTES: usize = 64 * 1024;
 
 type Query = BTreeMap<String, String>;
 
+/// The encoding of an answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Encoding {
+    Json,
+    Protobuf,
+}
+
+impl Encoding {
+    /// The first media type of `Accept` the fake serves (`*/*`: JSON, as kube-apiserver), as a
+    /// client's preference order; JSON when none.
+    fn of(accept: Option<&hyper::header::HeaderValue>) -> Self {
+        let accept = accept.and_then(|a| a.to_str().ok()).unwrap_or_default();
+        for part in accept.split(',') {
+            match part.split(';').next().unwrap_or_default().trim() {
+                protobuf::MEDIA_TYPE => return Encoding::Protobuf,
+                "application/json" | "*/*" | "application/*" => return Encoding::Json,
+                _ => {}
+            }
+        }
+        Encoding::Json
+    }
+
+    fn content_type(self, watch: bool) -> &'static str {
+        match (self, watch) {
+            (Encoding::Json, _) => "application/json",
+            (Encoding::Protobuf, false) => "application/vnd.kubernetes.protobuf",
+            (Encoding::Protobuf, true) => "application/vnd.kubernetes.protobuf;stream=watch",
+        }
+    }
+
+    /// A `Status` body.
+    fn status(self, status: &Value) -> Vec<u8> {
+        match self {
+            Encoding::Json => status.to_string().into_bytes(),
+            Encoding::Protobuf => protobuf::encode::status(status),
+        }
+    }
+}
+
 /// Serves one request.
 pub(crate) async fn handle(store: Arc<Mutex<Store>>, request: Request<Incoming>) -> Result<Response<Body>, Infallible> {
     let query: Query =
         form_urlencoded::parse(request.uri().query().unwrap_or_default().as_bytes()).into_owned().collect();
-    let Some((kind, namespace)) = route(request.uri().path()) else {
-        return Ok(status(StatusCode::NOT_FOUND, "NotFound", "the server could not find the requested resource"));
+    let encoding = Encoding::of(request.headers().get(hyper::header::ACCEPT));
+    let answer = handle_in(&store, &query, request.uri().path(), request.method(), encoding).await;
+    if answer.status() == StatusCode::OK {
+        lock(&store).answers[usize::from(encoding == Encoding::Json)] += 1;
+    }
+    Ok(answer)
+}
+
+async fn handle_in(
+    store: &Arc<Mutex<Store>>,
+    query: &Query,
+    path: &str,
+    method: &Method,
+    encoding: Encoding,
+) -> Response<Body> {
+    let status = |code, reason: &str, message: &str| status(encoding, code, reason, message);
+    let Some((kind, namespace)) = route(path) else {
+        return status(StatusCode::NOT_FOUND, "NotFound", "the server could not find the requested resource");
     };
-    if request.method() != Method::GET {
-        return Ok(status(StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed", "the fake API server is read-only"));
+    if *method != Method::GET {
+        return status(StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed", "the fake API server is read-only");
     }
-    if lock(&store).unserved.contains(&kind) {
-        return Ok(status(StatusCode::NOT_FOUND, "NotFound", "the server could not find the requested resource"));
+    if lock(store).unserved.contains(&kind) {
+        return status(StatusCode::NOT_FOUND, "NotFound", "the server could not find the requested resource");
     }
-    if lock(&store).forbidden.contains(&kind) {
+    if lock(store).forbidden.contains(&kind) {
         let message = format!(
             "{kind} is forbidden: User \"system:serviceaccount:kube-system:kube-proxy\" cannot list or watch it"
         );
-        return Ok(status(StatusCode::FORBIDDEN, "Forbidden", &message));
+        return status(StatusCode::FORBIDDEN, "Forbidden", &message);
     }
     let selector = |name: &str| Selector::parse(query.get(name).map(String::as_str).unwrap_or_default());
     let filter = match (selector("labelSelector"), selector("fieldSelector")) {
         (Ok(labels), Ok(fields)) => Filter { labels, fields, namespace },
-        (Err(e), _) | (_, Err(e)) => return Ok(status(StatusCode::BAD_REQUEST, "BadRequest", &e)),
+        (Err(e), _) | (_, Err(e)) => return status(StatusCode::BAD_REQUEST, "BadRequest", &e),
     };
     let param = |name: &str| query.get(name).map(String::as_str);
     let rv = match param("resourceVersion").filter(|rv| !rv.is_empty()).map(str::parse::<u64>).transpose() {
         Ok(rv) => rv,
-        Err(_) => return Ok(status(StatusCode::BAD_REQUEST, "BadRequest", "invalid resourceVersion")),
+        Err(_) => return status(StatusCode::BAD_REQUEST, "BadRequest", "invalid resourceVersion"),
     };
     if matches!(param("watch"), Some("true" | "1")) {
         let answer = {
-            let mut store = lock(&store);
+            let mut store = lock(store);
             if param("sendInitialEvents") == Some("true") {
                 *store.streaming_list_requests.entry(kind).or_default() += 1;
             }
             store.streaming_lists
         };
-        let mut send_initial_events = match check_watch_options(&query, answer != StreamingLists::WatchListOff) {
+        let mut send_initial_events = match check_watch_options(query, answer != StreamingLists::WatchListOff) {
             Ok(send) => send,
             Err(message) => {
-                return Ok(json_response(StatusCode::UNPROCESSABLE_ENTITY, &invalid_list_options(&message)));
+                return response(encoding, StatusCode::UNPROCESSABLE_ENTITY, &invalid_list_options(&message));
             }
         };
         let mut failure = None;
@@ -84,7 +142,7 @@ pub(crate) async fn handle(store: Arc<Mutex<Store>>, request: Request<Incoming>)
                 StreamingLists::Served | StreamingLists::WatchListOff => {}
                 StreamingLists::Refused(code) => {
                     let code = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-                    return Ok(status(code, reason_of(code), "the fake API server refuses this streaming list"));
+                    return status(code, reason_of(code), "the fake API server refuses this streaming list");
                 }
                 StreamingLists::ErrorEvent(code) => failure = Some(InitialEventsFailure::ErrorEvent(code)),
                 StreamingLists::ClosedEarly => failure = Some(InitialEventsFailure::ClosedEarly),
@@ -95,14 +153,14 @@ pub(crate) async fn handle(store: Arc<Mutex<Store>>, request: Request<Incoming>)
             param("timeoutSeconds").and_then(|t| t.parse().ok()).map_or(Duration::from_secs(1800), Duration::from_secs);
         let bookmarks = param("allowWatchBookmarks") == Some("true");
         let options = WatchOptions { rv: rv.filter(|rv| *rv != 0), send_initial_events, failure, timeout, bookmarks };
-        Ok(watch(&store, kind, filter, options))
+        watch(store, kind, filter, options, encoding)
     } else {
         let limit = match param("limit").map(str::parse::<usize>).transpose() {
             Ok(limit) => limit.filter(|l| *l > 0),
-            Err(_) => return Ok(status(StatusCode::BAD_REQUEST, "BadRequest", "invalid limit")),
+            Err(_) => return status(StatusCode::BAD_REQUEST, "BadRequest", "invalid limit"),
         };
         let request = ListRequest { rv, limit, continue_token: param("continue").filter(|c| !c.is_empty()) };
-        Ok(list(&store, kind, &filter, request).await)
+        list(store, kind, &filter, request, encoding).await
     }
 }
 
@@ -202,7 +260,14 @@ fn parse_continue(token: &str) -> Option<(u64, ObjectKey)> {
 ///   the compacted history is `410 Expired`, as for etcd. Unlike etcd, a later page reads the
 ///   current objects rather than a snapshot; a client that watches from the list's version gets
 ///   the changes in between as events, so it converges all the same.
-async fn list(store: &Arc<Mutex<Store>>, kind: Kind, filter: &Filter, request: ListRequest<'_>) -> Response<Body> {
+async fn list(
+    store: &Arc<Mutex<Store>>,
+    kind: Kind,
+    filter: &Filter,
+    request: ListRequest<'_>,
+    encoding: Encoding,
+) -> Response<Body> {
+    let status = |code, reason: &str, message: &str| status(encoding, code, reason, message);
     let delay = lock(store).list_delay.get(&kind).copied().unwrap_or_default();
     pause(delay).await;
     let (items, rv, next, remaining) = {
@@ -216,7 +281,7 @@ async fn list(store: &Arc<Mutex<Store>>, kind: Kind, filter: &Filter, request: L
                 if rv < store.compacted {
                     let message = "The provided continue parameter is too old to display a consistent list result. \
                                    You can start a new list without the continue parameter.";
-                    return json_response(StatusCode::GONE, &expired(message));
+                    return response(encoding, StatusCode::GONE, &expired(message));
                 }
                 let (items, next, remaining) =
                     store.page_counted(kind, filter, Some(&after), request.limit.unwrap_or(usize::MAX));
@@ -242,12 +307,15 @@ async fn list(store: &Arc<Mutex<Store>>, kind: Kind, filter: &Filter, request: L
         items: Vec::new(),
     };
     let item_delay = lock(store).list_item_delay;
+    if encoding == Encoding::Protobuf {
+        return protobuf_list(store.clone(), kind, &body.metadata, &items, item_delay);
+    }
     if !item_delay.is_zero() {
         return trickled_list(store.clone(), kind, &body, items, item_delay);
     }
     let body = ListBody { items: items.iter().map(|item| ListItem(item)).collect(), ..body };
     let response = match serde_json::to_vec(&body) {
-        Ok(bytes) => json_bytes(StatusCode::OK, bytes),
+        Ok(bytes) => bytes_response(Encoding::Json, StatusCode::OK, bytes),
         Err(e) => return status(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", &e.to_string()),
     };
     *lock(store).lists_sent.entry(kind).or_default() += 1;
@@ -287,7 +355,55 @@ fn trickled_list(
             *lock(&store).lists_sent.entry(kind).or_default() += 1;
             Some(("]}".to_owned(), (None, items, None)))
         });
-    streamed_json(chunks)
+    streamed(Encoding::Json, false, futures::StreamExt::map(chunks, String::into_bytes))
+}
+
+/// A protobuf list: the envelope and list message up to the items, then each item's field,
+/// `delay` before each (zero: the whole body at once); counted as sent once written.
+fn protobuf_list(
+    store: Arc<Mutex<Store>>,
+    kind: Kind,
+    meta: &ListMeta,
+    items: &[Arc<Value>],
+    delay: Duration,
+) -> Response<Body> {
+    let messages: Vec<Vec<u8>> = items
+        .iter()
+        .map(|item| protobuf::encode::message(kind, item).unwrap_or_else(|_| protobuf::encode::broken_message(item)))
+        .collect();
+    let remaining = meta.remaining_item_count.and_then(|r| i64::try_from(r).ok());
+    let body = protobuf::encode::list(kind, &messages, &meta.resource_version, meta.continue_.as_deref(), remaining);
+    if delay.is_zero() {
+        *lock(&store).lists_sent.entry(kind).or_default() += 1;
+        return bytes_response(Encoding::Protobuf, StatusCode::OK, body);
+    }
+    // Cut the body at each item: the items are its last fields, in order.
+    let item_bytes: usize = messages.iter().map(|m| m.len() + field_overhead(m.len())).sum();
+    let head = body.len() - item_bytes;
+    let mut chunks = VecDeque::from([body[..head].to_vec()]);
+    let mut at = head;
+    for message in &messages {
+        let len = message.len() + field_overhead(message.len());
+        chunks.push_back(body[at..at + len].to_vec());
+        at += len;
+    }
+    let chunks = futures::stream::unfold((chunks, true, Some(store)), move |(mut chunks, first, store)| async move {
+        if let Some(chunk) = chunks.pop_front() {
+            if !first {
+                pause(delay).await;
+            }
+            return Some((chunk, (chunks, false, store)));
+        }
+        let store = store?;
+        *lock(&store).lists_sent.entry(kind).or_default() += 1;
+        Some((Vec::new(), (chunks, false, None)))
+    });
+    streamed(Encoding::Protobuf, false, chunks)
+}
+
+/// The bytes of a length-delimited field's key and length before `len` bytes of value.
+fn field_overhead(len: usize) -> usize {
+    1 + prost::length_delimiter_len(len)
 }
 
 #[derive(Serialize)]
@@ -376,20 +492,43 @@ fn reason_of(code: StatusCode) -> &'static str {
 
 /// An event waiting to be written; objects are serialized when their turn comes.
 enum Pending {
-    Line(String),
     Object(&'static str, Arc<Value>),
-    /// The bookmark ending a streaming list's initial events (counted when written).
-    InitialEventsEnd(String),
+    /// An ERROR event with this `Status`.
+    Error(Value),
+    /// A BOOKMARK; the one ending a streaming list's initial events is counted when written.
+    Bookmark {
+        rv: u64,
+        initial_events_end: bool,
+    },
 }
 
 impl Pending {
-    fn into_line(self, state: &WatchState) -> String {
-        match self {
-            Pending::Line(line) => line,
-            Pending::Object(event, object) => event_line(event, &object),
-            Pending::InitialEventsEnd(line) => {
-                *lock(&state.store).initial_events_ends.entry(state.kind).or_default() += 1;
-                line
+    fn into_bytes(self, state: &WatchState) -> Vec<u8> {
+        if let Pending::Bookmark { initial_events_end: true, .. } = self {
+            *lock(&state.store).initial_events_ends.entry(state.kind).or_default() += 1;
+        }
+        match state.encoding {
+            Encoding::Json => match self {
+                Pending::Object(event, object) => event_line(event, &object),
+                Pending::Error(status) => event_line("ERROR", &status),
+                Pending::Bookmark { rv, initial_events_end } => {
+                    event_line("BOOKMARK", &bookmark(state.kind, rv, initial_events_end))
+                }
+            }
+            .into_bytes(),
+            Encoding::Protobuf => {
+                let (event, object) = match self {
+                    Pending::Object(event, object) => (
+                        event,
+                        protobuf::encode::object(state.kind, &object)
+                            .unwrap_or_else(|_| protobuf::encode::broken_object(state.kind, &object)),
+                    ),
+                    Pending::Error(status) => ("ERROR", protobuf::encode::status(&status)),
+                    Pending::Bookmark { rv, initial_events_end } => {
+                        ("BOOKMARK", protobuf::encode::bookmark(state.kind, rv, initial_events_end))
+                    }
+                };
+                protobuf::encode::watch_frame(event, object)
             }
         }
     }
@@ -399,6 +538,7 @@ impl Pending {
 struct WatchState {
     store: Arc<Mutex<Store>>,
     kind: Kind,
+    encoding: Encoding,
     filter: Filter,
     pending: VecDeque<Pending>,
     signals: broadcast::Receiver<Signal>,
@@ -414,7 +554,7 @@ struct WatchState {
 /// A BOOKMARK as kube-apiserver v1.36 writes it (checked by `tests/real_apiserver.rs`): the
 /// kind's empty object as Go serializes it, with only the resource version in its metadata, and
 /// the annotation on the one that ends a streaming list's initial events.
-fn bookmark(kind: Kind, rv: u64, initial_events_end: bool) -> Pending {
+fn bookmark(kind: Kind, rv: u64, initial_events_end: bool) -> Value {
     let info = info(kind);
     let mut object = json!({"kind": info.kind, "apiVersion": info.api_version,
                             "metadata": {"resourceVersion": rv.to_string()}});
@@ -434,11 +574,16 @@ fn bookmark(kind: Kind, rv: u64, initial_events_end: bool) -> Pending {
     if let (Some(object), Value::Object(fields)) = (object.as_object_mut(), empty) {
         object.extend(fields);
     }
-    let line = event_line("BOOKMARK", &object);
-    if initial_events_end { Pending::InitialEventsEnd(line) } else { Pending::Line(line) }
+    object
 }
 
-fn watch(shared: &Arc<Mutex<Store>>, kind: Kind, filter: Filter, options: WatchOptions) -> Response<Body> {
+fn watch(
+    shared: &Arc<Mutex<Store>>,
+    kind: Kind,
+    filter: Filter,
+    options: WatchOptions,
+    encoding: Encoding,
+) -> Response<Body> {
     let mut store = lock(shared);
     *store.watches.entry(kind).or_default() += 1;
     let signals = store.signals.subscribe();
@@ -448,9 +593,7 @@ fn watch(shared: &Arc<Mutex<Store>>, kind: Kind, filter: Filter, options: WatchO
             *store.initial_event_streams.entry(kind).or_default() += 1;
             closing = true;
             match failure {
-                InitialEventsFailure::ErrorEvent(code) => {
-                    VecDeque::from([Pending::Line(event_line("ERROR", &initial_events_error(code)))])
-                }
+                InitialEventsFailure::ErrorEvent(code) => VecDeque::from([Pending::Error(initial_events_error(code))]),
                 InitialEventsFailure::ClosedEarly => {
                     let mut pending = initial_events(&store, kind, &filter);
                     pending.pop_back();
@@ -475,7 +618,7 @@ fn watch(shared: &Arc<Mutex<Store>>, kind: Kind, filter: Filter, options: WatchO
             Some(rv) => {
                 closing = true;
                 let message = format!("too old resource version: {rv} ({})", store.compacted);
-                VecDeque::from([Pending::Line(event_line("ERROR", &expired(&message)))])
+                VecDeque::from([Pending::Error(expired(&message))])
             }
             None if options.send_initial_events => {
                 *store.initial_event_streams.entry(kind).or_default() += 1;
@@ -493,6 +636,7 @@ fn watch(shared: &Arc<Mutex<Store>>, kind: Kind, filter: Filter, options: WatchO
     let state = WatchState {
         store: shared.clone(),
         kind,
+        encoding,
         filter,
         pending,
         signals,
@@ -504,7 +648,7 @@ fn watch(shared: &Arc<Mutex<Store>>, kind: Kind, filter: Filter, options: WatchO
     };
     drop(store);
     let chunks = futures::stream::unfold(state, next_chunk);
-    streamed_json(chunks)
+    streamed(encoding, true, chunks)
 }
 
 /// A streaming list's start: every current object as ADDED, then the bookmark that ends the
@@ -512,7 +656,7 @@ fn watch(shared: &Arc<Mutex<Store>>, kind: Kind, filter: Filter, options: WatchO
 fn initial_events(store: &Store, kind: Kind, filter: &Filter) -> VecDeque<Pending> {
     let mut pending: VecDeque<Pending> =
         store.list(kind, filter).into_iter().map(|o| Pending::Object("ADDED", o)).collect();
-    pending.push_back(bookmark(kind, store.rv, true));
+    pending.push_back(Pending::Bookmark { rv: store.rv, initial_events_end: true });
     pending
 }
 
@@ -521,15 +665,15 @@ fn initial_events(store: &Store, kind: Kind, filter: &Filter) -> VecDeque<Pendin
 /// A zero delay is no sleep at all: tokio rounds a timer up to its next millisecond tick, and a
 /// sleep per 64 KiB frame held a 100k-Service streaming list to about 40 MB/s, with this server
 /// using a quarter of a core (kube-apiserver has no such pause).
-async fn next_chunk(mut state: WatchState) -> Option<(String, WatchState)> {
+async fn next_chunk(mut state: WatchState) -> Option<(Vec<u8>, WatchState)> {
     pause(std::mem::take(&mut state.start_delay)).await;
     loop {
         if let Some(first) = state.pending.pop_front() {
             pause(state.delay).await;
-            let mut chunk = first.into_line(&state);
+            let mut chunk = first.into_bytes(&state);
             while state.delay.is_zero() && chunk.len() < FRAME_BYTES {
                 let Some(next) = state.pending.pop_front() else { break };
-                chunk.push_str(&next.into_line(&state));
+                chunk.extend_from_slice(&next.into_bytes(&state));
             }
             return Some((chunk, state));
         }
@@ -546,9 +690,11 @@ async fn next_chunk(mut state: WatchState) -> Option<(String, WatchState)> {
                     state.pending.push_back(Pending::Object(event, object));
                 }
             }
-            Ok(Signal::Bookmark(rv)) if state.bookmarks => state.pending.push_back(bookmark(state.kind, rv, false)),
+            Ok(Signal::Bookmark(rv)) if state.bookmarks => {
+                state.pending.push_back(Pending::Bookmark { rv, initial_events_end: false });
+            }
             Ok(Signal::Expire) => {
-                state.pending.push_back(Pending::Line(event_line("ERROR", &expired("too old resource version"))));
+                state.pending.push_back(Pending::Error(expired("too old resource version")));
                 state.closing = true;
             }
             Ok(_) => {}
@@ -565,27 +711,33 @@ async fn pause(delay: Duration) {
     }
 }
 
-/// A `200` JSON response whose body is written chunk by chunk as `chunks` yields them.
-fn streamed_json(chunks: impl futures::Stream<Item = String> + Send + 'static) -> Response<Body> {
+/// A `200` response (a watch's when `watch`) whose body is written chunk by chunk as `chunks`
+/// yields them.
+fn streamed(
+    encoding: Encoding,
+    watch: bool,
+    chunks: impl futures::Stream<Item = Vec<u8>> + Send + 'static,
+) -> Response<Body> {
     let body = StreamBody::new(futures::StreamExt::map(chunks, |chunk| Ok(Frame::data(Bytes::from(chunk)))));
     let mut response = Response::new(BodyExt::boxed_unsync(body));
     response
         .headers_mut()
-        .insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("application/json"));
+        .insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static(encoding.content_type(watch)));
     response
 }
 
-fn json_bytes(code: StatusCode, body: Vec<u8>) -> Response<Body> {
+fn bytes_response(encoding: Encoding, code: StatusCode, body: Vec<u8>) -> Response<Body> {
     let mut response = Response::new(BodyExt::boxed_unsync(Full::new(Bytes::from(body))));
     *response.status_mut() = code;
     response
         .headers_mut()
-        .insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("application/json"));
+        .insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static(encoding.content_type(false)));
     response
 }
 
-fn json_response(code: StatusCode, body: &Value) -> Response<Body> {
-    json_bytes(code, body.to_string().into_bytes())
+/// A `Status` answer.
+fn response(encoding: Encoding, code: StatusCode, status: &Value) -> Response<Body> {
+    bytes_response(encoding, code, encoding.status(status))
 }
 
 fn status_body(code: StatusCode, reason: &str, message: &str) -> Value {
@@ -593,8 +745,8 @@ fn status_body(code: StatusCode, reason: &str, message: &str) -> Value {
            "message": message, "reason": reason, "code": code.as_u16()})
 }
 
-fn status(code: StatusCode, reason: &str, message: &str) -> Response<Body> {
-    json_response(code, &status_body(code, reason, message))
+fn status(encoding: Encoding, code: StatusCode, reason: &str, message: &str) -> Response<Body> {
+    response(encoding, code, &status_body(code, reason, message))
 }
 
 #[cfg(test)]

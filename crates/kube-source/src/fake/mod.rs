@@ -4,8 +4,9 @@
 //! slow list, a dropped connection, a streaming list failed a given way) and for benchmarks at
 //! 100k objects without etcd's write cost. Its answers are checked against kube-apiserver
 //! v1.36.2's for the same requests by `tests/real_apiserver.rs` (status codes, shapes, event
-//! types, bookmarks, `Status` objects). It speaks the real HTTP protocol that the unmodified
-//! kube-rs client uses, for the four kinds kproxy watches:
+//! types, bookmarks, `Status` objects). It speaks the real HTTP protocol, in JSON or protobuf as the
+//! `Accept` header asks (a client that asks for nothing, as kube-rs's own, gets JSON), for the four
+//! kinds kproxy watches:
 //!
 //! - lists with `metadata.resourceVersion`: `resourceVersion=0` served whole from the "watch
 //!   cache" (which ignores `limit`), otherwise paginated with `limit`/`continue` (and
@@ -212,6 +213,13 @@ impl FakeApiServer {
     /// How many list requests (pages included) of `kind` were answered.
     pub fn list_count(&self, kind: Kind) -> usize {
         lock(&self.store).lists.get(&kind).copied().unwrap_or_default()
+    }
+
+    /// How many list and watch requests were answered with success in protobuf and in JSON
+    /// (as the `Accept` header asked).
+    pub fn answers_by_encoding(&self) -> (usize, usize) {
+        let answers = lock(&self.store).answers;
+        (answers[0], answers[1])
     }
 
     /// How many watches of `kind` were opened.

@@ -123,6 +123,8 @@ pub(crate) struct Store {
     pub(crate) lists: BTreeMap<Kind, usize>,
     /// List bodies written in full, per kind.
     pub(crate) lists_sent: BTreeMap<Kind, usize>,
+    /// Successful list and watch answers, in protobuf and in JSON.
+    pub(crate) answers: [usize; 2],
     /// When not zero, list bodies are written item by item, this long before each.
     pub(crate) list_item_delay: Duration,
     pub(crate) watches: BTreeMap<Kind, usize>,
@@ -150,6 +152,7 @@ impl Store {
             event_delay: Duration::ZERO,
             lists: BTreeMap::new(),
             lists_sent: BTreeMap::new(),
+            answers: [0; 2],
             list_item_delay: Duration::ZERO,
             watches: BTreeMap::new(),
             initial_event_streams: BTreeMap::new(),

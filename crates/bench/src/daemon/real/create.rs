@@ -122,7 +122,7 @@ pub(super) async fn create_one(
     let mut bytes = service_json.to_string().len();
     let service: Service = serde_json::from_value(for_create(service_json.clone()))?;
     let (post, patch_params) = (PostParams::default(), PatchParams::default());
-    retry(|| services.create(&post, &service)).await.with_context(|| format!("Service {name}"))?;
+    create_once(&services, &post, &service, &name).await.with_context(|| format!("Service {name}"))?;
     if Shape::of(i).load_balancer {
         let status = Patch::Merge(json!({"status": service_json["status"]}));
         retry(|| services.patch_status(&name, &patch_params, &status))
@@ -135,7 +135,8 @@ pub(super) async fn create_one(
         let slice_json = objects::slice(i, *v6, &eps, trigger);
         bytes += slice_json.to_string().len();
         let slice: EndpointSlice = serde_json::from_value(for_create(slice_json))?;
-        retry(|| slices.create(&post, &slice)).await.with_context(|| format!("EndpointSlice of {name}"))?;
+        let slice_name = slice.metadata.name.clone().unwrap_or_default();
+        create_once(&slices, &post, &slice, &slice_name).await.with_context(|| format!("EndpointSlice of {name}"))?;
     }
     Ok((families.len(), bytes))
 }
@@ -143,6 +144,35 @@ pub(super) async fn create_one(
 /// The families of Service `i`'s slices (IPv6: true).
 pub(super) fn families(i: usize) -> Vec<bool> {
     if Shape::of(i).dual_stack && i > 0 { vec![false, true] } else { vec![false] }
+}
+
+/// A create tried again as [`retry`] does. A create answered `5xx` or cut off may have been
+/// carried out all the same (kube-apiserver's 60 s request timeout under load: seen at load 23
+/// on 2 cores), so after one, a retry's "already exists" (`409`) or, for a Service, "IP already
+/// allocated" (`422`: its own ClusterIP) means done when the object is there.
+async fn create_once<K>(api: &Api<K>, post: &PostParams, object: &K, name: &str) -> kube::Result<()>
+where
+    K: Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    let mut uncertain = false;
+    let mut attempt = 0;
+    loop {
+        match api.create(post, object).await {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(e))
+                if uncertain && (e.code == 409 || (e.code == 422 && e.message.contains("already allocated"))) =>
+            {
+                return api.get(name).await.map(drop);
+            }
+            Err(kube::Error::Api(e)) if attempt < 20 && (e.code == 429 || e.code == 409 || e.code >= 500) => {
+                uncertain |= e.code >= 500;
+            }
+            Err(kube::Error::HyperError(_) | kube::Error::Service(_)) if attempt < 20 => uncertain = true,
+            Err(e) => return Err(e),
+        }
+        attempt += 1;
+        tokio::time::sleep(Duration::from_millis(50 * attempt)).await;
+    }
 }
 
 /// A request tried again on a conflict or a server that is briefly too busy (429, 5xx, a

@@ -142,14 +142,14 @@ fn write_report(
     writeln!(s)?;
     writeln!(
         s,
-        "| services | created through the API server (objects/s) | bare client: lists / streaming lists / change p50 | proxy | start → programmed | CPU to programmed | change p50 | change p99 | seen | idle CPU | RSS steady | RSS peak | RSS after changes | CPU, whole run | load avg |"
+        "| services | created through the API server (objects/s) | bare client: lists / streaming lists, JSON; protobuf (MB of lists, JSON / protobuf) / change p50 | proxy | start → programmed | CPU to programmed | change p50 | change p99 | seen | idle CPU | RSS steady | RSS peak | RSS after changes | CPU, whole run | load avg |"
     )?;
     writeln!(s, "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")?;
     for size in results {
         for r in &size.proxies {
             writeln!(
                 s,
-                "| {} | {:.0} s ({:.0}/s){} | {:.2} s / {:.2} s / {} | {} | {} | {:.1} s | {} | {} | {} / {} | {:.2} % | {:.0} MiB | {:.0} MiB | {:.0} MiB | {:.1} s | {:.1} → {:.1} |",
+                "| {} | {:.0} s ({:.0}/s){} | {:.2} s / {:.2} s; {} / {} | {} | {} | {:.1} s | {} | {} | {} / {} | {:.2} % | {:.0} MiB | {:.0} MiB | {:.0} MiB | {:.1} s | {:.1} → {:.1} |",
                 size.services,
                 size.created.seconds,
                 (size.created.services + size.created.slices) as f64 / size.created.seconds,
@@ -161,6 +161,16 @@ fn write_report(
                 },
                 size.bare.list_s,
                 size.bare.streaming_s,
+                size.bare.protobuf.as_ref().map_or_else(
+                    || "-".to_owned(),
+                    |p| format!(
+                        "{:.2} s / {:.2} s ({:.0} / {:.0} MB)",
+                        p.list_s,
+                        p.streaming_s,
+                        size.bare.list_bytes as f64 / 1e6,
+                        p.list_bytes as f64 / 1e6
+                    )
+                ),
                 ms(pct(&size.bare.watch_ms, 0.5)),
                 name(r, args.repeat),
                 r.start_s.map_or_else(
@@ -285,7 +295,7 @@ mod tests {
                 reused_from: None,
                 stored_directly: true,
             },
-            bare: BareLists { list_s: 5.0, streaming_s: 6.0, list_bytes: 1, watch_ms: vec![5.0] },
+            bare: BareLists { list_s: 5.0, streaming_s: 6.0, list_bytes: 1, protobuf: None, watch_ms: vec![5.0] },
             unsafe_no_fsync: true,
             proxies,
             load: (0.0, 0.0),
