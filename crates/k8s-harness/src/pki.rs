@@ -107,6 +107,9 @@ pub struct Pki {
     dir: PathBuf,
     ca_pem: String,
     issuer: Issuer<'static, KeyPair>,
+    /// One credential per identity, made on first use: a second certificate written over the
+    /// first's files while a kubectl reads them pairs one's certificate with the other's key.
+    clients: std::sync::Mutex<std::collections::HashMap<Identity, ClientCredentials>>,
 }
 
 impl std::fmt::Debug for Pki {
@@ -127,7 +130,7 @@ impl Pki {
         let ca_pem = ca.self_signed(&ca_key)?.pem();
         write(&dir.join("ca.crt"), &ca_pem)?;
         write(&dir.join("ca.key"), &ca_key.serialize_pem())?;
-        let pki = Pki { dir: dir.to_path_buf(), ca_pem, issuer: Issuer::new(ca, ca_key) };
+        let pki = Pki { dir: dir.to_path_buf(), ca_pem, issuer: Issuer::new(ca, ca_key), clients: Default::default() };
 
         let mut sans: Vec<SanType> = vec![IpAddr::from([127, 0, 0, 1])]
             .into_iter()
@@ -196,8 +199,19 @@ impl Pki {
         self.dir.join("sa.pub")
     }
 
-    /// A fresh client certificate for `identity`, also written to `<dir>/clients/<stem>.{crt,key}`.
+    /// The client certificate for `identity`, written to `<dir>/clients/<stem>.{crt,key}` when first
+    /// asked for; later calls return the same one.
     pub fn client(&self, identity: &Identity) -> Result<ClientCredentials> {
+        let mut clients = self.clients.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(creds) = clients.get(identity) {
+            return Ok(creds.clone());
+        }
+        let creds = self.new_client(identity)?;
+        clients.insert(identity.clone(), creds.clone());
+        Ok(creds)
+    }
+
+    fn new_client(&self, identity: &Identity) -> Result<ClientCredentials> {
         let mut params = CertificateParams::new(Vec::<String>::new())?;
         params.distinguished_name.push(DnType::CommonName, identity.user());
         if let Some(group) = identity.group() {
