@@ -298,7 +298,11 @@ fn decode_one(bytes: &[u8], seq: u32) -> Reply {
     let interrupted = message.header.flags & NLM_F_DUMP_INTR != 0;
     match message.payload {
         NetlinkPayload::Done(_) => Reply::Done { seq },
-        NetlinkPayload::Error(error) => Reply::Ack { seq, errno: error.code.map_or(0, |code| code.get().abs()) },
+        // An errno is negative; `i32::MIN` has no positive counterpart (the kernel never sends
+        // it, but a reply must never panic the decoder): it saturates.
+        NetlinkPayload::Error(error) => {
+            Reply::Ack { seq, errno: error.code.map_or(0, |code| code.get().saturating_abs()) }
+        }
         NetlinkPayload::InnerMessage(NetfilterMessage {
             inner: NetfilterMessageInner::Conntrack(ConntrackMessage::New(attributes)),
             ..

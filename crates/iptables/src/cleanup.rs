@@ -257,6 +257,19 @@ mod tests {
     }
 
     #[test]
+    fn a_jump_inside_a_quoted_comment_with_escaped_quotes_is_no_jump() {
+        // Found by fuzzing (crates/fuzz/tests/iptables_save.rs): the words of a rule ended a
+        // quoted string at an escaped quote, so this comment's words read as a jump to
+        // KUBE-SERVICES and another tool's ACCEPT rule was deleted with kube-proxy's chains.
+        let save = "*filter\n:INPUT ACCEPT [0:0]\n:KUBE-SERVICES - [0:0]\n\
+            -A INPUT -m comment --comment \"not \\\" -j KUBE-SERVICES \\\" but ours\" -j ACCEPT\n\
+            -A INPUT -m comment --comment \"it\\'s \\\\\" -j KUBE-SERVICES\nCOMMIT\n";
+        let t = removal_input(save, |c| is_kube_proxy_chain(Table::Filter, c));
+        assert_eq!(t.delete, vec!["KUBE-SERVICES"]);
+        assert_eq!(t.delete_rules, vec!["-D INPUT -m comment --comment \"it\\'s \\\\\" -j KUBE-SERVICES"]);
+    }
+
+    #[test]
     fn only_untouched_tables_count_as_empty() {
         assert!(is_empty_table("*nat\n:PREROUTING ACCEPT [3:180]\n:OUTPUT ACCEPT [0:0]\nCOMMIT\n"));
         assert!(!is_empty_table(SAVE));

@@ -164,19 +164,32 @@ fn single_spaced(line: &str) -> std::borrow::Cow<'_, str> {
 }
 
 /// A word of a rule, and whether it was quoted.
-pub(crate) struct Word<'a> {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Word<'a> {
     /// The word, without its quotes.
-    pub(crate) text: &'a str,
-    pub(crate) quoted: bool,
+    pub text: &'a str,
+    /// Whether it was a double-quoted string.
+    pub quoted: bool,
 }
 
-/// Splits a restore or save line into words, a double-quoted string being one word.
-pub(crate) fn words(line: &str) -> Vec<Word<'_>> {
+/// Splits a restore or save line into words, a double-quoted string being one word (a quote
+/// left open runs to the end of the line).
+pub fn words(line: &str) -> Vec<Word<'_>> {
     let mut out = Vec::new();
     let mut rest = line.trim_start();
     while !rest.is_empty() {
         if let Some(after) = rest.strip_prefix('"') {
-            let end = after.find('"').unwrap_or(after.len());
+            // The closing quote is the first one not escaped: `xtables_save_string` escapes
+            // `"`, `\` and `'` with a backslash.
+            let mut escaped = false;
+            let end = after
+                .char_indices()
+                .find(|&(_, c)| {
+                    let closing = !escaped && c == '"';
+                    escaped = !escaped && c == '\\';
+                    closing
+                })
+                .map_or(after.len(), |(i, _)| i);
             out.push(Word { text: &after[..end], quoted: true });
             rest = after.get(end + 1..).unwrap_or("").trim_start();
         } else {

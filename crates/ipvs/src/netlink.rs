@@ -215,38 +215,63 @@ impl Client {
         let mut out = Vec::new();
         loop {
             let (buf, _) = self.socket.recv_from_full()?;
-            let mut rest = &buf[..];
-            while rest.len() >= HEADER_LEN {
-                let len = get_u32(rest).map(|l| l as usize).ok_or(NetlinkError::Malformed)?;
-                if len < HEADER_LEN || len > rest.len() {
-                    return Err(NetlinkError::Malformed);
-                }
-                let ty = get_u16(&rest[4..]).ok_or(NetlinkError::Malformed)?;
-                let msg_seq = get_u32(&rest[8..]).ok_or(NetlinkError::Malformed)?;
-                let payload = &rest[HEADER_LEN..len];
-                rest = &rest[align4(len).min(rest.len())..];
-                if msg_seq != seq {
-                    continue;
-                }
-                match ty {
-                    NLMSG_ERROR => {
-                        let code = payload.get(..4).and_then(get_i32).ok_or(NetlinkError::Malformed)?;
-                        if code != 0 {
-                            return Err(NetlinkError::Kernel(-code));
-                        }
-                        if !dump {
-                            return Ok(out);
-                        }
-                    }
-                    NLMSG_DONE => {
-                        let code = payload.get(..4).and_then(get_i32).unwrap_or(0);
-                        return if code < 0 { Err(NetlinkError::Kernel(-code)) } else { Ok(out) };
-                    }
-                    _ => out.push(payload.to_vec()),
-                }
+            if read_replies(&buf, seq, dump, &mut out)? == Replies::Complete {
+                return Ok(out);
             }
         }
     }
+}
+
+/// Whether the answer to a request is complete.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Replies {
+    /// Its acknowledgement (or the end of the dump) came.
+    Complete,
+    /// More datagrams follow.
+    Pending,
+}
+
+/// Reads one datagram of the kernel's answer to request `seq` (a dump when `dump`): the payload
+/// of every data message is added to `out`; messages of other requests are skipped. Says
+/// whether the answer is complete, or what the kernel refused.
+pub fn read_replies(datagram: &[u8], seq: u32, dump: bool, out: &mut Vec<Vec<u8>>) -> Result<Replies, NetlinkError> {
+    let mut rest = datagram;
+    while rest.len() >= HEADER_LEN {
+        let len = get_u32(rest).map(|l| l as usize).ok_or(NetlinkError::Malformed)?;
+        if len < HEADER_LEN || len > rest.len() {
+            return Err(NetlinkError::Malformed);
+        }
+        let ty = get_u16(&rest[4..]).ok_or(NetlinkError::Malformed)?;
+        let msg_seq = get_u32(&rest[8..]).ok_or(NetlinkError::Malformed)?;
+        let payload = &rest[HEADER_LEN..len];
+        rest = &rest[align4(len).min(rest.len())..];
+        if msg_seq != seq {
+            continue;
+        }
+        match ty {
+            NLMSG_ERROR => {
+                let code = payload.get(..4).and_then(get_i32).ok_or(NetlinkError::Malformed)?;
+                if code != 0 {
+                    return Err(NetlinkError::Kernel(errno(code)));
+                }
+                if !dump {
+                    return Ok(Replies::Complete);
+                }
+            }
+            NLMSG_DONE => {
+                let code = payload.get(..4).and_then(get_i32).unwrap_or(0);
+                return if code < 0 { Err(NetlinkError::Kernel(errno(code))) } else { Ok(Replies::Complete) };
+            }
+            _ => out.push(payload.to_vec()),
+        }
+    }
+    Ok(Replies::Pending)
+}
+
+/// The errno of a kernel error code (negative). `i32::MIN` has no positive counterpart: it
+/// saturates rather than overflow.
+fn errno(code: i32) -> i32 {
+    code.saturating_neg()
 }
 
 fn get_i32(p: &[u8]) -> Option<i32> {
@@ -275,6 +300,36 @@ mod tests {
         let inner: Vec<_> = attrs(nested[0].1).collect();
         assert_eq!(get_str(inner[0].1).unwrap(), "rr");
         assert_eq!(get_u16(inner[1].1).unwrap(), 2);
+    }
+
+    /// A reply datagram: one message of type `ty` for `seq` with `payload`.
+    fn reply(ty: u16, seq: u32, payload: &[u8]) -> Vec<u8> {
+        let mut m = Message::new(ty, 0);
+        m.raw(payload);
+        m.finish(seq)
+    }
+
+    #[test]
+    fn replies_of_other_requests_are_skipped_and_errors_are_the_kernels() {
+        let mut datagram = reply(0x20, 6, &[1, 2, 3, 4]);
+        datagram.extend(reply(0x20, 7, &[5, 6, 7, 8]));
+        datagram.extend(reply(NLMSG_DONE, 7, &0i32.to_ne_bytes()));
+        let mut out = Vec::new();
+        assert_eq!(read_replies(&datagram, 7, true, &mut out).unwrap(), Replies::Complete);
+        assert_eq!(out, vec![vec![5, 6, 7, 8]]);
+        let refused = reply(NLMSG_ERROR, 7, &(-17i32).to_ne_bytes());
+        assert_eq!(read_replies(&refused, 7, false, &mut out).unwrap_err().errno(), Some(17));
+        assert!(matches!(read_replies(&refused[..18], 7, false, &mut out), Err(NetlinkError::Malformed)));
+    }
+
+    #[test]
+    fn an_error_code_without_a_positive_counterpart_is_read_not_a_panic() {
+        // Found by fuzzing (crates/fuzz/tests/ipvs_replies.rs): the negation overflowed.
+        for ty in [NLMSG_ERROR, NLMSG_DONE] {
+            let datagram = reply(ty, 1, &i32::MIN.to_ne_bytes());
+            let error = read_replies(&datagram, 1, true, &mut Vec::new()).unwrap_err();
+            assert_eq!(error.errno(), Some(i32::MAX));
+        }
     }
 
     #[test]

@@ -47,7 +47,7 @@ pub fn element_counters(
 }
 
 /// The key bytes and counter of each element of one set-element message.
-fn element_counts(msg: &[u8]) -> Vec<(Vec<u8>, Counted)> {
+pub fn element_counts(msg: &[u8]) -> Vec<(Vec<u8>, Counted)> {
     let elements = Attrs(msg).filter(|a| a.kind == NFTA_SET_ELEM_LIST_ELEMENTS).flat_map(|a| a.nested());
     elements
         .filter_map(|elem| {
@@ -94,7 +94,7 @@ pub fn chain_packets(exec: &mut NetlinkExecutor, table: &TableRef, chain: &str) 
 }
 
 /// The packets of each counter among one rule message's expressions.
-fn rule_packets(rule: &[u8]) -> Vec<u64> {
+pub fn rule_packets(rule: &[u8]) -> Vec<u64> {
     let exprs = Attrs(rule).filter(|a| a.kind == NFTA_RULE_EXPRESSIONS).flat_map(|a| a.nested());
     exprs
         .filter_map(|elem| {

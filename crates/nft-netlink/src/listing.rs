@@ -63,23 +63,17 @@ fn dump_table(sock: &mut NfSocket, table: &TableRef, count_elements: bool) -> io
     let mut l = TableListing::default();
     let name = table.name.as_str();
     let put_table = |kind: u16| move |m: &mut crate::wire::MsgBuf| m.put_str(kind, name);
-    let ours = |p: &[u8], kind: u16| attr_str(p, kind).as_deref() == Some(name);
     sock.dump(NFT_MSG_GETCHAIN, family, put_table(NFTA_CHAIN_TABLE), |p| {
-        if ours(p, NFTA_CHAIN_TABLE)
-            && let Some(c) = attr_str(p, NFTA_CHAIN_NAME)
-        {
+        if let Some(c) = chain_of(p, name) {
             l.chains.entry(c).or_insert(0);
         }
     })?;
     sock.dump(NFT_MSG_GETRULE, family, put_table(NFTA_RULE_TABLE), |p| {
-        if ours(p, NFTA_RULE_TABLE)
-            && let Some(c) = attr_str(p, NFTA_RULE_CHAIN)
-        {
+        if let Some(c) = rule_chain_of(p, name) {
             let rules = l.chains.entry(c.clone()).or_insert(0);
             // The dump lists each chain's rules in order: the first one seen is the first.
             if *rules == 0
-                && let Some(comment) =
-                    Attrs(p).find(|a| a.kind == NFTA_RULE_USERDATA).and_then(|a| crate::batch::udata_comment(a.data))
+                && let Some(comment) = rule_comment(p)
             {
                 l.first_comments.insert(c, comment);
             }
@@ -87,32 +81,50 @@ fn dump_table(sock: &mut NfSocket, table: &TableRef, count_elements: bool) -> io
         }
     })?;
     let mut sets = Vec::new();
-    sock.dump(NFT_MSG_GETSET, family, put_table(NFTA_SET_TABLE), |p| {
-        if ours(p, NFTA_SET_TABLE)
-            && let Some(s) = attr_str(p, NFTA_SET_NAME)
-        {
-            let flags = Attrs(p).find(|a| a.kind == NFTA_SET_FLAGS).and_then(|a| a.be32()).unwrap_or(0);
-            // A rule's anonymous set (`meta l4proto { tcp, udp }`) is part of that rule, which
-            // the rule count covers; it is not one of the table's sets.
-            if flags & NFT_SET_ANONYMOUS == 0 {
-                sets.push((s, flags & NFT_SET_EVAL != 0));
-            }
-        }
-    })?;
+    sock.dump(NFT_MSG_GETSET, family, put_table(NFTA_SET_TABLE), |p| sets.extend(set_of(p, name)))?;
     for (set, dynamic) in sets {
         if dynamic || !count_elements {
             l.sets.insert(set, None);
             continue;
         }
         let mut n = 0;
-        dump_set_elements(sock, family, name, &set, |p| {
-            if let Some(list) = Attrs(p).find(|a| a.kind == NFTA_SET_ELEM_LIST_ELEMENTS) {
-                n += list.nested().count();
-            }
-        })?;
+        dump_set_elements(sock, family, name, &set, |p| n += element_count(p))?;
         l.sets.insert(set, Some(n));
     }
     Ok(l)
+}
+
+/// The chain one message of a chain dump names, when it is of table `table`.
+pub fn chain_of(payload: &[u8], table: &str) -> Option<String> {
+    (attr_str(payload, NFTA_CHAIN_TABLE).as_deref() == Some(table)).then(|| attr_str(payload, NFTA_CHAIN_NAME))?
+}
+
+/// The chain of the rule one message of a rule dump holds, when it is of table `table`.
+pub fn rule_chain_of(payload: &[u8], table: &str) -> Option<String> {
+    (attr_str(payload, NFTA_RULE_TABLE).as_deref() == Some(table)).then(|| attr_str(payload, NFTA_RULE_CHAIN))?
+}
+
+/// The comment of the rule one message of a rule dump holds.
+pub fn rule_comment(payload: &[u8]) -> Option<String> {
+    Attrs(payload).find(|a| a.kind == NFTA_RULE_USERDATA).and_then(|a| crate::batch::udata_comment(a.data))
+}
+
+/// The named set one message of a set dump holds, when it is of table `table`, and whether it
+/// is dynamic (its elements are the packet path's, not counted). A rule's anonymous set
+/// (`meta l4proto { tcp, udp }`) is part of that rule, which the rule count covers; it is not
+/// one of the table's sets.
+pub fn set_of(payload: &[u8], table: &str) -> Option<(String, bool)> {
+    if attr_str(payload, NFTA_SET_TABLE).as_deref() != Some(table) {
+        return None;
+    }
+    let name = attr_str(payload, NFTA_SET_NAME)?;
+    let flags = Attrs(payload).find(|a| a.kind == NFTA_SET_FLAGS).and_then(|a| a.be32()).unwrap_or(0);
+    (flags & NFT_SET_ANONYMOUS == 0).then_some((name, flags & NFT_SET_EVAL != 0))
+}
+
+/// How many elements one message of a set element dump holds.
+pub fn element_count(payload: &[u8]) -> usize {
+    Attrs(payload).find(|a| a.kind == NFTA_SET_ELEM_LIST_ELEMENTS).map_or(0, |list| list.nested().count())
 }
 
 /// Every `ip`, `ip6` and `inet` table of the network namespace, whoever made it (one

@@ -73,6 +73,18 @@ pub fn messages(buf: &[u8]) -> impl Iterator<Item = RawMsg<'_>> {
     })
 }
 
+/// What an `NLMSG_ERROR` message's payload says: an acknowledgement (error code 0), or the
+/// error the kernel reported.
+pub fn acknowledgement(payload: &[u8]) -> io::Result<()> {
+    match payload.get(..4).and_then(|b| b.try_into().ok()).map(i32::from_ne_bytes) {
+        Some(0) => Ok(()),
+        // An error code is a negative errno; `i32::MIN` has none (the kernel never sends it,
+        // but a reply must never panic the reader): it saturates.
+        Some(code) => Err(io::Error::from_raw_os_error(code.saturating_neg())),
+        None => Err(io::Error::other("truncated netlink error")),
+    }
+}
+
 impl NfSocket {
     /// Opens the socket (in the calling thread's network namespace).
     pub fn open() -> io::Result<NfSocket> {
@@ -177,11 +189,7 @@ impl NfSocket {
                 if reply.kind != NLMSG_ERROR {
                     continue;
                 }
-                return match reply.payload.get(..4).and_then(|b| b.try_into().ok()).map(i32::from_ne_bytes) {
-                    Some(0) => Ok(()),
-                    Some(e) => Err(io::Error::from_raw_os_error(-e)),
-                    None => Err(io::Error::other("truncated netlink error")),
-                };
+                return acknowledgement(reply.payload);
             }
         }
     }
@@ -198,13 +206,8 @@ impl NfSocket {
             for reply in messages(&self.recv) {
                 match reply.kind {
                     NLMSG_ERROR => {
-                        let code = reply.payload.get(..4).and_then(|b| b.try_into().ok()).map(i32::from_ne_bytes);
-                        return match (code, generation) {
-                            (Some(0), Some(g)) => Ok(g),
-                            (Some(0), None) => Err(io::Error::other("no generation in the kernel's answer")),
-                            (Some(e), _) => Err(io::Error::from_raw_os_error(-e)),
-                            (None, _) => Err(io::Error::other("truncated netlink error")),
-                        };
+                        acknowledgement(reply.payload)?;
+                        return generation.ok_or_else(|| io::Error::other("no generation in the kernel's answer"));
                     }
                     k if k == (NFNL_SUBSYS_NFTABLES << 8 | NFT_MSG_NEWGEN) => {
                         generation = crate::wire::Attrs(reply.payload.get(4..).unwrap_or(&[]))
@@ -268,17 +271,36 @@ impl NfSocket {
                         return Err(io::Error::new(io::ErrorKind::Interrupted, "the dump met a concurrent change"));
                     }
                     NLMSG_DONE => return Ok(()),
-                    NLMSG_ERROR => {
-                        let code = reply.payload.get(..4).and_then(|b| b.try_into().ok()).map(i32::from_ne_bytes);
-                        match code {
-                            Some(0) => {}
-                            Some(e) => return Err(io::Error::from_raw_os_error(-e)),
-                            None => return Err(io::Error::other("truncated netlink error")),
-                        }
-                    }
+                    NLMSG_ERROR => acknowledgement(reply.payload)?,
                     _ => each(reply.payload.first().copied().unwrap_or(0), reply.payload.get(4..).unwrap_or(&[])),
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    /// An `NLMSG_ERROR` payload: the error code, then the header of the message answered.
+    fn error_payload(code: i32) -> Vec<u8> {
+        let mut payload = code.to_ne_bytes().to_vec();
+        payload.extend_from_slice(&[0; NLMSG_HDRLEN]);
+        payload
+    }
+
+    #[test]
+    fn an_acknowledgement_is_ok_and_an_error_is_the_kernels() {
+        assert!(acknowledgement(&error_payload(0)).is_ok());
+        assert_eq!(acknowledgement(&error_payload(-2)).unwrap_err().raw_os_error(), Some(2));
+        assert!(acknowledgement(&[0, 0]).unwrap_err().to_string().contains("truncated"));
+    }
+
+    #[test]
+    fn an_error_code_without_a_positive_counterpart_is_read_not_a_panic() {
+        // Found by fuzzing (crates/fuzz/tests/nft_netlink.rs): the negation overflowed.
+        assert_eq!(acknowledgement(&error_payload(i32::MIN)).unwrap_err().raw_os_error(), Some(i32::MAX));
     }
 }

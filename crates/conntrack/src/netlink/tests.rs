@@ -175,6 +175,15 @@ fn decodes_acks_errors_and_the_end_of_a_dump() {
 }
 
 #[test]
+fn an_errno_without_a_positive_counterpart_is_read_not_a_panic() {
+    // Found by fuzzing (crates/fuzz/tests/conntrack_netlink.rs): `abs` overflowed.
+    let mut ack =
+        hex("240000000200000106080d6baf03f8ba00000000b000000002010500 06080d6b00000000".replace(' ', "").as_str());
+    ack[16..20].copy_from_slice(&i32::MIN.to_le_bytes());
+    assert_eq!(decode_replies(&ack).unwrap(), vec![Reply::Ack { seq: 0x6b0d_0806, errno: i32::MAX }]);
+}
+
+#[test]
 fn a_truncated_datagram_is_an_error_not_a_panic() {
     let dump = hex(DUMP_V4);
     assert!(matches!(decode_replies(&dump[..100]), Err(Error::Decode(_))));
