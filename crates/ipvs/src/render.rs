@@ -31,6 +31,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use kproxy_nft_model::{Element, Key, MapData, Value, Verdict};
 use kproxy_nftables::ruleset::Ctx;
+use kproxy_nftables::ruleset::pick::Slots;
 use kproxy_plan::{Endpoint, ExternalPolicy, MasqueradeWhen, NoEndpointsVerdict, NodePlan, ServicePortPlan};
 use kproxy_state::Protocol;
 
@@ -220,7 +221,7 @@ pub fn render_port(
     }
 
     if dnat {
-        out.elements.extend(kproxy_nftables::ruleset::pick::elements(p).into_iter().map(|(_, e)| e));
+        out.elements.extend(kproxy_nftables::ruleset::pick::elements(p, &Slots::sorted()).into_iter().map(|(_, e)| e));
     }
     for ep in p.hairpin_endpoints() {
         out.elements.push(elem(t::HAIRPIN, Key(vec![Value::Addr(ep.ip), Value::Addr(ep.ip)]), None));
