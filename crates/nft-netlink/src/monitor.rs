@@ -8,6 +8,11 @@
 //! process are not reported (the kernel names the committing thread in the commit's notice);
 //! where its thread ids cannot be matched (a PID namespace of its own), they are, and the check
 //! they cause costs one round trip (the generation is the one kproxy's commit left).
+//!
+//! Each notice also says what the commit did to the watched tables ([`Commit`]): how many
+//! elements it added and deleted, and how many other objects (rules, chains, sets, tables) it
+//! added or deleted, as the kernel reports them: the benchmarks' and tests' count of what a
+//! change costs the kernel.
 
 use std::io;
 
@@ -29,11 +34,30 @@ const NFTA_GEN_PROC_PID: u16 = 2;
 /// What one wait saw.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Notice {
-    /// A commit by another process added or deleted something in one of the watched tables;
-    /// the generation it made.
-    Touched(u32),
+    /// A commit by another process added or deleted something in one of the watched tables.
+    Touched(Commit),
     /// Notifications were lost (the socket overflowed): anything may have happened.
     Overrun,
+}
+
+/// One commit that touched the watched tables, as its notifications tell it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Commit {
+    /// The generation it made.
+    pub generation: u32,
+    /// Elements it added to the watched tables' sets and maps.
+    pub elements_added: usize,
+    /// Elements it deleted from them.
+    pub elements_deleted: usize,
+    /// Other objects (tables, chains, rules, sets, flowtables) it added or deleted there.
+    pub objects: usize,
+}
+
+impl Commit {
+    /// Elements added and deleted.
+    pub fn elements(&self) -> usize {
+        self.elements_added + self.elements_deleted
+    }
 }
 
 /// A subscription to nf_tables' notifications, filtered to some tables.
@@ -41,8 +65,18 @@ pub enum Notice {
 pub struct Monitor {
     sock: NfSocket,
     tables: Vec<(u8, String)>,
-    /// A watched table was touched since the last commit notice.
+    /// What the commit in progress did to the watched tables so far.
+    pending: Pending,
+    /// Report this process's own commits too.
+    own_commits: bool,
+}
+
+/// What the commit in progress did to the watched tables so far.
+#[derive(Debug, Default)]
+struct Pending {
+    /// It touched a watched table.
     touched: bool,
+    commit: Commit,
 }
 
 impl Monitor {
@@ -52,7 +86,14 @@ impl Monitor {
         let tables = tables.iter().map(|t| (nfproto(t.family), t.name.clone())).collect();
         let sock = NfSocket::open()?;
         sock.subscribe(NFNLGRP_NFTABLES)?;
-        Ok(Monitor { sock, tables, touched: false })
+        Ok(Monitor { sock, tables, pending: Pending::default(), own_commits: false })
+    }
+
+    /// Makes the monitor report this process's own commits too (a test counting what its own
+    /// syncs cost the kernel).
+    pub fn with_own_commits(mut self) -> Monitor {
+        self.own_commits = true;
+        self
     }
 
     /// Makes [`Monitor::wait`] give up (with `WouldBlock`) after `timeout` without a notice.
@@ -67,22 +108,22 @@ impl Monitor {
             let datagram = match self.sock.receive() {
                 Ok(datagram) => datagram,
                 Err(e) if e.raw_os_error() == Some(nix::libc::ENOBUFS) => {
-                    self.touched = false;
+                    self.pending = Pending::default();
                     return Ok(Notice::Overrun);
                 }
                 Err(e) => return Err(e),
             };
-            if let Some(generation) = scan(datagram, &self.tables, &mut self.touched) {
-                return Ok(Notice::Touched(generation));
+            if let Some(commit) = scan(datagram, &self.tables, self.own_commits, &mut self.pending) {
+                return Ok(Notice::Touched(commit));
             }
         }
     }
 }
 
-/// Reads one datagram of notifications; the generation of the last commit in it that another
-/// process made and that touched one of `tables`. `touched` carries over to the next datagram
-/// whether the commit in progress touched one.
-fn scan(datagram: &[u8], tables: &[(u8, String)], touched: &mut bool) -> Option<u32> {
+/// Reads one datagram of notifications; the last commit in it that another process (or, with
+/// `own_commits`, any) made and that touched one of `tables`. `pending` carries over to the
+/// next datagram what the commit in progress did so far.
+fn scan(datagram: &[u8], tables: &[(u8, String)], own_commits: bool, pending: &mut Pending) -> Option<Commit> {
     let mut committed = None;
     for msg in messages(datagram) {
         if msg.kind >> 8 != NFNL_SUBSYS_NFTABLES {
@@ -92,15 +133,27 @@ fn scan(datagram: &[u8], tables: &[(u8, String)], touched: &mut bool) -> Option<
         match msg.kind & 0xff {
             NFT_MSG_NEWGEN => {
                 let attr = |kind| Attrs(attrs).find(|a| a.kind == kind).and_then(|a| a.be32());
-                if std::mem::take(touched) && !attr(NFTA_GEN_PROC_PID).is_some_and(is_own_thread) {
-                    committed = Some(attr(NFTA_GEN_ID).unwrap_or_default());
+                let done = std::mem::take(pending);
+                if done.touched && (own_commits || !attr(NFTA_GEN_PROC_PID).is_some_and(is_own_thread)) {
+                    committed = Some(Commit { generation: attr(NFTA_GEN_ID).unwrap_or_default(), ..done.commit });
                 }
             }
-            _ if !*touched => {
+            kind => {
                 let table = Attrs(attrs).find(|a| a.kind == NFTA_TABLE_OF_OBJECT).map(|a| a.str());
-                *touched = table.is_some_and(|t| tables.iter().any(|(f, name)| *f == family && *name == t));
+                if !table.is_some_and(|t| tables.iter().any(|(f, name)| *f == family && *name == t)) {
+                    continue;
+                }
+                pending.touched = true;
+                let elements = || {
+                    let list = Attrs(attrs).find(|a| a.kind == NFTA_SET_ELEM_LIST_ELEMENTS);
+                    list.map_or(0, |l| l.nested().filter(|e| e.kind == NFTA_LIST_ELEM).count())
+                };
+                match kind {
+                    NFT_MSG_NEWSETELEM => pending.commit.elements_added += elements(),
+                    NFT_MSG_DELSETELEM => pending.commit.elements_deleted += elements(),
+                    _ => pending.commit.objects += 1,
+                }
             }
-            _ => {}
         }
     }
     committed

@@ -39,7 +39,7 @@ fn shape() -> impl Strategy<Value = Shape> {
 
 /// Endpoint `e`: its address, and whether it runs on this node (node-a).
 fn endpoint(e: u16) -> (String, bool) {
-    (format!("198.18.{}.{}", 64 + e / 250, e % 250 + 1), e % 3 == 0)
+    (format!("198.18.{}.{}", 64 + e / 250, e % 250 + 1), e.is_multiple_of(3))
 }
 
 /// One Service of `shape` with `endpoints`, in slices of 100.

@@ -40,8 +40,9 @@ impl Kernel {
         let mut by_destination = EndpointsByDestination::new();
         for (table_name, table) in &mut rest.0 {
             // `cluster[-nodeport]-<proto>-endpoints`, `local[-nodeport]-<proto>-endpoints`.
-            let endpoints_map =
-                |name: &str| (name.starts_with("cluster-") || name.starts_with("local-")) && name.ends_with("-endpoints");
+            let endpoints_map = |name: &str| {
+                (name.starts_with("cluster-") || name.starts_with("local-")) && name.ends_with("-endpoints")
+            };
             for (set, elements) in table.sets.iter_mut().filter(|(name, _)| endpoints_map(name)) {
                 let mut slots: BTreeMap<Vec<Value>, Vec<(u32, MapData)>> = BTreeMap::new();
                 for (key, value) in std::mem::take(elements) {
