@@ -386,6 +386,23 @@ impl HeldSlots {
         unread
     }
 
+    /// The slots the endpoints-map elements among `elements` (a rendering's, of any sets)
+    /// give their destinations.
+    pub fn of_elements<'a>(elements: impl IntoIterator<Item = &'a Element>) -> HeldSlots {
+        let maps: HashMap<String, Class> = Class::ALL
+            .iter()
+            .flat_map(|&class| Keyspace::ALL.iter().flat_map(move |&ks| PROTOCOLS.map(|p| (class, ks, p))))
+            .map(|(class, ks, proto)| (endpoints_map(class, ks, proto), class))
+            .collect();
+        let mut held = HeldSlots::default();
+        for e in elements {
+            if let Some(&class) = maps.get(&e.set) {
+                held.add(class, std::slice::from_ref(e));
+            }
+        }
+        held
+    }
+
     /// How many slots hold an endpoint.
     pub fn len(&self) -> usize {
         self.0.values().map(|slots| slots.iter().flatten().count()).sum()
