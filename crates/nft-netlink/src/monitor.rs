@@ -12,7 +12,9 @@
 //! Each notice also says what the commit did to the watched tables ([`Commit`]): how many
 //! elements it added and deleted, and how many other objects (rules, chains, sets, tables) it
 //! added or deleted, as the kernel reports them: the benchmarks' and tests' count of what a
-//! change costs the kernel.
+//! change costs the kernel. Asked to ([`Monitor::with_added_elements`]), it also keeps the
+//! elements those commits added, as the kernel reported them, so a benchmark can see a change
+//! arrive without looking it up in a map of thousands of slots.
 
 use std::io;
 
@@ -40,10 +42,11 @@ pub enum Notice {
     Overrun,
 }
 
-/// One commit that touched the watched tables, as its notifications tell it.
+/// The commits of one notice that touched the watched tables (almost always one), as their
+/// notifications tell them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Commit {
-    /// The generation it made.
+    /// The generation the last of them made.
     pub generation: u32,
     /// Elements it added to the watched tables' sets and maps.
     pub elements_added: usize,
@@ -58,6 +61,26 @@ impl Commit {
     pub fn elements(&self) -> usize {
         self.elements_added + self.elements_deleted
     }
+
+    fn then(self, next: Commit) -> Commit {
+        Commit {
+            generation: next.generation,
+            elements_added: self.elements_added + next.elements_added,
+            elements_deleted: self.elements_deleted + next.elements_deleted,
+            objects: self.objects + next.objects,
+        }
+    }
+}
+
+/// An element a reported commit added, as the kernel's notification carries it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AddedElement {
+    /// Its set or map.
+    pub set: String,
+    /// Its key's bytes.
+    pub key: Vec<u8>,
+    /// Its data's bytes (a map's value; `None` for a set's element or a verdict).
+    pub data: Option<Vec<u8>>,
 }
 
 /// A subscription to nf_tables' notifications, filtered to some tables.
@@ -69,6 +92,10 @@ pub struct Monitor {
     pending: Pending,
     /// Report this process's own commits too.
     own_commits: bool,
+    /// Keep the elements reported commits added.
+    keep_added: bool,
+    /// The elements reported commits added, since the last [`Monitor::take_added`].
+    added: Vec<AddedElement>,
 }
 
 /// What the commit in progress did to the watched tables so far.
@@ -77,6 +104,8 @@ struct Pending {
     /// It touched a watched table.
     touched: bool,
     commit: Commit,
+    /// The elements it added, when kept.
+    added: Vec<AddedElement>,
 }
 
 impl Monitor {
@@ -86,7 +115,20 @@ impl Monitor {
         let tables = tables.iter().map(|t| (nfproto(t.family), t.name.clone())).collect();
         let sock = NfSocket::open()?;
         sock.subscribe(NFNLGRP_NFTABLES)?;
-        Ok(Monitor { sock, tables, pending: Pending::default(), own_commits: false })
+        Ok(Monitor { sock, tables, pending: Pending::default(), own_commits: false, keep_added: false, added: Vec::new() })
+    }
+
+    /// Makes the monitor keep the elements each reported commit added (see
+    /// [`Monitor::take_added`]).
+    pub fn with_added_elements(mut self) -> Monitor {
+        self.keep_added = true;
+        self
+    }
+
+    /// The elements the commits reported since the last call added (with
+    /// [`Monitor::with_added_elements`]; else none).
+    pub fn take_added(&mut self) -> Vec<AddedElement> {
+        std::mem::take(&mut self.added)
     }
 
     /// Makes the monitor report this process's own commits too (a test counting what its own
@@ -113,18 +155,27 @@ impl Monitor {
                 }
                 Err(e) => return Err(e),
             };
-            if let Some(commit) = scan(datagram, &self.tables, self.own_commits, &mut self.pending) {
+            let watch = Watch { tables: &self.tables, own_commits: self.own_commits, keep_added: self.keep_added };
+            if let Some(commit) = scan(datagram, &watch, &mut self.pending, &mut self.added) {
                 return Ok(Notice::Touched(commit));
             }
         }
     }
 }
 
-/// Reads one datagram of notifications; the last commit in it that another process (or, with
-/// `own_commits`, any) made and that touched one of `tables`. `pending` carries over to the
-/// next datagram what the commit in progress did so far.
-fn scan(datagram: &[u8], tables: &[(u8, String)], own_commits: bool, pending: &mut Pending) -> Option<Commit> {
-    let mut committed = None;
+/// What a monitor reports.
+struct Watch<'a> {
+    tables: &'a [(u8, String)],
+    own_commits: bool,
+    keep_added: bool,
+}
+
+/// Reads one datagram of notifications; the commits in it that another process (or, with
+/// `own_commits`, any) made and that touched one of the watched tables, summed; the elements
+/// they added go to `added` when kept. `pending` carries over to the next datagram what the
+/// commit in progress did so far.
+fn scan(datagram: &[u8], watch: &Watch<'_>, pending: &mut Pending, added: &mut Vec<AddedElement>) -> Option<Commit> {
+    let mut committed: Option<Commit> = None;
     for msg in messages(datagram) {
         if msg.kind >> 8 != NFNL_SUBSYS_NFTABLES {
             continue;
@@ -134,13 +185,15 @@ fn scan(datagram: &[u8], tables: &[(u8, String)], own_commits: bool, pending: &m
             NFT_MSG_NEWGEN => {
                 let attr = |kind| Attrs(attrs).find(|a| a.kind == kind).and_then(|a| a.be32());
                 let done = std::mem::take(pending);
-                if done.touched && (own_commits || !attr(NFTA_GEN_PROC_PID).is_some_and(is_own_thread)) {
-                    committed = Some(Commit { generation: attr(NFTA_GEN_ID).unwrap_or_default(), ..done.commit });
+                if done.touched && (watch.own_commits || !attr(NFTA_GEN_PROC_PID).is_some_and(is_own_thread)) {
+                    let commit = Commit { generation: attr(NFTA_GEN_ID).unwrap_or_default(), ..done.commit };
+                    committed = Some(committed.map_or(commit, |c| c.then(commit)));
+                    added.extend(done.added);
                 }
             }
             kind => {
                 let table = Attrs(attrs).find(|a| a.kind == NFTA_TABLE_OF_OBJECT).map(|a| a.str());
-                if !table.is_some_and(|t| tables.iter().any(|(f, name)| *f == family && *name == t)) {
+                if !table.is_some_and(|t| watch.tables.iter().any(|(f, name)| *f == family && *name == t)) {
                     continue;
                 }
                 pending.touched = true;
@@ -148,6 +201,9 @@ fn scan(datagram: &[u8], tables: &[(u8, String)], own_commits: bool, pending: &m
                     let list = Attrs(attrs).find(|a| a.kind == NFTA_SET_ELEM_LIST_ELEMENTS);
                     list.map_or(0, |l| l.nested().filter(|e| e.kind == NFTA_LIST_ELEM).count())
                 };
+                if kind == NFT_MSG_NEWSETELEM && watch.keep_added {
+                    pending.added.extend(added_elements(attrs));
+                }
                 match kind {
                     NFT_MSG_NEWSETELEM => pending.commit.elements_added += elements(),
                     NFT_MSG_DELSETELEM => pending.commit.elements_deleted += elements(),
@@ -157,6 +213,26 @@ fn scan(datagram: &[u8], tables: &[(u8, String)], own_commits: bool, pending: &m
         }
     }
     committed
+}
+
+/// The elements a `NEWSETELEM` notification carries.
+fn added_elements(attrs: &[u8]) -> Vec<AddedElement> {
+    let set = Attrs(attrs).find(|a| a.kind == NFTA_SET_ELEM_LIST_SET).map(|a| a.str()).unwrap_or_default();
+    let value = |elem: crate::wire::Attr<'_>, kind: u16| {
+        let nest = elem.nested().find(|a| a.kind == kind)?;
+        nest.nested().find(|a| a.kind == NFTA_DATA_VALUE).map(|a| a.data.to_vec())
+    };
+    let Some(list) = Attrs(attrs).find(|a| a.kind == NFTA_SET_ELEM_LIST_ELEMENTS) else { return Vec::new() };
+    list.nested()
+        .filter(|e| e.kind == NFTA_LIST_ELEM)
+        .filter_map(|e| {
+            Some(AddedElement {
+                set: set.to_string(),
+                key: value(e, NFTA_SET_ELEM_KEY)?,
+                data: value(e, NFTA_SET_ELEM_DATA),
+            })
+        })
+        .collect()
 }
 
 /// Whether `tid` is a thread of this process.

@@ -809,8 +809,8 @@ fn the_monitor_reports_other_processes_commits_to_the_watched_table_and_no_other
 }
 
 /// The notice of a commit counts the elements it added to and deleted from the watched table,
-/// as the kernel reports them (a benchmark's count of what a change cost), and with
-/// `with_own_commits` this process's commits are reported too.
+/// as the kernel reports them (a benchmark's count of what a change cost), and keeps the added
+/// ones when asked; with `with_own_commits` this process's commits are reported too.
 #[test]
 fn the_monitor_counts_the_elements_each_commit_adds_and_deletes() {
     if !require_root() {
@@ -823,9 +823,9 @@ fn the_monitor_counts_the_elements_each_commit_adds_and_deletes() {
     ns.nft("add table ip counted\nadd set ip counted s { type ipv4_addr; }\nadd table ip other\nadd set ip other s { type ipv4_addr; }").unwrap();
     let other = TableRef { family: TableFamily::Ip, name: "other".into() };
     let element = |ip: &str| Element::new("s", kproxy_nft_model::Value::Addr(ip.parse().unwrap()));
-    let (first, second) = ns
+    let (first, first_added, second) = ns
         .run_in(|| {
-            let mut monitor = Monitor::open(std::slice::from_ref(&t)).unwrap().with_own_commits();
+            let mut monitor = Monitor::open(std::slice::from_ref(&t)).unwrap().with_own_commits().with_added_elements();
             let mut exec = NetlinkExecutor::new();
             let mut tx = Transaction::new();
             for ip in ["198.18.0.1", "198.18.0.2", "198.18.0.3"] {
@@ -835,11 +835,12 @@ fn the_monitor_counts_the_elements_each_commit_adds_and_deletes() {
             tx.push(Op::AddElement(other.clone(), element("198.18.0.1")));
             exec.apply(&tx).unwrap();
             let first = monitor.wait().unwrap();
+            let first_added = monitor.take_added();
             let mut tx = Transaction::new();
             tx.push(Op::DeleteElement(t.clone(), element("198.18.0.1")));
             tx.push(Op::AddElement(t.clone(), element("198.18.0.4")));
             exec.apply(&tx).unwrap();
-            (first, monitor.wait().unwrap())
+            (first, first_added, monitor.wait().unwrap())
         })
         .unwrap();
     let counts = |n: &Notice| match n {
@@ -849,6 +850,10 @@ fn the_monitor_counts_the_elements_each_commit_adds_and_deletes() {
         Notice::Overrun => panic!("notifications lost"),
     };
     assert_eq!(counts(&first), (3, 0, 0));
+    let mut keys: Vec<Vec<u8>> = first_added.iter().map(|e| e.key.clone()).collect();
+    keys.sort();
+    assert_eq!(keys, vec![vec![198, 18, 0, 1], vec![198, 18, 0, 2], vec![198, 18, 0, 3]]);
+    assert!(first_added.iter().all(|e| e.set == "s" && e.data.is_none()), "{first_added:?}");
     assert_eq!(counts(&second), (1, 1, 0));
 }
 
