@@ -336,6 +336,10 @@ impl Slots {
     /// slot, unless it sat past the end of `new`'s endpoints and moves into a slot a gone one
     /// left; a new one takes a slot a gone one left, else the next free one.
     pub fn follow(&self, old: &ServicePortPlan, new: &ServicePortPlan) -> Slots {
+        if new.affinity_timeout.is_some() {
+            // Its endpoints are rules, not slots.
+            return Slots::sorted();
+        }
         let order = |class| {
             let held: Vec<Option<Address>> = self.endpoints(old, class).map(|ep| Some(address(ep))).collect();
             arrange(&held, class_endpoints(new, class))
