@@ -4,6 +4,7 @@
 //! and real TCP connections from a pod. What each figure times is in `docs/benchmarks.md`.
 
 pub(crate) mod api;
+mod big;
 pub(crate) mod changes;
 pub(crate) mod commit;
 pub(crate) mod first_sync;
@@ -75,9 +76,29 @@ pub struct DaemonArgs {
     /// report).
     #[arg(long, value_enum, value_delimiter = ',', default_value = "nftables")]
     pub modes: Vec<Mode>,
-    /// Cluster sizes, in Services (each with an EndpointSlice of 5 endpoints; 10% dual-stack).
+    /// Cluster sizes, in Services (each with an EndpointSlice of `--endpoints`; 10% dual-stack).
     #[arg(long, value_delimiter = ',', default_value = "1000,10000,100000")]
     pub services: Vec<usize>,
+    /// Endpoints per Service (Service 0 has one: the real pod).
+    #[arg(long, default_value_t = objects::DEFAULT_ENDPOINTS, value_parser = endpoints_per_service)]
+    pub endpoints: usize,
+    /// One more Service (`bench/big`, ClusterIP, one TCP port) with this many endpoints, in
+    /// slices of 100 (0: none): its endpoint changes and a rolling replacement of all of them
+    /// are measured after the other changes.
+    #[arg(long, default_value_t = 0)]
+    pub big_service: usize,
+    /// With `--big-service`: timed changes that each replace one endpoint of the big Service,
+    /// one per `--change-interval-ms`.
+    #[arg(long, default_value_t = 20)]
+    pub big_changes: usize,
+    /// With `--big-service`: endpoints replaced per step of its rolling replacement, each step
+    /// written once the last is in the kernel (0: no rollout).
+    #[arg(long, default_value_t = 25)]
+    pub rollout_step: usize,
+    /// With `--big-service`: a proxy's rollout is called off after this many seconds (reported
+    /// as "> N s" with the steps it made).
+    #[arg(long, default_value_t = 900)]
+    pub rollout_timeout: u64,
     /// The kproxy binary (default: `kproxy` next to this executable, e.g. target/release/kproxy).
     #[arg(long)]
     pub kproxy: Option<PathBuf>,
@@ -149,9 +170,46 @@ pub struct DaemonArgs {
     pub store_directly_above: usize,
 }
 
+/// `--endpoints`: 1 to 1,000 (the most one EndpointSlice holds).
+fn endpoints_per_service(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if (1..=1000).contains(&n) => Ok(n),
+        _ => Err(format!("{s}: endpoints per Service are 1 to 1000 (one EndpointSlice)")),
+    }
+}
+
 impl DaemonArgs {
     pub fn change_interval(&self) -> Duration {
         Duration::from_millis(self.change_interval_ms)
+    }
+
+    /// The cluster's shape beyond its number of Services.
+    pub fn layout(&self) -> objects::Layout {
+        objects::Layout { endpoints: self.endpoints, big: self.big_service }
+    }
+
+    /// Refuses sizes and shapes the address plan cannot hold, for `runs` proxy runs per size.
+    fn check_sizes(&self, runs: usize) -> anyhow::Result<()> {
+        for &n in &self.services {
+            anyhow::ensure!(
+                (2..=objects::MAX_SERVICES).contains(&n),
+                "--services {n}: between 2 and {} (unique ClusterIPs in the test ranges)",
+                objects::MAX_SERVICES
+            );
+            anyhow::ensure!(
+                self.big_service == 0 || n < objects::MAX_SERVICES_WITH_BIG,
+                "--big-service needs --services below {} (its endpoints take 198.18.128.0/17)",
+                objects::MAX_SERVICES_WITH_BIG
+            );
+        }
+        let needed = big::addresses_needed(self.big_service, self, runs);
+        anyhow::ensure!(
+            self.big_service == 0 || needed <= objects::BIG_POOL,
+            "--big-service {}: its changes over {runs} run(s) need {needed} addresses, the pool has {}",
+            self.big_service,
+            objects::BIG_POOL
+        );
+        Ok(())
     }
 }
 
@@ -168,6 +226,7 @@ pub fn main(args: &DaemonArgs) -> anyhow::Result<bool> {
                 "kproxy-bench daemon: --total-changes, --burst-per-second and --rate-phase are not used with --api real"
             );
         }
+        args.check_sizes(proxies.len() * args.modes.len() * args.repeat as usize)?;
         return real::main(args, &proxies);
     }
     anyhow::ensure!(
@@ -176,13 +235,7 @@ pub fn main(args: &DaemonArgs) -> anyhow::Result<bool> {
     );
     anyhow::ensure!(args.repeat == 1, "--repeat runs only with --api real");
     let binary = kproxy::binary(args.kproxy.as_deref())?;
-    for &n in &args.services {
-        anyhow::ensure!(
-            (2..=objects::MAX_SERVICES).contains(&n),
-            "--services {n}: between 2 and {} (unique ClusterIPs in the test ranges)",
-            objects::MAX_SERVICES
-        );
-    }
+    args.check_sizes(1)?;
     let log_dir = args.log_dir.clone().unwrap_or_else(std::env::temp_dir);
     std::fs::create_dir_all(&log_dir).with_context(|| format!("{}", log_dir.display()))?;
     let mut results = Vec::new();

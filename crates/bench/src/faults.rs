@@ -26,7 +26,7 @@ use serde::Serialize;
 use crate::churn::Churn;
 use crate::daemon::api::{Api, NODE_NAME};
 use crate::daemon::kproxy::{self, Kproxy};
-use crate::daemon::objects::{self, TARGET_PORT};
+use crate::daemon::objects::{self, Layout, TARGET_PORT};
 use crate::daemon::traffic::Prober;
 use crate::daemon::{Mode, first_sync, kernel};
 
@@ -125,7 +125,7 @@ pub fn main(args: &FaultArgs) -> anyhow::Result<bool> {
     web.serve(&[(Proto::Tcp, TARGET_PORT)])?;
     let prober = tb.add_pod("prober", Where::Node)?;
     eprintln!("kproxy-bench faults: {n} services ...");
-    let api = Api::start(tb.node(), n, web.ipv4().into())?;
+    let api = Api::start(tb.node(), n, web.ipv4().into(), Layout::default())?;
     let kubeconfig = run_dir.join("kubeconfig");
     api.write_kubeconfig(&kubeconfig)?;
     let log = run_dir.join("kproxy.log");
@@ -135,7 +135,7 @@ pub fn main(args: &FaultArgs) -> anyhow::Result<bool> {
     let sandbox = Sandbox { api, web, prober, tb, binary, args: kproxy_args, log, n };
 
     let mut daemon = sandbox.start()?;
-    let (start_s, _) = first_sync::wait(sandbox.tb.node(), n, &mut daemon, 900, Mode::Nftables)?;
+    let (start_s, _) = first_sync::wait(sandbox.tb.node(), n, Layout::default(), &mut daemon, 900, Mode::Nftables)?;
     eprintln!("  first sync in the kernel after {start_s:.2} s");
     let mut churn = Churn::new(n, sandbox.web.ipv4().into());
     let server = sandbox.api.server.clone();

@@ -134,6 +134,13 @@ impl kproxy_nftables::Executor for Counting {
     fn element_identity(&self, element: &Element) -> Option<Vec<u8>> {
         self.inner.element_identity(element)
     }
+    fn elements(
+        &mut self,
+        table: &TableRef,
+        set: &kproxy_nft_model::SetDef,
+    ) -> Result<Option<Vec<Element>>, kproxy_nftables::ExecError> {
+        self.inner.elements(table, set)
+    }
 }
 
 /// See [`RestartOverLive`].

@@ -19,7 +19,7 @@ use crate::churn::Churn;
 use crate::daemon::api::{Api, NODE_NAME};
 use crate::daemon::kernel::{self, KernelProbe};
 use crate::daemon::kproxy::{self, Kproxy};
-use crate::daemon::objects::{self, TARGET_PORT};
+use crate::daemon::objects::{self, Layout, TARGET_PORT};
 use crate::daemon::{Mode, first_sync};
 
 /// Changes made per call to the churn (one create, one delete, the rest endpoint changes).
@@ -88,13 +88,13 @@ pub fn main(args: &SoakArgs) -> anyhow::Result<bool> {
     }
     let client = tb.add_pod("client", Where::Node)?;
     eprintln!("kproxy-bench soak: {n} services, {} changes ...", args.changes);
-    let api = Api::start(tb.node(), n, pods[0].ipv4().into())?;
+    let api = Api::start(tb.node(), n, pods[0].ipv4().into(), Layout::default())?;
     let kubeconfig = run_dir.join("kubeconfig");
     api.write_kubeconfig(&kubeconfig)?;
     let log = run_dir.join("kproxy.log");
     eprintln!("  kproxy log: {}", log.display());
     let mut daemon = Kproxy::start(tb.node(), &binary, &kproxy::args(&kubeconfig, NODE_NAME, Mode::Nftables), &log)?;
-    let (start_s, _) = first_sync::wait(tb.node(), n, &mut daemon, 900, Mode::Nftables)?;
+    let (start_s, _) = first_sync::wait(tb.node(), n, Layout::default(), &mut daemon, 900, Mode::Nftables)?;
     eprintln!("  first sync in the kernel after {start_s:.2} s");
 
     let mut churn = Churn::new(n, pods[0].ipv4().into());

@@ -69,3 +69,48 @@ fn a_small_daemon_run_sees_every_change_and_measures_every_figure() {
     assert!(stdout.lines().any(|l| l.starts_with("| 200 |")), "{stdout}");
     assert!(stdout.contains("Targets of #14 (nftables mode) at 200 Services"), "{stdout}");
 }
+
+/// The endpoint-heavy shape at a small scale (100 Services of 20 endpoints and one of 500): the
+/// big Service's single changes each cost the kernel two element operations (its ClusterIP's
+/// slot: the old endpoint out, the new one in), and its rolling replacement, 25 at a time, is
+/// seen step by step, each step 50.
+#[test]
+fn a_small_endpoint_heavy_run_measures_the_big_services_changes_and_rollout() {
+    if !require_root() {
+        return;
+    }
+    let args = ["--services", "100", "--endpoints", "20", "--big-service", "500", "--big-changes", "5"];
+    let more = ["--idle", "1", "--changes", "3", "--change-interval-ms", "200", "--total-changes", "5"];
+    let rest = ["--rate-phase", "1", "--start-timeout", "60", "--rollout-step", "25"];
+    let run = run_bench("daemon", &[&args[..], &more[..], &rest[..]].concat());
+    let stdout = &run.stdout;
+    // #38's targets are judged at its shape only: a small run exits 0 whatever it measured.
+    assert_eq!(run.code, Some(0), "{stdout}\n{}", run.stderr);
+    let results = run.json.as_array().unwrap();
+    let [r] = results.as_slice() else { panic!("one size expected: {results:?}") };
+    let dual = f(r, "dual_stack");
+    assert_eq!(f(r, "endpoints"), 1.0 + 99.0 * 20.0 + dual * 20.0 + 500.0, "{r}");
+    assert_eq!(r["changes_observed"], r["changes_total"], "{r}");
+
+    let big = &r["big"];
+    assert_eq!(f(big, "endpoints"), 500.0);
+    let changes = big["changes"].as_array().unwrap();
+    assert_eq!(changes.len(), 5);
+    for c in changes {
+        assert!(c["ms"].as_f64().is_some_and(|ms| ms > 0.0), "every change seen: {c}");
+        assert_eq!(f(&c["cost"], "elements"), 2.0, "{c}");
+        assert_eq!(f(&c["cost"], "objects"), 0.0, "{c}");
+    }
+    let rollout = &big["rollout"];
+    assert_eq!(rollout["finished"], true, "{rollout}");
+    let done = rollout["done"].as_array().unwrap();
+    assert_eq!(done.len(), 20);
+    for step in done {
+        assert!(step["ms"].as_f64().is_some_and(|ms| ms > 0.0), "{step}");
+        assert_eq!(f(&step["cost"], "elements"), 50.0, "25 slots rewritten: {step}");
+    }
+    assert!(f(rollout, "total_s") > 0.0 && f(rollout, "cpu_s") > 0.0, "{rollout}");
+    assert!(stdout.contains("The big Service (500 endpoints"), "{stdout}");
+    assert!(stdout.contains("| kproxy, nftables (100 Services) |"), "{stdout}");
+    assert!(stdout.contains("reported, not judged here"), "{stdout}");
+}

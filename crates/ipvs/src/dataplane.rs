@@ -32,7 +32,7 @@ use crate::error::Error;
 use crate::fwmark::Fwmarks;
 use crate::genl::{DestKey, DestSpec, IpvsOp, ServiceKey, ServiceSpec};
 use crate::host::{EEXIST, ENOENT, ESRCH, Host, HostNft};
-use crate::render::{DesiredVs, PortObjects, render_port};
+use crate::render::{DesiredVs, PortObjects, render_port, slots_following};
 
 mod verify;
 
@@ -176,8 +176,11 @@ impl<H: Host> IpvsDataplane<H> {
             let mut state =
                 FamilyState { ctx, node: fam.node.clone(), ports: BTreeMap::new(), elements: BTreeMap::new() };
             for (name, p) in &fam.services {
-                let objects =
-                    render_port(&self.config, &state.ctx, &fam.node, p, &mut |class| fwmarks.get(family, name, class));
+                let old = self.families.get(&family).and_then(|s| s.ports.get(name));
+                let slots = slots_following(p, old);
+                let objects = render_port(&self.config, &state.ctx, &fam.node, p, &slots, &mut |class| {
+                    fwmarks.get(family, name, class)
+                });
                 own(&mut self.vs_owners, &mut self.addr_owners, &mut state.elements, name, &objects, true);
                 state.ports.insert(name.clone(), objects);
             }
@@ -243,7 +246,8 @@ impl<H: Host> IpvsDataplane<H> {
             let mut changes: Vec<(ServicePortName, Option<PortObjects>)> = Vec::new();
             for p in fd.added.iter().chain(fd.changed.iter().map(|c| &c.new)) {
                 let fwmarks = &mut self.fwmarks;
-                let objects = render_port(&self.config, &state.ctx, &state.node, p, &mut |class| {
+                let slots = slots_following(p, state.ports.get(&p.name));
+                let objects = render_port(&self.config, &state.ctx, &state.node, p, &slots, &mut |class| {
                     fwmarks.get(*family, &p.name, class)
                 });
                 changes.push((p.name.clone(), Some(objects)));

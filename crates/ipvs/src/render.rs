@@ -31,6 +31,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use kproxy_nft_model::{Element, Key, MapData, Value, Verdict};
 use kproxy_nftables::ruleset::Ctx;
+use kproxy_nftables::ruleset::pick::{HeldSlots, Slots};
 use kproxy_plan::{Endpoint, ExternalPolicy, MasqueradeWhen, NoEndpointsVerdict, NodePlan, ServicePortPlan};
 use kproxy_state::Protocol;
 
@@ -92,12 +93,24 @@ pub fn dnat_in_nftables(p: &ServicePortPlan) -> bool {
     p.accelerate && p.affinity_timeout.is_none()
 }
 
-/// Renders one service port; `mark` hands out the firewall mark of a class.
+/// The pick slots of `p`'s endpoints when it follows `old` (its last rendering, if any): every
+/// endpoint still there keeps the slot `old` gave it, as in the nftables dataplane, so one
+/// endpoint change of an accelerated port is a few elements, not a renumbering.
+pub fn slots_following(p: &ServicePortPlan, old: Option<&PortObjects>) -> Slots {
+    match old {
+        Some(old) if dnat_in_nftables(p) => Slots::adopt(p, &HeldSlots::of_elements(&old.elements)),
+        _ => Slots::sorted(),
+    }
+}
+
+/// Renders one service port; `mark` hands out the firewall mark of a class; `slots` says which
+/// slot of the pick each endpoint of an accelerated port takes (see [`slots_following`]).
 pub fn render_port(
     cfg: &Config,
     ctx: &Ctx,
     node: &NodePlan,
     p: &ServicePortPlan,
+    slots: &Slots,
     mark: &mut dyn FnMut(MarkClass) -> u32,
 ) -> PortObjects {
     let mut out = PortObjects::default();
@@ -220,7 +233,7 @@ pub fn render_port(
     }
 
     if dnat {
-        out.elements.extend(kproxy_nftables::ruleset::pick::elements(p).into_iter().map(|(_, e)| e));
+        out.elements.extend(kproxy_nftables::ruleset::pick::elements(p, slots).into_iter().map(|(_, e)| e));
     }
     for ep in p.hairpin_endpoints() {
         out.elements.push(elem(t::HAIRPIN, Key(vec![Value::Addr(ep.ip), Value::Addr(ep.ip)]), None));

@@ -348,6 +348,33 @@ fn opted_in_services_change_by_elements_only() {
     assert!(hinted.contains("add element ip kproxy-ipvs cluster-tcp-endpoints"), "{hinted}");
 }
 
+/// An endpoint of an accelerated port keeps its pick slot while it stays, as in the nftables
+/// dataplane: one endpoint of 300 replaced (by an address that sorts last) is its slot's
+/// element deleted and added again per destination (ClusterIP and NodePort), and one real
+/// server in IPVS; nothing else moves, whichever endpoint it is.
+#[test]
+fn an_endpoint_replaced_in_a_big_accelerated_port_moves_no_other_slot() {
+    let np = json!({"type": "NodePort", "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP", "nodePort": 30020}]});
+    let mut addresses: Vec<String> = (0..300).map(|i| format!("198.18.{}.{}", 64 + i / 250, i % 250 + 1)).collect();
+    let objects = |addresses: &[String]| {
+        let eps: Vec<(&str, &str)> = addresses.iter().map(|a| (a.as_str(), NODE_B)).collect();
+        opted_in(svc4("fast", "198.18.128.20", &eps, np.clone()))
+    };
+    let mut world = World::new(objects(&addresses));
+    let mut dp = IpvsDataplane::new(FakeHost::new(), Config::default());
+    dp.sync(&world.plan, &PlanDelta::between(&Plan::default(), &world.plan)).unwrap();
+    for (k, j) in [0, 150, 7].into_iter().enumerate() {
+        addresses[j] = format!("198.18.96.{}", k + 1);
+        let delta = world.apply(objects(&addresses));
+        dp.sync(&world.plan, &delta).unwrap();
+        let text = dp.host().nft.last().unwrap().render();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 4, "{text}");
+        let slot = format!(". {j:#x} ");
+        assert!(lines.iter().all(|l| l.contains("-endpoints") && l.contains(&slot)), "slot {j} only:\n{text}");
+    }
+}
+
 /// The accelerated path's transactions (a cold start, an endpoint change, the hint removed)
 /// list the same over netlink and as nft text.
 #[test]

@@ -7,7 +7,7 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 
 use crate::listing::{Listings, TableListing};
-use crate::set::Element;
+use crate::set::{Element, SetDef};
 use crate::table::TableRef;
 use crate::transaction::Transaction;
 
@@ -91,6 +91,13 @@ pub trait Executor {
     /// The identity of `element` as [`Executor::element_identities`] reports it.
     fn element_identity(&self, _element: &Element) -> Option<Vec<u8>> {
         None
+    }
+
+    /// The elements set `set` (as declared) of `table` holds now, read back into the model: key
+    /// and value data. `None`: the executor cannot tell, or the set holds an element it does not
+    /// read back (a range, a verdict). A missing set reads as `Some` of nothing.
+    fn elements(&mut self, _table: &TableRef, _set: &SetDef) -> Result<Option<Vec<Element>>, ExecError> {
+        Ok(None)
     }
 }
 
@@ -232,6 +239,9 @@ impl<E: Executor + ?Sized> Executor for &mut E {
     fn element_identity(&self, element: &Element) -> Option<Vec<u8>> {
         (**self).element_identity(element)
     }
+    fn elements(&mut self, table: &TableRef, set: &SetDef) -> Result<Option<Vec<Element>>, ExecError> {
+        (**self).elements(table, set)
+    }
 }
 
 impl<E: Executor + ?Sized> Executor for Box<E> {
@@ -252,5 +262,8 @@ impl<E: Executor + ?Sized> Executor for Box<E> {
     }
     fn element_identity(&self, element: &Element) -> Option<Vec<u8>> {
         (**self).element_identity(element)
+    }
+    fn elements(&mut self, table: &TableRef, set: &SetDef) -> Result<Option<Vec<Element>>, ExecError> {
+        (**self).elements(table, set)
     }
 }

@@ -96,4 +96,12 @@ impl Executor for NetlinkExecutor {
     fn element_identity(&self, element: &kproxy_nft_model::Element) -> Option<Vec<u8>> {
         crate::identity::element_identity(element)
     }
+
+    fn elements(
+        &mut self,
+        table: &TableRef,
+        set: &kproxy_nft_model::SetDef,
+    ) -> Result<Option<Vec<kproxy_nft_model::Element>>, ExecError> {
+        crate::raise::set_elements(self, table, set).map_err(ExecError::Netlink)
+    }
 }

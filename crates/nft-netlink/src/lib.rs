@@ -20,6 +20,7 @@
 //! - [`NetlinkExecutor`]: the [`kproxy_nft_model::Executor`] on top.
 //! - [`listing`]: one netlink dump of a table (chains, rule and element counts), for drift
 //!   detection on full resyncs.
+//! - [`raise`]: elements read back into the model (a restart's endpoint slots).
 //! - [`monitor`]: nf_tables' notifications, to notice at once a commit that touched kproxy's
 //!   tables.
 //! - [`acct`]: nfnetlink_acct counters (iptables' `-m nfacct`), created and read on the same
@@ -36,6 +37,7 @@ pub mod ipset;
 pub mod listing;
 pub mod lower;
 pub mod monitor;
+pub mod raise;
 pub mod socket;
 pub mod sys;
 pub mod wire;

@@ -766,7 +766,7 @@ fn the_monitor_reports_other_processes_commits_to_the_watched_table_and_no_other
         return;
     }
     use kproxy_nft_model::Executor as _;
-    use kproxy_nft_netlink::monitor::{Monitor, Notice};
+    use kproxy_nft_netlink::monitor::{Commit, Monitor, Notice};
     let ns = Netns::new("nlmonitor").unwrap();
     let watched = TableRef { family: TableFamily::Ip, name: "watched".into() };
     ns.nft("add table ip watched\nadd chain ip watched c\nadd table ip other\nadd chain ip other c").unwrap();
@@ -804,7 +804,105 @@ fn the_monitor_reports_other_processes_commits_to_the_watched_table_and_no_other
     let notice = monitor.join().unwrap();
     drop(release);
     own.join().unwrap();
-    assert_eq!(notice, Notice::Touched(generation), "only the last of three commits is reported");
+    let commit = Commit { generation, elements_added: 0, elements_deleted: 0, objects: 1 };
+    assert_eq!(notice, Notice::Touched(commit), "only the last of three commits is reported, with the rule it added");
+}
+
+/// The notice of a commit counts the elements it added to and deleted from the watched table,
+/// as the kernel reports them (a benchmark's count of what a change cost), and keeps the added
+/// ones when asked; with `with_own_commits` this process's commits are reported too.
+#[test]
+fn the_monitor_counts_the_elements_each_commit_adds_and_deletes() {
+    if !require_root() {
+        return;
+    }
+    use kproxy_nft_model::Executor as _;
+    use kproxy_nft_netlink::monitor::{Commit, Monitor, Notice};
+    let ns = Netns::new("nlmoncount").unwrap();
+    let t = TableRef { family: TableFamily::Ip, name: "counted".into() };
+    ns.nft("add table ip counted\nadd set ip counted s { type ipv4_addr; }\nadd table ip other\nadd set ip other s { type ipv4_addr; }").unwrap();
+    let other = TableRef { family: TableFamily::Ip, name: "other".into() };
+    let element = |ip: &str| Element::new("s", kproxy_nft_model::Value::Addr(ip.parse().unwrap()));
+    let (first, first_added, second) = ns
+        .run_in(|| {
+            let mut monitor = Monitor::open(std::slice::from_ref(&t)).unwrap().with_own_commits().with_added_elements();
+            let mut exec = NetlinkExecutor::new();
+            let mut tx = Transaction::new();
+            for ip in ["198.18.0.1", "198.18.0.2", "198.18.0.3"] {
+                tx.push(Op::AddElement(t.clone(), element(ip)));
+            }
+            // Elements of another table are not counted.
+            tx.push(Op::AddElement(other.clone(), element("198.18.0.1")));
+            exec.apply(&tx).unwrap();
+            let first = monitor.wait().unwrap();
+            let first_added = monitor.take_added();
+            let mut tx = Transaction::new();
+            tx.push(Op::DeleteElement(t.clone(), element("198.18.0.1")));
+            tx.push(Op::AddElement(t.clone(), element("198.18.0.4")));
+            exec.apply(&tx).unwrap();
+            (first, first_added, monitor.wait().unwrap())
+        })
+        .unwrap();
+    let counts = |n: &Notice| match n {
+        Notice::Touched(Commit { elements_added, elements_deleted, objects, .. }) => {
+            (*elements_added, *elements_deleted, *objects)
+        }
+        Notice::Overrun => panic!("notifications lost"),
+    };
+    assert_eq!(counts(&first), (3, 0, 0));
+    let mut keys: Vec<Vec<u8>> = first_added.iter().map(|e| e.key.clone()).collect();
+    keys.sort();
+    assert_eq!(keys, vec![vec![198, 18, 0, 1], vec![198, 18, 0, 2], vec![198, 18, 0, 3]]);
+    assert!(first_added.iter().all(|e| e.set == "s" && e.data.is_none()), "{first_added:?}");
+    assert_eq!(counts(&second), (1, 1, 0));
+}
+
+/// What the executor reads back from an endpoints map (a restart's endpoint slots) is what was
+/// written into it, in both families.
+#[test]
+fn an_endpoints_map_reads_back_as_written() {
+    if !require_root() {
+        return;
+    }
+    use kproxy_nft_model::{Executor as _, Field, Key, Value};
+    let ns = Netns::new("nlraise").unwrap();
+    for (family, table_family, dest, ep) in [
+        (IpFamily::V4, TableFamily::Ip, "198.18.128.10", "198.18.16.2"),
+        (IpFamily::V6, TableFamily::Ip6, "fd00:96::10", "fd00:16::2"),
+    ] {
+        let t = TableRef { family: table_family, name: "raised".into() };
+        let key = vec![Field::Daddr(family), Field::L4Proto, Field::ThDport, Field::Numgen(2)];
+        let data = Some(vec![Field::Daddr(family), Field::Dport(Protocol::Udp)]);
+        let def = SetDef::new("cluster-udp-endpoints", SetType::Typeof { key, data });
+        let elements: Vec<Element> = (0..300u32)
+            .map(|slot| {
+                let dest: IpAddr = dest.parse().unwrap();
+                let ep: IpAddr = ep.parse().unwrap();
+                let key = Key(vec![Value::Addr(dest), Value::Proto(Protocol::Udp), Value::Port(53), Value::Int(slot)]);
+                let value = MapData::Value(Key(vec![Value::Addr(ep), Value::Port(5300 + slot as u16)]));
+                Element::mapped(def.name.clone(), key, value)
+            })
+            .collect();
+        let mut tx = Transaction::new();
+        tx.push(Op::AddTable { table: t.clone(), comment: None });
+        tx.push(Op::AddSet(t.clone(), def.clone()));
+        elements.iter().for_each(|e| tx.push(Op::AddElement(t.clone(), e.clone())));
+        let read = ns
+            .run_in(|| {
+                let mut exec = NetlinkExecutor::new();
+                exec.apply(&tx).unwrap();
+                exec.elements(&t, &def).unwrap()
+            })
+            .unwrap();
+        let mut read = read.expect("an endpoints map reads back");
+        read.sort();
+        let mut want = elements;
+        want.sort();
+        assert_eq!(read, want, "{family:?}");
+        let missing = SetDef { name: "local-udp-endpoints".into(), ..def };
+        let none = ns.run_in(|| NetlinkExecutor::new().elements(&t, &missing).unwrap()).unwrap();
+        assert_eq!(none, Some(Vec::new()), "a missing map has no element");
+    }
 }
 
 #[test]

@@ -168,19 +168,27 @@ fn set_of(op: &Op) -> Option<&str> {
 /// queues the deletion of those kproxy no longer wants; returns their names: an adoption neither
 /// flushes those sets nor adds those elements again, so a restart after a few changes rewrites a
 /// few elements, not every element of every set they touched. A set the executor cannot read
-/// (or one holding ranges) is left in `desired` whole (it is rewritten). The second value counts
-/// the elements taken out.
+/// (or one holding ranges) is left in `desired` whole (it is rewritten). `read` holds the
+/// identities of the sets the caller has read already, by name. The second value counts the
+/// elements taken out.
 pub fn keep_present_elements<E: Executor + ?Sized>(
     exec: &mut E,
     table: &TableRef,
     desired: &mut Desired,
     existing: &TableListing,
+    mut read: BTreeMap<String, BTreeSet<Vec<u8>>>,
 ) -> (BTreeSet<String>, usize) {
     let mut keep = BTreeSet::new();
     let mut present_ops = BTreeSet::new();
     let mut unwanted = Vec::new();
     for def in desired.sets.iter().filter(|s| !s.has(SetFlag::Dynamic) && existing.sets.contains_key(&s.name)) {
-        let Ok(Some(present)) = exec.element_identities(table, &def.name) else { continue };
+        let present = match read.remove(&def.name) {
+            Some(present) => present,
+            None => match exec.element_identities(table, &def.name) {
+                Ok(Some(present)) => present,
+                _ => continue,
+            },
+        };
         let wanted: Option<Vec<(usize, Vec<u8>)>> = desired
             .elements
             .iter()

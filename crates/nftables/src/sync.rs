@@ -1,10 +1,12 @@
 //! The nftables dataplane: keeps kproxy's tables exactly in line with the plan.
 //!
 //! The applied state lives in memory and is small: every service port's applied plan (shared
-//! with the planner; its objects are rendered again when needed, never kept as text), who claims
-//! each destination, and how many service ports want each shared element. A partial sync diffs
-//! the plan delta against it and emits only what changed, as one atomic transaction — O(change),
-//! no listing of the kernel.
+//! with the planner; its objects are rendered again when needed, never kept as text), the slot
+//! each of its endpoints sits in where that is not the sorted order (see [`pick::Slots`]: an
+//! endpoint keeps its slot while it stays, so a change in a Service of thousands of endpoints
+//! is a few elements), who claims each destination, and how many service ports want each shared
+//! element. A partial sync diffs the plan delta against it and emits only what changed, as one
+//! atomic transaction — O(change), no listing of the kernel.
 //!
 //! The first sync builds the tables as a stream of bounded transactions rendered service by
 //! service (so the whole cold start is never in memory), with the hooked base chains last: no
@@ -13,7 +15,8 @@
 //! deleted first, so Services that did not change never stop answering: chains whose rules are
 //! already what kproxy would write (rule count and the digest on their first rule, see
 //! [`crate::digest`]) and sets that hold only wanted elements are left in place; the rest is
-//! rewritten.
+//! rewritten. The endpoint slots are read back from the endpoints maps first, so every endpoint
+//! still there keeps its slot and a restart costs the changes made meanwhile, not every slot.
 //!
 //! Steady state costs O(change): the periodic check ([`NftablesDataplane::verify`]) asks the
 //! kernel whether anyone committed since kproxy's last commit, lists kproxy's tables only if so,
@@ -36,6 +39,7 @@ use kproxy_state::IpFamily;
 use kproxy_nft_model::{Chain, Element, ExecError, Executor, Op, OpCounts, Rule, SetDef, TableRef, Transaction};
 
 use crate::kernel::{Applied, Desired, Drift, Verification};
+use crate::ruleset::pick::{self, Slots};
 use crate::ruleset::service::{self, ServiceObjects, Shared};
 use crate::ruleset::{Ctx, DEFAULT_MASQUERADE_MARK, Destination, TABLE_NAME, skeleton};
 
@@ -97,6 +101,9 @@ struct FamilyState {
     node: NodePlan,
     /// The applied plan of every service port (shared with the planner's plan).
     services: BTreeMap<ServicePortName, Arc<ServicePortPlan>>,
+    /// The slots of the endpoints of every service port whose endpoints are not in their sorted
+    /// order, numbering the endpoints of its plan in `services`.
+    slots: HashMap<ServicePortName, Slots>,
     /// Every claimed destination.
     claims: HashMap<Destination, Claimants>,
     /// How many service ports want each shared element.
@@ -130,6 +137,7 @@ impl FamilyState {
             ctx,
             node,
             services: BTreeMap::new(),
+            slots: HashMap::new(),
             claims: HashMap::new(),
             shared: HashMap::new(),
             stale_chains: BTreeSet::new(),
@@ -138,24 +146,45 @@ impl FamilyState {
 
     /// Renders the applied service port `name` (empty when there is none).
     fn objects(&self, name: &ServicePortName) -> ServiceObjects {
-        self.services.get(name).map(|p| self.render(p)).unwrap_or_default()
+        self.services.get(name).map(|p| self.render(p, self.slots_of(name))).unwrap_or_default()
     }
 
-    fn render(&self, p: &ServicePortPlan) -> ServiceObjects {
-        service::render(&self.ctx, &self.node, p)
+    fn render(&self, p: &ServicePortPlan, slots: &Slots) -> ServiceObjects {
+        service::render(&self.ctx, &self.node, p, slots)
     }
 
-    /// Records a service port, rendered as `objects`, that is added in name order (a full sync)
-    /// and moves what it puts in the table into `b`: its chains, sets, the elements of the
-    /// destinations it is first to claim, and the shared elements nobody wanted before.
+    /// The slots of the applied service port `name`'s endpoints.
+    fn slots_of(&self, name: &ServicePortName) -> &Slots {
+        static SORTED: Slots = Slots::sorted();
+        self.slots.get(name).unwrap_or(&SORTED)
+    }
+
+    /// The slots `p`'s endpoints take when service port `name` goes to `p` from what is applied:
+    /// those of its endpoints that stay are where they are.
+    fn slots_following(&self, name: &ServicePortName, p: &ServicePortPlan) -> Slots {
+        match self.services.get(name) {
+            Some(applied) if **applied == *p => self.slots_of(name).clone(),
+            Some(applied) => self.slots_of(name).follow(applied, p),
+            None => Slots::sorted(),
+        }
+    }
+
+    /// Records a service port, rendered as `objects` with its endpoints in `slots`, that is
+    /// added in name order (a full sync) and moves what it puts in the table into `b`: its
+    /// chains, sets, the elements of the destinations it is first to claim, and the shared
+    /// elements nobody wanted before.
     fn add_in_order(
         &mut self,
         name: &ServicePortName,
         plan: &Arc<ServicePortPlan>,
+        slots: Slots,
         objects: ServiceObjects,
         b: &mut Batch,
     ) {
         self.services.insert(name.clone(), plan.clone());
+        if !slots.is_sorted() {
+            self.slots.insert(name.clone(), slots);
+        }
         for (chain, rules) in objects.chains {
             b.add_chains.push(plain(&chain));
             b.rules.push((chain, rules));
@@ -301,7 +330,7 @@ impl<E: Executor> NftablesDataplane<E> {
     /// prints.
     pub fn render_initial(&self, plan: &Plan) -> Transaction {
         let mut whole = Transaction::new();
-        cold_start(&self.config, plan, &mut |op| whole.push(op));
+        cold_start(&self.config, plan, sorted_slots, &mut |op| whole.push(op));
         whole
     }
 
@@ -381,10 +410,24 @@ impl<E: Executor> NftablesDataplane<E> {
         let mut desired: BTreeMap<TableRef, Desired> = BTreeMap::new();
         let mut tx = Transaction::new();
         let mut passthrough = Vec::new();
+        // Every endpoint the kernel holds keeps its slot.
+        let mut held = BTreeMap::new();
+        let mut read = BTreeMap::new();
+        for &family in plan.families.keys() {
+            let ctx = ctx(&self.config, family);
+            if let Some(listing) = existing.get(&ctx.table) {
+                let (slots, identities) = read_slots(&mut self.exec, &ctx, listing);
+                held.insert(family, slots);
+                read.insert(ctx.table, identities);
+            }
+        }
+        let slots_of = |family: IpFamily, _: &ServicePortName, p: &ServicePortPlan| {
+            held.get(&family).map_or_else(Slots::sorted, |held| Slots::adopt(p, held))
+        };
         // The summary of an adopted table is what a cold start leaves (the rewrite's flushes
         // and re-adds do not add up to it): followed in the same pass.
         let mut after = kproxy_nft_model::Listings::default();
-        let families = cold_start(&self.config, plan, &mut |op| {
+        let families = cold_start(&self.config, plan, slots_of, &mut |op| {
             after.apply_op(&op);
             let table = match &op {
                 Op::AddChain(t, _) | Op::AddSet(t, _) | Op::AddElement(t, _) | Op::AddRule { table: t, .. } => {
@@ -415,7 +458,8 @@ impl<E: Executor> NftablesDataplane<E> {
         let (mut kept_elements, mut kept_chains) = (0, 0);
         for (table, mut d) in desired {
             let current = existing.get(&table).unwrap_or(&empty);
-            let (unflushed, kept) = crate::kernel::keep_present_elements(&mut self.exec, &table, &mut d, current);
+            let read = read.remove(&table).unwrap_or_default();
+            let (unflushed, kept) = crate::kernel::keep_present_elements(&mut self.exec, &table, &mut d, current, read);
             kept_elements += kept;
             kept_chains +=
                 crate::kernel::adopt_ops(&table, Some(TABLE_COMMENT.to_owned()), d, current, &unflushed, &mut tx);
@@ -457,7 +501,7 @@ impl<E: Executor> NftablesDataplane<E> {
             let (ready, built) = std::sync::mpsc::sync_channel::<Transaction>(0);
             let builder = std::thread::Builder::new().name("kproxy-nft-build".into()).spawn_scoped(scope, move || {
                 let mut chunks = Chunks::new(config.cold_start_chunk_ops, ready);
-                let families = cold_start(config, plan, &mut |op| chunks.push(op));
+                let families = cold_start(config, plan, sorted_slots, &mut |op| chunks.push(op));
                 chunks.flush();
                 families
             });
@@ -582,7 +626,12 @@ impl<E: Executor> NftablesDataplane<E> {
             return Ok(Verification::Repaired(lines));
         }
         let mut desired: BTreeMap<TableRef, Desired> = BTreeMap::new();
-        cold_start(&self.config, plan, &mut |op| {
+        // The endpoints stay in the slots the applied state says they are in.
+        let families = &self.families;
+        let slots_of = |family: IpFamily, name: &ServicePortName, p: &ServicePortPlan| {
+            families.get(&family).map_or_else(Slots::sorted, |state| state.slots_following(name, p))
+        };
+        cold_start(&self.config, plan, slots_of, &mut |op| {
             if let Op::AddChain(t, _) | Op::AddSet(t, _) | Op::AddElement(t, _) | Op::AddRule { table: t, .. } = &op {
                 let t = t.clone();
                 if drifted.iter().any(|(d, _, _)| *d == t) {
@@ -734,9 +783,50 @@ const TABLE_COMMENT: &str = "rules for kproxy";
 const START_LISTING_RETRIES: usize = 10;
 const START_LISTING_PAUSE: std::time::Duration = std::time::Duration::from_millis(50);
 
+/// For a cold start: every service port's endpoints in their sorted order.
+fn sorted_slots(_: IpFamily, _: &ServicePortName, _: &ServicePortPlan) -> Slots {
+    Slots::sorted()
+}
+
+/// What the endpoints maps of `listing` (a table kproxy's dataplane in `ctx` left) hold: the
+/// endpoint in each slot, and the identities of those maps' elements for
+/// [`crate::kernel::keep_present_elements`] (each map is dumped once). A map that cannot be
+/// read holds no slot (its endpoints are numbered afresh) and is dumped again there.
+fn read_slots<E: Executor>(
+    exec: &mut E,
+    ctx: &Ctx,
+    listing: &kproxy_nft_model::TableListing,
+) -> (pick::HeldSlots, BTreeMap<String, BTreeSet<Vec<u8>>>) {
+    let mut held = pick::HeldSlots::default();
+    let mut identities = BTreeMap::new();
+    let mut unread = 0;
+    for (class, def) in pick::endpoints_maps(ctx).into_iter().filter(|(_, d)| listing.sets.contains_key(&d.name)) {
+        let elements = match exec.elements(&ctx.table, &def) {
+            Ok(Some(elements)) => elements,
+            Ok(None) => continue,
+            Err(e) => {
+                tracing::warn!(error = %e, map = def.name, "cannot read an endpoints map; its endpoints take new slots");
+                continue;
+            }
+        };
+        unread += held.add(class, &elements);
+        if let Some(ids) = elements.iter().map(|e| exec.element_identity(e)).collect::<Option<BTreeSet<_>>>() {
+            identities.insert(def.name, ids);
+        }
+    }
+    tracing::debug!(table = %ctx.table, slots = held.len(), unread, "endpoint slots read back");
+    (held, identities)
+}
+
 /// Emits the operations that recreate the tables for `plan`, service by service, with the base
-/// chains last; returns the resulting state.
-fn cold_start(config: &Config, plan: &Plan, out: &mut impl FnMut(Op)) -> BTreeMap<IpFamily, FamilyState> {
+/// chains last; returns the resulting state. `slots` says which slot each service port's
+/// endpoints take.
+fn cold_start(
+    config: &Config,
+    plan: &Plan,
+    slots: impl Fn(IpFamily, &ServicePortName, &ServicePortPlan) -> Slots,
+    out: &mut impl FnMut(Op),
+) -> BTreeMap<IpFamily, FamilyState> {
     let mut states = BTreeMap::new();
     let mut hooks = Vec::new();
     drop_unplanned_families(config, plan, out, |_| true);
@@ -757,8 +847,9 @@ fn cold_start(config: &Config, plan: &Plan, out: &mut impl FnMut(Op)) -> BTreeMa
         let table = state.ctx.table.clone();
         for (name, p) in &fam.services {
             let mut b = Batch::default();
-            let objects = state.render(p);
-            state.add_in_order(name, p, objects, &mut b);
+            let slots = slots(*family, name, p);
+            let objects = state.render(p, &slots);
+            state.add_in_order(name, p, slots, objects, &mut b);
             b.into_ops(&table, out);
         }
     }
@@ -782,16 +873,17 @@ fn reconcile(
     for (&family, fam) in &plan.families {
         let ctx = ctx(config, family);
         let table = ctx.table.clone();
+        // Every static set is flushed and refilled: the endpoints take their sorted slots.
         let mut state = FamilyState::empty(ctx.clone(), fam.node.clone());
         let objects: Vec<(&ServicePortName, &Arc<ServicePortPlan>, ServiceObjects)> =
-            fam.services.iter().map(|(name, p)| (name, p, state.render(p))).collect();
+            fam.services.iter().map(|(name, p)| (name, p, state.render(p, &Slots::sorted()))).collect();
         let desired_chains: BTreeSet<&String> = objects.iter().flat_map(|(_, _, o)| o.chains.keys()).collect();
         let old_state = old.get(&family);
         let mut old_sets: BTreeMap<String, SetDef> = BTreeMap::new();
         let mut old_chains: BTreeSet<String> = BTreeSet::new();
         if let Some(o) = old_state {
-            for p in o.services.values() {
-                let r = o.render(p);
+            for name in o.services.keys() {
+                let r = o.objects(name);
                 old_sets.extend(r.sets);
                 old_chains.extend(r.chains.into_keys());
             }
@@ -829,7 +921,7 @@ fn reconcile(
             // An unchanged affinity set is left alone: it holds live entries.
             o.sets.retain(|n, def| old_sets.get(n) != Some(def));
             let mut b = Batch::default();
-            state.add_in_order(name, p, o, &mut b);
+            state.add_in_order(name, p, Slots::sorted(), o, &mut b);
             b.into_ops(&table, out);
         }
         last.into_ops(&table, out);
@@ -862,6 +954,8 @@ fn changed_services(
 #[derive(Debug, Default)]
 struct Commit {
     services: Vec<(ServicePortName, Option<Arc<ServicePortPlan>>)>,
+    /// The slots of each changed service port's endpoints (removed ones have none).
+    slots: Vec<(ServicePortName, Slots)>,
     claims: BTreeMap<Destination, Claimants>,
     shared: BTreeMap<Shared, u32>,
     stale_chains: BTreeSet<String>,
@@ -871,9 +965,15 @@ impl Commit {
     fn apply_to(self, state: &mut FamilyState) {
         for (name, plan) in self.services {
             match plan {
-                Some(p) => state.services.insert(name, p),
+                Some(p) => state.services.insert(name.clone(), p),
                 None => state.services.remove(&name),
             };
+            state.slots.remove(&name);
+        }
+        for (name, slots) in self.slots {
+            if !slots.is_sorted() {
+                state.slots.insert(name, slots);
+            }
         }
         for (dest, claimants) in self.claims {
             if claimants.is_empty() {
@@ -908,7 +1008,16 @@ fn diff_services(
     let mut rendered: BTreeMap<ServicePortName, (ServiceObjects, ServiceObjects)> = BTreeMap::new();
     for (name, new) in &changes {
         let old = state.objects(name);
-        let new = new.as_ref().map(|p| state.render(p)).unwrap_or_default();
+        let new = match new {
+            Some(p) => {
+                // The endpoints that stay keep their slots.
+                let slots = state.slots_following(name, p);
+                let objects = state.render(p, &slots);
+                commit.slots.push((name.clone(), slots));
+                objects
+            }
+            None => ServiceObjects::default(),
+        };
         rendered.insert(name.clone(), (old, new));
     }
 
@@ -960,20 +1069,29 @@ fn diff_services(
         }
     }
 
-    // The elements a destination has in the table, given its first claimant.
-    let elements_of = |dest: &Destination, claimant: Option<&ServicePortName>, after: bool| -> Vec<Element> {
-        let Some(name) = claimant else { return Vec::new() };
+    // The first claimants of the destinations whose claims changed that did not change
+    // themselves, rendered once.
+    let mut unchanged: BTreeMap<&ServicePortName, ServiceObjects> = BTreeMap::new();
+    for (dest, claimants) in &commit.claims {
+        for name in state.claims.get(dest).and_then(|c| c.first()).into_iter().chain(claimants.first()) {
+            if !rendered.contains_key(name) && !unchanged.contains_key(name) {
+                unchanged.insert(name, state.objects(name));
+            }
+        }
+    }
+    // The elements a destination has in the table, given its first claimant (sorted).
+    let elements_of = |dest: &Destination, claimant: Option<&ServicePortName>, after: bool| -> &[Element] {
+        let Some(name) = claimant else { return &[] };
         let objects = match rendered.get(name) {
-            Some((old, new)) => std::borrow::Cow::Borrowed(if after { new } else { old }),
-            None => std::borrow::Cow::Owned(state.objects(name)),
+            Some((old, new)) => Some(if after { new } else { old }),
+            None => unchanged.get(name),
         };
-        objects.destinations.get(dest).cloned().unwrap_or_default()
+        objects.and_then(|o| o.destinations.get(dest)).map_or(&[], Vec::as_slice)
     };
     for (dest, claimants) in &commit.claims {
         let before = elements_of(dest, state.claims.get(dest).and_then(|c| c.first()), false);
         let after = elements_of(dest, claimants.first(), true);
-        b.delete_elements.extend(before.iter().filter(|e| !after.contains(e)).cloned());
-        b.add_elements.extend(after.iter().filter(|e| !before.contains(e)).cloned());
+        difference(before, after, &mut b.delete_elements, &mut b.add_elements);
     }
     for (s, count) in &commit.shared {
         let was = state.shared.get(s).copied().unwrap_or(0);
@@ -986,6 +1104,27 @@ fn diff_services(
     commit.stale_chains.extend(state.stale_chains.iter().filter(|c| !revived.contains(*c)).cloned());
     commit.services = changes;
     (b, commit)
+}
+
+/// Moves what differs between two sorted lists of elements: those only in `before` into `gone`,
+/// those only in `after` into `new`. Linear: a destination of a big Service has thousands.
+fn difference(before: &[Element], after: &[Element], gone: &mut Vec<Element>, new: &mut Vec<Element>) {
+    let (mut b, mut a) = (before.iter().peekable(), after.iter().peekable());
+    loop {
+        match (b.peek(), a.peek()) {
+            (Some(x), Some(y)) => match x.cmp(y) {
+                std::cmp::Ordering::Less => gone.extend(b.next().cloned()),
+                std::cmp::Ordering::Greater => new.extend(a.next().cloned()),
+                std::cmp::Ordering::Equal => {
+                    b.next();
+                    a.next();
+                }
+            },
+            (Some(_), None) => gone.extend(b.next().cloned()),
+            (None, Some(_)) => new.extend(a.next().cloned()),
+            (None, None) => return,
+        }
+    }
 }
 
 impl<E: Executor + Send> kproxy_plan::Dataplane for NftablesDataplane<E> {

@@ -616,6 +616,66 @@ pub fn all_cases() -> Vec<Case> {
                 tcp(Client::Pod("client"), Dest::ClusterIp(sa("198.18.128.10:81")), Expect::Drop, Source::Any),
             ],
         ),
+        Case {
+            pods: vec![
+                pod("a", Where::Node, WEB),
+                pod("b", Where::Node2, WEB),
+                pod("c", Where::Node2, WEB),
+                pod("d", Where::Node, WEB),
+                pod("e", Where::Node2, WEB),
+                pod("f", Where::Node2, WEB),
+                pod("client", Where::Node, &[]),
+            ],
+            // A rolling update, one endpoint at a time: replaced, removed, added, across a
+            // change of the pick's cap (4 → 8 → 4 slots). Every step reaches exactly its
+            // endpoints, and the last evenly: however a dataplane keeps them (nftables keeps an
+            // endpoint in its slot while it stays, so its slots end out of sorted order).
+            ..case(
+                "rolling_replacement_reaches_every_endpoint",
+                |env| web(env, json!({}), json!({}), &["a", "b", "c", "d"]),
+                vec![
+                    tcp(
+                        Client::Pod("client"),
+                        Dest::ClusterIp(sa(CIP)),
+                        backends(&["a", "b", "c", "d"]),
+                        Source::Client,
+                    ),
+                    Step::Apply(|env| web(env, json!({}), json!({}), &["e", "b", "c", "d"])),
+                    tcp(
+                        Client::Pod("client"),
+                        Dest::ClusterIp(sa(CIP)),
+                        backends(&["b", "c", "d", "e"]),
+                        Source::Client,
+                    ),
+                    Step::Apply(|env| web(env, json!({}), json!({}), &["e", "c", "d"])),
+                    tcp(Client::Pod("client"), Dest::ClusterIp(sa(CIP)), backends(&["c", "d", "e"]), Source::Client),
+                    Step::Apply(|env| web(env, json!({}), json!({}), &["e", "c", "d", "f", "a"])),
+                    tcp(
+                        Client::Pod("client"),
+                        Dest::ClusterIp(sa(CIP)),
+                        backends(&["a", "c", "d", "e", "f"]),
+                        Source::Client,
+                    ),
+                    Step::Apply(|env| web(env, json!({}), json!({}), &["c", "d", "f", "a"])),
+                    tcp(
+                        Client::Pod("client"),
+                        Dest::ClusterIp(sa(CIP)),
+                        backends(&["a", "c", "d", "f"]),
+                        Source::Client,
+                    ),
+                    Step::Apply(|env| web(env, json!({}), json!({}), &["b", "d", "f", "a"])),
+                    Step::Probe(
+                        Check::tcp(
+                            Client::Pod("client"),
+                            Dest::ClusterIp(sa(CIP)),
+                            Expect::Even(vec!["a", "b", "d", "f"]),
+                            Source::Client,
+                        )
+                        .count(800),
+                    ),
+                ],
+            )
+        },
         case(
             "cleanup_leaves_the_kernel_as_found",
             dual_stack_web,

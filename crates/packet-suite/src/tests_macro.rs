@@ -51,6 +51,7 @@ macro_rules! packet_tests {
             ipv6_nodeport,
             ipv6_etp_local,
             service_updated_in_place,
+            rolling_replacement_reaches_every_endpoint,
             cleanup_leaves_the_kernel_as_found,
             kep6246_no_masquerade_cidrs_exempt_only_the_node_when_pods_are_undetectable,
             kep6246_no_masquerade_cidrs_override_masquerade_all_for_node_and_local_pods,

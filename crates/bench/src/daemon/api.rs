@@ -13,7 +13,7 @@ use kproxy_kube_source::fake::FakeApiServer;
 use kproxy_state::Kind;
 use kproxy_testbed::{Netns, topology};
 
-use super::objects::{self, Shape};
+use super::objects::{self, Layout, Shape};
 
 /// How often watches get a BOOKMARK (kube-apiserver sends one about every minute; more often
 /// here so short runs see them too).
@@ -35,8 +35,9 @@ pub struct Api {
 }
 
 impl Api {
-    /// Starts the server in `ns` and stores the node and `n` Services with their slices.
-    pub fn start(ns: &Netns, n: usize, web_pod: IpAddr) -> anyhow::Result<Api> {
+    /// Starts the server in `ns` and stores the node and `n` Services with their slices, laid out
+    /// as `layout` says.
+    pub fn start(ns: &Netns, n: usize, web_pod: IpAddr, layout: Layout) -> anyhow::Result<Api> {
         let (server, runtime) = ns.run_in(|| -> anyhow::Result<_> {
             let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
             let server = runtime.block_on(FakeApiServer::start())?;
@@ -55,11 +56,17 @@ impl Api {
         let trigger = kproxy_servers::rfc3339_nano(Some(std::time::SystemTime::now()));
         for i in 0..n {
             apply(Kind::Service, objects::service(i));
-            let v4 = objects::initial_endpoints(i, false, (web_pod, NODE_NAME));
+            let v4 = objects::initial_endpoints(i, false, (web_pod, NODE_NAME), layout.endpoints);
             apply(Kind::EndpointSlice, objects::slice(i, false, &v4, &trigger));
             if Shape::of(i).dual_stack && i > 0 {
-                let v6 = objects::initial_endpoints(i, true, (web_pod, NODE_NAME));
+                let v6 = objects::initial_endpoints(i, true, (web_pod, NODE_NAME), layout.endpoints);
                 apply(Kind::EndpointSlice, objects::slice(i, true, &v6, &trigger));
+            }
+        }
+        if layout.big > 0 {
+            apply(Kind::Service, objects::big_service(n));
+            for (_, slice) in objects::big_slices(n, &objects::big_initial_endpoints(layout.big), &trigger) {
+                apply(Kind::EndpointSlice, slice);
             }
         }
         let stop = Arc::new(AtomicBool::new(false));

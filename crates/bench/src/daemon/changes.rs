@@ -16,8 +16,8 @@ use super::{DaemonArgs, Mode, commit};
 
 /// A change not visible after this long counts as not observed.
 const CHANGE_TIMEOUT: Duration = Duration::from_secs(30);
-/// Slots looked at for a changed endpoint (a Service has at most 6 endpoints during a change).
-const SLOTS: u32 = 8;
+/// Slots looked at for a changed endpoint beyond a Service's endpoints (a change replaces one).
+const SPARE_SLOTS: u32 = 3;
 /// How often the kernel is polled while waiting for a burst to be programmed.
 const BURST_POLL: Duration = Duration::from_millis(5);
 
@@ -49,6 +49,8 @@ struct Changer<'a> {
     server: &'a FakeApiServer,
     mode: Mode,
     n: usize,
+    /// Endpoints per Service.
+    per: usize,
     web_pod: IpAddr,
     current: HashMap<usize, objects::Endpoints>,
 }
@@ -58,7 +60,8 @@ impl Changer<'_> {
     fn change(&mut self, k: usize) -> (usize, IpAddr) {
         let i = changed_service(k, self.n);
         let web_pod = self.web_pod;
-        let eps = self.current.entry(i).or_insert_with(|| objects::initial_endpoints(i, false, (web_pod, NODE_NAME)));
+        let per = self.per;
+        let eps = self.current.entry(i).or_insert_with(|| objects::initial_endpoints(i, false, (web_pod, NODE_NAME), per));
         let fresh: IpAddr = objects::fresh_endpoint(k).into();
         let j = k % eps.len();
         eps[j].0 = fresh;
@@ -77,7 +80,7 @@ impl Changer<'_> {
         }
         let port = objects::service_port(i);
         let mut found = Vec::new();
-        for slot in 0..SLOTS {
+        for slot in 0..self.per as u32 + SPARE_SLOTS {
             if let Some(data) =
                 probe.element_data(ip, kernel::CLUSTER_TCP_ENDPOINTS, &kernel::endpoint_key(ip, port, slot))?
             {
@@ -103,7 +106,8 @@ pub fn make(
 ) -> anyhow::Result<Changes> {
     let total = args.total_changes.max(args.changes);
     let full_before = full_syncs(node);
-    let mut changer = Changer { server, mode, n, web_pod, current: HashMap::new() };
+    let mut changer = Changer { server, mode, n, per: args.endpoints, web_pod, current: HashMap::new() };
+    let slots = args.endpoints as u32 + SPARE_SLOTS;
     let interval = args.change_interval();
     let mut changes = Changes {
         timed: Vec::new(),
@@ -128,7 +132,7 @@ pub fn make(
             let chain = objects::svc_chain(i);
             let latency = commit::wait(sent, CHANGE_TIMEOUT, &mut monitor, || {
                 Ok(match mode {
-                    Mode::Nftables => probe.endpoint_in_slots(ip, objects::service_port(i), SLOTS, &want)?,
+                    Mode::Nftables => probe.endpoint_in_slots(ip, objects::service_port(i), slots, &want)?,
                     Mode::Iptables => probe
                         .iptables_rules(ip, "nat", &chain)?
                         .is_some_and(|rules| kernel::mention(&rules, &kernel::ip_bytes(fresh))),

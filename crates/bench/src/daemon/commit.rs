@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use kproxy_nft_model::{TableFamily, TableRef};
-use kproxy_nft_netlink::monitor::Monitor;
+use kproxy_nft_netlink::monitor::{Commit, Monitor, Notice};
 
 use super::Mode;
 
@@ -56,6 +56,54 @@ pub fn wait(
         noticed = Instant::now();
     }
     Ok(None)
+}
+
+/// What the commits between a change's write and its arrival in the kernel did to the watched
+/// tables, as their notices said.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Cost {
+    /// Commits noticed.
+    pub commits: usize,
+    /// Elements added and deleted.
+    pub elements: usize,
+    /// Other objects (rules, chains, sets) added or deleted.
+    pub objects: usize,
+    /// Notices lost to an overflowing socket meanwhile (the counts above miss theirs).
+    pub overruns: usize,
+}
+
+impl Cost {
+    fn add(&mut self, c: &Commit) {
+        self.commits += 1;
+        self.elements += c.elements();
+        self.objects += c.objects;
+    }
+}
+
+/// As [`wait`], and also adds up what the commits noticed meanwhile did (`seen` gets the
+/// monitor, to read the elements they added): the time from `sent` to the notice of the commit
+/// that made it true, ms, and that cost; `None` when not seen within `timeout`.
+pub fn wait_counting(
+    sent: Instant,
+    timeout: Duration,
+    monitor: &mut Monitor,
+    mut seen: impl FnMut(&mut Monitor) -> anyhow::Result<bool>,
+) -> anyhow::Result<(Option<f64>, Cost)> {
+    let mut noticed = sent;
+    let mut cost = Cost::default();
+    while sent.elapsed() < timeout {
+        if seen(monitor)? {
+            return Ok((Some(noticed.duration_since(sent).as_secs_f64() * 1000.0), cost));
+        }
+        match monitor.wait() {
+            Ok(Notice::Touched(c)) => cost.add(&c),
+            Ok(Notice::Overrun) => cost.overruns += 1,
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(e) => return Err(e.into()),
+        }
+        noticed = Instant::now();
+    }
+    Ok((None, cost))
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@ use kproxy_testbed::Netns;
 use super::Mode;
 use super::kernel::{self, KernelProbe};
 use super::kproxy::Kproxy;
-use super::objects::{self, ENDPOINTS, Shape};
+use super::objects::{self, Layout, Shape};
 
 /// How often the kernel is polled while waiting for the first sync.
 const START_POLL: Duration = Duration::from_millis(5);
@@ -19,12 +19,13 @@ const START_POLL: Duration = Duration::from_millis(5);
 const START_SAMPLES: usize = 64;
 
 /// The ClusterIP keys (`address . tcp . port . slot` for every slot) the first sync must have
-/// put in the endpoints maps: every Service but the affinity ones, whose endpoints are rules.
-fn expected_keys(n: usize) -> Vec<(IpAddr, Vec<u8>)> {
+/// put in the endpoints maps: every Service but the affinity ones, whose endpoints are rules;
+/// the big Service's last.
+fn expected_keys(n: usize, layout: Layout) -> Vec<(IpAddr, Vec<u8>)> {
     let mut keys = Vec::new();
     for i in (0..n).filter(|i| !Shape::of(*i).affinity) {
         let port = objects::service_port(i);
-        let slots = if i == 0 { 1 } else { ENDPOINTS as u32 };
+        let slots = if i == 0 { 1 } else { layout.endpoints as u32 };
         let mut ips: Vec<IpAddr> = vec![objects::cluster_ip_v4(i).into()];
         if Shape::of(i).dual_stack && i > 0 {
             ips.push(objects::cluster_ip_v6(i).into());
@@ -33,6 +34,8 @@ fn expected_keys(n: usize) -> Vec<(IpAddr, Vec<u8>)> {
             keys.extend((0..slots).map(|slot| (ip, kernel::endpoint_key(ip, port, slot))));
         }
     }
+    let big: IpAddr = objects::cluster_ip_v4(n).into();
+    keys.extend((0..layout.big as u32).map(|slot| (big, kernel::endpoint_key(big, 80, slot))));
     keys
 }
 
@@ -45,11 +48,18 @@ fn all_programmed(probe: &mut KernelProbe, expected: &[(IpAddr, Vec<u8>)]) -> an
 
 /// Waits until the first sync is in the kernel; returns the seconds since kproxy was spawned
 /// and whether full listings (rather than the sampled lookups) decided it.
-pub fn wait(node: &Netns, n: usize, daemon: &mut Kproxy, timeout_s: u64, mode: Mode) -> anyhow::Result<(f64, bool)> {
+pub fn wait(
+    node: &Netns,
+    n: usize,
+    layout: Layout,
+    daemon: &mut Kproxy,
+    timeout_s: u64,
+    mode: Mode,
+) -> anyhow::Result<(f64, bool)> {
     if mode == Mode::Iptables {
-        return wait_iptables(node, n, daemon, timeout_s);
+        return wait_iptables(node, n, layout, daemon, timeout_s);
     }
-    let expected = expected_keys(n);
+    let expected = expected_keys(n, layout);
     // Evenly spread samples, the last Service included.
     let step = (expected.len() / START_SAMPLES).max(1);
     let mut samples: Vec<(IpAddr, Vec<u8>)> = expected.iter().step_by(step).cloned().collect();
@@ -93,9 +103,9 @@ pub fn wait(node: &Netns, n: usize, daemon: &mut Kproxy, timeout_s: u64, mode: M
 /// How often the kernel is polled in iptables mode (a poll dumps a dispatch chain's rules).
 const IPTABLES_POLL: Duration = Duration::from_millis(20);
 
-/// Every Service's ClusterIPs, per family.
-fn cluster_ips(n: usize) -> Vec<IpAddr> {
-    let mut ips: Vec<IpAddr> = (0..n).map(|i| objects::cluster_ip_v4(i).into()).collect();
+/// Every Service's ClusterIPs, per family (the big Service's, IPv4 only, too).
+fn cluster_ips(n: usize, layout: Layout) -> Vec<IpAddr> {
+    let mut ips: Vec<IpAddr> = (0..layout.services(n)).map(|i| objects::cluster_ip_v4(i).into()).collect();
     ips.extend((1..n).filter(|i| Shape::of(*i).dual_stack).map(|i| IpAddr::from(objects::cluster_ip_v6(i))));
     ips
 }
@@ -103,8 +113,14 @@ fn cluster_ips(n: usize) -> Vec<IpAddr> {
 /// iptables mode: the nat `PREROUTING` jumps to `KUBE-SERVICES` (ensured after the restore) and
 /// `KUBE-SERVICES` names the sampled ClusterIPs (the chain is written in one section, so all
 /// or none), in both families; then, once, every ClusterIP.
-fn wait_iptables(node: &Netns, n: usize, daemon: &mut Kproxy, timeout_s: u64) -> anyhow::Result<(f64, bool)> {
-    let expected = cluster_ips(n);
+fn wait_iptables(
+    node: &Netns,
+    n: usize,
+    layout: Layout,
+    daemon: &mut Kproxy,
+    timeout_s: u64,
+) -> anyhow::Result<(f64, bool)> {
+    let expected = cluster_ips(n, layout);
     let step = (expected.len() / START_SAMPLES).max(1);
     let mut samples: Vec<IpAddr> = expected.iter().step_by(step).copied().collect();
     samples.extend(expected.iter().rfind(|ip| ip.is_ipv6()).copied());

@@ -242,13 +242,18 @@ impl KernelProbe {
     /// (`dnat to numgen random mod N map { 0 : addr . port, … }`): one dump of the chain's rules,
     /// one of each map they name. A rule replaced between the two reads as not yet there.
     pub fn rule_map_holds(&mut self, family_of: IpAddr, chain: &str, want: &[u8]) -> io::Result<bool> {
-        let Some(rules) = self.iptables_rules(family_of, self.table, chain)? else { return Ok(false) };
+        Ok(self.rule_map_data(family_of, chain)?.iter().any(|d| d == want))
+    }
+
+    /// The data of every element of the anonymous maps the rules of `chain` (the probe's table)
+    /// look up (see [`KernelProbe::rule_map_holds`]).
+    pub fn rule_map_data(&mut self, family_of: IpAddr, chain: &str) -> io::Result<Vec<Vec<u8>>> {
+        let Some(rules) = self.iptables_rules(family_of, self.table, chain)? else { return Ok(Vec::new()) };
+        let mut data = Vec::new();
         for name in rules.iter().flat_map(|rule| anonymous_sets(rule)) {
-            if self.map_data(family_of, &name)?.iter().any(|d| d == want) {
-                return Ok(true);
-            }
+            data.extend(self.map_data(family_of, &name)?);
         }
-        Ok(false)
+        Ok(data)
     }
 }
 

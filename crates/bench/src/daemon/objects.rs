@@ -1,5 +1,5 @@
 //! The cluster the daemon benchmark serves: `n` Services with one TCP port and an EndpointSlice
-//! of 5 endpoints each, as a real API server would return them — labels, annotations
+//! of 5 endpoints each (`--endpoints`), as a real API server would return them — labels, annotations
 //! (`kubectl.kubernetes.io/last-applied-configuration`, `last-change-trigger-time`), owner
 //! references, `managedFields`, pod `targetRef`s, zones — so kproxy parses as much as it would
 //! in a cluster.
@@ -9,19 +9,63 @@
 //! affinity, and 10% dual-stack (`PreferDualStack`, with an IPv6 slice), so both of kproxy's
 //! tables carry Services. Service 0 is `bench/web`: its one endpoint is a real pod.
 //!
+//! With `--big-service M`, one more Service (number `n`, `bench/big`) has `M` endpoints, in
+//! slices of 100 as the EndpointSlice controller writes them: a Deployment of thousands of pods
+//! behind one ClusterIP.
+//!
 //! Addresses stay in the test ranges: ClusterIPs in 198.19.0.0/16, then 198.18.128.0/17 and
 //! 198.18.64.0/18 (unique up to 114,684 Services) and fd00:96::/96; endpoints in 198.18.32.0/20
 //! (shared by many Services past 4,096 endpoints) and fd00:10:20::/64; addresses brought in by
-//! changes in 198.18.48.0/20; load balancer IPs in 203.0.113.0/24.
+//! changes in 198.18.48.0/20; load balancer IPs in 203.0.113.0/24. The big Service's endpoints,
+//! every one distinct (those its changes bring in too), take 198.18.128.0/17, which ClusterIPs
+//! use only past 65,534 Services.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use serde_json::{Value, json};
 
-/// Endpoints per Service.
-pub const ENDPOINTS: usize = 5;
+/// Endpoints per Service by default (`--endpoints`).
+pub const DEFAULT_ENDPOINTS: usize = 5;
+/// The stride of the endpoints' pod UIDs, per Service (UIDs only need to look real).
+const UID_STRIDE: usize = 5;
+/// Endpoints per slice of the big Service (the EndpointSlice controller's default).
+pub const BIG_SLICE: usize = 100;
 /// The port every endpoint listens on.
 pub const TARGET_PORT: u16 = 8080;
+/// What a cluster of `n` Services holds besides them: the endpoints of each (`--endpoints`), and
+/// the big Service's (`--big-service`, 0: none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Layout {
+    /// Endpoints per Service (Service 0 has one, the real pod).
+    pub endpoints: usize,
+    /// Endpoints of the big Service (number `n`); 0: there is none.
+    pub big: usize,
+}
+
+impl Default for Layout {
+    fn default() -> Self {
+        Layout { endpoints: DEFAULT_ENDPOINTS, big: 0 }
+    }
+}
+
+impl Layout {
+    /// Whether the cluster has the default shape (the one every earlier figure was taken at).
+    pub fn is_default(&self) -> bool {
+        *self == Layout::default()
+    }
+
+    /// Endpoints in all slices (both families) of a cluster of `n` Services.
+    pub fn endpoint_count(&self, n: usize) -> usize {
+        let dual = (1..n).filter(|i| Shape::of(*i).dual_stack).count();
+        1 + (n - 1) * self.endpoints + dual * self.endpoints + self.big
+    }
+
+    /// Services in all, the big one included.
+    pub fn services(&self, n: usize) -> usize {
+        n + usize::from(self.big > 0)
+    }
+}
+
 /// The namespace and name of the Service backed by a real pod.
 pub const WEB: (&str, &str) = ("bench", "web");
 
@@ -60,6 +104,11 @@ impl Shape {
 /// The iptables-mode chain of Service `i`'s port (`KUBE-SVC-…`, upstream's name).
 pub fn svc_chain(i: usize) -> String {
     let (namespace, service) = name(i);
+    svc_chain_of(&namespace, &service)
+}
+
+/// The iptables-mode chain of Service `namespace/service`'s port `http`.
+pub fn svc_chain_of(namespace: &str, service: &str) -> String {
     kproxy_iptables::naming::svc_chain(&kproxy_plan::ServicePortName {
         namespace: namespace.into(),
         service: service.into(),
@@ -89,14 +138,28 @@ pub fn service_port(i: usize) -> u16 {
     if Shape::of(i).load_balancer { 80 + (i / 50 / 250) as u16 } else { 80 }
 }
 
-/// Endpoint `j` of Service `i`, IPv4 (a pool of 4,096 pod addresses).
-pub fn endpoint_v4(i: usize, j: usize) -> Ipv4Addr {
-    Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 18, 32, 0)) + ((i * ENDPOINTS + j) % 4096) as u32)
+/// Endpoint `j` of Service `i` of a cluster of `per` endpoints per Service, IPv4 (a pool of
+/// 4,096 pod addresses).
+pub fn endpoint_v4(i: usize, j: usize, per: usize) -> Ipv4Addr {
+    Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 18, 32, 0)) + ((i * per + j) % 4096) as u32)
 }
 
-pub fn endpoint_v6(i: usize, j: usize) -> Ipv6Addr {
-    Ipv6Addr::from(u128::from(Ipv6Addr::new(0xfd00, 0x10, 0x20, 0, 0, 0, 0, 0)) + (i * ENDPOINTS + j) as u128 + 1)
+pub fn endpoint_v6(i: usize, j: usize, per: usize) -> Ipv6Addr {
+    Ipv6Addr::from(u128::from(Ipv6Addr::new(0xfd00, 0x10, 0x20, 0, 0, 0, 0, 0)) + (i * per + j) as u128 + 1)
 }
+
+/// The `g`-th address of the big Service's pool (198.18.128.0/17): its initial endpoints are
+/// `0..M`, every change brings in the next unused one.
+pub fn big_endpoint(g: usize) -> Ipv4Addr {
+    Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 18, 128, 1)) + (g % BIG_POOL) as u32)
+}
+
+/// Addresses in the big Service's pool.
+pub const BIG_POOL: usize = (1 << 15) - 2;
+
+/// The largest cluster that can have a big Service: its ClusterIP and every other in
+/// 198.19.0.0/16, clear of the big Service's pool.
+pub const MAX_SERVICES_WITH_BIG: usize = (1 << 16) - 2;
 
 /// The address change number `k` brings in (never one of the initial endpoints).
 pub fn fresh_endpoint(k: usize) -> Ipv4Addr {
@@ -207,24 +270,84 @@ fn endpoint(address: IpAddr, node: &str, pod: &str, namespace: &str, i: usize, j
         "conditions": {"ready": true, "serving": true, "terminating": false},
         "nodeName": node,
         "zone": format!("zone-{}", (i + j) % 3),
-        "targetRef": {"kind": "Pod", "namespace": namespace, "name": pod, "uid": uid(3, i * ENDPOINTS + j)},
+        "targetRef": {"kind": "Pod", "namespace": namespace, "name": pod, "uid": uid(3, i * UID_STRIDE + j)},
     })
 }
 
 /// The endpoints of a slice: `(address, node)` pairs.
 pub type Endpoints = Vec<(IpAddr, String)>;
 
-/// The initial endpoints of Service `i` in one family (`web_pod`: the real pod backing service 0).
-pub fn initial_endpoints(i: usize, v6: bool, web_pod: (IpAddr, &str)) -> Endpoints {
+/// The initial endpoints of Service `i` in one family, `per` of them (`web_pod`: the real pod
+/// backing service 0, its only one).
+pub fn initial_endpoints(i: usize, v6: bool, web_pod: (IpAddr, &str), per: usize) -> Endpoints {
     if i == 0 {
         return vec![(web_pod.0, web_pod.1.to_owned())];
     }
-    (0..ENDPOINTS)
+    (0..per)
         .map(|j| {
-            let ip: IpAddr = if v6 { endpoint_v6(i, j).into() } else { endpoint_v4(i, j).into() };
-            (ip, format!("node-{}", (i * ENDPOINTS + j) % 100 + 1))
+            let ip: IpAddr = if v6 { endpoint_v6(i, j, per).into() } else { endpoint_v4(i, j, per).into() };
+            (ip, format!("node-{}", (i * per + j) % 100 + 1))
         })
         .collect()
+}
+
+/// The big Service (`bench/big`, number `i`, after the others): ClusterIP only, one TCP port.
+pub fn big_service(i: usize) -> Value {
+    let mut svc = service(i);
+    let name = BIG.1;
+    svc["metadata"]["namespace"] = json!(BIG.0);
+    svc["metadata"]["name"] = json!(name);
+    let spec = &mut svc["spec"];
+    spec["type"] = json!("ClusterIP");
+    spec["ipFamilies"] = json!(["IPv4"]);
+    spec["ipFamilyPolicy"] = json!("SingleStack");
+    spec["clusterIPs"] = json!([cluster_ip_v4(i).to_string()]);
+    spec["sessionAffinity"] = json!("None");
+    spec["ports"] = json!([{"name": "http", "port": 80, "protocol": "TCP", "targetPort": TARGET_PORT}]);
+    spec["selector"] = json!({"app.kubernetes.io/name": name});
+    for field in ["externalTrafficPolicy", "healthCheckNodePort", "loadBalancerSourceRanges", "sessionAffinityConfig"] {
+        if let Some(o) = spec.as_object_mut() {
+            o.remove(field);
+        }
+    }
+    svc["status"] = json!({"loadBalancer": {}});
+    svc
+}
+
+/// The namespace and name of the big Service.
+pub const BIG: (&str, &str) = ("bench", "big");
+
+/// The initial endpoints of the big Service: `m` distinct addresses on 100 nodes.
+pub fn big_initial_endpoints(m: usize) -> Endpoints {
+    (0..m).map(|j| (big_endpoint(j).into(), format!("node-{}", j % 100 + 1))).collect()
+}
+
+/// The name of the big Service's slice `s` (endpoints `100·s .. 100·(s+1)`).
+pub fn big_slice_name(s: usize) -> String {
+    format!("{}-{s:04}", BIG.1)
+}
+
+/// The big Service's slice `s` (number `i`), holding `endpoints`.
+pub fn big_slice(i: usize, s: usize, endpoints: &[(IpAddr, String)], trigger: &str) -> Value {
+    let mut slice = slice(i, false, &endpoints.to_vec(), trigger);
+    slice["metadata"]["namespace"] = json!(BIG.0);
+    slice["metadata"]["name"] = json!(big_slice_name(s));
+    slice["metadata"]["generateName"] = json!(format!("{}-", BIG.1));
+    slice["metadata"]["uid"] = json!(uid(6, s));
+    let labels = &mut slice["metadata"]["labels"];
+    labels["kubernetes.io/service-name"] = json!(BIG.1);
+    labels["app.kubernetes.io/name"] = json!(BIG.1);
+    labels["app.kubernetes.io/instance"] = json!(format!("{}-prod", BIG.1));
+    slice["metadata"]["ownerReferences"][0]["name"] = json!(BIG.1);
+    for ep in slice["endpoints"].as_array_mut().into_iter().flatten() {
+        ep["targetRef"]["namespace"] = json!(BIG.0);
+    }
+    slice
+}
+
+/// The big Service's slices, numbered, for `endpoints` (the first 100, the next 100, …).
+pub fn big_slices(i: usize, endpoints: &[(IpAddr, String)], trigger: &str) -> Vec<(String, Value)> {
+    endpoints.chunks(BIG_SLICE).enumerate().map(|(s, chunk)| (big_slice_name(s), big_slice(i, s, chunk, trigger))).collect()
 }
 
 /// The name of Service `i`'s EndpointSlice of one family.
@@ -314,8 +437,24 @@ mod tests {
 
     #[test]
     fn change_addresses_are_never_initial_endpoints() {
-        let initial: HashSet<Ipv4Addr> =
-            (0..5000).flat_map(|i| (0..ENDPOINTS).map(move |j| endpoint_v4(i, j))).collect();
+        let initial: HashSet<Ipv4Addr> = (0..5000).flat_map(|i| (0..50).map(move |j| endpoint_v4(i, j, 50))).collect();
         assert!((0..4096).all(|k| !initial.contains(&fresh_endpoint(k))));
+    }
+
+    #[test]
+    fn the_big_services_addresses_are_distinct_and_clear_of_every_cluster_ip_it_can_meet() {
+        let pool: HashSet<Ipv4Addr> = (0..BIG_POOL).map(big_endpoint).collect();
+        assert_eq!(pool.len(), BIG_POOL);
+        assert!((0..MAX_SERVICES_WITH_BIG).all(|i| !pool.contains(&cluster_ip_v4(i))));
+        assert!(pool.iter().all(|ip| ip.octets()[..2] == [198, 18] && ip.octets()[2] >= 128));
+        let big = big_service(7);
+        assert_eq!(big["metadata"]["name"], "big");
+        assert_eq!(big["spec"]["type"], "ClusterIP");
+        assert_eq!(big["spec"]["sessionAffinity"], "None");
+        let eps = big_initial_endpoints(250);
+        let slices = big_slices(7, &eps, "");
+        assert_eq!(slices.len(), 3);
+        assert_eq!(slices[2].1["endpoints"].as_array().map(Vec::len), Some(50));
+        assert_eq!(slices[0].1["metadata"]["labels"]["kubernetes.io/service-name"], "big");
     }
 }

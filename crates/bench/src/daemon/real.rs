@@ -13,10 +13,10 @@
 mod bare;
 mod bulk;
 mod cache;
-mod create;
+pub(crate) mod create;
 mod observe;
 mod report;
-mod upstream;
+pub(crate) mod upstream;
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr};
@@ -32,7 +32,8 @@ use super::api::NODE_NAME;
 use super::keep_result;
 use super::kernel::{self, KernelProbe};
 use super::kproxy::{self, Kproxy};
-use super::objects::{self, TARGET_PORT};
+use super::big::{self, BigResult, BigState};
+use super::objects::{self, Layout, TARGET_PORT};
 use super::{DaemonArgs, Mode, Proxy, changes, commit, first_sync};
 
 pub use bare::BareLists;
@@ -74,6 +75,9 @@ pub struct ProxyResult {
     pub rss_after_changes_mib: f64,
     /// CPU over the whole run of the proxy (start, idle, changes), s.
     pub cpu_total_s: f64,
+    /// The big Service's changes and rollout (`--big-service`).
+    #[serde(default)]
+    pub big: Option<BigResult>,
 }
 
 fn first_run() -> u32 {
@@ -84,6 +88,9 @@ fn first_run() -> u32 {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SizeResult {
     pub services: usize,
+    /// Endpoints per Service and the big Service's.
+    #[serde(default)]
+    pub layout: Layout,
     pub endpoints: usize,
     pub created: Created,
     pub bare: BareLists,
@@ -148,7 +155,7 @@ fn measure(n: usize, args: &DaemonArgs, proxies: &[Proxy], bins: &Bins, dir: &Pa
             .cluster_cache
             .clone()
             .unwrap_or_else(|| kproxy_k8s_harness::workspace_root().join("target").join("bench-clusters"));
-        cache::SavedCluster::new(&root, n, bins.apiserver, "etcd-3.6")
+        cache::SavedCluster::new(&root, n, args.layout(), bins.apiserver, "etcd-3.6")
     });
     let seed = saved.as_ref().and_then(cache::SavedCluster::etcd);
     let options = ControlPlaneOptions {
@@ -176,12 +183,22 @@ fn measure(n: usize, args: &DaemonArgs, proxies: &[Proxy], bins: &Bins, dir: &Pa
         }
         (saved, _) => {
             let concurrency = args.create_concurrency;
-            let created = if n > args.store_directly_above {
+            let endpoints = (WEB_POD.into(), args.endpoints);
+            let mut created = if n > args.store_directly_above {
                 let etcd = plane.etcd_url();
-                in_node(node, &runtime, bulk::cluster(&client, &etcd, n, WEB_POD.into(), concurrency))?
+                in_node(node, &runtime, bulk::cluster(&client, &etcd, n, endpoints, concurrency))?
             } else {
-                in_node(node, &runtime, create::cluster(&client, n, WEB_POD.into(), concurrency))?
+                in_node(node, &runtime, create::cluster(&client, n, endpoints, concurrency))?
             };
+            if args.big_service > 0 {
+                let started = Instant::now();
+                let trigger = kproxy_servers::rfc3339_nano(Some(std::time::SystemTime::now()));
+                let (slices, bytes) = in_node(node, &runtime, create::create_big(&client, n, args.big_service, &trigger))?;
+                created.services += 1;
+                created.slices += slices;
+                created.bytes += bytes;
+                created.seconds += started.elapsed().as_secs_f64();
+            }
             if let Some(saved) = saved {
                 plane.save_etcd(&saved.etcd_dest()?).context("saving the cluster")?;
                 saved.finish(&created)?;
@@ -217,6 +234,7 @@ fn measure(n: usize, args: &DaemonArgs, proxies: &[Proxy], bins: &Bins, dir: &Pa
     );
 
     let mut current: HashMap<usize, objects::Endpoints> = HashMap::new();
+    let mut big_state = (args.big_service > 0).then(|| BigState::new(n, args.big_service));
     let mut results = Vec::new();
     let runs = proxies
         .iter()
@@ -227,7 +245,7 @@ fn measure(n: usize, args: &DaemonArgs, proxies: &[Proxy], bins: &Bins, dir: &Pa
         let ctx = Run { node, n, args, runtime: &runtime, client: &client, dir };
         let turn = Turn { proxy, mode, repeat, index };
         let result = ctx
-            .proxy(turn, bins, &proxy_kubeconfig, &mut current)
+            .proxy(turn, bins, &proxy_kubeconfig, &mut current, big_state.as_mut())
             .with_context(|| format!("{} in {} mode, run {repeat}", proxy.as_str(), mode.as_str()))?;
         eprintln!("  {} {}: {}", proxy.as_str(), mode.as_str(), serde_json::to_string(&result).unwrap_or_default());
         results.push(result);
@@ -236,19 +254,14 @@ fn measure(n: usize, args: &DaemonArgs, proxies: &[Proxy], bins: &Bins, dir: &Pa
     drop(plane);
     Ok(SizeResult {
         services: n,
-        endpoints: endpoint_count(n),
+        layout: args.layout(),
+        endpoints: args.layout().endpoint_count(n),
         created,
         bare,
         unsafe_no_fsync: !args.etcd_fsync,
         proxies: results,
         load: (load_before, load_average()),
     })
-}
-
-/// Endpoints in all slices (both families).
-fn endpoint_count(n: usize) -> usize {
-    let dual = (1..n).filter(|i| objects::Shape::of(*i).dual_stack).count();
-    1 + (n - 1) * objects::ENDPOINTS + dual * objects::ENDPOINTS
 }
 
 /// Runs `future` to its end from a thread in the node namespace: connections are made by the
@@ -294,6 +307,7 @@ impl Run<'_> {
         bins: &Bins,
         kubeconfig: &Path,
         current: &mut HashMap<usize, objects::Endpoints>,
+        big_state: Option<&mut BigState>,
     ) -> anyhow::Result<ProxyResult> {
         let Turn { proxy, mode, repeat, index: run } = turn;
         let (binary, flags, timeout) = match proxy {
@@ -309,9 +323,11 @@ impl Run<'_> {
         let mut daemon = Kproxy::start(self.node, binary, &flags, &log)?;
         let memory_watch = daemon.watch_memory();
         let started = match (proxy, mode) {
-            (Proxy::Upstream, Mode::Nftables) => observe::wait_upstream_nft(self.node, self.n, &mut daemon, timeout),
+            (Proxy::Upstream, Mode::Nftables) => {
+                observe::wait_upstream_nft(self.node, self.n, self.args.layout(), &mut daemon, timeout)
+            }
             // Upstream's iptables layout and kproxy's share `KUBE-SERVICES` and its jumps.
-            _ => first_sync::wait(self.node, self.n, &mut daemon, timeout, mode),
+            _ => first_sync::wait(self.node, self.n, self.args.layout(), &mut daemon, timeout, mode),
         };
         let (start_s, start_by_listing) = match started {
             Ok((s, by)) => (Some(s), by),
@@ -337,6 +353,7 @@ impl Run<'_> {
             rss_peak_mib: f64::NAN,
             rss_after_changes_mib: f64::NAN,
             cpu_total_s: start_cpu_s,
+            big: None,
         };
         if start_s.is_none() {
             result.rss_peak_mib = memory_watch.stop().peak;
@@ -358,6 +375,11 @@ impl Run<'_> {
         std::thread::sleep(Duration::from_secs(1));
         let memory = daemon.memory_mib()?;
         result.rss_after_changes_mib = memory.rss;
+        if let Some(state) = big_state {
+            let writer = big::Writer::Real { runtime: self.runtime, client: self.client };
+            result.big = Some(big::measure(self.node, &writer, state, proxy, mode, self.args, &mut daemon)?);
+        }
+        let memory = daemon.memory_mib()?;
         result.rss_peak_mib = memory_watch.stop().peak.max(memory.peak);
         result.cpu_total_s = daemon.cpu_seconds()?;
         daemon.kill()?;
@@ -394,7 +416,8 @@ impl Run<'_> {
                 std::thread::sleep(next.saturating_duration_since(Instant::now()));
                 next += interval;
                 let i = changes::changed_service(k, self.n);
-                let eps = current.entry(i).or_insert_with(|| objects::initial_endpoints(i, false, (web, NODE_NAME)));
+                let per = self.args.endpoints;
+                let eps = current.entry(i).or_insert_with(|| objects::initial_endpoints(i, false, (web, NODE_NAME), per));
                 let fresh: IpAddr = objects::fresh_endpoint(k).into();
                 let j = k % eps.len();
                 eps[j].0 = fresh;
@@ -413,7 +436,7 @@ impl Run<'_> {
                 let latency = commit::wait(sent, CHANGE_TIMEOUT, &mut monitor, || {
                     Ok(match (proxy, mode) {
                         (Proxy::Kproxy, Mode::Nftables) => {
-                            kproxy_probe.endpoint_in_slots(ip, objects::service_port(i), 8, &want)?
+                            kproxy_probe.endpoint_in_slots(ip, objects::service_port(i), self.args.endpoints as u32 + 3, &want)?
                         }
                         (Proxy::Kproxy, Mode::Iptables) => kproxy_probe
                             .iptables_rules(ip, "nat", &svc_chain)?

@@ -98,8 +98,14 @@ pub fn render(command: &str, args: &DaemonArgs, binary: &Path, results: &[SizeRe
     let _ = write_report(&mut s, command, args, binary, results);
     let nft = results.iter().filter(|r| r.mode == Mode::Nftables && r.services == TARGET_SIZE);
     let ipt = results.iter().filter(|r| r.mode == Mode::Iptables);
+    let big_met = results
+        .iter()
+        .filter(|r| r.mode == Mode::Nftables && super::big::is_target_shape(r.services, r.layout))
+        .filter_map(|r| r.big.as_ref())
+        .all(|b| super::big::targets(None, b, None).iter().all(|(_, _, ok)| *ok));
     let met = nft.clone().all(|r| targets(r).iter().all(|(_, _, ok)| *ok))
-        && ipt.clone().all(|r| iptables_targets(r).iter().all(|(_, _, ok)| *ok));
+        && ipt.clone().all(|r| iptables_targets(r).iter().all(|(_, _, ok)| *ok))
+        && big_met;
     (s, met)
 }
 
@@ -114,10 +120,16 @@ fn write_report(
     writeln!(s)?;
     writeln!(
         s,
-        "kproxy: {}; default flags but --proxy-mode. Each Service: one TCP port, an EndpointSlice of 5 \
-         endpoints; 10% NodePort, 2% LoadBalancer (half eTP Local), 1% ClientIP affinity, 10% dual-stack. \
+        "kproxy: {}; default flags but --proxy-mode. Each Service: one TCP port, an EndpointSlice of {} \
+         endpoints; 10% NodePort, 2% LoadBalancer (half eTP Local), 1% ClientIP affinity, 10% dual-stack{}. \
          Idle window {} s; {} changes timed at one per {} ms, {} in all.",
         binary.display(),
+        args.endpoints,
+        if args.big_service > 0 {
+            format!("; and one Service of {} endpoints (`bench/big`)", args.big_service)
+        } else {
+            String::new()
+        },
         args.idle,
         args.changes,
         args.change_interval_ms,
@@ -196,6 +208,21 @@ fn write_report(
         writeln!(s, "|---|---:|:---:|")?;
         for (name, measured, ok) in t {
             writeln!(s, "| {name} | {measured} | {} |", if ok { "yes" } else { "NO" })?;
+        }
+    }
+    for r in results.iter().filter(|r| r.big.is_some()) {
+        let rows: Vec<(String, &super::big::BigResult)> =
+            r.big.iter().map(|b| (format!("kproxy, {} ({} Services)", r.mode.as_str(), r.services), b)).collect();
+        super::big::write_table(s, &rows)?;
+        if let (Mode::Nftables, Some(b)) = (r.mode, &r.big) {
+            writeln!(s)?;
+            writeln!(s, "{}", super::big::targets_title(r.services, r.layout, "kproxy, nftables"))?;
+            writeln!(s)?;
+            writeln!(s, "| target | measured | met |")?;
+            writeln!(s, "|---|---:|:---:|")?;
+            for (name, measured, ok) in super::big::targets(None, b, None) {
+                writeln!(s, "| {name} | {measured} | {} |", if ok { "yes" } else { "NO" })?;
+            }
         }
     }
     if let Some(r) = results.iter().filter(|r| r.mode == Mode::Nftables).max_by_key(|r| r.services) {

@@ -1,6 +1,7 @@
 //! One cluster size, end to end: sandbox, API server, kproxy; then the figures in order — start
-//! to first sync in the kernel, the idle window, endpoint changes, memory, the connection rate,
-//! and the restart gap — and teardown.
+//! to first sync in the kernel, the idle window, endpoint changes, memory, the big Service's
+//! changes and rollout (`--big-service`), the connection rate, and the restart gap — and
+//! teardown.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
@@ -11,9 +12,10 @@ use serde::{Deserialize, Serialize};
 
 use super::api::{Api, NODE_NAME};
 use super::kproxy::{self, Kproxy};
-use super::objects::{self, ENDPOINTS, Shape, TARGET_PORT};
+use super::big::{self, BigResult, BigState};
+use super::objects::{self, Layout, TARGET_PORT};
 use super::traffic::{self, ConnectionRates, Prober};
-use super::{DaemonArgs, Mode, changes, first_sync};
+use super::{DaemonArgs, Mode, Proxy, changes, first_sync};
 
 /// The real pod's port for connections straight to it (the Service's is `TARGET_PORT`).
 const DIRECT_PORT: u16 = 8081;
@@ -29,6 +31,9 @@ const PROBE_MARGIN: Duration = Duration::from_secs(2);
 pub struct SizeResult {
     pub services: usize,
     pub mode: Mode,
+    /// Endpoints per Service and the big Service's.
+    #[serde(default)]
+    pub layout: Layout,
     /// Endpoints in all slices (both families).
     pub endpoints: usize,
     pub dual_stack: usize,
@@ -74,6 +79,9 @@ pub struct SizeResult {
     pub restart_failed: usize,
     pub restart_outage_ms: f64,
     pub restart_synced_after_s: f64,
+    /// The big Service's changes and rollout (`--big-service`).
+    #[serde(default)]
+    pub big: Option<BigResult>,
 }
 
 /// The pods and the API server of one run.
@@ -101,9 +109,11 @@ pub fn measure(n: usize, mode: Mode, args: &DaemonArgs, binary: &Path, log_dir: 
     // The restart prober has an address of its own, so none of its connections meets a
     // conntrack entry of the rate phases.
     let prober = tb.add_pod("prober", Where::Node)?;
-    let api = Api::start(tb.node(), n, web.ipv4().into())?;
+    let layout = args.layout();
+    let api = Api::start(tb.node(), n, web.ipv4().into(), layout)?;
     let sandbox = Sandbox { api, web, client, prober, tb };
-    let (endpoints, dual_stack) = counts(n);
+    let dual_stack = (1..n).filter(|i| objects::Shape::of(*i).dual_stack).count();
+    let endpoints = layout.endpoint_count(n);
 
     let run_dir = log_dir.join(format!("kproxy-bench-daemon-{}-{n}-{}", std::process::id(), mode.as_str()));
     std::fs::create_dir_all(&run_dir)?;
@@ -115,7 +125,8 @@ pub fn measure(n: usize, mode: Mode, args: &DaemonArgs, binary: &Path, log_dir: 
 
     let mut daemon = Kproxy::start(sandbox.tb.node(), binary, &kproxy_args, &log)?;
     let memory_watch = daemon.watch_memory();
-    let (start_s, start_by_listing) = first_sync::wait(sandbox.tb.node(), n, &mut daemon, args.start_timeout, mode)?;
+    let (start_s, start_by_listing) =
+        first_sync::wait(sandbox.tb.node(), n, layout, &mut daemon, args.start_timeout, mode)?;
     eprintln!("  first sync in the kernel after {start_s:.2} s");
 
     std::thread::sleep(SETTLE);
@@ -137,6 +148,14 @@ pub fn measure(n: usize, mode: Mode, args: &DaemonArgs, binary: &Path, log_dir: 
     let rss_peak_mib = memory_watch.stop().peak.max(memory.peak);
     eprintln!("  {} of {} changes observed; RSS {:.0} MiB", changes.observed, changes.total, memory.rss);
 
+    let big = if layout.big > 0 {
+        let writer = big::Writer::Fake(&sandbox.api.server);
+        let mut state = BigState::new(n, layout.big);
+        Some(big::measure(sandbox.tb.node(), &writer, &mut state, Proxy::Kproxy, mode, args, &mut daemon)?)
+    } else {
+        None
+    };
+
     let web_ip: IpAddr = sandbox.web.ipv4().into();
     let service: SocketAddr = (IpAddr::from(objects::cluster_ip_v4(0)), objects::service_port(0)).into();
     let rates = traffic::connection_rates(
@@ -154,6 +173,7 @@ pub fn measure(n: usize, mode: Mode, args: &DaemonArgs, binary: &Path, log_dir: 
     Ok(SizeResult {
         services: n,
         mode,
+        layout,
         endpoints,
         dual_stack,
         object_bytes: sandbox.api.object_bytes,
@@ -179,13 +199,8 @@ pub fn measure(n: usize, mode: Mode, args: &DaemonArgs, binary: &Path, log_dir: 
         restart_failed: restart.failed,
         restart_outage_ms: restart.outage.as_secs_f64() * 1000.0,
         restart_synced_after_s: restart.synced_after.as_secs_f64(),
+        big,
     })
-}
-
-/// Endpoints in all slices, and dual-stack Services, of a cluster of `n`.
-fn counts(n: usize) -> (usize, usize) {
-    let dual = (1..n).filter(|i| Shape::of(*i).dual_stack).count();
-    (1 + (n - 1) * ENDPOINTS + dual * ENDPOINTS, dual)
 }
 
 fn full_syncs(sandbox: &Sandbox) -> Option<f64> {

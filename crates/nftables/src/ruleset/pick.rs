@@ -22,7 +22,23 @@
 //! and a chain per exact `N` reached through a verdict map would put a `goto` element (which
 //! triggers the validation) into every count change. ClientIP-affinity services keep their
 //! per-endpoint rules (see [`super::service`]).
+//!
+//! Which endpoint sits in which slot is [`Slots`]: an endpoint keeps its slot for as long as it
+//! stays, so one endpoint change is a few elements whatever the Service's size (numbering the
+//! sorted endpoints instead moved every endpoint after the changed one: 2N elements for one
+//! change in a Service of N). A new endpoint takes a slot a gone one left, else the next one;
+//! a gone endpoint's slot that no newcomer takes gets the endpoint of the last slot. So the
+//! slots stay dense, `0..N`, and the argument above holds as it is: whatever endpoint sits in
+//! which slot, each draw that hits a slot hits each of the `N` endpoints with probability
+//! `1/P`, so the pick is uniform over them; a draw misses with probability `(P - N) / P < 1/2`.
+//!
+//! The slots are the nftables dataplane's state, not the plan's: they depend on the order in
+//! which endpoints came and went, while the plan is a function of the cluster alone (and
+//! explain, iptables and IPVS have no use for them). The dataplane keeps them next to the
+//! applied plan whose endpoints they number (see `sync.rs`), the one place that knows what the
+//! kernel holds; a restart reads them back from the kernel ([`Slots::adopt`]).
 
+use std::collections::HashMap;
 use std::net::IpAddr;
 
 use kproxy_plan::{Endpoint, ExternalPolicy, NoEndpointsVerdict, ServicePortPlan};
@@ -39,7 +55,7 @@ pub const DRAWS: usize = 16;
 pub const MAX_CAP_LOG2: u32 = 16;
 
 /// The endpoint classes of a service port.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Class {
     /// Cluster traffic policy endpoints (`service-*` chains).
     Cluster,
@@ -48,7 +64,8 @@ pub enum Class {
 }
 
 impl Class {
-    const ALL: [Class; 2] = [Class::Cluster, Class::Local];
+    /// Both classes.
+    pub const ALL: [Class; 2] = [Class::Cluster, Class::Local];
 
     pub(crate) fn name(self) -> &'static str {
         match self {
@@ -116,6 +133,29 @@ fn caps() -> impl Iterator<Item = u32> {
     (0..=MAX_CAP_LOG2).map(|k| 1 << k)
 }
 
+fn endpoints_map_def(ctx: &Ctx, class: Class, ks: Keyspace, proto: Protocol) -> SetDef {
+    let mut key = ks.selector(ctx);
+    key.push(Field::Numgen(2));
+    // The data is `address . port`, named by the protocol's own port field: with `th dport`
+    // nft 1.0.6 could not reload the ruleset.
+    let data = Some(vec![ctx.daddr(), Field::Dport(proto)]);
+    SetDef {
+        comment: Some(format!("{} {} endpoints by destination and slot", class.name(), proto.as_str())),
+        ..SetDef::new(endpoints_map(class, ks, proto), SetType::Typeof { key, data })
+    }
+}
+
+/// Every endpoints map of `ctx`'s table, as declared, with the class of endpoints it holds.
+pub fn endpoints_maps(ctx: &Ctx) -> Vec<(Class, SetDef)> {
+    let mut out = Vec::new();
+    for class in Class::ALL {
+        for ks in Keyspace::ALL {
+            out.extend(PROTOCOLS.map(|proto| (class, endpoints_map_def(ctx, class, ks, proto))));
+        }
+    }
+    out
+}
+
 /// The shared chains (with their rules) and maps of endpoint selection.
 pub fn skeleton(ctx: &Ctx) -> (Vec<(Chain, Vec<Rule>)>, Vec<SetDef>) {
     let mut chains = Vec::new();
@@ -124,17 +164,7 @@ pub fn skeleton(ctx: &Ctx) -> (Vec<(Chain, Vec<Rule>)>, Vec<SetDef>) {
         let mut entry = Vec::new();
         for ks in Keyspace::ALL {
             let sel = ks.selector(ctx);
-            for proto in PROTOCOLS {
-                let mut key = sel.clone();
-                key.push(Field::Numgen(2));
-                // The data is `address . port`, named by the protocol's own port field:
-                // with `th dport` nft 1.0.6 could not reload the ruleset.
-                let data = Some(vec![ctx.daddr(), Field::Dport(proto)]);
-                sets.push(SetDef {
-                    comment: Some(format!("{} {} endpoints by destination and slot", class.name(), proto.as_str())),
-                    ..SetDef::new(endpoints_map(class, ks, proto), SetType::Typeof { key, data })
-                });
-            }
+            sets.extend(PROTOCOLS.map(|proto| endpoints_map_def(ctx, class, ks, proto)));
             for cap in caps() {
                 let set = cap_set(class, ks, cap);
                 entry.push(Rule::new([Stmt::member(sel.clone(), set.as_str()), Stmt::goto(cap_chain(class, ks, cap))]));
@@ -213,22 +243,16 @@ fn destinations(p: &ServicePortPlan) -> Vec<(Class, Destination)> {
     out
 }
 
-/// The cap-set and endpoints-map elements of one service port, by destination.
-pub fn elements(p: &ServicePortPlan) -> Vec<(Destination, Element)> {
+/// The cap-set and endpoints-map elements of one service port, by destination, with its
+/// endpoints in `slots`.
+pub fn elements(p: &ServicePortPlan, slots: &Slots) -> Vec<(Destination, Element)> {
     let mut out = Vec::new();
     for (class, dest) in destinations(p) {
-        let endpoints: &[Endpoint] = match class {
-            Class::Cluster => &p.cluster_endpoints,
-            Class::Local => &p.local_endpoints,
-        };
-        let endpoints = &endpoints[..endpoints.len().min(1 << MAX_CAP_LOG2)];
+        let endpoints: Vec<&Endpoint> = slots.endpoints(p, class).take(1 << MAX_CAP_LOG2).collect();
         if endpoints.is_empty() {
             continue;
         }
-        let ks = match dest {
-            Destination::Address(..) => Keyspace::Address,
-            Destination::NodePort(..) => Keyspace::NodePort,
-        };
+        let ks = Keyspace::of(&dest);
         let cap = (endpoints.len() as u32).next_power_of_two();
         out.push((dest, Element::new(cap_set(class, ks, cap), dest.key())));
         let map = endpoints_map(class, ks, p.protocol);
@@ -241,4 +265,288 @@ pub fn elements(p: &ServicePortPlan) -> Vec<(Destination, Element)> {
         }));
     }
     out
+}
+
+impl Keyspace {
+    fn of(dest: &Destination) -> Keyspace {
+        match dest {
+            Destination::Address(..) => Keyspace::Address,
+            Destination::NodePort(..) => Keyspace::NodePort,
+        }
+    }
+}
+
+/// The endpoints of `class` in `p`, sorted.
+fn class_endpoints(p: &ServicePortPlan, class: Class) -> &[Endpoint] {
+    match class {
+        Class::Cluster => &p.cluster_endpoints,
+        Class::Local => &p.local_endpoints,
+    }
+}
+
+/// What identifies an endpoint in a slot: what the slot's element points at.
+pub type Address = (IpAddr, u16);
+
+fn address(ep: &Endpoint) -> Address {
+    (ep.ip, ep.port)
+}
+
+/// Which slot each endpoint of a service port sits in, per class (see the module docs).
+///
+/// An order is kept as the index, slot by slot, into the class's endpoints in the plan it was
+/// made for (sorted, so 4 bytes per endpoint), and only when it is not the sorted order itself:
+/// every service port starts sorted, and most never change. An order is meaningless without
+/// that plan: [`Slots::follow`] carries it to the next one.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Slots {
+    /// Slot by slot, the index of the cluster endpoint it holds; `None`: slot `i` holds the
+    /// `i`-th.
+    cluster: Option<Box<[u32]>>,
+    /// Likewise for the local endpoints.
+    local: Option<Box<[u32]>>,
+}
+
+impl Slots {
+    /// Slot `i` holds the `i`-th endpoint of each class: a service port's first slots.
+    pub const fn sorted() -> Slots {
+        Slots { cluster: None, local: None }
+    }
+
+    /// Whether slot `i` holds the `i`-th endpoint of each class.
+    pub fn is_sorted(&self) -> bool {
+        self.cluster.is_none() && self.local.is_none()
+    }
+
+    fn order(&self, class: Class) -> Option<&[u32]> {
+        match class {
+            Class::Cluster => self.cluster.as_deref(),
+            Class::Local => self.local.as_deref(),
+        }
+    }
+
+    /// The endpoints of `class` in `p` (the plan these slots were made for), slot by slot.
+    pub fn endpoints<'a>(&'a self, p: &'a ServicePortPlan, class: Class) -> impl Iterator<Item = &'a Endpoint> {
+        let endpoints = class_endpoints(p, class);
+        let by_slot = self.order(class).map(|order| order.iter().filter_map(|&i| endpoints.get(i as usize)));
+        let sorted = by_slot.is_none().then(|| endpoints.iter());
+        by_slot.into_iter().flatten().chain(sorted.into_iter().flatten())
+    }
+
+    /// The slots of `new`'s endpoints when `old`'s sit in these: every endpoint of both keeps its
+    /// slot, unless it sat past the end of `new`'s endpoints and moves into a slot a gone one
+    /// left; a new one takes a slot a gone one left, else the next free one.
+    pub fn follow(&self, old: &ServicePortPlan, new: &ServicePortPlan) -> Slots {
+        if new.affinity_timeout.is_some() {
+            // Its endpoints are rules, not slots.
+            return Slots::sorted();
+        }
+        let order = |class| {
+            let held: Vec<Option<Address>> = self.endpoints(old, class).map(|ep| Some(address(ep))).collect();
+            arrange(&held, class_endpoints(new, class))
+        };
+        Slots { cluster: order(Class::Cluster), local: order(Class::Local) }
+    }
+
+    /// The slots of `p`'s endpoints that keep what the kernel holds: the endpoint in each slot
+    /// of the first of `p`'s destinations of each class that `held` has. An endpoint `p` no
+    /// longer has leaves its slot as in [`Slots::follow`], and so on.
+    pub fn adopt(p: &ServicePortPlan, held: &HeldSlots) -> Slots {
+        if p.affinity_timeout.is_some() {
+            // Its endpoints are rules, not slots.
+            return Slots::sorted();
+        }
+        let order = |class| {
+            let mut of_class = destinations(p).into_iter().filter(|(c, _)| *c == class);
+            let from_kernel = of_class.find_map(|(_, d)| held.0.get(&(class, d)))?;
+            arrange(from_kernel, class_endpoints(p, class))
+        };
+        Slots { cluster: order(Class::Cluster), local: order(Class::Local) }
+    }
+}
+
+/// What the endpoints maps of a table hold: for each class and destination, the endpoint in
+/// each slot (`None`: an empty slot).
+#[derive(Debug, Default)]
+pub struct HeldSlots(HashMap<(Class, Destination), Vec<Option<Address>>>);
+
+impl HeldSlots {
+    /// Takes in the elements of an endpoints map of `class` (see [`endpoints_maps`]); returns
+    /// how many it could not read as a destination's slot (they are not kproxy's: an adoption
+    /// deletes them).
+    pub fn add(&mut self, class: Class, elements: &[Element]) -> usize {
+        let mut unread = 0;
+        for e in elements {
+            match slot_of(e) {
+                Some((dest, slot, address)) => {
+                    let slots = self.0.entry((class, dest)).or_default();
+                    if slots.len() <= slot {
+                        slots.resize(slot + 1, None);
+                    }
+                    slots[slot] = Some(address);
+                }
+                None => unread += 1,
+            }
+        }
+        unread
+    }
+
+    /// The slots the endpoints-map elements among `elements` (a rendering's, of any sets)
+    /// give their destinations.
+    pub fn of_elements<'a>(elements: impl IntoIterator<Item = &'a Element>) -> HeldSlots {
+        let maps: HashMap<String, Class> = Class::ALL
+            .iter()
+            .flat_map(|&class| Keyspace::ALL.iter().flat_map(move |&ks| PROTOCOLS.map(|p| (class, ks, p))))
+            .map(|(class, ks, proto)| (endpoints_map(class, ks, proto), class))
+            .collect();
+        let mut held = HeldSlots::default();
+        for e in elements {
+            if let Some(&class) = maps.get(&e.set) {
+                held.add(class, std::slice::from_ref(e));
+            }
+        }
+        held
+    }
+
+    /// How many slots hold an endpoint.
+    pub fn len(&self) -> usize {
+        self.0.values().map(|slots| slots.iter().flatten().count()).sum()
+    }
+
+    /// Whether no slot holds an endpoint.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The destination, slot and endpoint of an endpoints map's element, as [`elements`] writes it.
+fn slot_of(e: &Element) -> Option<(Destination, usize, Address)> {
+    let dest_and_slot = match e.key.0.as_slice() {
+        [Value::Addr(a), Value::Proto(p), Value::Port(port), Value::Int(slot)] => {
+            (Destination::Address(*a, *p, *port), *slot)
+        }
+        [Value::Proto(p), Value::Port(port), Value::Int(slot)] => (Destination::NodePort(*p, *port), *slot),
+        _ => return None,
+    };
+    let (dest, slot) = dest_and_slot;
+    let Some(MapData::Value(Key(value))) = &e.value else { return None };
+    let [Value::Addr(ip), Value::Port(port)] = value.as_slice() else { return None };
+    // Slots past the largest cap are not kproxy's: no room is made for them.
+    (slot < 1 << MAX_CAP_LOG2).then_some((dest, slot as usize, (*ip, *port)))
+}
+
+/// The order that puts `wanted` (sorted) into slots where `held` (slot by slot: the address
+/// each holds, `None` when empty) has them already, dense from slot 0: an address held in a
+/// slot below `wanted.len()` stays there; the other slots below take, in turn, the addresses
+/// nothing holds yet (in sorted order), then those held in the highest slots from
+/// `wanted.len()` on. `None` when that is the sorted order.
+fn arrange(held: &[Option<Address>], wanted: &[Endpoint]) -> Option<Box<[u32]>> {
+    let n = wanted.len();
+    let index: HashMap<Address, u32> = wanted.iter().enumerate().map(|(i, ep)| (address(ep), i as u32)).collect();
+    let mut placed = vec![false; n];
+    // Slot by slot, the wanted endpoint it already holds.
+    let kept: Vec<Option<u32>> = held
+        .iter()
+        .map(|a| {
+            let i = index.get(a.as_ref()?).copied()?;
+            // An address twice in the kernel (not kproxy's doing) keeps its first slot only.
+            let first = !std::mem::replace(&mut placed[i as usize], true);
+            first.then_some(i)
+        })
+        .collect();
+    let mut newcomers = (0..n as u32).filter(|i| !placed[*i as usize]);
+    // Endpoints past the last slot, taken from the highest.
+    let mut beyond: Vec<u32> = kept.iter().skip(n).flatten().copied().collect();
+    let order: Vec<u32> = (0..n)
+        .filter_map(|slot| kept.get(slot).copied().flatten().or_else(|| newcomers.next()).or_else(|| beyond.pop()))
+        .collect();
+    // Every slot below `n` that holds no wanted endpoint is filled: there are as many such
+    // slots as newcomers and endpoints beyond together.
+    debug_assert_eq!(order.len(), n);
+    let sorted = order.iter().enumerate().all(|(slot, &i)| slot == i as usize);
+    (!sorted && order.len() == n).then(|| order.into_boxed_slice())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn ep(last: u8) -> Endpoint {
+        Endpoint { ip: IpAddr::from([198, 18, 16, last]), port: 8080, is_local: false, ready: true }
+    }
+
+    fn endpoints(lasts: &[u8]) -> Vec<Endpoint> {
+        let mut v: Vec<Endpoint> = lasts.iter().map(|l| ep(*l)).collect();
+        v.sort();
+        v.dedup();
+        v
+    }
+
+    /// The addresses `order` puts in each slot.
+    fn by_slot(order: &Option<Box<[u32]>>, wanted: &[Endpoint]) -> Vec<u8> {
+        let last = |ep: &Endpoint| match ep.ip {
+            IpAddr::V4(v4) => v4.octets()[3],
+            IpAddr::V6(_) => 0,
+        };
+        match order {
+            Some(o) => o.iter().map(|&i| last(&wanted[i as usize])).collect(),
+            None => wanted.iter().map(last).collect(),
+        }
+    }
+
+    fn held(lasts: &[Option<u8>]) -> Vec<Option<Address>> {
+        lasts.iter().map(|l| l.map(|l| address(&ep(l)))).collect()
+    }
+
+    #[test]
+    fn a_replaced_endpoint_takes_its_predecessors_slot_and_a_removed_ones_goes_to_the_last() {
+        let wanted = endpoints(&[1, 3, 4, 9]);
+        // 2 replaced by 9, which sorts last.
+        let order = arrange(&held(&[Some(1), Some(2), Some(3), Some(4)]), &wanted);
+        assert_eq!(by_slot(&order, &wanted), vec![1, 9, 3, 4]);
+        // 1 removed: the last slot's endpoint moves into its slot.
+        let wanted = endpoints(&[2, 3, 4]);
+        let order = arrange(&held(&[Some(1), Some(2), Some(3), Some(4)]), &wanted);
+        assert_eq!(by_slot(&order, &wanted), vec![4, 2, 3]);
+        // Added: the next slot.
+        let wanted = endpoints(&[0, 1, 2]);
+        let order = arrange(&held(&[Some(1), Some(2)]), &wanted);
+        assert_eq!(by_slot(&order, &wanted), vec![1, 2, 0]);
+        // Nothing changed, sorted: nothing to keep.
+        assert_eq!(arrange(&held(&[Some(1), Some(2)]), &endpoints(&[1, 2])), None);
+    }
+
+    #[test]
+    fn empty_slots_and_doubles_in_the_kernel_are_filled_densely() {
+        let wanted = endpoints(&[1, 2, 3]);
+        let order = arrange(&held(&[None, Some(2), Some(2), None, Some(7), Some(1)]), &wanted);
+        assert_eq!(by_slot(&order, &wanted), vec![3, 2, 1]);
+    }
+
+    proptest! {
+        /// Whatever the slots held, the new order holds every wanted endpoint once, in slots
+        /// `0..N`, keeps every one that was in a slot below `N` there, and moves at most as
+        /// many others as changed.
+        #[test]
+        fn every_wanted_endpoint_gets_one_slot_and_kept_ones_stay(
+            before in prop::collection::vec(proptest::option::of(0u8..40), 0..30),
+            after in prop::collection::vec(0u8..40, 0..30),
+        ) {
+            let wanted = endpoints(&after);
+            let order = arrange(&held(&before), &wanted);
+            let slots = by_slot(&order, &wanted);
+            let mut sorted = slots.clone();
+            sorted.sort();
+            let mut want: Vec<u8> = after.clone();
+            want.sort();
+            want.dedup();
+            prop_assert_eq!(&sorted, &want);
+            let mut seen = std::collections::BTreeSet::new();
+            for (slot, held) in before.iter().enumerate().take(wanted.len()) {
+                if let Some(h) = held.filter(|h| want.contains(h) && seen.insert(*h)) {
+                    prop_assert_eq!(slots[slot], h, "slot {} moved", slot);
+                }
+            }
+        }
+    }
 }

@@ -155,8 +155,8 @@ pub fn shared_chains(ctx: &Ctx, node: &NodePlan) -> Vec<(Chain, Vec<Rule>)> {
     chains
 }
 
-/// Renders one service port.
-pub fn render(ctx: &Ctx, node: &NodePlan, p: &ServicePortPlan) -> ServiceObjects {
+/// Renders one service port, with its endpoints in `slots` (see [`pick::Slots`]).
+pub fn render(ctx: &Ctx, node: &NodePlan, p: &ServicePortPlan, slots: &pick::Slots) -> ServiceObjects {
     let mut out = ServiceObjects::default();
     let internal_class = if p.internal.local { Class::Local } else { Class::Cluster };
 
@@ -255,7 +255,7 @@ pub fn render(ctx: &Ctx, node: &NodePlan, p: &ServicePortPlan) -> ServiceObjects
     }
 
     if p.affinity_timeout.is_none() {
-        for (d, element) in pick::elements(p) {
+        for (d, element) in pick::elements(p, slots) {
             out.destinations.entry(d).or_default().push(element);
         }
     }

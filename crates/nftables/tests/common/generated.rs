@@ -3,22 +3,71 @@
 
 #![allow(dead_code, clippy::unwrap_used, clippy::panic)]
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
-use kproxy_nft_model::{Key, MapData, Op, Rule};
+use kproxy_nft_model::{
+    Element, ExecError, Executor, Key, Listings, MapData, Op, Rule, SetDef, TableListing, TableRef, Value,
+};
 use kproxy_nftables::Transaction;
 use kproxy_plan::Plan;
 use proptest::prelude::*;
 use serde_json::json;
 
-#[derive(Debug, Default, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Table {
     pub chains: BTreeMap<String, Vec<Rule>>,
     pub sets: BTreeMap<String, BTreeMap<Key, Option<MapData>>>,
 }
 
-#[derive(Debug, Default, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Kernel(pub BTreeMap<String, Table>);
+
+/// The identity the model kernel gives an element (see [`ModelKernel`]).
+pub fn identity(key: &Key, value: &Option<MapData>) -> Vec<u8> {
+    format!("{key:?} {value:?}").into_bytes()
+}
+
+/// The endpoints of every destination of every endpoints map: (table, map, the key without its
+/// slot) → the endpoints its slots hold.
+pub type EndpointsByDestination = BTreeMap<(String, String, Vec<Value>), BTreeSet<MapData>>;
+
+impl Kernel {
+    /// This kernel with the endpoints maps apart: everything else as it is (those maps empty),
+    /// and the endpoints each destination holds — after checking that every destination's slots
+    /// are `0..N` and hold `N` different endpoints, as the pick needs them.
+    pub fn slots_apart(&self) -> Result<(Kernel, EndpointsByDestination), String> {
+        let mut rest = self.clone();
+        let mut by_destination = EndpointsByDestination::new();
+        for (table_name, table) in &mut rest.0 {
+            // `cluster[-nodeport]-<proto>-endpoints`, `local[-nodeport]-<proto>-endpoints`.
+            let endpoints_map = |name: &str| {
+                (name.starts_with("cluster-") || name.starts_with("local-")) && name.ends_with("-endpoints")
+            };
+            for (set, elements) in table.sets.iter_mut().filter(|(name, _)| endpoints_map(name)) {
+                let mut slots: BTreeMap<Vec<Value>, Vec<(u32, MapData)>> = BTreeMap::new();
+                for (key, value) in std::mem::take(elements) {
+                    let Some((Value::Int(slot), dest)) = key.0.split_last() else {
+                        return Err(format!("{set}: a key without a slot: {key}"));
+                    };
+                    let value = value.ok_or_else(|| format!("{set}: {key} has no endpoint"))?;
+                    slots.entry(dest.to_vec()).or_default().push((*slot, value));
+                }
+                for (dest, held) in slots {
+                    let numbers: Vec<u32> = held.iter().map(|(slot, _)| *slot).collect();
+                    if numbers != (0..held.len() as u32).collect::<Vec<_>>() {
+                        return Err(format!("{table_name} {set} {dest:?}: slots {numbers:?} are not dense"));
+                    }
+                    let endpoints: BTreeSet<MapData> = held.into_iter().map(|(_, v)| v).collect();
+                    if endpoints.len() != numbers.len() {
+                        return Err(format!("{table_name} {set} {dest:?}: an endpoint in two slots"));
+                    }
+                    by_destination.insert((table_name.clone(), set.clone(), dest), endpoints);
+                }
+            }
+        }
+        Ok((rest, by_destination))
+    }
+}
 
 impl Kernel {
     pub fn apply(&mut self, tx: &Transaction) {
@@ -74,6 +123,12 @@ impl Kernel {
                     let n = table(self, t);
                     let set = self.0.get_mut(&n).unwrap().sets.get_mut(&e.set).unwrap_or_else(|| panic!("{op:?}"));
                     assert!(set.remove(&e.key).is_some(), "{op:?}: no such element");
+                }
+                Op::DeleteElementByIdentity { table: t, set, identity: id } => {
+                    let n = table(self, t);
+                    let set = self.0.get_mut(&n).unwrap().sets.get_mut(set).unwrap_or_else(|| panic!("{op:?}"));
+                    let key = set.iter().find(|(k, v)| identity(k, v) == *id).map(|(k, _)| k.clone());
+                    set.remove(&key.unwrap_or_else(|| panic!("{op:?}: no such element")));
                 }
                 other => panic!("unmodelled operation {other:?}"),
             }
@@ -180,4 +235,65 @@ pub fn cluster_state(cluster: &[Option<Svc>]) -> kproxy_state::ClusterState {
         ));
     }
     super::state(objects)
+}
+
+/// Whether two kernels hold the same, but for which slot each endpoint sits in (and both
+/// keep their slots dense): what a fresh start and a history of changes must agree on.
+pub fn same_but_slots(a: &Kernel, b: &Kernel) -> Result<(), String> {
+    let (a_rest, a_endpoints) = a.slots_apart()?;
+    let (b_rest, b_endpoints) = b.slots_apart()?;
+    if a_endpoints != b_endpoints {
+        return Err(format!("endpoints differ:\n{a_endpoints:#?}\n{b_endpoints:#?}"));
+    }
+    if a_rest != b_rest {
+        return Err(format!("the rest differs:\n{a_rest:#?}\n{b_rest:#?}"));
+    }
+    Ok(())
+}
+
+/// An executor over the strict kernel model that reads back what a restart reads from a real
+/// kernel: the tables' summaries, the identities of elements and the elements themselves.
+#[derive(Debug, Default)]
+pub struct ModelKernel {
+    pub kernel: Kernel,
+    pub listings: Listings,
+    pub generation: u32,
+    pub applied: Vec<Transaction>,
+}
+
+impl ModelKernel {
+    fn set(&self, table: &TableRef, set: &str) -> Option<&BTreeMap<Key, Option<MapData>>> {
+        self.kernel.0.get(&table.to_string())?.sets.get(set)
+    }
+}
+
+impl Executor for ModelKernel {
+    fn apply(&mut self, tx: &Transaction) -> Result<(), ExecError> {
+        self.kernel.apply(tx);
+        self.listings.apply(tx);
+        self.generation = self.generation.wrapping_add(1);
+        self.applied.push(tx.clone());
+        Ok(())
+    }
+
+    fn generation(&mut self) -> Result<Option<u32>, ExecError> {
+        Ok(Some(self.generation))
+    }
+
+    fn list(&mut self, table: &TableRef) -> Result<Option<TableListing>, ExecError> {
+        Ok(Some(self.listings.get(table)))
+    }
+
+    fn element_identities(&mut self, table: &TableRef, set: &str) -> Result<Option<BTreeSet<Vec<u8>>>, ExecError> {
+        Ok(self.set(table, set).map(|s| s.iter().map(|(k, v)| identity(k, v)).collect()))
+    }
+
+    fn element_identity(&self, e: &Element) -> Option<Vec<u8>> {
+        Some(identity(&e.key, &e.value))
+    }
+
+    fn elements(&mut self, table: &TableRef, set: &SetDef) -> Result<Option<Vec<Element>>, ExecError> {
+        let elements = self.set(table, &set.name).into_iter().flatten();
+        Ok(Some(elements.map(|(k, v)| Element { set: set.name.clone(), key: k.clone(), value: v.clone() }).collect()))
+    }
 }

@@ -46,20 +46,20 @@ pub async fn cluster(
     client: &kube::Client,
     etcd_url: &str,
     n: usize,
-    web_pod: IpAddr,
+    (web_pod, per): (IpAddr, usize),
     concurrency: usize,
 ) -> anyhow::Result<Created> {
     let started = Instant::now();
     create::node_and_namespaces(client, n, concurrency).await?;
     let trigger = kproxy_servers::rfc3339_nano(Some(std::time::SystemTime::now()));
-    let (mut slices, mut bytes) = create::create_one(client, 0, web_pod, &trigger).await?;
+    let (mut slices, mut bytes) = create::create_one(client, 0, (web_pod, per), &trigger).await?;
     let template = ip_address_template(client).await?;
     let etcd = Etcd::new(etcd_url);
     for first in (1..n).step_by(CHUNK) {
         let round: Vec<Written> = futures::stream::iter(first..(first + CHUNK).min(n))
             .map(|i| {
                 let (client, trigger, template) = (client.clone(), trigger.clone(), &template);
-                async move { write_one(&client, i, web_pod, &trigger, template).await }
+                async move { write_one(&client, i, (web_pod, per), &trigger, template).await }
             })
             .buffer_unordered(concurrency)
             .try_collect()
@@ -102,15 +102,15 @@ struct Written {
 async fn write_one(
     client: &kube::Client,
     i: usize,
-    web_pod: IpAddr,
+    endpoints: (IpAddr, usize),
     trigger: &str,
     template: &Value,
 ) -> anyhow::Result<Written> {
     if Shape::of(i).node_port {
-        let (slices, sent) = create::create_one(client, i, web_pod, trigger).await?;
+        let (slices, sent) = create::create_one(client, i, endpoints, trigger).await?;
         return Ok(Written { addresses: Vec::new(), objects: Vec::new(), sent, slices });
     }
-    stored_objects(client, i, web_pod, trigger, template).await
+    stored_objects(client, i, endpoints, trigger, template).await
 }
 
 /// Service `i`'s objects as the API server would store them: its key and JSON each (the Service,
@@ -118,7 +118,7 @@ async fn write_one(
 async fn stored_objects(
     client: &kube::Client,
     i: usize,
-    web_pod: IpAddr,
+    (web_pod, per): (IpAddr, usize),
     trigger: &str,
     template: &Value,
 ) -> anyhow::Result<Written> {
@@ -142,7 +142,7 @@ async fn stored_objects(
     out.push((format!("/registry/services/specs/{namespace}/{name}"), serde_json::to_vec(&service)?));
     let families = families(i);
     for v6 in &families {
-        let endpoints = objects::initial_endpoints(i, *v6, (web_pod, NODE_NAME));
+        let endpoints = objects::initial_endpoints(i, *v6, (web_pod, NODE_NAME), per);
         let slice_json = objects::slice(i, *v6, &endpoints, trigger);
         sent += slice_json.to_string().len();
         let path = format!("/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices");

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context as _;
 use sha2::{Digest as _, Sha256};
 
-use super::super::objects;
+use super::super::objects::{self, Layout};
 use super::{Created, NODE_PORTS, SERVICE_CIDRS};
 
 /// One size's saved cluster in `root`.
@@ -24,10 +24,10 @@ pub struct SavedCluster {
 }
 
 impl SavedCluster {
-    /// The saved cluster of `n` Services written by `apiserver` (the binary's path carries its
-    /// sum, `kproxy-k8s-harness`'s cache) with etcd `etcd` (its name).
-    pub fn new(root: &Path, n: usize, apiserver: &Path, etcd: &str) -> SavedCluster {
-        SavedCluster { dir: root.join(format!("{n}-{}", key(n, apiserver, etcd))) }
+    /// The saved cluster of `n` Services laid out as `layout` says, written by `apiserver` (the
+    /// binary's path carries its sum, `kproxy-k8s-harness`'s cache) with etcd `etcd` (its name).
+    pub fn new(root: &Path, n: usize, layout: Layout, apiserver: &Path, etcd: &str) -> SavedCluster {
+        SavedCluster { dir: root.join(format!("{n}-{}", key(n, layout, apiserver, etcd))) }
     }
 
     /// etcd's data directory, when a complete earlier run saved it.
@@ -65,17 +65,23 @@ impl SavedCluster {
 const CREATED: &str = "created.json";
 
 /// What the saved objects depend on: the binaries, the API server's ranges, and the objects
-/// themselves (a sample of every shape, first and last included).
-fn key(n: usize, apiserver: &Path, etcd: &str) -> String {
+/// themselves (a sample of every shape, first and last included, and the big Service's).
+fn key(n: usize, layout: Layout, apiserver: &Path, etcd: &str) -> String {
     let mut hash = Sha256::new();
     hash.update(apiserver.to_string_lossy().as_bytes());
     hash.update(etcd.as_bytes());
     hash.update(SERVICE_CIDRS.as_bytes());
     hash.update(format!("{NODE_PORTS:?}").as_bytes());
+    let web = (super::WEB_POD.into(), super::super::api::NODE_NAME);
     for i in [0, 1, 3, 7, 10, 50, 100, n / 2, n - 1] {
         hash.update(objects::service(i).to_string().as_bytes());
-        let endpoints = objects::initial_endpoints(i, false, (super::WEB_POD.into(), super::super::api::NODE_NAME));
+        let endpoints = objects::initial_endpoints(i, false, web, layout.endpoints);
         hash.update(objects::slice(i, false, &endpoints, "").to_string().as_bytes());
+    }
+    // The default layout hashes as it did before there were others: clusters saved then stay.
+    if !layout.is_default() {
+        hash.update(format!("{layout:?}").as_bytes());
+        hash.update(objects::big_service(n).to_string().as_bytes());
     }
     let digest = hash.finalize();
     digest[..6].iter().map(|b| format!("{b:02x}")).collect()

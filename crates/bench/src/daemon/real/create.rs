@@ -52,8 +52,14 @@ pub(super) fn for_create(mut object: Value) -> Value {
     object
 }
 
-/// Creates the node, the namespaces and `n` Services with their slices; `web_pod` backs Service 0.
-pub async fn cluster(client: &kube::Client, n: usize, web_pod: IpAddr, concurrency: usize) -> anyhow::Result<Created> {
+/// Creates the node, the namespaces and `n` Services with their slices of `per` endpoints;
+/// `web_pod` backs Service 0.
+pub async fn cluster(
+    client: &kube::Client,
+    n: usize,
+    (web_pod, per): (IpAddr, usize),
+    concurrency: usize,
+) -> anyhow::Result<Created> {
     let started = Instant::now();
     node_and_namespaces(client, n, concurrency).await?;
     let trigger = kproxy_servers::rfc3339_nano(Some(std::time::SystemTime::now()));
@@ -61,7 +67,7 @@ pub async fn cluster(client: &kube::Client, n: usize, web_pod: IpAddr, concurren
         .map(|i| {
             let client = client.clone();
             let trigger = trigger.clone();
-            async move { create_one(&client, i, web_pod, &trigger).await }
+            async move { create_one(&client, i, (web_pod, per), &trigger).await }
         })
         .buffer_unordered(concurrency)
         .try_collect()
@@ -108,11 +114,12 @@ pub(super) async fn node_and_namespaces(client: &kube::Client, n: usize, concurr
     Ok(())
 }
 
-/// Service `i`, its load balancer status, and its slices: (slices, bytes sent).
+/// Service `i`, its load balancer status, and its slices of `per` endpoints (`web_pod` backs
+/// Service 0): (slices, bytes sent).
 pub(super) async fn create_one(
     client: &kube::Client,
     i: usize,
-    web_pod: IpAddr,
+    (web_pod, per): (IpAddr, usize),
     trigger: &str,
 ) -> anyhow::Result<(usize, usize)> {
     let (namespace, name) = objects::name(i);
@@ -131,7 +138,7 @@ pub(super) async fn create_one(
     }
     let families = families(i);
     for v6 in &families {
-        let eps = objects::initial_endpoints(i, *v6, (web_pod, NODE_NAME));
+        let eps = objects::initial_endpoints(i, *v6, (web_pod, NODE_NAME), per);
         let slice_json = objects::slice(i, *v6, &eps, trigger);
         bytes += slice_json.to_string().len();
         let slice: EndpointSlice = serde_json::from_value(for_create(slice_json))?;
@@ -192,6 +199,48 @@ where
         attempt += 1;
         tokio::time::sleep(Duration::from_millis(50 * attempt)).await;
     }
+}
+
+/// Creates the big Service (number `i`) and its slices of `m` endpoints; (slices, bytes sent).
+pub(super) async fn create_big(client: &kube::Client, i: usize, m: usize, trigger: &str) -> anyhow::Result<(usize, usize)> {
+    let (namespace, name) = objects::BIG;
+    let services: Api<Service> = Api::namespaced(client.clone(), namespace);
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), namespace);
+    let service_json = objects::big_service(i);
+    let mut bytes = service_json.to_string().len();
+    let service: Service = serde_json::from_value(for_create(service_json))?;
+    let post = PostParams::default();
+    retry(|| services.create(&post, &service)).await.with_context(|| format!("Service {name}"))?;
+    let all = objects::big_slices(i, &objects::big_initial_endpoints(m), trigger);
+    let count = all.len();
+    for (slice_name, slice_json) in all {
+        bytes += slice_json.to_string().len();
+        let slice: EndpointSlice = serde_json::from_value(for_create(slice_json))?;
+        retry(|| slices.create(&post, &slice)).await.with_context(|| format!("EndpointSlice {slice_name}"))?;
+    }
+    Ok((count, bytes))
+}
+
+/// Replaces the endpoints of the big Service's (number `i`) slice `s` with `endpoints` (a merge
+/// patch, as in [`set_endpoints`]).
+pub async fn set_big_slice(
+    client: &kube::Client,
+    i: usize,
+    s: usize,
+    endpoints: &[(IpAddr, String)],
+) -> anyhow::Result<()> {
+    let trigger = kproxy_servers::rfc3339_nano(Some(std::time::SystemTime::now()));
+    let slice = objects::big_slice(i, s, endpoints, &trigger);
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), objects::BIG.0);
+    let patch = json!({
+        "metadata": {"annotations": slice["metadata"]["annotations"]},
+        "endpoints": slice["endpoints"],
+    });
+    slices
+        .patch(&objects::big_slice_name(s), &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .with_context(|| format!("changing the big Service's slice {s}"))?;
+    Ok(())
 }
 
 /// Replaces Service `i`'s IPv4 slice's endpoints with `endpoints` (a merge patch: the list is

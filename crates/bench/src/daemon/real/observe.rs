@@ -13,7 +13,7 @@ use kproxy_testbed::Netns;
 
 use super::super::kernel::KernelProbe;
 use super::super::kproxy::Kproxy;
-use super::super::objects::{self, Shape};
+use super::super::objects::{self, Layout, Shape};
 use super::upstream::{NFT_TABLE, SERVICE_IPS};
 
 /// How often the kernel is polled while waiting for the first sync.
@@ -27,8 +27,8 @@ fn service_key(ip: IpAddr, port: u16) -> Vec<u8> {
     element_key(&key).map(|k| k.start).unwrap_or_default()
 }
 
-/// Every Service's ClusterIP keys, both families.
-fn expected(n: usize) -> Vec<(IpAddr, Vec<u8>)> {
+/// Every Service's ClusterIP keys, both families (the big Service's, IPv4, last).
+fn expected(n: usize, layout: Layout) -> Vec<(IpAddr, Vec<u8>)> {
     let mut keys = Vec::new();
     for i in 0..n {
         let port = objects::service_port(i);
@@ -39,14 +39,24 @@ fn expected(n: usize) -> Vec<(IpAddr, Vec<u8>)> {
             keys.push((v6, service_key(v6, port)));
         }
     }
+    if layout.big > 0 {
+        let big: IpAddr = objects::cluster_ip_v4(n).into();
+        keys.push((big, service_key(big, 80)));
+    }
     keys
 }
 
 /// Upstream nftables mode: waits until both families' `service-ips` maps hold every Service's
 /// ClusterIP (sampled lookups every 5 ms, then one dump of each map to confirm); seconds since
 /// the process was spawned, and whether the dumps (not the samples) decided it.
-pub fn wait_upstream_nft(node: &Netns, n: usize, daemon: &mut Kproxy, timeout_s: u64) -> anyhow::Result<(f64, bool)> {
-    let expected = expected(n);
+pub fn wait_upstream_nft(
+    node: &Netns,
+    n: usize,
+    layout: Layout,
+    daemon: &mut Kproxy,
+    timeout_s: u64,
+) -> anyhow::Result<(f64, bool)> {
+    let expected = expected(n, layout);
     let step = (expected.len() / START_SAMPLES).max(1);
     let mut samples: Vec<(IpAddr, Vec<u8>)> = expected.iter().step_by(step).cloned().collect();
     samples.extend(expected.iter().rfind(|(ip, _)| ip.is_ipv6()).cloned());

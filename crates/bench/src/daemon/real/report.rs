@@ -125,12 +125,21 @@ fn write_report(
          kproxy: {}; upstream: kube-proxy v1.36.2 (KPROXY_K8S_DIR); both with their defaults but --proxy-mode, \
          --kubeconfig (user system:kube-proxy), --hostname-override, --cluster-cidr and --conntrack-*=0, \
          one after the other on the same objects, watched by the same netlink probe. Each Service: one TCP port, \
-         an EndpointSlice of 5 endpoints; 10% NodePort, 2% LoadBalancer (half eTP Local), 1% ClientIP affinity, \
-         10% dual-stack. Idle window {} s; {} changes at one per {} ms (the next once the last is seen), each one \
+         an EndpointSlice of {} endpoints; 10% NodePort, 2% LoadBalancer (half eTP Local), 1% ClientIP affinity, \
+         10% dual-stack{}. Idle window {} s; {} changes at one per {} ms (the next once the last is seen), each one \
          endpoint address replaced by a PATCH of the slice, timed from before the PATCH to the kernel; \
          upstream's start bounded at {} s.",
         if fsync { " (etcd --unsafe-no-fsync)" } else { "" },
         kproxy.display(),
+        args.endpoints,
+        if args.big_service > 0 {
+            format!(
+                "; and one Service of {} endpoints (`bench/big`; its rollout bounded at {} s per proxy)",
+                args.big_service, args.rollout_timeout
+            )
+        } else {
+            String::new()
+        },
         args.idle,
         args.changes,
         args.change_interval_ms,
@@ -218,6 +227,23 @@ fn write_report(
         writeln!(s)?;
         writeln!(s, "\\* timed by full listings of the maps or chains (resolution: one listing).")?;
     }
+    for size in results {
+        let rows: Vec<(String, &crate::daemon::big::BigResult)> = size
+            .proxies
+            .iter()
+            .filter_map(|r| r.big.as_ref().map(|b| (format!("{} ({} Services)", name(r, args.repeat), size.services), b)))
+            .collect();
+        crate::daemon::big::write_table(s, &rows)?;
+        let runs = |proxy: Proxy| size.proxies.iter().filter(move |r| r.proxy == proxy && r.mode == Mode::Nftables);
+        for k in runs(Proxy::Kproxy) {
+            let Some(big) = &k.big else { continue };
+            let upstream = runs(Proxy::Upstream).find(|u| u.repeat == k.repeat).and_then(|u| u.big.as_ref());
+            let title = crate::daemon::big::targets_title(size.services, size.layout, &name(k, args.repeat));
+            let mut counted = true;
+            let judged = if crate::daemon::big::is_target_shape(size.services, size.layout) { &mut *met } else { &mut counted };
+            write_targets(s, &title, crate::daemon::big::targets(Some(k.start_s), big, upstream), judged)?;
+        }
+    }
     // With `--repeat`, every run is judged: a target is met only when each run meets it.
     for size in results {
         let runs = |proxy: Proxy| size.proxies.iter().filter(move |r| r.proxy == proxy && r.mode == Mode::Nftables);
@@ -279,12 +305,14 @@ mod tests {
             rss_peak_mib: 300.0,
             rss_after_changes_mib: 250.0,
             cpu_total_s: 2.0,
+            big: None,
         }
     }
 
     fn size(proxies: Vec<ProxyResult>) -> SizeResult {
         SizeResult {
             services: TARGET_SIZE,
+            layout: Default::default(),
             endpoints: 500_000,
             created: Created {
                 services: TARGET_SIZE,

@@ -17,6 +17,11 @@ pub const SERVICE_IPS: &str = "service-ips";
 /// from an anonymous map of `address . port`.
 pub fn nft_service_chain(i: usize) -> String {
     let (namespace, service) = objects::name(i);
+    nft_service_chain_of(&namespace, &service)
+}
+
+/// The same for Service `namespace/service`.
+pub fn nft_service_chain_of(namespace: &str, service: &str) -> String {
     let name = format!("{namespace}/{service}/tcp/http");
     format!("service-{}-{name}", &hash16(&name)[..8])
 }
@@ -25,6 +30,11 @@ pub fn nft_service_chain(i: usize) -> String {
 /// (`KUBE-SEP-` and base32(sha256(`ns/svc:http` + `tcp` + `ip:port`)), as kproxy names it too).
 pub fn iptables_endpoint_chain(i: usize, ip: IpAddr) -> String {
     let (namespace, service) = objects::name(i);
+    iptables_endpoint_chain_of(&namespace, &service, ip)
+}
+
+/// The same for Service `namespace/service`.
+pub fn iptables_endpoint_chain_of(namespace: &str, service: &str, ip: IpAddr) -> String {
     let endpoint = match ip {
         IpAddr::V4(v4) => format!("{v4}:{TARGET_PORT}"),
         IpAddr::V6(v6) => format!("[{v6}]:{TARGET_PORT}"),
