@@ -86,13 +86,12 @@ fn parse_artifacts(messages: &str) -> Vec<TestBinary> {
 }
 
 /// Reads, reports and clears the host's skip ledger (`kproxy_testbed::kernel::skip_ledger`):
-/// the kernel tests the host run under `CI=true` skipped because its kernel lacks what they need.
-/// The guest run that follows runs them, and fails on any skip of its own.
-pub fn take_host_skips(target: &Path) -> Vec<String> {
+/// the kernel tests the host run (under `CI=true`, or `./scripts/test`, which starts it empty)
+/// skipped because its kernel lacks what they need. `None` when there is no ledger: no host run
+/// recorded its skips. The guest run that follows runs them, and fails on any skip of its own.
+pub fn take_host_skips(target: &Path) -> Option<Vec<String>> {
     let ledger = target.join(kproxy_testbed::kernel::SKIP_LEDGER_FILE);
-    let Ok(text) = std::fs::read_to_string(&ledger) else {
-        return Vec::new();
-    };
+    let text = std::fs::read_to_string(&ledger).ok()?;
     let skips = ledger_lines(&text);
     tracing::info!("{} kernel tests were skipped by the host run ({}):", skips.len(), ledger.display());
     for line in &skips {
@@ -101,7 +100,43 @@ pub fn take_host_skips(target: &Path) -> Vec<String> {
     if let Err(error) = std::fs::remove_file(&ledger) {
         tracing::warn!("cannot clear {}: {error}", ledger.display());
     }
-    skips
+    Some(skips)
+}
+
+/// Which kernel tests the guest runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Selection {
+    /// Every kernel test, with these libtest arguments (a FILTER, `--all`, or no host ledger).
+    Everything(Vec<OsString>),
+    /// Exactly the tests the host skipped: their names as exact libtest filters.
+    HostSkips(Vec<OsString>),
+    /// The host skipped none: nothing for the guest to run.
+    Nothing,
+}
+
+/// What the guest runs: with a FILTER or `all`, what the arguments select; else the tests the
+/// host run recorded as skipped (`host_skips`, `None` without a ledger: then every kernel test).
+/// `libtest_args` (after `--`) go along in every case.
+pub fn select(
+    filter: Option<&OsString>,
+    all: bool,
+    host_skips: Option<&[String]>,
+    libtest_args: &[OsString],
+) -> Selection {
+    let everything =
+        |filter: Option<&OsString>| Selection::Everything(filter.into_iter().chain(libtest_args).cloned().collect());
+    if filter.is_some() || all {
+        return everything(filter);
+    }
+    match host_skips {
+        None => everything(None),
+        Some([]) => Selection::Nothing,
+        Some(skips) => match exact_filters(skips) {
+            Some(filters) => Selection::HostSkips(filters.into_iter().chain(libtest_args.iter().cloned()).collect()),
+            // A skip recorded outside a named test: run them all rather than miss it.
+            None => everything(None),
+        },
+    }
 }
 
 /// libtest arguments that select exactly the tests of ledger lines (`SKIPPED <test>: <reason>`),
@@ -178,6 +213,23 @@ mod tests {
         let unnamed = ["SKIPPED tests::a: needs IPVS".to_owned(), "SKIPPED kernel-0f3a9c: needs IPVS".to_owned()];
         assert_eq!(exact_filters(&unnamed), None, "an executable's name selects no test: run them all");
         assert_eq!(exact_filters(&["garbage".to_owned()]), None);
+    }
+
+    #[test]
+    fn the_host_skips_are_what_the_guest_runs_unless_a_filter_or_all_says_otherwise() {
+        let skips = ["SKIPPED tests::a: needs IPVS".to_owned()];
+        let extra = [OsString::from("--nocapture")];
+        assert_eq!(
+            select(None, false, Some(&skips), &extra),
+            Selection::HostSkips(vec!["tests::a".into(), "--exact".into(), "--nocapture".into()])
+        );
+        assert_eq!(select(None, false, Some(&[]), &extra), Selection::Nothing, "the host skipped none");
+        assert_eq!(select(None, false, None, &extra), Selection::Everything(vec!["--nocapture".into()]), "no ledger");
+        assert_eq!(select(None, true, Some(&skips), &[]), Selection::Everything(vec![]), "--all");
+        let filter = OsString::from("ipvs");
+        assert_eq!(select(Some(&filter), false, Some(&skips), &[]), Selection::Everything(vec!["ipvs".into()]));
+        let unnamed = ["SKIPPED kernel-0f3a9c: needs IPVS".to_owned()];
+        assert_eq!(select(None, false, Some(&unnamed), &[]), Selection::Everything(vec![]), "a skip without a name");
     }
 
     #[test]
