@@ -100,40 +100,40 @@ fn guest_test(layout: &Layout, args: &[OsString]) -> Result<i32> {
     }
     let host_skips = test_suite::take_host_skips(&layout.target);
     let selection = test_suite::select(filters.first().copied(), all, host_skips.as_deref(), after);
-    let libtest_args = match selection {
+    let (libtest_args, expected) = match selection {
         test_suite::Selection::Nothing => {
             tracing::info!(
                 "guest-test: the host run skipped no kernel test; nothing for the guest to run (`--all` runs every one)"
             );
             return Ok(0);
         }
-        test_suite::Selection::HostSkips(args) => {
+        test_suite::Selection::HostSkips { tests, args } => {
             tracing::info!(
                 "guest-test: running the {} tests the host skipped (`cargo xtask guest-test --all` runs every kernel test)",
-                host_skips.as_ref().map_or(0, Vec::len)
+                tests.len()
             );
-            args
+            (args, tests)
         }
         test_suite::Selection::Everything(args) => {
             if filters.is_empty() {
                 let why = if all { "--all" } else { "no skip ledger from a host run" };
                 tracing::info!("guest-test: running every kernel test ({why})");
             }
-            args
+            (args, Vec::new())
         }
     };
     let binaries = test_suite::build(&layout.workspace)?;
     let built = started.elapsed();
     let guest = Guest::prepare(layout)?;
     let prepared = started.elapsed();
-    let script = test_suite::suite_script(&binaries, &libtest_args);
+    let script = test_suite::suite_script(&binaries, &libtest_args, &expected);
     // Every kernel test again under TCG takes most of an hour (docs/testing.md).
     let default_timeout = if all { Duration::from_secs(90 * 60) } else { Duration::from_secs(45 * 60) };
     let timeout = timeout_from_env(default_timeout);
     let status = guest.run(&test_suite::suite_command(), &[("suite.sh", script)], timeout)?;
-    if let Some(skips) = host_skips.filter(|skips| !skips.is_empty()) {
+    if !expected.is_empty() {
         let verdict = if status == 0 { "ran and passed" } else { "ran (the suite failed)" };
-        tracing::info!("guest-test: the {} kernel tests the host skipped {verdict} in the guest", skips.len());
+        tracing::info!("guest-test: the {} kernel tests the host skipped {verdict} in the guest", expected.len());
     }
     tracing::info!(
         "guest-test: exit status {status}, {:.1} s in all (build {:.1} s, guest setup {:.1} s, guest run {:.1} s)",
