@@ -78,7 +78,7 @@ fn kill_9_at_random_points_never_breaks_new_connections_and_ends_as_a_fresh_star
     if !kproxy_testbed::kernel::require_root() {
         return;
     }
-    let support::BulkSandbox { tb, web, client, api } = support::bulk_sandbox(SERVICES);
+    let support::BulkSandbox { tb, web, client, api, .. } = support::bulk_sandbox(SERVICES);
     let metrics = support::free_port();
     // Extra kproxy flags, to bisect a failure (e.g. `--feature-gates=KubeProxyAcceleration=false`).
     let extra = std::env::var("CRASH_RESTART_KPROXY_ARGS").unwrap_or_default();

@@ -143,7 +143,7 @@ fn api_changes_reach_the_packets() {
     );
 
     let dest: SocketAddr = format!("{CLUSTER_IP}:80").parse().unwrap();
-    let got = probe_until(tb.external(), dest, &answered("web-a"), Duration::from_secs(15));
+    let got = probe_until(tb.external(), dest, &answered("web-a"), support::START);
     assert_eq!(got, answered("web-a"), "the initial state reaches the packets");
 
     let healthz: SocketAddr = "127.0.0.1:10256".parse().unwrap();
@@ -158,7 +158,7 @@ fn api_changes_reach_the_packets() {
         "endpoints.kubernetes.io/last-change-trigger-time": kproxy_servers::rfc3339_nano(Some(std::time::SystemTime::now())),
     });
     api.server.apply(Kind::EndpointSlice, moved);
-    assert_eq!(probe_until(tb.external(), dest, &answered("web-b"), Duration::from_secs(10)), answered("web-b"));
+    assert_eq!(probe_until(tb.external(), dest, &answered("web-b"), support::CHANGE), answered("web-b"));
 
     // A malformed Service is skipped and counted; the rest keeps working.
     let mut bad = service(80, "not-an-ip");
@@ -175,9 +175,9 @@ fn api_changes_reach_the_packets() {
     tb.node().run_in(|| api.runtime.block_on(api.server.restart())).unwrap().unwrap();
     api.server.apply(Kind::Service, service(81, CLUSTER_IP));
     let dest81: SocketAddr = format!("{CLUSTER_IP}:81").parse().unwrap();
-    assert_eq!(probe_until(tb.external(), dest81, &answered("web-b"), Duration::from_secs(20)), answered("web-b"));
+    assert_eq!(probe_until(tb.external(), dest81, &answered("web-b"), support::CHANGE), answered("web-b"));
     assert_eq!(
-        probe_until(tb.external(), dest, &ProbeResult::Refused, Duration::from_secs(5)),
+        probe_until(tb.external(), dest, &ProbeResult::Refused, support::CHANGE),
         ProbeResult::Refused,
         "the old port has no stale path"
     );

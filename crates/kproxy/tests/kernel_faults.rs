@@ -1,6 +1,6 @@
 //! What other programs do to the kernel under a running kproxy (nftables mode): a map flushed and
 //! the whole table deleted by another tool are repaired within seconds (kproxy follows nf_tables'
-//! notifications; the periodic check is 30 s away) and counted;
+//! notifications; the periodic check is an hour away) and counted;
 //! another process committing nf_tables batches in a loop does not stop kproxy's syncs, and
 //! kproxy leaves that process's table alone. The real binary, a fake API server, packets.
 
@@ -19,10 +19,10 @@ use serde_json::json;
 
 const CLUSTER_IP: &str = "198.18.128.10:80";
 const REPAIRS: &str = "kproxy_sync_proxy_rules_drift_repairs_total";
-/// How soon another tool's damage must be repaired: half the periodic check's 30 s, so only the
-/// notice of the commit can have caused the repair. (Host: about 0.5 s; the guest's emulated
-/// kernel and debug build took 5.3 s to rebuild the deleted table.)
-const REPAIRED: Duration = Duration::from_secs(15);
+/// The periodic check's period in the repair test: an hour, so that only the notice of the other
+/// tool's commit can have caused a repair the test sees (with the default 30 s, the test had to
+/// tell the two apart by how fast the repair came).
+const NO_PERIODIC_CHECK: &str = "--iptables-sync-period=1h";
 const SYNC_FAILURES: &str = "kubeproxy_sync_proxy_rules_nftables_sync_failures";
 
 /// Sync failures of every family (exported at zero from the start).
@@ -75,9 +75,10 @@ fn damage_by_another_tool_is_repaired_within_seconds_not_at_the_next_periodic_ch
     };
     endpoint(0);
     let metrics = support::free_port();
-    // The periodic check comes every syncPeriod (30 s by default): a repair within REPAIRED
-    // is the notice of the other tool's commit at work.
-    let args = support::node_a_args(metrics, &[]);
+    // The periodic check comes every syncPeriod, here an hour away: a repair the test sees is
+    // the notice of the other tool's commit at work. (Host: about 0.5 s; the guest's emulated
+    // kernel and debug build took 5.3 s to rebuild the deleted table.)
+    let args = support::node_a_args(metrics, &[NO_PERIODIC_CHECK]);
     let (_kproxy, dir) = support::kproxy_in(tb.node().name(), &api.server.url(), "kernel-faults", &args);
     let service: SocketAddr = CLUSTER_IP.parse().unwrap();
     let got = support::answered_by(client.netns(), service, "web-b", support::START);
@@ -85,17 +86,16 @@ fn damage_by_another_tool_is_repaired_within_seconds_not_at_the_next_periodic_ch
     assert_eq!(support::value(&scrape(tb.node(), metrics), REPAIRS), Some(0.0), "nothing to repair yet");
 
     // Another tool empties the ClusterIP dispatch map, then deletes kproxy's whole table: each
-    // is found and repaired (and counted) within seconds.
+    // is found and repaired (and counted) within the time a change takes to reach the kernel.
     let damages = ["flush map ip kproxy service-ips", "delete table ip kproxy"];
     for (n, damage) in damages.into_iter().enumerate() {
         let at = Instant::now();
         tb.node().nft(damage).unwrap();
         let repairs = metric_reaches(tb.node(), metrics, REPAIRS, (n + 1) as f64);
         assert!(repairs >= (n + 1) as f64, "`{damage}` was found and its repair counted");
-        let got = support::answered_by(client.netns(), service, "web-b", REPAIRED);
+        let got = support::answered_by(client.netns(), service, "web-b", support::CHANGE);
         assert!(answered_by(&got, "web-b"), "repaired after `{damage}`: {got:?}");
         eprintln!("`{damage}` repaired after {:?}", at.elapsed());
-        assert!(at.elapsed() < REPAIRED, "`{damage}` repaired after {:?}", at.elapsed());
     }
 
     // Another process commits batches to its own table in a loop while kproxy syncs changes.

@@ -124,7 +124,7 @@ fn stale_udp_node_port_entries_on_a_secondary_address_are_deleted(mode: &str) {
     // listens there, the node refuses, and the datagrams share one conntrack entry, not DNATed.
     let node_port: SocketAddr = "198.18.0.4:30053".parse().unwrap();
     let session = UdpSession::start(tb.external(), None, 40053, node_port, Duration::from_millis(100)).unwrap();
-    let refused = session.wait_for(Duration::from_secs(5), |r| *r == ProbeResult::Refused);
+    let refused = session.wait_for(support::CHANGE, |r| *r == ProbeResult::Refused);
     assert_eq!(refused, Some(ProbeResult::Refused), "{mode}: nothing serves 30053 yet: {:?}", session.results());
     let entries = conntrack_list(tb.node()).unwrap();
     assert!(
@@ -164,7 +164,7 @@ fn stale_udp_node_port_entries_on_a_secondary_address_are_deleted(mode: &str) {
         conntrack_list(tb.node()).unwrap()
     );
     session.clear();
-    let later = session.wait_for(Duration::from_secs(2), |_| true);
+    let later = session.wait_for(support::CHANGE, |_| true);
     assert_eq!(later.as_ref().and_then(ProbeResult::backend), Some("udp-b"), "{mode}: and stays there");
     drop(session);
     let _ = std::fs::remove_dir_all(&dir);

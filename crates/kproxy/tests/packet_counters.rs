@@ -141,7 +141,7 @@ fn nftables_mode_forwards_invalid_packets_and_exports_no_nfacct_counter() {
 
     let tap = SegmentTap::open(node.pod.netns(), 8080, TCP_FIN).unwrap();
     node.send_fins();
-    let arrived = tap.count(usize::from(FINS), Duration::from_secs(5)).unwrap();
+    let arrived = tap.count(usize::from(FINS), support::CHANGE).unwrap();
     assert_eq!(arrived, usize::from(FINS), "nftables mode drops no INVALID packet (as upstream's)");
     node.assert_serves("after the INVALID packets");
     let text = node.scrape();

@@ -141,7 +141,7 @@ fn services_and_slices_through_the_api_server_reach_the_packets(etcd: Etcd, watc
     let kproxy_log = || std::fs::read_to_string(&log).unwrap_or_default();
 
     let dest: SocketAddr = format!("{CLUSTER_IP}:80").parse().unwrap();
-    let got = probe_until(tb.external(), dest, &answered("web-a"), Duration::from_secs(30));
+    let got = probe_until(tb.external(), dest, &answered("web-a"), support::START);
     assert_eq!(
         got,
         answered("web-a"),
@@ -161,7 +161,7 @@ fn services_and_slices_through_the_api_server_reach_the_packets(etcd: Etcd, watc
 
     // The slice patched to the other node's pod moves the traffic.
     move_slice(&plane, pod_b.ipv4(), "node-b");
-    assert_eq!(probe_until(tb.external(), dest, &answered("web-b"), Duration::from_secs(10)), answered("web-b"));
+    assert_eq!(probe_until(tb.external(), dest, &answered("web-b"), support::CHANGE), answered("web-b"));
     mark("slice patch in the packets");
 
     // The Service's port patched: the new port answers, the old one is refused.
@@ -178,9 +178,9 @@ fn services_and_slices_through_the_api_server_reach_the_packets(etcd: Etcd, watc
         ])
         .unwrap();
     let dest81: SocketAddr = format!("{CLUSTER_IP}:81").parse().unwrap();
-    assert_eq!(probe_until(tb.external(), dest81, &answered("web-b"), Duration::from_secs(10)), answered("web-b"));
+    assert_eq!(probe_until(tb.external(), dest81, &answered("web-b"), support::CHANGE), answered("web-b"));
     mark("port patch in the packets");
-    assert_eq!(probe_until(tb.external(), dest, &ProbeResult::Refused, Duration::from_secs(5)), ProbeResult::Refused);
+    assert_eq!(probe_until(tb.external(), dest, &ProbeResult::Refused, support::CHANGE), ProbeResult::Refused);
     mark("old port refused");
 
     // kube-proxy's RBAC (system:node-proxier) covers everything kproxy watches. (Right after an
@@ -199,7 +199,7 @@ fn services_and_slices_through_the_api_server_reach_the_packets(etcd: Etcd, watc
     move_slice(&plane, pod_a.ipv4(), "node-a");
     mark("post-restart patch made");
     assert_eq!(
-        probe_until(tb.external(), dest81, &answered("web-a"), Duration::from_secs(20)),
+        probe_until(tb.external(), dest81, &answered("web-a"), support::CHANGE),
         answered("web-a"),
         "a change after an API server restart; kproxy's log:\n{}",
         kproxy_log()
@@ -210,7 +210,7 @@ fn services_and_slices_through_the_api_server_reach_the_packets(etcd: Etcd, watc
     plane.kubectl(&["-n", "demo", "delete", "endpointslice", "web-1"]).unwrap();
     mark("slice deleted");
     assert_eq!(
-        probe_until(tb.external(), dest81, &ProbeResult::Refused, Duration::from_secs(10)),
+        probe_until(tb.external(), dest81, &ProbeResult::Refused, support::CHANGE),
         ProbeResult::Refused,
         "a Service whose slice was deleted; kproxy's log:\n{}",
         kproxy_log()
@@ -220,7 +220,7 @@ fn services_and_slices_through_the_api_server_reach_the_packets(etcd: Etcd, watc
     plane.kubectl(&["-n", "demo", "delete", "service", "web"]).unwrap();
     mark("service deleted");
     assert!(
-        nft_eventually(tb.node(), CLUSTER_IP, false, Duration::from_secs(10)),
+        nft_eventually(tb.node(), CLUSTER_IP, false, support::CHANGE),
         "the deleted Service's ClusterIP is still in the node's ruleset"
     );
     let after = probe(tb.external(), Proto::Tcp, dest81, Duration::from_millis(500)).unwrap();

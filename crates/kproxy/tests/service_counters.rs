@@ -127,7 +127,7 @@ fn service_counters_export_the_connections_sent_served_and_rejected() {
         let start = Instant::now();
         loop {
             let text = get("/metrics");
-            if done(&text) || start.elapsed() > Duration::from_secs(30) {
+            if done(&text) || start.elapsed() > support::CHANGE {
                 return text;
             }
             std::thread::sleep(Duration::from_millis(250));

@@ -24,21 +24,20 @@ async fn list_services(client: kube::Client, times: usize) -> Duration {
     start.elapsed()
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn qps_and_burst_space_requests() {
     let server = FakeApiServer::start().await.unwrap();
     server.apply(Kind::Service, support::service("prod", "a", "198.18.0.1"));
 
-    // Burst 1 at 4 qps: 6 requests need 5 refills of 250 ms each.
+    // Burst 1 at 4 qps: 6 requests need 5 refills of 250 ms each. A negative qps turns the limiter
+    // off, as in client-go: side by side (same server, same load), the same 6 requests of an
+    // unlimited client are done before the limited client's. (How long each token takes is the
+    // token bucket's own unit test, on a clock of its own: src/rate_limit.rs.)
     let limited = client_from_config(server.kube_config().unwrap(), 4.0, 1).unwrap();
-    let elapsed = list_services(limited, 6).await;
-    assert!(elapsed >= Duration::from_millis(1240), "rate limit not applied: {elapsed:?}");
-    assert!(elapsed < Duration::from_secs(10), "too slow: {elapsed:?}");
-
-    // A negative qps turns the limiter off, as in client-go.
     let unlimited = client_from_config(server.kube_config().unwrap(), -1.0, 0).unwrap();
-    let elapsed = list_services(unlimited, 6).await;
-    assert!(elapsed < Duration::from_millis(1000), "unexpectedly limited: {elapsed:?}");
+    let (limited, unlimited) = tokio::join!(list_services(limited, 6), list_services(unlimited, 6));
+    assert!(limited >= Duration::from_millis(1240), "rate limit not applied: {limited:?}");
+    assert!(unlimited < limited, "unexpectedly limited: {unlimited:?}, the limited client {limited:?}");
     assert_eq!(server.list_count(Kind::Service), 12);
 }
 
@@ -60,7 +59,7 @@ async fn kubeconfig_file_names_the_server() {
 
     let result = client(Some(&path), 5.0, 10).await;
     std::fs::remove_dir_all(&dir).unwrap();
-    let elapsed = list_services(result.unwrap(), 1).await;
-    assert!(elapsed < Duration::from_secs(5));
+    // One list through the kubeconfig's server, answered.
+    list_services(result.unwrap(), 1).await;
     assert_eq!(server.list_count(Kind::Service), 1);
 }

@@ -69,16 +69,26 @@ async fn fake_watches_end_at_their_timeout_like_kube_apiserver() {
     let server = FakeApiServer::start().await.unwrap();
     services(&server, 2);
     let api: Api<Service> = Api::all(unlimited(&server));
+    // The same watch with a timeout of a minute, opened first: still open when the 1 s one ends,
+    // so it ended at its own timeout and not for any other reason (load cannot reverse the order).
+    let mut longer = api.watch(&WatchParams::default().initial_events().timeout(60), "0").await.unwrap().boxed();
     let start = Instant::now();
     let mut events = api.watch(&WatchParams::default().initial_events().timeout(1), "0").await.unwrap().boxed();
     let mut seen = 0;
-    while let Some(event) = tokio::time::timeout(Duration::from_secs(5), events.next()).await.expect("still open") {
+    while let Some(event) = tokio::time::timeout(PATIENCE, events.next()).await.expect("open past its timeout") {
         event.unwrap();
         seen += 1;
     }
     let took = start.elapsed();
     assert_eq!(seen, 3, "two objects and the end bookmark, then the end of the stream");
-    assert!(took >= Duration::from_millis(900) && took < Duration::from_secs(4), "closed after {took:?}");
+    assert!(took >= Duration::from_millis(900), "closed after {took:?}, before its timeout");
+    for _ in 0..3 {
+        longer.next().await.expect("the longer watch sends the objects and the bookmark").unwrap();
+    }
+    assert!(
+        futures::FutureExt::now_or_never(longer.next()).is_none(),
+        "the watch with a 60 s timeout is still open when the 1 s one ended"
+    );
 }
 
 #[tokio::test]
@@ -243,13 +253,18 @@ async fn a_relist_broken_off_midway_starts_over_and_still_finds_what_is_gone() {
     assert_eq!(h.stats.lists(Kind::Service), 2);
 }
 
-/// A server with 1000 Services, 1000 slices and the own node, and a source on it limited to 10
-/// requests per second with a burst of 4 (the four kinds' first requests).
-async fn rate_limited_start(list_mode: ListMode) -> (Harness, Duration) {
-    let mut h = Harness::new().await;
+/// A server with 1000 Services, 1000 slices and the own node.
+async fn thousand_services() -> Harness {
+    let h = Harness::new().await;
     services(&h.server, 1000);
     slices(&h.server, 1000);
     h.server.apply(Kind::Node, node(NODE, "198.19.0.0/24"));
+    h
+}
+
+/// Starts a source on `h` limited to 10 requests per second with a burst of 4 (the four kinds'
+/// first requests); returns how long it took to sync.
+async fn rate_limited_start(mut h: Harness, list_mode: ListMode) -> (Harness, Duration) {
     let client = client_from_config(h.server.kube_config().unwrap(), 10.0, 4).unwrap();
     let start = Instant::now();
     h.start_source_with(client, list_mode);
@@ -259,17 +274,20 @@ async fn rate_limited_start(list_mode: ListMode) -> (Harness, Duration) {
     (h, took)
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_client_rate_limit_counts_requests_so_a_streaming_start_is_not_throttled() {
+    // Both starts side by side, so that they meet the same load: a streaming start is one request
+    // per kind, within the burst, and nothing waits for a token; the paginated one waits.
+    let (paged, streaming) = (thousand_services().await, thousand_services().await);
+    let ((paged, paginated), (streaming, streamed)) = tokio::join!(
+        rate_limited_start(paged, ListMode::Paginated(100)),
+        rate_limited_start(streaming, ListMode::Streaming)
+    );
     // Pages of 100: 10 requests per kind, each waiting for its token as in client-go.
-    let (paged, paginated) = rate_limited_start(ListMode::Paginated(100)).await;
     assert_eq!(paged.server.list_count(Kind::Service), 10);
     assert_eq!(paged.server.list_count(Kind::EndpointSlice), 10);
     // 22 requests: 4 from the burst, 18 at 10 per second.
     assert!(paginated >= Duration::from_millis(1700), "pages were not rate limited: {paginated:?}");
-
-    // A streaming start is one request per kind, within the burst: nothing waits for a token.
-    let (streaming, streamed) = rate_limited_start(ListMode::Streaming).await;
     for kind in Kind::ALL {
         assert_eq!(streaming.server.list_count(kind), 0, "{kind}");
         assert_eq!(streaming.server.watch_count(kind), 1, "{kind}");

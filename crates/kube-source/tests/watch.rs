@@ -7,7 +7,7 @@ mod support;
 
 use std::time::Duration;
 
-use kproxy_state::{Change, Kind};
+use kproxy_state::{Change, ClusterState, Kind};
 use serde_json::json;
 use support::*;
 
@@ -33,10 +33,10 @@ fn seed(server: &kproxy_kube_source::fake::FakeApiServer) {
 async fn services_and_endpointslices_are_synced_only_once_both_listings_are_complete() {
     let mut h = Harness::new().await;
     seed(&h.server);
-    h.server.set_list_delay(Kind::EndpointSlice, Duration::from_secs(2));
+    h.server.hold_lists(Kind::EndpointSlice);
     h.start_source();
 
-    // While the EndpointSlice listing is slow, the Services arrive as they are listed, but the
+    // While the EndpointSlice listing is held, the Services arrive as they are listed, but the
     // consumer's view is not complete: EndpointSlices are not synced.
     h.until(|s| s.is_synced(Kind::Service)).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -46,6 +46,7 @@ async fn services_and_endpointslices_are_synced_only_once_both_listings_are_comp
     assert_eq!(first_listing(&h.seen, Kind::Service), ["prod/a", "prod/b"], "filtered by upstream's selectors");
 
     // Then the slices, filtered by upstream's label selectors.
+    h.server.release_lists(Kind::EndpointSlice);
     h.synced().await;
     assert_eq!(first_listing(&h.seen, Kind::EndpointSlice), ["prod/a-1", "prod/b-1"]);
     assert_eq!(h.services(), ["prod/a", "prod/b"]);
@@ -131,7 +132,20 @@ async fn api_server_restart_reconverges_without_spurious_deletes() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     h.server.restart().await.unwrap();
 
-    let changes = h.until(|s| s.service(&key("prod", "d")).is_some() && s.service(&key("prod", "b")).is_none()).await;
+    // Every change made while it was down has arrived (the Service and EndpointSlice watches
+    // resume on their own); then nothing more comes.
+    let c_moved = |s: &ClusterState| {
+        s.service(&key("prod", "c"))
+            .is_some_and(|c| c.cluster_ips == ["198.18.0.44".parse::<std::net::IpAddr>().unwrap()])
+    };
+    let changes = h
+        .until(|s| {
+            s.service(&key("prod", "d")).is_some()
+                && s.service(&key("prod", "b")).is_none()
+                && s.slices_of(&key("prod", "b")).count() == 0
+                && c_moved(s)
+        })
+        .await;
     let mut changes: Vec<_> = changes.iter().map(names).collect();
     changes.extend(h.until_quiet(Duration::from_millis(500)).await.iter().map(names));
     let services: Vec<_> = changes.iter().filter(|(k, _, _)| *k == Kind::Service).cloned().collect();
@@ -189,7 +203,9 @@ async fn gone_forces_a_relist_that_removes_objects_deleted_meanwhile() {
     assert_eq!(names(&h.next().await), ev(Kind::Service, "applied", &["prod/e"]));
     h.server.compact();
     h.server.expire_watches();
-    let relisted: Vec<_> = h.until_quiet(Duration::from_millis(800)).await.iter().map(names).collect();
+    let mut relisted = h.until_change(|c| completes_listing(c, Kind::Service)).await;
+    relisted.extend(h.until_quiet(Duration::from_millis(300)).await);
+    let relisted: Vec<_> = relisted.iter().map(names).collect();
     assert!(relisted.contains(&ev(Kind::Service, "applied", &["prod/a"])), "{relisted:?}");
     assert!(relisted.contains(&ev(Kind::Service, "applied", &["prod/e"])), "{relisted:?}");
     assert_eq!(h.server.streamed_lists(Kind::Service), 3);

@@ -5,10 +5,11 @@
 //! The rule: on the host a missing feature skips the test with a message naming the command that
 //! runs it; inside the guest (`KPROXY_GUEST=1`) any skip fails the test, because the guest exists
 //! to provide what the host lacks. A skip is never silent: its message goes straight to the
-//! terminal (libtest's output capture would hide it in a passing test), and under `CI=true` it is
-//! also appended to the skip ledger ([`skip_ledger`]), which `cargo xtask guest-test` reports and
-//! whose tests it then runs in the guest. So under CI a kernel test never passes unseen without
-//! running.
+//! terminal (libtest's output capture would hide it in a passing test), and under `CI=true` (or
+//! wherever [`records_skips`] says so: `./scripts/test` asks for it) it is also appended to the
+//! skip ledger ([`skip_ledger`]), which `cargo xtask guest-test` reports and whose tests it then
+//! runs in the guest. So under CI, and in `./scripts/test`, a kernel test never passes unseen
+//! without running.
 //!
 //! ```no_run
 //! use kproxy_testbed::kernel::{self, KernelFeature};
@@ -126,10 +127,21 @@ pub fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|value| value.eq_ignore_ascii_case("true") || value == "1")
 }
 
+/// The variable that asks for skips to be recorded outside CI: `./scripts/test` sets it, so that
+/// its guest phase runs exactly the kernel tests the host skipped, as CI's does.
+pub const RECORD_SKIPS_VAR: &str = "KPROXY_RECORD_SKIPS";
+
+/// Whether a skip is appended to the [`skip_ledger`]: under `CI=true`, and with
+/// `KPROXY_RECORD_SKIPS=1` ([`RECORD_SKIPS_VAR`]).
+pub fn records_skips() -> bool {
+    in_ci() || std::env::var(RECORD_SKIPS_VAR).is_ok_and(|value| value == "1")
+}
+
 /// True when the running kernel has every feature in `features`.
 ///
 /// Otherwise: inside the guest kernel it panics (the guest must provide them); on the host it
-/// [`skip`]s visibly (recorded under `CI=true`), naming the command that runs it, and returns false.
+/// [`skip`]s visibly (recorded when [`records_skips`]), naming the command that runs it, and
+/// returns false.
 pub fn require(features: &[KernelFeature]) -> bool {
     let missing: Vec<String> =
         features.iter().filter(|feature| !feature.is_available()).map(ToString::to_string).collect();
@@ -147,8 +159,8 @@ pub fn require(features: &[KernelFeature]) -> bool {
     false
 }
 
-/// True inside the guest kernel. Elsewhere it [`skip`]s visibly (recorded under `CI=true`, so
-/// `cargo xtask guest-test` runs the test) and returns false: for a test that changes what is
+/// True inside the guest kernel. Elsewhere it [`skip`]s visibly (recorded when [`records_skips`],
+/// so `cargo xtask guest-test` runs the test) and returns false: for a test that changes what is
 /// global to the kernel (`why`), which only the throwaway guest may change.
 pub fn require_guest(why: &str) -> bool {
     if in_guest() {
@@ -158,8 +170,8 @@ pub fn require_guest(why: &str) -> bool {
     false
 }
 
-/// The file where skipped kernel tests are recorded under `CI=true`: `KPROXY_SKIP_LEDGER` when
-/// set, else `kernel-test-skips.log` in the target directory of the running test executable
+/// The file where skipped kernel tests are recorded when [`records_skips`]: `KPROXY_SKIP_LEDGER`
+/// when set, else `kernel-test-skips.log` in the target directory of the running test executable
 /// (`target/debug/deps/<test>` → `target/`).
 pub fn skip_ledger() -> Option<std::path::PathBuf> {
     if let Some(path) = std::env::var_os("KPROXY_SKIP_LEDGER") {
@@ -173,8 +185,9 @@ pub fn skip_ledger() -> Option<std::path::PathBuf> {
 pub const SKIP_LEDGER_FILE: &str = "kernel-test-skips.log";
 
 /// Skips the calling kernel test, visibly: fails it in the guest (which must run everything);
-/// elsewhere writes `SKIPPED <test>: <reason>` to the terminal past libtest's capture and, under
-/// `CI=true`, appends the same line to the [`skip_ledger`].
+/// elsewhere writes `SKIPPED <test>: <reason>` to the terminal past libtest's capture and, when
+/// [`records_skips`] (under `CI=true`, in `./scripts/test`), appends the same line to the
+/// [`skip_ledger`].
 pub fn skip(reason: &str) {
     let test = current_test_name();
     let line = format!("SKIPPED {test}: {reason}");
@@ -183,14 +196,14 @@ pub fn skip(reason: &str) {
     }
     // `eprintln!` output of a passing test is captured and thrown away; the handle is not.
     let _ = writeln!(std::io::stderr().lock(), "{line}");
-    if in_ci() {
+    if records_skips() {
         record_skip(&line);
     }
 }
 
 fn record_skip(line: &str) {
     let Some(path) = skip_ledger() else {
-        panic!("{line}: under CI every skip is recorded, but the skip ledger has no location");
+        panic!("{line}: every skip is to be recorded, but the skip ledger has no location");
     };
     let written = fs::OpenOptions::new()
         .create(true)
@@ -198,7 +211,7 @@ fn record_skip(line: &str) {
         .open(&path)
         .and_then(|mut file| file.write_all(format!("{line}\n").as_bytes()));
     if let Err(error) = written {
-        panic!("{line}: under CI every skip is recorded, but {} is not writable: {error}", path.display());
+        panic!("{line}: every skip is to be recorded, but {} is not writable: {error}", path.display());
     }
 }
 

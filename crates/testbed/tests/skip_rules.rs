@@ -1,6 +1,7 @@
 //! The CI rules for kernel tests that cannot run here, checked by running a test that skips as a
 //! child process of this test binary: on the host a skip is printed past libtest's capture and,
-//! under `CI=true`, recorded in the skip ledger; in the guest a skip fails the test.
+//! under `CI=true` or with `KPROXY_RECORD_SKIPS=1` (`./scripts/test`), recorded in the skip
+//! ledger; in the guest a skip fails the test.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -19,15 +20,24 @@ fn child_skips_with_a_reason() {
     kernel::skip(REASON);
 }
 
-fn run_child(ci: bool, guest: bool, ledger: &Path) -> Output {
+/// How the child is asked to record its skip: `CI=true`, `KPROXY_RECORD_SKIPS=1`, or neither.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Recording {
+    Ci,
+    Asked,
+    Off,
+}
+
+fn run_child(recording: Recording, guest: bool, ledger: &Path) -> Output {
     let mut command = Command::new(std::env::current_exe().unwrap());
     command.args(["--exact", CHILD, "--ignored", "--test-threads=2"]);
     command.env("KPROXY_SKIP_LEDGER", ledger).env("KPROXY_GUEST", if guest { "1" } else { "0" });
-    if ci {
-        command.env("CI", "true");
-    } else {
-        command.env_remove("CI");
-    }
+    command.env_remove("CI").env_remove(kernel::RECORD_SKIPS_VAR);
+    match recording {
+        Recording::Ci => command.env("CI", "true"),
+        Recording::Asked => command.env(kernel::RECORD_SKIPS_VAR, "1"),
+        Recording::Off => &mut command,
+    };
     command.output().unwrap()
 }
 
@@ -37,10 +47,10 @@ fn ledger_path(tag: &str) -> std::path::PathBuf {
     path
 }
 
-#[test]
-fn host_skip_under_ci_is_printed_and_recorded_in_the_ledger() {
-    let ledger = ledger_path("ci");
-    let output = run_child(true, false, &ledger);
+/// A host skip that is to be recorded: printed, and written to the ledger.
+fn assert_printed_and_recorded(recording: Recording, tag: &str) {
+    let ledger = ledger_path(tag);
+    let output = run_child(recording, false, &ledger);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "a host skip passes: {stderr}");
     let expected = format!("SKIPPED {CHILD}: {REASON}");
@@ -51,9 +61,19 @@ fn host_skip_under_ci_is_printed_and_recorded_in_the_ledger() {
 }
 
 #[test]
+fn host_skip_under_ci_is_printed_and_recorded_in_the_ledger() {
+    assert_printed_and_recorded(Recording::Ci, "ci");
+}
+
+#[test]
+fn host_skip_outside_ci_with_kproxy_record_skips_is_printed_and_recorded_in_the_ledger() {
+    assert_printed_and_recorded(Recording::Asked, "asked");
+}
+
+#[test]
 fn host_skip_outside_ci_is_printed_but_not_recorded() {
     let ledger = ledger_path("dev");
-    let output = run_child(false, false, &ledger);
+    let output = run_child(Recording::Off, false, &ledger);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "{stderr}");
     assert!(stderr.contains(&format!("SKIPPED {CHILD}: {REASON}")), "{stderr}");
@@ -63,7 +83,7 @@ fn host_skip_outside_ci_is_printed_but_not_recorded() {
 #[test]
 fn any_skip_in_the_guest_fails_the_test() {
     let ledger = ledger_path("guest");
-    let output = run_child(true, true, &ledger);
+    let output = run_child(Recording::Ci, true, &ledger);
     let stdout = String::from_utf8_lossy(&output.stdout);
     let _ = std::fs::remove_file(&ledger);
     assert!(!output.status.success(), "a skip in the guest must fail: {stdout}");

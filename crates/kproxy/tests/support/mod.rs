@@ -246,6 +246,10 @@ pub struct BulkSandbox {
     pub web: std::sync::Arc<kproxy_testbed::Pod>,
     pub client: std::sync::Arc<kproxy_testbed::Pod>,
     pub api: Api,
+    /// How long writing the cluster into the fake API server took: this machine's pace, right
+    /// now, for the work a cold start of the same cluster does (building and serializing the same
+    /// objects in a debug build), for deadlines that follow the load and the guest's emulation.
+    pub applied_in: Duration,
 }
 
 pub fn bulk_sandbox(services: usize) -> BulkSandbox {
@@ -255,8 +259,10 @@ pub fn bulk_sandbox(services: usize) -> BulkSandbox {
     web.serve(&[(Proto::Tcp, 8080)]).unwrap();
     let client = tb.add_pod("client", Where::Node).unwrap();
     let api = api_in(tb.node());
+    let applying = Instant::now();
     apply_bulk_cluster(&api.server, &web.ipv4().to_string(), services);
-    BulkSandbox { tb, web, client, api }
+    let applied_in = applying.elapsed();
+    BulkSandbox { tb, web, client, api, applied_in }
 }
 
 /// Service `demo/web`: ClusterIP 198.18.128.10, TCP port `port_name` 80 → 8080.

@@ -268,6 +268,7 @@ async fn list(
     encoding: Encoding,
 ) -> Response<Body> {
     let status = |code, reason: &str, message: &str| status(encoding, code, reason, message);
+    wait_while_held(store, kind).await;
     let delay = lock(store).list_delay.get(&kind).copied().unwrap_or_default();
     pause(delay).await;
     let (items, rv, next, remaining) = {
@@ -549,6 +550,8 @@ struct WatchState {
     delay: Duration,
     /// Before the first event (a slow streaming list).
     start_delay: Duration,
+    /// A streaming list, held before its first event while [`Store::held_lists`] names its kind.
+    held_start: bool,
 }
 
 /// A BOOKMARK as kube-apiserver v1.36 writes it (checked by `tests/real_apiserver.rs`): the
@@ -645,6 +648,7 @@ fn watch(
         deadline: Instant::now() + options.timeout,
         delay: store.event_delay,
         start_delay,
+        held_start: options.send_initial_events,
     };
     drop(store);
     let chunks = futures::stream::unfold(state, next_chunk);
@@ -666,6 +670,9 @@ fn initial_events(store: &Store, kind: Kind, filter: &Filter) -> VecDeque<Pendin
 /// sleep per 64 KiB frame held a 100k-Service streaming list to about 40 MB/s, with this server
 /// using a quarter of a core (kube-apiserver has no such pause).
 async fn next_chunk(mut state: WatchState) -> Option<(Vec<u8>, WatchState)> {
+    if std::mem::take(&mut state.held_start) {
+        wait_while_held(&state.store, state.kind).await;
+    }
     pause(std::mem::take(&mut state.start_delay)).await;
     loop {
         if let Some(first) = state.pending.pop_front() {
@@ -705,6 +712,13 @@ async fn next_chunk(mut state: WatchState) -> Option<(Vec<u8>, WatchState)> {
 }
 
 /// Sleeps for `delay`, unless it is zero.
+/// Waits while the lists of `kind` are held ([`super::FakeApiServer::hold_lists`]).
+async fn wait_while_held(store: &Arc<Mutex<Store>>, kind: Kind) {
+    while lock(store).held_lists.contains(&kind) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 async fn pause(delay: Duration) {
     if !delay.is_zero() {
         tokio::time::sleep(delay).await;

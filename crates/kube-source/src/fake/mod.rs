@@ -149,6 +149,17 @@ impl FakeApiServer {
         lock(&self.store).list_delay.insert(kind, delay);
     }
 
+    /// Holds every list of `kind`, streaming lists included, until [`Self::release_lists`]: a
+    /// listing that is still pending when a test looks, however slow the machine.
+    pub fn hold_lists(&self, kind: Kind) {
+        lock(&self.store).held_lists.insert(kind);
+    }
+
+    /// Lets the lists of `kind` that [`Self::hold_lists`] held go on.
+    pub fn release_lists(&self, kind: Kind) {
+        lock(&self.store).held_lists.remove(&kind);
+    }
+
     /// Writes the body of each list answered from now on item by item, `delay` before each
     /// item (zero: the whole body at once).
     pub fn set_list_item_delay(&self, delay: Duration) {

@@ -119,6 +119,8 @@ pub(crate) struct Store {
     /// Kinds answered with `403 Forbidden` (the client's RBAC role lacks them).
     pub(crate) forbidden: BTreeSet<Kind>,
     pub(crate) list_delay: BTreeMap<Kind, Duration>,
+    /// Kinds whose lists (streaming lists included) wait until released.
+    pub(crate) held_lists: BTreeSet<Kind>,
     pub(crate) event_delay: Duration,
     pub(crate) lists: BTreeMap<Kind, usize>,
     /// List bodies written in full, per kind.
@@ -149,6 +151,7 @@ impl Store {
             unserved: BTreeSet::new(),
             forbidden: BTreeSet::new(),
             list_delay: BTreeMap::new(),
+            held_lists: BTreeSet::new(),
             event_delay: Duration::ZERO,
             lists: BTreeMap::new(),
             lists_sent: BTreeMap::new(),

@@ -205,7 +205,13 @@ impl Harness {
 
     /// Changes until `done` holds for the state; fails the test after [`PATIENCE`].
     pub async fn until(&mut self, done: impl Fn(&ClusterState) -> bool) -> Vec<Change> {
-        let deadline = tokio::time::Instant::now() + PATIENCE;
+        self.until_within(PATIENCE, done).await
+    }
+
+    /// [`Self::until`] with a deadline of the caller's: for a test whose changes are many, with
+    /// a deadline derived from this machine's pace.
+    pub async fn until_within(&mut self, within: Duration, done: impl Fn(&ClusterState) -> bool) -> Vec<Change> {
+        let deadline = tokio::time::Instant::now() + within;
         let mut changes = Vec::new();
         while !done(&self.state) {
             assert!(
@@ -218,9 +224,28 @@ impl Harness {
         changes
     }
 
+    /// Changes until one for which `done` holds, that one included; fails the test when one
+    /// takes longer than [`PATIENCE`].
+    pub async fn until_change(&mut self, done: impl Fn(&Change) -> bool) -> Vec<Change> {
+        let mut changes = Vec::new();
+        loop {
+            let change = self.next().await;
+            let last = done(&change);
+            changes.push(change);
+            if last {
+                return changes;
+            }
+        }
+    }
+
     /// Waits until the initial sync of every kind is done.
     pub async fn synced(&mut self) -> Vec<Change> {
-        self.until(|s| Kind::ALL.iter().all(|k| s.is_synced(*k))).await
+        self.synced_within(PATIENCE).await
+    }
+
+    /// [`Self::synced`] with a deadline of the caller's.
+    pub async fn synced_within(&mut self, within: Duration) -> Vec<Change> {
+        self.until_within(within, |s| Kind::ALL.iter().all(|k| s.is_synced(*k))).await
     }
 
     /// Waits until the server has `n` open watch streams.
