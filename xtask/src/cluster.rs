@@ -725,9 +725,9 @@ fn workload_checks(info: &ClusterInfo) -> anyhow::Result<Vec<String>> {
     Ok(lines)
 }
 
-/// 5. The API server stopped and started again (same port and etcd), as a control-plane crash
-/// or upgrade does, which e2e's `Services should work after restarting apiserver` cannot do
-/// here (it deletes the API server's pod; this one is a process, docs/conformance.md): while it
+/// Check 5 of `workloads`: the API server stopped and started again (same port and etcd), as a
+/// control-plane crash or upgrade does, which e2e's `Services should work after restarting
+/// apiserver` cannot do here (it deletes the API server's pod; this one is a process, docs/conformance.md): while it
 /// is down, the `web` Service still answers from node 1 by ClusterIP and through node 2's
 /// NodePort from outside (the proxies keep their rules without the API server; no kubectl, so
 /// the requests come from the node and the wire); once it is back, a new Service is served from
