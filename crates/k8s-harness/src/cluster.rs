@@ -403,7 +403,7 @@ fn up_inner(binaries: &Binaries, options: &ClusterOptions, ledger: &mut Ledger) 
             wait_daemonset_ready(&kubectl, "kube-proxy", nodes.len())?;
             // It has no readiness probe (as kubeadm's has none): ready when it serves /healthz.
             for node in &nodes {
-                wait_http_ok(&node.netns, "http://127.0.0.1:10256/healthz", Duration::from_secs(60))
+                wait_http_ok(&node.netns, "http://127.0.0.1:10256/healthz", PROXY_READY_TIMEOUT)
                     .with_context(|| format!("kube-proxy on {}", node.name))?;
             }
         }
@@ -434,9 +434,13 @@ fn up_inner(binaries: &Binaries, options: &ClusterOptions, ledger: &mut Ledger) 
     Ok(Cluster { info, work: options.work.clone(), plane: Some(plane) })
 }
 
+/// How long a proxy may take to be ready on every node: seconds on an idle machine, minutes with
+/// three six-node clusters starting at once on two busy cores.
+const PROXY_READY_TIMEOUT: Duration = Duration::from_secs(300);
+
 /// Waits until DaemonSet `kube-system/NAME` has a ready pod on each of the `nodes` nodes.
 fn wait_daemonset_ready(kubectl: &Kubectl, name: &str, nodes: usize) -> Result<()> {
-    kubectl.wait_for(Duration::from_secs(180), &format!("the {name} DaemonSet ready on every node"), || {
+    kubectl.wait_for(PROXY_READY_TIMEOUT, &format!("the {name} DaemonSet ready on every node"), || {
         let out = kubectl
             .run(&[
                 "-n",
