@@ -346,7 +346,7 @@ fn up_inner(binaries: &Binaries, options: &ClusterOptions, ledger: &mut Ledger) 
     for node in &nodes {
         // One pod range of each family, primary first (kube-controller-manager allocates them all
         // at once).
-        let pod_cidrs = kubectl.wait_for(Duration::from_secs(120), &format!("{}'s podCIDRs", node.name), || {
+        let pod_cidrs = kubectl.wait_for(NODE_READY_TIMEOUT, &format!("{}'s podCIDRs", node.name), || {
             let out = kubectl.run(&["get", "node", &node.name, "-o", "jsonpath={.spec.podCIDRs[*]}"]).ok()?;
             let cidrs: Vec<String> = out.split_whitespace().map(str::to_owned).collect();
             (cidrs.len() == families.families().len()).then_some(cidrs)
@@ -365,7 +365,7 @@ fn up_inner(binaries: &Binaries, options: &ClusterOptions, ledger: &mut Ledger) 
         });
     }
     for node in &nodes {
-        kubectl.wait_for(Duration::from_secs(120), &format!("{} Ready", node.name), || {
+        kubectl.wait_for(NODE_READY_TIMEOUT, &format!("{} Ready", node.name), || {
             let out = kubectl
                 .run(&["get", "node", &node.name, "-o", "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}"])
                 .ok()?;
@@ -434,8 +434,10 @@ fn up_inner(binaries: &Binaries, options: &ClusterOptions, ledger: &mut Ledger) 
     Ok(Cluster { info, work: options.work.clone(), plane: Some(plane) })
 }
 
-/// How long a proxy may take to be ready on every node: seconds on an idle machine, minutes with
-/// three six-node clusters starting at once on two busy cores.
+/// How long a node may take to get its pod CIDRs and be Ready, and a proxy to be ready on every
+/// node: seconds on an idle machine, minutes with three six-node clusters starting at once on two
+/// cores other work shares (load average 35 measured; 120 s were not enough there).
+const NODE_READY_TIMEOUT: Duration = Duration::from_secs(300);
 const PROXY_READY_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Waits until DaemonSet `kube-system/NAME` has a ready pod on each of the `nodes` nodes.
