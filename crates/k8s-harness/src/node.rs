@@ -124,7 +124,8 @@ impl Node {
             &["--config".into(), config.display().to_string()],
             logs,
         )?;
-        containerd.wait_ready(std::time::Duration::from_secs(60))
+        // Seconds when idle; minutes when several clusters start at once on a busy machine.
+        containerd.wait_ready(std::time::Duration::from_secs(180))
     }
 
     /// Writes the CNI conflist for the node's pod CIDRs (one per family): a bridge with hairpin (a
