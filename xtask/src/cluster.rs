@@ -350,6 +350,9 @@ fn smoke(layout: &Layout, work: &Path, args: &Args) -> Result<i32> {
     let up_secs = started.elapsed().as_secs_f64();
     let result = smoke_checks(&cluster.info);
     let checks_secs = started.elapsed().as_secs_f64() - up_secs;
+    if result.is_err() {
+        print_failure_context(&cluster.info);
+    }
     if args.keep {
         print_access(&cluster.info);
         cluster.detach();
@@ -372,6 +375,30 @@ fn smoke(layout: &Layout, work: &Path, args: &Args) -> Result<i32> {
 }
 
 const SMOKE_NS: &str = "kproxy-smoke";
+
+/// What a failed smoke leaves to look at in CI's log: the end of each node's DNS stand-in and
+/// kubelet logs, the smoke's pods and Services as the API server has them, and the proxy pods'.
+fn print_failure_context(info: &ClusterInfo) {
+    let kubectl = Kubectl::from_info(info);
+    for args in [
+        &["-n", SMOKE_NS, "get", "pods,svc,endpointslices", "-o", "wide"][..],
+        &["-n", "kube-system", "get", "pods,svc,endpointslices", "-o", "wide"][..],
+    ] {
+        println!("== kubectl {}", args.join(" "));
+        println!("{}", kubectl.run(args).unwrap_or_else(|e| format!("{e:#}")));
+    }
+    for node in &info.nodes {
+        for component in ["dns", "kubelet"] {
+            let log = info.logs.join(format!("{}-{component}.log", node.name));
+            let text = fs::read_to_string(&log).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(20).collect();
+            println!("== the last lines of {}", log.display());
+            for line in tail.iter().rev() {
+                println!("{line}");
+            }
+        }
+    }
+}
 
 fn smoke_checks(info: &ClusterInfo) -> anyhow::Result<()> {
     use anyhow::{Context, bail};
