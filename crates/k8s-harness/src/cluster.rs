@@ -293,6 +293,12 @@ fn up_inner(binaries: &Binaries, options: &ClusterOptions, ledger: &mut Ledger) 
     }
     let kubelet = binaries.path(Binary::Kubelet)?;
     let dns_creds = plane.credentials(&Identity::new("kproxy-cluster-dns", Some("system:masters")))?;
+    // Every kubelet takes six or so inotify instances (cAdvisor, its config and pod watches), and
+    // the machine's default allows 128 for all of root's processes together: the third six-node
+    // cluster's kubelets died with "inotify_init: too many open files". kind asks for the same
+    // raise; the machine's values come back when the last cluster goes down.
+    ledger.raise_limit("fs.inotify.max_user_instances", 1024)?;
+    ledger.raise_limit("fs.inotify.max_user_watches", 524_288)?;
     let ssh = ssh::SshKeys::generate(&run_dir.join("ssh"))?;
     ssh::ensure_privsep_dir()?;
     for node in &nodes {
