@@ -1177,4 +1177,18 @@ mod tests {
         );
         assert_eq!(cases[3].result, "passed");
     }
+
+    #[test]
+    fn single_stack_clusters_skip_the_dual_stack_specs_and_an_explicit_skip_wins() {
+        let args = |list: &[&str]| parse(&list.iter().map(OsString::from).collect::<Vec<_>>()).unwrap();
+        let dual = args(&["--ip-family", "dual", "--zones", "3", "--nodes", "6"]);
+        assert_eq!((dual.families, dual.skip.as_str()), (IpFamilies::Dual, E2E_SKIP));
+        assert_eq!((dual.zones, dual.nodes), (Some(3), Some(6)));
+        for family in ["ipv4", "ipv6"] {
+            let single = args(&["--ip-family", family]);
+            assert!(single.skip.ends_with(E2E_SKIP_SINGLE_STACK) && single.skip.starts_with(E2E_SKIP), "{family}");
+        }
+        assert_eq!(args(&["--ip-family", "ipv6", "--skip", "X"]).skip, "X");
+        assert!(parse(&[OsString::from("--ip-family"), OsString::from("ipv5")]).is_err());
+    }
 }
