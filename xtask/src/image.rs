@@ -63,9 +63,9 @@ const DPKG_EXCLUDES: &[&str] = &[
     "path-include=/usr/share/locale/locale.alias",
 ];
 
-const BUILD_TIMEOUT: Duration = Duration::from_secs(40 * 60);
-const STEP_TIMEOUT: Duration = Duration::from_secs(15 * 60);
-const QUICK_TIMEOUT: Duration = Duration::from_secs(120);
+pub(crate) const BUILD_TIMEOUT: Duration = Duration::from_secs(40 * 60);
+pub(crate) const STEP_TIMEOUT: Duration = Duration::from_secs(15 * 60);
+pub(crate) const QUICK_TIMEOUT: Duration = Duration::from_secs(120);
 /// The containerd namespace of the check (and its cgroup directory name).
 const CHECK_NAMESPACE: &str = "kproxy-image-check";
 
@@ -112,7 +112,7 @@ pub fn run(layout: &Layout, args: &[std::ffi::OsString]) -> Result<i32> {
     let based = started.elapsed();
     build_image(layout, &dirs, &base, &binary)?;
     let archive = layout.target.join(ARCHIVE);
-    push(&dirs, &archive)?;
+    push(&dirs, IMAGE_NAME, &archive)?;
     let imaged = started.elapsed();
     let summary = Summary::read(&archive)?;
     let unpacked =
@@ -153,21 +153,21 @@ fn mib(bytes: u64) -> f64 {
 }
 
 /// The image's working directories, all under `target/image/`.
-struct Dirs {
-    root: PathBuf,
+pub(crate) struct Dirs {
+    pub(crate) root: PathBuf,
     storage: PathBuf,
     runroot: PathBuf,
     base: PathBuf,
 }
 
 impl Dirs {
-    fn new(layout: &Layout) -> Dirs {
+    pub(crate) fn new(layout: &Layout) -> Dirs {
         let root = layout.target.join("image");
         Dirs { storage: root.join("storage"), runroot: root.join("run"), base: root.join("base"), root }
     }
 
     /// buildah on this storage (vfs: plain directories, nothing mounted between commands).
-    fn buildah(&self) -> Command {
+    pub(crate) fn buildah(&self) -> Command {
         let mut command = Command::new("buildah");
         command
             .arg("--root")
@@ -180,7 +180,7 @@ impl Dirs {
     }
 }
 
-fn ensure_packages() -> Result<()> {
+pub(crate) fn ensure_packages() -> Result<()> {
     let missing: Vec<&str> = PACKAGES.iter().copied().filter(|name| !is_installed(name)).collect();
     if missing.is_empty() {
         return Ok(());
@@ -215,14 +215,14 @@ fn build_binary(layout: &Layout) -> Result<PathBuf> {
 }
 
 /// The cached base: a tarball made by mmdebstrap and the image imported from it.
-struct Base {
+pub(crate) struct Base {
     args: Vec<String>,
     tarball: PathBuf,
-    tag: String,
+    pub(crate) tag: String,
 }
 
 impl Base {
-    fn new(dirs: &Dirs) -> Base {
+    pub(crate) fn new(dirs: &Dirs) -> Base {
         let mut args: Vec<String> = [
             "--variant=minbase",
             "--mode=root",
@@ -243,7 +243,7 @@ impl Base {
     }
 
     /// Makes the tarball and the base image unless both are cached (or `rebuild` is asked).
-    fn ensure(&self, dirs: &Dirs, rebuild: bool) -> Result<()> {
+    pub(crate) fn ensure(&self, dirs: &Dirs, rebuild: bool) -> Result<()> {
         if rebuild || !self.tarball.exists() {
             self.bootstrap(dirs)?;
             self.import(dirs)?;
@@ -310,7 +310,7 @@ impl Base {
 }
 
 /// 64-bit FNV-1a over the strings (each followed by a NUL): a cache key stable across builds.
-fn fnv1a<'a>(parts: impl IntoIterator<Item = &'a str>) -> u64 {
+pub(crate) fn fnv1a<'a>(parts: impl IntoIterator<Item = &'a str>) -> u64 {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     for part in parts {
         for &byte in part.as_bytes().iter().chain(&[0]) {
@@ -354,14 +354,13 @@ fn build_image(layout: &Layout, dirs: &Dirs, base: &Base, binary: &Path) -> Resu
     process::run(dirs.buildah().args(["rmi", "--prune"]).stdout(Stdio::null()), STEP_TIMEOUT)
 }
 
-/// `buildah push` to an OCI archive, written beside and renamed into place.
-fn push(dirs: &Dirs, archive: &Path) -> Result<()> {
-    let partial = archive.with_extension("tar.partial");
+/// `buildah push` of image `name` to an OCI archive, written beside and renamed into place.
+pub(crate) fn push(dirs: &Dirs, name: &str, archive: &Path) -> Result<()> {
+    // Per process: two clusters starting at once may both write it; the rename is atomic.
+    let partial = archive.with_extension(format!("tar.partial.{}", std::process::id()));
     let _ = fs::remove_file(&partial);
     process::run(
-        dirs.buildah()
-            .args(["push", "--quiet", IMAGE_NAME])
-            .arg(format!("oci-archive:{}:{IMAGE_NAME}", partial.display())),
+        dirs.buildah().args(["push", "--quiet", name]).arg(format!("oci-archive:{}:{name}", partial.display())),
         STEP_TIMEOUT,
     )?;
     fs::rename(&partial, archive).map_err(Error::io("renaming", &partial))

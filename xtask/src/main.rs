@@ -24,6 +24,7 @@ mod packages;
 mod process;
 mod qemu;
 mod shell;
+mod test_images;
 mod test_suite;
 
 use std::ffi::OsString;

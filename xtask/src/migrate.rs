@@ -68,7 +68,7 @@ pub fn run(m: &Migration, cluster: &cluster::Cluster, binaries: &Binaries) -> an
     migration::import_image(m.work, info, &archive)?;
     deploy_kproxy(m, &kubectl, info)?;
     let (cluster_ip, node_port, steady_ip, steady_port) = deploy_workload(&kubectl, info)?;
-    let load = Load::start(&kubectl, &info.nodes[1].ip.to_string(), &cluster_ip, &node_port, &steady_ip, &steady_port)?;
+    let load = Load::start(&kubectl, &info.nodes[1].ips[0].to_string(), &cluster_ip, &node_port, &steady_ip, &steady_port)?;
     let started = Instant::now();
     let mut reports = Vec::new();
     let mut steps = Vec::new();
@@ -124,7 +124,7 @@ pub fn run(m: &Migration, cluster: &cluster::Cluster, binaries: &Binaries) -> an
 /// `up` does), onto nodes labelled [`NODE_LABEL`] only: none yet.
 fn deploy_kproxy(m: &Migration, kubectl: &Kubectl, info: &ClusterInfo) -> anyhow::Result<()> {
     let manifest = fs::read_to_string(m.layout.workspace.join("deploy/kproxy.yaml"))?;
-    let manifest = cluster::substitute_manifest(&manifest, image::IMAGE_NAME, &info.server, m.to)?;
+    let manifest = cluster::substitute_manifest(&manifest, image::IMAGE_NAME, &info.server, m.to, info.families)?;
     // The node selector the operator adds for a node-by-node move (docs/migration.md).
     let selector = "        kubernetes.io/os: linux\n";
     if !manifest.contains(selector) {

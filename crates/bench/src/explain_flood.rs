@@ -18,7 +18,7 @@ use kproxy_testbed::{Netns, Proto, Testbed, Where};
 use crate::daemon::api::{Api, NODE_NAME};
 use crate::daemon::kernel::{self, KernelProbe};
 use crate::daemon::kproxy::{self, Kproxy};
-use crate::daemon::objects::{self, TARGET_PORT};
+use crate::daemon::objects::{self, Layout, TARGET_PORT};
 use crate::daemon::{Mode, commit, first_sync};
 
 /// Options.
@@ -70,7 +70,7 @@ pub fn main(args: &FloodArgs) -> anyhow::Result<bool> {
     let web = tb.add_pod("web", Where::Node)?;
     web.serve(&[(Proto::Tcp, TARGET_PORT)])?;
     let n = args.services.max(2);
-    let api = Api::start(tb.node(), n, web.ipv4().into())?;
+    let api = Api::start(tb.node(), n, web.ipv4().into(), Layout::default())?;
     let run_dir = kproxy::run_dir(None, "explain-flood")?;
     let kubeconfig = run_dir.join("kubeconfig");
     api.write_kubeconfig(&kubeconfig)?;
@@ -78,7 +78,7 @@ pub fn main(args: &FloodArgs) -> anyhow::Result<bool> {
     kproxy_args.push(format!("--metrics-bind-address={METRICS}"));
     let log = run_dir.join("kproxy.log");
     let mut daemon = Kproxy::start(tb.node(), &binary, &kproxy_args, &log)?;
-    let (start_s, _) = first_sync::wait(tb.node(), n, &mut daemon, 300, Mode::Nftables)?;
+    let (start_s, _) = first_sync::wait(tb.node(), n, Layout::default(), &mut daemon, 300, Mode::Nftables)?;
     eprintln!("explain-flood: {n} Services, first sync after {start_s:.2} s; kproxy log {}", log.display());
     std::thread::sleep(Duration::from_secs(2));
 
@@ -247,7 +247,7 @@ fn timed_changes(
             std::thread::sleep(interval);
             *k += 1;
             let i = crate::daemon::changes::changed_service(*k, n);
-            let mut eps = objects::initial_endpoints(i, false, (web_pod, NODE_NAME));
+            let mut eps = objects::initial_endpoints(i, false, (web_pod, NODE_NAME), Layout::default().endpoints);
             let fresh: IpAddr = objects::fresh_endpoint(*k).into();
             let j = *k % eps.len();
             eps[j].0 = fresh;

@@ -7,7 +7,7 @@
 //! when a previous run left something behind.
 
 use std::fs;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -18,7 +18,8 @@ use serde::{Deserialize, Serialize};
 use crate::containerd;
 use crate::ledger::{Ledger, Resource};
 use crate::node::{self, Node};
-use crate::wire;
+use crate::ssh;
+use crate::wire::{self, Family, IpFamilies};
 use crate::{Binaries, Binary, ControlPlane, ControlPlaneOptions, ControllerManagerOptions, Identity};
 
 /// Which Service proxy the nodes run.
@@ -43,11 +44,20 @@ pub struct ClusterOptions {
     /// Where the ledger, logs and state live (one per name).
     pub work: PathBuf,
     pub nodes: u8,
+    /// IPv4, IPv6 or dual-stack (IPv4 primary).
+    pub families: IpFamilies,
+    /// Label the nodes `topology.kubernetes.io/zone` = `zone-a`, `zone-b`, … round-robin (0: no
+    /// zone labels).
+    pub zones: u8,
     pub proxy: Proxy,
     /// `nftables` or `iptables`.
     pub mode: String,
     /// kproxy's OCI archive and the image name inside it.
     pub kproxy_image: Option<(PathBuf, String)>,
+    /// Upstream kube-proxy's image (archive, name), for `--proxy upstream`.
+    pub upstream_image: Option<(PathBuf, String)>,
+    /// More image archives every node gets (e2e's distroless-iptables).
+    pub test_images: Vec<PathBuf>,
     /// `deploy/kproxy.yaml`.
     pub manifest: PathBuf,
     /// The command that runs the DNS stand-in: program and leading arguments; the harness adds
@@ -64,9 +74,12 @@ pub struct ClusterInfo {
     pub admin_kubeconfig: PathBuf,
     pub kubectl: PathBuf,
     pub wire_netns: String,
+    pub families: IpFamilies,
     pub nodes: Vec<NodeInfo>,
     pub proxy: Proxy,
     pub mode: String,
+    /// The private key that logs in as root on every node (`KUBE_SSH_KEY_PATH`).
+    pub ssh_key: PathBuf,
     pub logs: PathBuf,
     pub started_in_secs: f64,
 }
@@ -74,9 +87,27 @@ pub struct ClusterInfo {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct NodeInfo {
     pub name: String,
-    pub ip: Ipv4Addr,
+    /// Its addresses, primary first.
+    pub ips: Vec<IpAddr>,
     pub netns: String,
-    pub pod_cidr: String,
+    /// Its pod ranges, primary first.
+    pub pod_cidrs: Vec<String>,
+    pub zone: Option<String>,
+}
+
+impl NodeInfo {
+    /// Its address of `family`, if it has one.
+    pub fn ip(&self, family: Family) -> Option<IpAddr> {
+        self.ips.iter().copied().find(|ip| Family::of(*ip) == family)
+    }
+}
+
+/// The most nodes a cluster may have (each costs memory and CPU, docs/conformance.md).
+pub const MAX_NODES: u8 = 16;
+
+/// The zone of node `index` (1-based) among `zones` zones: `zone-a`, `zone-b`, … round-robin.
+pub fn zone_of(index: u8, zones: u8) -> Option<String> {
+    (zones > 0).then(|| format!("zone-{}", char::from(b'a' + (index - 1) % zones)))
 }
 
 /// The ledger of a work dir.
@@ -124,6 +155,22 @@ impl Cluster {
         down(&self.work)
     }
 
+    /// Stops the API server (etcd and everything else keep running), as a crash or an upgrade
+    /// of the control plane would: the nodes' proxies lose their watches.
+    pub fn stop_apiserver(&mut self) -> Result<()> {
+        self.plane.as_mut().context("this cluster's control plane is not ours to restart")?.stop_apiserver();
+        Ok(())
+    }
+
+    /// Starts the API server again on the same address, port and etcd, waits for `/readyz`, and
+    /// records its new process in the ledger.
+    pub fn start_apiserver(&mut self) -> Result<()> {
+        let plane = self.plane.as_mut().context("this cluster's control plane is not ours to restart")?;
+        plane.start_apiserver()?;
+        let mut ledger = Ledger::open(&ledger_path(&self.work))?;
+        record_plane(&mut ledger, plane)
+    }
+
     /// Leaves it running for later commands.
     pub fn detach(mut self) {
         if let Some(plane) = self.plane.take() {
@@ -154,9 +201,13 @@ pub fn up(binaries: &Binaries, options: &ClusterOptions) -> Result<Cluster> {
 
 fn up_inner(binaries: &Binaries, options: &ClusterOptions, ledger: &mut Ledger) -> Result<Cluster> {
     let began = Instant::now();
-    if options.nodes == 0 || options.nodes > 9 {
-        bail!("--nodes must be 1 to 9");
+    if options.nodes == 0 || options.nodes > MAX_NODES {
+        bail!("--nodes must be 1 to {MAX_NODES}");
     }
+    if options.zones > 26 || options.zones > options.nodes {
+        bail!("--zones must be 0 to the number of nodes (and at most 26)");
+    }
+    let families = options.families;
     let valid = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
     if options.name.is_empty()
         || options.name.len() > 8
@@ -174,15 +225,15 @@ fn up_inner(binaries: &Binaries, options: &ClusterOptions, ledger: &mut Ledger) 
     ledger.add(Resource::Dir { path: run_dir.clone() })?;
     fs::create_dir_all(&run_dir)?;
 
-    wire::make_wire(ledger, &options.name)?;
+    wire::make_wire(ledger, &options.name, families)?;
     let wire_netns = wire::wire_netns(&options.name);
     let wire_path = wire::netns_path(&wire_netns);
     let mut plane = ControlPlane::start(
         binaries,
         ControlPlaneOptions {
             netns: Some(wire_path.clone()),
-            bind: IpAddr::V4(wire::WIRE_IP),
-            service_cidr: wire::SERVICE_CIDR.into(),
+            bind: families.primary().wire_ip(),
+            service_cidr: families.service_cidrs(),
             die_with_parent: false,
             work_parent: Some(run_dir.clone()),
             extra_apiserver_args: vec!["--kubelet-preferred-address-types=InternalIP,Hostname".into()],
@@ -192,7 +243,15 @@ fn up_inner(binaries: &Binaries, options: &ClusterOptions, ledger: &mut Ledger) 
     ledger.add(Resource::Dir { path: plane.work_dir().to_path_buf() })?;
     record_plane(ledger, &plane)?;
     plane.start_controller_manager(ControllerManagerOptions {
-        cluster_cidr: Some(wire::CLUSTER_CIDR.into()),
+        cluster_cidr: Some(families.cluster_cidrs()),
+        // kube-controller-manager takes the per-family flags only for a dual-stack --cluster-cidr.
+        extra_args: match families.families() {
+            [single] => vec![format!("--node-cidr-mask-size={}", single.node_cidr_mask())],
+            _ => vec![
+                format!("--node-cidr-mask-size-ipv4={}", Family::V4.node_cidr_mask()),
+                format!("--node-cidr-mask-size-ipv6={}", Family::V6.node_cidr_mask()),
+            ],
+        },
         ..ControllerManagerOptions::default()
     })?;
     record_plane(ledger, &plane)?;
@@ -209,16 +268,24 @@ fn up_inner(binaries: &Binaries, options: &ClusterOptions, ledger: &mut Ledger) 
         kubeconfig: plane.admin_kubeconfig().to_path_buf(),
         netns: wire_path.clone(),
     };
-    let nodes: Vec<Node> = (1..=options.nodes).map(|i| Node::new(&options.name, i, &run_dir)).collect();
-    kubectl.apply(&dns_service(&nodes))?;
+    let nodes: Vec<Node> = (1..=options.nodes)
+        .map(|i| Node::new(&options.name, i, families, zone_of(i, options.zones), &run_dir))
+        .collect();
+    kubectl.apply(&dns_service(&nodes, families))?;
 
     let image_cache = options.work.join("images");
     let mut archives = Vec::new();
     for name in ["pause-3.10.2.tar.xz", "busybox-1.37.0-1.tar.xz", "agnhost-2.63.0.tar.xz"] {
         archives.push(containerd::unpacked(&options.images.join(name), &image_cache)?);
     }
-    if options.proxy == Proxy::Kproxy {
-        let Some((archive, _)) = &options.kproxy_image else { bail!("--proxy kproxy needs kproxy's image archive") };
+    let proxy_image = match options.proxy {
+        Proxy::Kproxy => Some(options.kproxy_image.as_ref().context("--proxy kproxy needs kproxy's image archive")?),
+        Proxy::Upstream => {
+            Some(options.upstream_image.as_ref().context("--proxy upstream needs kube-proxy's image archive")?)
+        }
+        Proxy::None => None,
+    };
+    for archive in proxy_image.map(|(archive, _)| archive).into_iter().chain(&options.test_images) {
         if !archive.is_file() {
             bail!("{} is missing: run `cargo xtask image` first", archive.display());
         }
@@ -226,19 +293,46 @@ fn up_inner(binaries: &Binaries, options: &ClusterOptions, ledger: &mut Ledger) 
     }
     let kubelet = binaries.path(Binary::Kubelet)?;
     let dns_creds = plane.credentials(&Identity::new("kproxy-cluster-dns", Some("system:masters")))?;
+    // Every kubelet takes six or so inotify instances (cAdvisor, its config and pod watches), and
+    // the machine's default allows 128 for all of root's processes together: the third six-node
+    // cluster's kubelets died with "inotify_init: too many open files". kind asks for the same
+    // raise; the machine's values come back when the last cluster goes down.
+    ledger.raise_limit("fs.inotify.max_user_instances", 1024)?;
+    ledger.raise_limit("fs.inotify.max_user_watches", 524_288)?;
+    let ssh = ssh::SshKeys::generate(&run_dir.join("ssh"))?;
+    ssh::ensure_privsep_dir()?;
     for node in &nodes {
         node.prepare(ledger)?;
         node.start_containerd(ledger, &logs)?;
-        let containerd = node.containerd();
-        for archive in &archives {
-            containerd.import(archive)?;
+    }
+    // The imports are most of a node's start: every node's at once.
+    std::thread::scope(|scope| -> Result<()> {
+        let imports: Vec<_> = nodes
+            .iter()
+            .map(|node| {
+                scope.spawn(|| -> Result<()> {
+                    let containerd = node.containerd();
+                    for archive in &archives {
+                        containerd.import(archive).with_context(|| format!("{}: importing", node.name))?;
+                    }
+                    containerd.tag(
+                        "registry.k8s.io/e2e-test-images/agnhost:2.63.0",
+                        "registry.k8s.io/e2e-test-images/agnhost:2.55",
+                    )
+                })
+            })
+            .collect();
+        for import in imports {
+            import.join().map_err(|_| anyhow::anyhow!("an image import thread panicked"))??;
         }
-        containerd
-            .tag("registry.k8s.io/e2e-test-images/agnhost:2.63.0", "registry.k8s.io/e2e-test-images/agnhost:2.55")?;
+        Ok(())
+    })?;
+    tracing::info!("images imported into {} node(s) ({:.1} s)", nodes.len(), began.elapsed().as_secs_f64());
+    for node in &nodes {
         let (program, lead) = &options.dns_command;
         let mut args = lead.clone();
         args.extend([
-            format!("--bind={}", node.ip),
+            format!("--bind={}", node.ips.iter().map(IpAddr::to_string).collect::<Vec<_>>().join(",")),
             format!("--server={}", plane.url()),
             format!("--ca={}", plane.pki().ca_cert_file().display()),
             format!("--cert={}", dns_creds.cert_file.display()),
@@ -247,26 +341,37 @@ fn up_inner(binaries: &Binaries, options: &ClusterOptions, ledger: &mut Ledger) 
         node.spawn(ledger, "dns", program, &args, &logs)?;
         let kubeconfig = plane.kubeconfig(&Identity::node(&node.name))?;
         node.start_kubelet(ledger, &kubelet, &kubeconfig, &plane.pki().ca_cert_file(), &logs)?;
+        node.start_sshd(ledger, &ssh, &logs)?;
         tracing::info!(
-            "{}: containerd, images, DNS and kubelet started ({:.1} s)",
+            "{}: containerd, images, DNS, kubelet and sshd started ({:.1} s)",
             node.name,
             began.elapsed().as_secs_f64()
         );
     }
     let mut infos = Vec::new();
     for node in &nodes {
-        let pod_cidr = kubectl.wait_for(Duration::from_secs(120), &format!("{}'s podCIDR", node.name), || {
-            let out = kubectl.run(&["get", "node", &node.name, "-o", "jsonpath={.spec.podCIDR}"]).ok()?;
-            let cidr = out.trim().to_owned();
-            (!cidr.is_empty()).then_some(cidr)
+        // One pod range of each family, primary first (kube-controller-manager allocates them all
+        // at once).
+        let pod_cidrs = kubectl.wait_for(NODE_READY_TIMEOUT, &format!("{}'s podCIDRs", node.name), || {
+            let out = kubectl.run(&["get", "node", &node.name, "-o", "jsonpath={.spec.podCIDRs[*]}"]).ok()?;
+            let cidrs: Vec<String> = out.split_whitespace().map(str::to_owned).collect();
+            (cidrs.len() == families.families().len()).then_some(cidrs)
         })?;
-        node.write_cni(&pod_cidr)?;
-        wire::route_pod_cidr(&options.name, node.index, &pod_cidr)?;
+        node.write_cni(&pod_cidrs)?;
+        for cidr in &pod_cidrs {
+            wire::route_pod_cidr(&options.name, node.index, cidr)?;
+        }
         wire::bridge_netfilter(&node.netns)?;
-        infos.push(NodeInfo { name: node.name.clone(), ip: node.ip, netns: node.netns.clone(), pod_cidr });
+        infos.push(NodeInfo {
+            name: node.name.clone(),
+            ips: node.ips.clone(),
+            netns: node.netns.clone(),
+            pod_cidrs,
+            zone: node.zone.clone(),
+        });
     }
     for node in &nodes {
-        kubectl.wait_for(Duration::from_secs(120), &format!("{} Ready", node.name), || {
+        kubectl.wait_for(NODE_READY_TIMEOUT, &format!("{} Ready", node.name), || {
             let out = kubectl
                 .run(&["get", "node", &node.name, "-o", "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}"])
                 .ok()?;
@@ -285,41 +390,26 @@ fn up_inner(binaries: &Binaries, options: &ClusterOptions, ledger: &mut Ledger) 
             let (_, image) = options.kproxy_image.as_ref().context("kproxy image")?;
             let manifest = fs::read_to_string(&options.manifest)
                 .with_context(|| format!("reading {}", options.manifest.display()))?;
-            let manifest = substitute_manifest(&manifest, image, &plane.url(), &options.mode)?;
+            let manifest = substitute_manifest(&manifest, image, &plane.url(), &options.mode, families)?;
             let applied = options.work.join("kproxy.applied.yaml");
             fs::write(&applied, &manifest)?;
             kubectl.run(&["apply", "-f", &applied.display().to_string()])?;
-            kubectl.wait_for(Duration::from_secs(180), "the kproxy DaemonSet ready on every node", || {
-                let out = kubectl
-                    .run(&[
-                        "-n",
-                        "kube-system",
-                        "get",
-                        "ds",
-                        "kproxy",
-                        "-o",
-                        "jsonpath={.status.numberReady}/{.status.desiredNumberScheduled}",
-                    ])
-                    .ok()?;
-                (out.trim() == format!("{0}/{0}", nodes.len())).then_some(())
-            })?;
+            wait_daemonset_ready(&kubectl, "kproxy", nodes.len())?;
         }
         Proxy::Upstream => {
-            // The same KubeProxyConfiguration the DaemonSet gives kproxy, and its one flag.
-            let bin = binaries.path(Binary::KubeProxy)?;
-            let kubeconfig = plane.kubeconfig(&Identity::kube_proxy())?;
+            // kubeadm's kube-proxy DaemonSet, with the KubeProxyConfiguration kproxy's ConfigMap
+            // gives kproxy and the same one flag.
+            let (_, image) = options.upstream_image.as_ref().context("kube-proxy's image")?;
             let manifest = fs::read_to_string(&options.manifest)
                 .with_context(|| format!("reading {}", options.manifest.display()))?;
-            let config = upstream_config(&manifest, &kubeconfig, &options.mode)?;
-            let config_path = options.work.join("kube-proxy.config.yaml");
-            fs::write(&config_path, config)?;
+            let upstream = upstream_daemonset(&manifest, image, &plane.url(), &options.mode, families)?;
+            let applied = options.work.join("kube-proxy.applied.json");
+            fs::write(&applied, &upstream)?;
+            kubectl.run(&["apply", "-f", &applied.display().to_string()])?;
+            wait_daemonset_ready(&kubectl, "kube-proxy", nodes.len())?;
+            // It has no readiness probe (as kubeadm's has none): ready when it serves /healthz.
             for node in &nodes {
-                let args =
-                    vec![format!("--config={}", config_path.display()), format!("--hostname-override={}", node.name)];
-                node.spawn(ledger, "kube-proxy", &bin, &args, &logs)?;
-            }
-            for node in &nodes {
-                wait_http_ok(&node.netns, "http://127.0.0.1:10256/healthz", Duration::from_secs(60))
+                wait_http_ok(&node.netns, "http://127.0.0.1:10256/healthz", PROXY_READY_TIMEOUT)
                     .with_context(|| format!("kube-proxy on {}", node.name))?;
             }
         }
@@ -330,21 +420,48 @@ fn up_inner(binaries: &Binaries, options: &ClusterOptions, ledger: &mut Ledger) 
         admin_kubeconfig: plane.admin_kubeconfig().to_path_buf(),
         kubectl: binaries.kubectl().to_path_buf(),
         wire_netns,
+        families,
         nodes: infos,
         proxy: options.proxy,
         mode: options.mode.clone(),
+        ssh_key: ssh.client_key.clone(),
         logs,
         started_in_secs: began.elapsed().as_secs_f64(),
     };
     fs::write(info_path(&options.work), serde_json::to_vec_pretty(&info)?)?;
     tracing::info!(
-        "cluster up in {:.1} s: {} node(s), proxy {:?} ({})",
+        "cluster up in {:.1} s: {} node(s), {}, proxy {:?} ({})",
         info.started_in_secs,
         nodes.len(),
+        families.as_str(),
         options.proxy,
         options.mode
     );
     Ok(Cluster { info, work: options.work.clone(), plane: Some(plane) })
+}
+
+/// How long a node may take to get its pod CIDRs and be Ready, and a proxy to be ready on every
+/// node: seconds on an idle machine, minutes with three six-node clusters starting at once on two
+/// cores other work shares (load average 35 measured; 120 s were not enough there).
+const NODE_READY_TIMEOUT: Duration = Duration::from_secs(300);
+const PROXY_READY_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Waits until DaemonSet `kube-system/NAME` has a ready pod on each of the `nodes` nodes.
+fn wait_daemonset_ready(kubectl: &Kubectl, name: &str, nodes: usize) -> Result<()> {
+    kubectl.wait_for(PROXY_READY_TIMEOUT, &format!("the {name} DaemonSet ready on every node"), || {
+        let out = kubectl
+            .run(&[
+                "-n",
+                "kube-system",
+                "get",
+                "ds",
+                name,
+                "-o",
+                "jsonpath={.status.numberReady}/{.status.desiredNumberScheduled}",
+            ])
+            .ok()?;
+        (out.trim() == format!("{nodes}/{nodes}")).then_some(())
+    })
 }
 
 fn record_plane(ledger: &mut Ledger, plane: &ControlPlane) -> Result<()> {
@@ -354,48 +471,96 @@ fn record_plane(ledger: &mut Ledger, plane: &ControlPlane) -> Result<()> {
     Ok(())
 }
 
-/// The cluster DNS Service (`kube-system/kube-dns`, the kubelets' `clusterDNS`) with one
-/// EndpointSlice of every node's DNS stand-in (no selector: no controller owns it).
-fn dns_service(nodes: &[Node]) -> String {
-    let endpoints: Vec<serde_json::Value> = nodes
-        .iter()
-        .map(
-            |n| serde_json::json!({"addresses": [n.ip.to_string()], "conditions": {"ready": true}, "nodeName": n.name}),
-        )
-        .collect();
-    let list = serde_json::json!({
-        "apiVersion": "v1",
-        "kind": "List",
-        "items": [
-            {"apiVersion": "v1", "kind": "Service",
-             "metadata": {"name": "kube-dns", "namespace": "kube-system", "labels": {"k8s-app": "kube-dns"}},
-             "spec": {"clusterIP": wire::DNS_SERVICE_IP.to_string(), "ports": [
-                {"name": "dns", "port": 53, "protocol": "UDP", "targetPort": 53},
-                {"name": "dns-tcp", "port": 53, "protocol": "TCP", "targetPort": 53}]}},
-            {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-             "metadata": {"name": "kube-dns-harness", "namespace": "kube-system", "labels": {
+/// The cluster DNS Service (`kube-system/kube-dns`, the kubelets' `clusterDNS`) with a ClusterIP
+/// of each family (dual-stack: `RequireDualStack`) and one EndpointSlice per family of every
+/// node's DNS stand-in (no selector: no controller owns them).
+fn dns_service(nodes: &[Node], families: IpFamilies) -> String {
+    let dual = families.families().len() > 1;
+    let mut spec = serde_json::json!({
+        "clusterIP": families.primary().dns_service_ip().to_string(),
+        "clusterIPs": families.families().iter().map(|f| f.dns_service_ip().to_string()).collect::<Vec<_>>(),
+        "ipFamilies": families.families().iter().map(|f| f.api_name()).collect::<Vec<_>>(),
+        "ipFamilyPolicy": if dual { "RequireDualStack" } else { "SingleStack" },
+        "ports": [
+            {"name": "dns", "port": 53, "protocol": "UDP", "targetPort": 53},
+            {"name": "dns-tcp", "port": 53, "protocol": "TCP", "targetPort": 53}]});
+    if let Some(spec) = spec.as_object_mut() {
+        spec.retain(|_, v| !v.is_null());
+    }
+    let mut items = vec![serde_json::json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "kube-dns", "namespace": "kube-system", "labels": {"k8s-app": "kube-dns"}},
+        "spec": spec})];
+    for family in families.families() {
+        let endpoints: Vec<serde_json::Value> = nodes
+            .iter()
+            .filter_map(|n| {
+                let ip = n.ips.iter().find(|ip| Family::of(**ip) == *family)?;
+                Some(serde_json::json!({"addresses": [ip.to_string()], "conditions": {"ready": true}, "nodeName": n.name}))
+            })
+            .collect();
+        items.push(serde_json::json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": format!("kube-dns-harness-{}", family.api_name().to_ascii_lowercase()),
+                "namespace": "kube-system", "labels": {
                 "kubernetes.io/service-name": "kube-dns",
                 "endpointslice.kubernetes.io/managed-by": "kproxy-cluster-harness"}},
-             "addressType": "IPv4",
-             "ports": [{"name": "dns", "port": 53, "protocol": "UDP"}, {"name": "dns-tcp", "port": 53, "protocol": "TCP"}],
-             "endpoints": endpoints}
-        ]
-    });
-    list.to_string()
+            "addressType": family.api_name(),
+            "ports": [{"name": "dns", "port": 53, "protocol": "UDP"}, {"name": "dns-tcp", "port": 53, "protocol": "TCP"}],
+            "endpoints": endpoints}));
+    }
+    serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string()
 }
 
+/// The `KubeProxyConfiguration` fields an IPv6-primary cluster sets otherwise, as kubeadm
+/// writes them when the API server advertises an IPv6 address (`bindAddress: "::"`; the healthz
+/// and metrics servers then default to `[::]` and `[::1]`): each key and its new value. IPv4 and
+/// dual-stack (IPv4 primary) clusters keep the manifest's.
+fn family_settings(families: IpFamilies) -> &'static [(&'static str, &'static str)] {
+    match families.primary() {
+        Family::V4 => &[],
+        Family::V6 => &[
+            ("bindAddress", "\"::\""),
+            ("healthzBindAddress", "\"[::]:10256\""),
+            ("metricsBindAddress", "\"[::1]:10249\""),
+        ],
+    }
+}
+
+/// The `k8s-app` label of the DaemonSet and pods of `deploy/kproxy.yaml`.
+const KPROXY_APP: &str = "kproxy";
+/// The `k8s-app` label of every cluster's Service proxy pods here, kproxy's as kube-proxy's:
+/// kubeadm's label for kube-proxy, which e2e selects the proxy's pods by (`Services should work
+/// after restarting kube-proxy` deletes them and waits for them to come back).
+pub const PROXY_APP: &str = "kube-proxy";
+
 /// `deploy/kproxy.yaml` as the harness applies it: the image (imported into every node's
-/// containerd; the manifest's `IfNotPresent` then never pulls), the API server address (a node without a proxy cannot reach the `kubernetes`
-/// Service's ClusterIP, which is what every cluster's kube-proxy kubeconfig avoids too), the
-/// mode, and `conntrack.maxPerCore: 0` (as kind does: `nf_conntrack_max` is machine-global,
-/// read-only in a node's network namespace, and not the harness's to change). Each substitution must find its line, or the manifest changed under the harness.
-pub fn substitute_manifest(manifest: &str, image: &str, server: &str, mode: &str) -> Result<String> {
+/// containerd; the manifest's `IfNotPresent` then never pulls), the API server address (a node
+/// without a proxy cannot reach the `kubernetes` Service's ClusterIP, which is what every
+/// cluster's kube-proxy kubeconfig avoids too), the mode, `conntrack.maxPerCore: 0` (as kind
+/// does: `nf_conntrack_max` is machine-global, read-only in a node's network namespace, and not
+/// the harness's to change), an IPv6-primary cluster's addresses ([`family_settings`]), and the
+/// `k8s-app` label ([`PROXY_APP`]: kproxy replaces kube-proxy, and is labelled as kubeadm labels
+/// the Service proxy). Each substitution must find its lines, or the manifest changed under the
+/// harness.
+pub fn substitute_manifest(
+    manifest: &str,
+    image: &str,
+    server: &str,
+    mode: &str,
+    families: IpFamilies,
+) -> Result<String> {
     let mut out = String::with_capacity(manifest.len());
-    let (mut images, mut servers, mut modes, mut conntracks) = (0, 0, 0, 0);
+    let (mut images, mut servers, mut modes, mut conntracks, mut labels) = (0, 0, 0, 0, 0);
+    let family = family_settings(families);
+    let mut family_found = vec![0; family.len()];
     for line in manifest.lines() {
         let trimmed = line.trim_start();
         let indent = &line[..line.len() - trimmed.len()];
-        if trimmed.starts_with("maxPerCore:") {
+        let family_key =
+            family.iter().position(|(key, _)| indent.len() == 4 && trimmed.starts_with(&format!("{key}:")));
+        if let Some(i) = family_key {
+            out.push_str(&format!("{indent}{}: {}\n", family[i].0, family[i].1));
+            family_found[i] += 1;
+        } else if trimmed.starts_with("maxPerCore:") {
             out.push_str(&format!("{indent}maxPerCore: 0\n"));
             conntracks += 1;
         } else if trimmed.starts_with("image:") {
@@ -407,15 +572,19 @@ pub fn substitute_manifest(manifest: &str, image: &str, server: &str, mode: &str
         } else if trimmed.starts_with("mode: ") && indent.len() == 4 {
             out.push_str(&format!("{indent}mode: {mode}\n"));
             modes += 1;
+        } else if trimmed == format!("k8s-app: {KPROXY_APP}") {
+            out.push_str(&format!("{indent}k8s-app: {PROXY_APP}\n"));
+            labels += 1;
         } else {
             out.push_str(line);
             out.push('\n');
         }
     }
     // The image twice: the init container (`--init-only`) and the proxy.
-    if (images, servers, modes, conntracks) != (2, 1, 1, 1) {
+    if (images, servers, modes, conntracks, labels) != (2, 1, 1, 1, 3) || family_found.iter().any(|n| *n != 1) {
         bail!(
-            "deploy/kproxy.yaml: expected two image lines and one kubeconfig server, mode and conntrack maxPerCore line, found {images}, {servers}, {modes}, {conntracks}"
+            "deploy/kproxy.yaml: expected two image lines (init container and proxy), one kubeconfig server, mode and conntrack maxPerCore line and three `k8s-app: {KPROXY_APP}` labels, found {images}, {servers}, {modes}, {conntracks}, {labels}; and one of each of {:?}, found {family_found:?}",
+            family.iter().map(|(key, _)| key).collect::<Vec<_>>()
         );
     }
     Ok(out)
@@ -431,26 +600,34 @@ const KPROXY_ONLY_FIELDS: [&str; 6] = [
     "noMasqueradeCIDRs",
 ];
 
-/// The `config.conf` of kproxy's ConfigMap in `manifest`, for upstream kube-proxy: its
-/// kubeconfig path, mode and `conntrack.maxPerCore` (0, as for kproxy) replaced (each must be
-/// found once), and kproxy's own fields left out.
-pub fn upstream_config(manifest: &str, kubeconfig: &Path, mode: &str) -> Result<String> {
+/// The lines of ConfigMap key `key` (a `KEY: |-` block) in `manifest`, without their indent.
+fn configmap_entry<'a>(manifest: &'a str, key: &str) -> Result<Vec<&'a str>> {
     let mut lines = manifest.lines();
     let key_indent = loop {
-        let Some(line) = lines.next() else { bail!("deploy/kproxy.yaml has no `config.conf: |-`") };
-        if line.trim_start().starts_with("config.conf: |") {
+        let Some(line) = lines.next() else { bail!("deploy/kproxy.yaml has no `{key}: |-`") };
+        if line.trim_start().starts_with(&format!("{key}: |")) {
             break line.len() - line.trim_start().len();
         }
     };
+    Ok(lines
+        .take_while(|line| line.trim().is_empty() || line.len() - line.trim_start().len() > key_indent)
+        .map(|line| line.get(key_indent + 2..).unwrap_or(""))
+        .collect())
+}
+
+/// The `config.conf` of kproxy's ConfigMap in `manifest`, for upstream kube-proxy: its
+/// kubeconfig path, mode, `conntrack.maxPerCore` (0, as for kproxy) and an IPv6-primary
+/// cluster's addresses replaced (each must be found once).
+pub fn upstream_config(manifest: &str, kubeconfig: &Path, mode: &str, families: IpFamilies) -> Result<String> {
+    let family = family_settings(families);
+    let mut family_found = vec![0; family.len()];
     let mut out = String::new();
     let (mut kubeconfigs, mut modes, mut conntracks) = (0, 0, 0);
-    for line in lines {
-        let indent = line.len() - line.trim_start().len();
-        if !line.trim().is_empty() && indent <= key_indent {
-            break;
-        }
-        let body = line.get(key_indent + 2..).unwrap_or("");
-        if body.trim_start().starts_with("kubeconfig:") {
+    for body in configmap_entry(manifest, "config.conf")? {
+        if let Some(i) = family.iter().position(|(key, _)| body.starts_with(&format!("{key}:"))) {
+            out.push_str(&format!("{}: {}\n", family[i].0, family[i].1));
+            family_found[i] += 1;
+        } else if body.trim_start().starts_with("kubeconfig:") {
             let pad = &body[..body.len() - body.trim_start().len()];
             out.push_str(&format!("{pad}kubeconfig: {}\n", kubeconfig.display()));
             kubeconfigs += 1;
@@ -468,12 +645,77 @@ pub fn upstream_config(manifest: &str, kubeconfig: &Path, mode: &str) -> Result<
             out.push('\n');
         }
     }
-    if (kubeconfigs, modes, conntracks) != (1, 1, 1) {
+    if (kubeconfigs, modes, conntracks) != (1, 1, 1) || family_found.iter().any(|n| *n != 1) {
         bail!(
-            "config.conf in deploy/kproxy.yaml: expected one kubeconfig, mode and maxPerCore line, found {kubeconfigs}, {modes}, {conntracks}"
+            "config.conf in deploy/kproxy.yaml: expected one kubeconfig, mode and maxPerCore line, found {kubeconfigs}, {modes}, {conntracks}; and one of each of {:?}, found {family_found:?}",
+            family.iter().map(|(key, _)| key).collect::<Vec<_>>()
         );
     }
     Ok(out)
+}
+
+/// Where kubeadm's kube-proxy DaemonSet mounts its ConfigMap.
+const KUBE_PROXY_CONFIG_DIR: &str = "/var/lib/kube-proxy";
+
+/// Upstream kube-proxy deployed as kubeadm deploys it (ServiceAccount `kube-proxy` bound to
+/// `system:node-proxier`, ConfigMap `kube-proxy`, DaemonSet `kube-proxy` labelled
+/// `k8s-app: kube-proxy`, hostNetwork, privileged, no probes), with kproxy's `config.conf`
+/// ([`upstream_config`]) and `kubeconfig.conf` (its `server:` the API server's address, as for
+/// kproxy): both proxies get the same configuration.
+pub fn upstream_daemonset(
+    manifest: &str,
+    image: &str,
+    server: &str,
+    mode: &str,
+    families: IpFamilies,
+) -> Result<String> {
+    let config = upstream_config(manifest, &Path::new(KUBE_PROXY_CONFIG_DIR).join("kubeconfig.conf"), mode, families)?;
+    let mut kubeconfig = String::new();
+    let mut servers = 0;
+    for line in configmap_entry(manifest, "kubeconfig.conf")? {
+        let trimmed = line.trim_start();
+        if trimmed.starts_with("server: https://") {
+            kubeconfig.push_str(&format!("{}server: {server}\n", &line[..line.len() - trimmed.len()]));
+            servers += 1;
+        } else {
+            kubeconfig.push_str(line);
+            kubeconfig.push('\n');
+        }
+    }
+    if servers != 1 {
+        bail!("kubeconfig.conf in deploy/kproxy.yaml: expected one `server: https://` line, found {servers}");
+    }
+    let labels = serde_json::json!({"k8s-app": "kube-proxy"});
+    let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "kube-proxy", "namespace": "kube-system"}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+         "metadata": {"name": "kubeadm:node-proxier"},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:node-proxier"},
+         "subjects": [{"kind": "ServiceAccount", "name": "kube-proxy", "namespace": "kube-system"}]},
+        {"apiVersion": "v1", "kind": "ConfigMap",
+         "metadata": {"name": "kube-proxy", "namespace": "kube-system", "labels": {"app": "kube-proxy"}},
+         "data": {"config.conf": config, "kubeconfig.conf": kubeconfig}},
+        {"apiVersion": "apps/v1", "kind": "DaemonSet",
+         "metadata": {"name": "kube-proxy", "namespace": "kube-system", "labels": labels},
+         "spec": {"selector": {"matchLabels": labels}, "updateStrategy": {"type": "RollingUpdate"},
+          "template": {"metadata": {"labels": labels}, "spec": {
+            "priorityClassName": "system-node-critical", "serviceAccountName": "kube-proxy", "hostNetwork": true,
+            "nodeSelector": {"kubernetes.io/os": "linux"}, "tolerations": [{"operator": "Exists"}],
+            "containers": [{"name": "kube-proxy", "image": image, "imagePullPolicy": "IfNotPresent",
+              "command": ["/usr/local/bin/kube-proxy", format!("--config={KUBE_PROXY_CONFIG_DIR}/config.conf"),
+                          "--hostname-override=$(NODE_NAME)"],
+              "env": [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
+              "securityContext": {"privileged": true},
+              "volumeMounts": [
+                {"name": "kube-proxy", "mountPath": KUBE_PROXY_CONFIG_DIR},
+                {"name": "xtables-lock", "mountPath": "/run/xtables.lock"},
+                {"name": "lib-modules", "mountPath": "/lib/modules", "readOnly": true}]}],
+            "volumes": [
+                {"name": "kube-proxy", "configMap": {"name": "kube-proxy"}},
+                {"name": "xtables-lock", "hostPath": {"path": "/run/xtables.lock", "type": "FileOrCreate"}},
+                {"name": "lib-modules", "hostPath": {"path": "/lib/modules"}}]}}}}
+    ]});
+    Ok(serde_json::to_string_pretty(&list)?)
 }
 
 /// kubectl as admin, run in the wire namespace.
@@ -566,23 +808,81 @@ mod tests {
 
     #[test]
     fn manifest_substitution_replaces_image_server_mode_and_conntrack_max_only() {
-        let manifest = "data:\n  config.conf: |-\n    mode: nftables\n    conntrack:\n      maxPerCore: 32768\n  kubeconfig.conf: |-\n    clusters:\n      - cluster:\n          server: https://CONTROL-PLANE-ENDPOINT:6443\nspec:\n  initContainers:\n    - name: init\n      image: ghcr.io/x:1\n  containers:\n    - name: kproxy\n      image: ghcr.io/x:1\n      imagePullPolicy: IfNotPresent\n";
-        let out = substitute_manifest(manifest, "localhost/kproxy:dev", "https://198.18.0.1:6443", "iptables").unwrap();
+        let manifest = "data:\n  config.conf: |-\n    mode: nftables\n    conntrack:\n      maxPerCore: 32768\n  kubeconfig.conf: |-\n    clusters:\n      - cluster:\n          server: https://CONTROL-PLANE-ENDPOINT:6443\nmetadata:\n  labels:\n    k8s-app: kproxy\nspec:\n  selector:\n    matchLabels:\n      k8s-app: kproxy\n  template:\n    metadata:\n      labels:\n        k8s-app: kproxy\n  initContainers:\n    - name: init\n      image: ghcr.io/x:1\n  containers:\n    - name: kproxy\n      image: ghcr.io/x:1\n      imagePullPolicy: IfNotPresent\n";
+        let out = substitute_manifest(
+            manifest,
+            "localhost/kproxy:dev",
+            "https://198.18.0.1:6443",
+            "iptables",
+            IpFamilies::Dual,
+        )
+        .unwrap();
         assert_eq!(out.matches("      image: localhost/kproxy:dev\n").count(), 2, "{out}");
         assert!(out.contains("          server: https://198.18.0.1:6443\n"));
         assert!(out.contains("    mode: iptables\n"));
         assert!(out.contains("      maxPerCore: 0\n"));
         assert!(out.contains("imagePullPolicy: IfNotPresent"));
-        assert!(substitute_manifest("nothing", "i", "s", "m").is_err());
+        assert_eq!(out.matches("k8s-app: kube-proxy\n").count(), 3, "{out}");
+        assert!(!out.contains("k8s-app: kproxy"));
+        assert!(substitute_manifest("nothing", "i", "s", "m", IpFamilies::Ipv4).is_err());
+        assert!(
+            substitute_manifest(manifest, "i", "s", "m", IpFamilies::Ipv6).is_err(),
+            "an IPv6 cluster's bindAddress line is missing from this manifest"
+        );
     }
 
     #[test]
     fn upstream_config_is_the_configmaps_with_its_kubeconfig_and_mode() {
         let manifest = "data:\n  config.conf: |-\n    kind: KubeProxyConfiguration\n    clientConnection:\n      kubeconfig: /var/lib/kproxy/kubeconfig.conf\n    mode: nftables\n    takeOverKubeProxy: true\n    conntrack:\n      maxPerCore: 32768\n  kubeconfig.conf: |-\n    x: y\n";
-        let out = upstream_config(manifest, Path::new("/k/kp.kubeconfig"), "iptables").unwrap();
+        let out = upstream_config(manifest, Path::new("/k/kp.kubeconfig"), "iptables", IpFamilies::Ipv4).unwrap();
         assert_eq!(
             out,
             "kind: KubeProxyConfiguration\nclientConnection:\n  kubeconfig: /k/kp.kubeconfig\nmode: iptables\nconntrack:\n  maxPerCore: 0\n"
         );
+    }
+
+    #[test]
+    fn the_real_manifest_substitutes_for_every_family_and_ipv6_binds_ipv6() {
+        let manifest = include_str!("../../../deploy/kproxy.yaml");
+        for families in [IpFamilies::Ipv4, IpFamilies::Ipv6, IpFamilies::Dual] {
+            let out = substitute_manifest(manifest, "i", "https://[fd00:18::1]:6443", "nftables", families).unwrap();
+            let config = upstream_config(manifest, Path::new("/k"), "nftables", families).unwrap();
+            let v6 = families == IpFamilies::Ipv6;
+            assert_eq!(out.contains("    bindAddress: \"::\"\n"), v6, "{families:?}");
+            assert_eq!(out.contains("    healthzBindAddress: \"[::]:10256\"\n"), v6, "{families:?}");
+            assert_eq!(config.contains("metricsBindAddress: \"[::1]:10249\"\n"), v6, "{families:?}");
+            assert_eq!(config.contains("bindAddress: 0.0.0.0\n"), !v6, "{families:?}");
+        }
+    }
+
+    #[test]
+    fn upstream_runs_as_kubeadms_daemonset_with_kproxys_configuration() {
+        let manifest = include_str!("../../../deploy/kproxy.yaml");
+        let text = upstream_daemonset(
+            manifest,
+            "localhost/kube-proxy:v1.36.2",
+            "https://198.18.0.1:6443",
+            "iptables",
+            IpFamilies::Dual,
+        )
+        .unwrap();
+        let list: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let items = list["items"].as_array().unwrap();
+        let config_map = items.iter().find(|i| i["kind"] == "ConfigMap").unwrap();
+        let config = config_map["data"]["config.conf"].as_str().unwrap();
+        assert!(
+            config.contains("mode: iptables\n")
+                && config.contains("  kubeconfig: /var/lib/kube-proxy/kubeconfig.conf\n")
+        );
+        let kubeconfig = config_map["data"]["kubeconfig.conf"].as_str().unwrap();
+        assert!(kubeconfig.contains("      server: https://198.18.0.1:6443\n"), "{kubeconfig}");
+        assert!(kubeconfig.contains("tokenFile: /var/run/secrets/kubernetes.io/serviceaccount/token"));
+        let ds = items.iter().find(|i| i["kind"] == "DaemonSet").unwrap();
+        assert_eq!(ds["spec"]["template"]["metadata"]["labels"]["k8s-app"], PROXY_APP);
+        let container = &ds["spec"]["template"]["spec"]["containers"][0];
+        assert_eq!(container["image"], "localhost/kube-proxy:v1.36.2");
+        assert_eq!(container["command"][2], "--hostname-override=$(NODE_NAME)");
+        let binding = items.iter().find(|i| i["kind"] == "ClusterRoleBinding").unwrap();
+        assert_eq!(binding["roleRef"]["name"], "system:node-proxier");
     }
 }

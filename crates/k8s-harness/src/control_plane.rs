@@ -45,7 +45,8 @@ pub struct ControlPlaneOptions {
     /// endpoint, so then the Service has none (`--endpoint-reconciler-type=none`); bind a
     /// namespace's own address for one that pods can reach.
     pub bind: IpAddr,
-    /// `--service-cluster-ip-range` (default 198.19.0.0/16, inside the test range 198.18.0.0/15).
+    /// `--service-cluster-ip-range` (default 198.19.0.0/16, inside the test range 198.18.0.0/15);
+    /// a dual-stack pair is two ranges joined by a comma, primary first.
     pub service_cidr: String,
     /// `--service-node-port-range` (inclusive).
     pub node_port_range: (u16, u16),
@@ -155,11 +156,14 @@ impl ControlPlane {
     }
 
     fn try_start(binaries: &Binaries, options: ControlPlaneOptions) -> Result<ControlPlane> {
-        let service_cidr: ipnet::IpNet = options
-            .service_cidr
-            .parse()
-            .map_err(|e| Error::Refused(format!("service_cidr {:?}: {e}", options.service_cidr)))?;
-        let first_service_ip = service_cidr.hosts().next().unwrap_or(service_cidr.network());
+        // One range, or a dual-stack pair (primary first): the serving certificate names the
+        // first address of each (the `kubernetes` Service's ClusterIP is the primary's).
+        let mut first_service_ips = Vec::new();
+        for cidr in options.service_cidr.split(',') {
+            let range: ipnet::IpNet =
+                cidr.trim().parse().map_err(|e| Error::Refused(format!("service_cidr {cidr:?}: {e}")))?;
+            first_service_ips.push(range.hosts().next().unwrap_or(range.network()));
+        }
         let (low, high) = options.node_port_range;
         if low == 0 || low > high {
             return Err(Error::Refused(format!("node_port_range {low}-{high}: not a range of ports")));
@@ -174,7 +178,10 @@ impl ControlPlane {
         let work_path = work.path().to_path_buf();
         let pki = Pki::generate(
             &work_path.join("pki"),
-            &ServingNames { ips: vec![options.bind, first_service_ip], cluster_domain: options.cluster_domain.clone() },
+            &ServingNames {
+                ips: std::iter::once(options.bind).chain(first_service_ips).collect(),
+                cluster_domain: options.cluster_domain.clone(),
+            },
         )?;
         let netns = options.netns.clone();
         let ports = net::free_ports(netns.as_deref(), IpAddr::V4(Ipv4Addr::LOCALHOST), 2)?;

@@ -2,28 +2,30 @@
 //! `cluster.local`, fed by polling the API server's Services and EndpointSlices once a second,
 //! answering what Kubernetes' DNS specification and the e2e network tests ask:
 //!
-//! - `SVC.NS.svc.cluster.local` A: the ClusterIPs; for a headless Service, its ready endpoints;
-//!   ExternalName: a CNAME;
-//! - `HOST.SVC.NS.svc.cluster.local` A for a headless Service's endpoints that have a hostname;
+//! - `SVC.NS.svc.cluster.local` A and AAAA: the ClusterIPs of each family; for a headless
+//!   Service, its ready endpoints (IPv4 and IPv6 EndpointSlices alike); ExternalName: a CNAME;
+//! - `HOST.SVC.NS.svc.cluster.local` A/AAAA for a headless Service's endpoints with a hostname;
 //! - `_PORT._PROTO.SVC.NS.svc.cluster.local` SRV for named ports;
-//! - `A-B-C-D.NS.pod.cluster.local` A (any address, as CoreDNS's `pods insecure`);
-//! - `D.C.B.A.in-addr.arpa` PTR for ClusterIPs and headless endpoints with a hostname.
+//! - `A-B-C-D.NS.pod.cluster.local` A and `FD00-19--5.NS.pod.cluster.local` AAAA (any address,
+//!   as CoreDNS's `pods insecure`, which reads IPv6 with `-` for `:`);
+//! - `D.C.B.A.in-addr.arpa` and nibble-format `….ip6.arpa` PTR for ClusterIPs and headless
+//!   endpoints with a hostname.
 //!
 //! Every other name under `cluster.local` is NXDOMAIN, a known name asked for another type is an
 //! empty NOERROR, and nothing is forwarded (there is nowhere to forward to). It binds the node's
-//! address, not 0.0.0.0: bound to the wildcard, its UDP replies to pods would leave with the
-//! bridge's address and be dropped by the client.
+//! addresses (one of each family), not the wildcard: bound to it, its UDP replies to pods would
+//! leave with the bridge's address and be dropped by the client.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use hickory_proto::op::{Message, MessageType, OpCode, ResponseCode};
-use hickory_proto::rr::rdata::{A, CNAME, PTR, SRV};
+use hickory_proto::rr::rdata::{A, AAAA, CNAME, PTR, SRV};
 use hickory_proto::rr::{Name, RData, Record, RecordType};
 use serde_json::Value;
 
@@ -33,7 +35,8 @@ const TTL: u32 = 5;
 /// How to reach the API server.
 #[derive(Debug, Clone)]
 pub struct DnsOptions {
-    pub bind: IpAddr,
+    /// The node's addresses (one socket pair each).
+    pub bind: Vec<IpAddr>,
     pub server: String,
     pub ca: PathBuf,
     pub cert: PathBuf,
@@ -44,7 +47,7 @@ pub struct DnsOptions {
 /// (namespace, name) of a Service.
 type ServiceKey = (String, String);
 /// A ready endpoint's address and hostname.
-type Endpoint = (Ipv4Addr, Option<String>);
+type Endpoint = (IpAddr, Option<String>);
 /// (port name, lower-case protocol, port).
 type NamedPort = (String, String, u16);
 
@@ -70,7 +73,7 @@ impl Zone {
         let mut endpoints: BTreeMap<ServiceKey, BTreeSet<Endpoint>> = BTreeMap::new();
         let mut slice_ports: BTreeMap<ServiceKey, BTreeSet<NamedPort>> = BTreeMap::new();
         for slice in items(slices) {
-            if slice["addressType"] != "IPv4" {
+            if slice["addressType"] != "IPv4" && slice["addressType"] != "IPv6" {
                 continue;
             }
             let ns = slice["metadata"]["namespace"].as_str().unwrap_or_default().to_owned();
@@ -83,7 +86,7 @@ impl Zone {
                 }
                 let hostname = ep["hostname"].as_str().map(str::to_owned);
                 for addr in ep["addresses"].as_array().into_iter().flatten() {
-                    if let Some(ip) = addr.as_str().and_then(|s| s.parse::<Ipv4Addr>().ok()) {
+                    if let Some(ip) = addr.as_str().and_then(|s| s.parse::<IpAddr>().ok()) {
                         endpoints.entry(key.clone()).or_default().insert((ip, hostname.clone()));
                     }
                 }
@@ -118,10 +121,10 @@ impl Zone {
                 // The name exists even with no ready endpoint (NOERROR, no answer).
                 zone.names.entry(fqdn.clone()).or_default();
                 for (ip, hostname) in &eps {
-                    zone.add(fqdn.clone(), RData::A(A(*ip)));
+                    zone.add(fqdn.clone(), address_record(*ip));
                     if let Some(host) = hostname {
                         let host_fqdn = format!("{host}.{fqdn}").to_ascii_lowercase();
-                        zone.add(host_fqdn.clone(), RData::A(A(*ip)));
+                        zone.add(host_fqdn.clone(), address_record(*ip));
                         if let Ok(host_name) = Name::from_ascii(&host_fqdn) {
                             zone.add(reverse(*ip), RData::PTR(PTR(host_name)));
                         }
@@ -131,7 +134,7 @@ impl Zone {
                     let srv_name = format!("_{port_name}._{proto}.{fqdn}").to_ascii_lowercase();
                     zone.names.entry(srv_name.clone()).or_default();
                     for (ip, hostname) in &eps {
-                        let host = hostname.clone().unwrap_or_else(|| ip.to_string().replace('.', "-"));
+                        let host = hostname.clone().unwrap_or_else(|| ip.to_string().replace(['.', ':'], "-"));
                         if let Ok(t) = Name::from_ascii(format!("{host}.{fqdn}")) {
                             zone.srv.entry(srv_name.clone()).or_default().push(RData::SRV(SRV::new(0, 100, *port, t)));
                         }
@@ -139,7 +142,7 @@ impl Zone {
                 }
                 continue;
             }
-            let ips: Vec<Ipv4Addr> = spec["clusterIPs"]
+            let ips: BTreeSet<IpAddr> = spec["clusterIPs"]
                 .as_array()
                 .into_iter()
                 .flatten()
@@ -150,7 +153,7 @@ impl Zone {
                 continue;
             }
             for ip in &ips {
-                zone.add(fqdn.clone(), RData::A(A(*ip)));
+                zone.add(fqdn.clone(), address_record(*ip));
                 zone.add(reverse(*ip), RData::PTR(PTR(target.clone())));
             }
             for port in spec["ports"].as_array().into_iter().flatten() {
@@ -178,15 +181,18 @@ impl Zone {
         let key = name.to_ascii().to_ascii_lowercase();
         let key = if key.ends_with('.') { key } else { format!("{key}.") };
         let suffix = format!(".{domain}.");
-        // A-B-C-D.NS.pod.cluster.local
+        // A-B-C-D.NS.pod.cluster.local, or an IPv6 address with `-` for `:`.
         if let Some(rest) = key.strip_suffix(&format!(".pod{suffix}")) {
             let first = rest.split('.').next().unwrap_or_default();
-            if let Ok(ip) = first.replace('-', ".").parse::<Ipv4Addr>() {
-                let records = if kind == RecordType::A {
-                    vec![Record::from_rdata(name.clone(), TTL, RData::A(A(ip)))]
-                } else {
-                    vec![]
-                };
+            let ip = first
+                .replace('-', ".")
+                .parse::<Ipv4Addr>()
+                .map(IpAddr::V4)
+                .or_else(|_| first.replace('-', ":").parse::<Ipv6Addr>().map(IpAddr::V6));
+            if let Ok(ip) = ip {
+                let data = address_record(ip);
+                let records =
+                    if data.record_type() == kind { vec![Record::from_rdata(name.clone(), TTL, data)] } else { vec![] };
                 return (ResponseCode::NoError, records);
             }
             return (ResponseCode::NXDomain, vec![]);
@@ -213,7 +219,10 @@ impl Zone {
     /// Whether a name is ours to answer (cluster domain or reverse zone).
     fn authoritative_for(name: &str, domain: &str) -> bool {
         let name = name.trim_end_matches('.').to_ascii_lowercase();
-        name == domain || name.ends_with(&format!(".{domain}")) || name.ends_with(".in-addr.arpa")
+        name == domain
+            || name.ends_with(&format!(".{domain}"))
+            || name.ends_with(".in-addr.arpa")
+            || name.ends_with(".ip6.arpa")
     }
 }
 
@@ -221,9 +230,30 @@ fn items(list: &Value) -> impl Iterator<Item = &Value> {
     list["items"].as_array().into_iter().flatten()
 }
 
-fn reverse(ip: Ipv4Addr) -> String {
-    let o = ip.octets();
-    format!("{}.{}.{}.{}.in-addr.arpa.", o[3], o[2], o[1], o[0])
+/// An A or AAAA record of `ip`.
+fn address_record(ip: IpAddr) -> RData {
+    match ip {
+        IpAddr::V4(v4) => RData::A(A(v4)),
+        IpAddr::V6(v6) => RData::AAAA(AAAA(v6)),
+    }
+}
+
+/// The PTR name of `ip`: `D.C.B.A.in-addr.arpa.`, or the 32 nibbles of an IPv6 address
+/// reversed under `ip6.arpa.`.
+fn reverse(ip: IpAddr) -> String {
+    match ip {
+        IpAddr::V4(v4) => {
+            let o = v4.octets();
+            format!("{}.{}.{}.{}.in-addr.arpa.", o[3], o[2], o[1], o[0])
+        }
+        IpAddr::V6(v6) => {
+            let mut name = String::with_capacity(72);
+            for byte in v6.octets().iter().rev() {
+                name.push_str(&format!("{:x}.{:x}.", byte & 0xf, byte >> 4));
+            }
+            name + "ip6.arpa."
+        }
+    }
 }
 
 /// Answers one wire-format query.
@@ -257,37 +287,53 @@ pub fn respond(zone: &Zone, query: &[u8], domain: &str) -> Option<Vec<u8>> {
     response.to_vec().ok()
 }
 
-/// Serves until the process is killed: one thread polls the API server, one answers UDP, one
-/// accepts TCP.
+/// Serves until the process is killed: one thread polls the API server; for each address, one
+/// thread answers UDP and one accepts TCP.
 pub fn serve(options: DnsOptions) -> Result<()> {
     let zone = Arc::new(RwLock::new(Zone::default()));
-    let addr = SocketAddr::new(options.bind, 53);
-    let udp = UdpSocket::bind(addr).with_context(|| format!("binding {addr}/udp"))?;
-    let tcp = TcpListener::bind(addr).with_context(|| format!("binding {addr}/tcp"))?;
+    let mut sockets = Vec::new();
+    for ip in &options.bind {
+        let addr = SocketAddr::new(*ip, 53);
+        let udp = UdpSocket::bind(addr).with_context(|| format!("binding {addr}/udp"))?;
+        let tcp = TcpListener::bind(addr).with_context(|| format!("binding {addr}/tcp"))?;
+        sockets.push((udp, tcp));
+    }
     let agent = agent(&options)?;
     {
         let zone = Arc::clone(&zone);
         let options = options.clone();
         std::thread::spawn(move || poll(&agent, &options, &zone));
     }
-    {
-        let zone = Arc::clone(&zone);
-        let domain = options.domain.clone();
+    let mut udp_threads = Vec::new();
+    for (udp, tcp) in sockets {
+        let (tcp_zone, domain) = (Arc::clone(&zone), options.domain.clone());
         std::thread::spawn(move || {
             for stream in tcp.incoming().flatten() {
-                let zone = Arc::clone(&zone);
+                let zone = Arc::clone(&tcp_zone);
                 let domain = domain.clone();
                 std::thread::spawn(move || serve_tcp(stream, &zone, &domain));
             }
         });
+        let (zone, domain) = (Arc::clone(&zone), options.domain.clone());
+        udp_threads.push(std::thread::spawn(move || serve_udp(&udp, &zone, &domain)));
     }
-    tracing::info!("cluster DNS on {addr} (udp, tcp) for {}", options.domain);
+    tracing::info!("cluster DNS on {:?} port 53 (udp, tcp) for {}", options.bind, options.domain);
+    for thread in udp_threads {
+        match thread.join() {
+            Ok(result) => result?,
+            Err(_) => anyhow::bail!("a UDP thread of the DNS stand-in panicked"),
+        }
+    }
+    Ok(())
+}
+
+fn serve_udp(udp: &UdpSocket, zone: &RwLock<Zone>, domain: &str) -> Result<()> {
     let mut buf = [0u8; 4096];
     loop {
         let (n, peer) = udp.recv_from(&mut buf)?;
         let reply = {
             let zone = zone.read().unwrap_or_else(|e| e.into_inner());
-            respond(&zone, &buf[..n], &options.domain)
+            respond(&zone, &buf[..n], domain)
         };
         if let Some(mut reply) = reply {
             if reply.len() > 512 {
@@ -443,5 +489,40 @@ mod tests {
         assert_eq!(cname, vec![RData::CNAME(CNAME(Name::from_ascii("example.invalid.").unwrap()))]);
         let (_, pod) = ask(&z, "198-19-1-9.ns1.pod.cluster.local.", RecordType::A);
         assert_eq!(pod, vec![RData::A(A(Ipv4Addr::new(198, 19, 1, 9)))]);
+    }
+
+    #[test]
+    fn dual_stack_services_answer_a_and_aaaa_headless_ipv6_slices_ipv6_pods_and_ip6_arpa() {
+        let services = json!({"items": [
+            {"metadata": {"namespace": "ns1", "name": "web"},
+             "spec": {"type": "ClusterIP", "clusterIP": "198.18.128.20",
+                      "clusterIPs": ["198.18.128.20", "fd00:18:128::20"], "ports": []}},
+            {"metadata": {"namespace": "ns1", "name": "db"},
+             "spec": {"type": "ClusterIP", "clusterIP": "None", "ports": []}}
+        ]});
+        let slices = json!({"items": [
+            {"metadata": {"namespace": "ns1", "labels": {"kubernetes.io/service-name": "db"}},
+             "addressType": "IPv6", "ports": [],
+             "endpoints": [{"addresses": ["fd00:19:0:1::5"], "hostname": "db-0", "conditions": {"ready": true}}]},
+            {"metadata": {"namespace": "ns1", "labels": {"kubernetes.io/service-name": "db"}},
+             "addressType": "IPv4", "ports": [],
+             "endpoints": [{"addresses": ["198.19.1.5"], "hostname": "db-0", "conditions": {"ready": true}}]}
+        ]});
+        let z = Zone::build(&services, &slices, "cluster.local");
+        let v6: Ipv6Addr = "fd00:18:128::20".parse().unwrap();
+        assert_eq!(ask(&z, "web.ns1.svc.cluster.local.", RecordType::AAAA).1, vec![RData::AAAA(AAAA(v6))]);
+        assert_eq!(
+            ask(&z, "web.ns1.svc.cluster.local.", RecordType::A).1,
+            vec![RData::A(A(Ipv4Addr::new(198, 18, 128, 20)))],
+            "the IPv4 ClusterIP too"
+        );
+        let pod6: Ipv6Addr = "fd00:19:0:1::5".parse().unwrap();
+        assert_eq!(ask(&z, "db-0.db.ns1.svc.cluster.local.", RecordType::AAAA).1, vec![RData::AAAA(AAAA(pod6))]);
+        assert_eq!(ask(&z, "db.ns1.svc.cluster.local.", RecordType::A).1.len(), 1, "the IPv4 slice's endpoint");
+        let ptr = ask(&z, "0.2.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.8.2.1.0.8.1.0.0.0.0.d.f.ip6.arpa.", RecordType::PTR);
+        assert_eq!(ptr.1, vec![RData::PTR(PTR(Name::from_ascii("web.ns1.svc.cluster.local.").unwrap()))]);
+        assert_eq!(ask(&z, "fd00-19-0-1--5.ns1.pod.cluster.local.", RecordType::AAAA).1, vec![RData::AAAA(AAAA(pod6))]);
+        assert_eq!(ask(&z, "fd00-19-0-1--5.ns1.pod.cluster.local.", RecordType::A).1, vec![], "no A for an IPv6 pod");
+        assert!(Zone::authoritative_for("5.0.0.0.ip6.arpa.", "cluster.local"));
     }
 }

@@ -41,6 +41,10 @@ pub enum Resource {
     CniCache { network: String },
     /// A global sysctl and the value it had before the run.
     Sysctl { key: String, original: String },
+    /// A machine-global limit the run raised (inotify instances: every kubelet takes several):
+    /// put back only by the last cluster down, since lowering it under a running cluster would
+    /// fail that cluster's next kubelet or container.
+    RaisedLimit { key: String, original: String },
     /// A directory removed at the end.
     Dir { path: PathBuf },
 }
@@ -112,6 +116,45 @@ impl Ledger {
             None => read_sysctl(key)?,
         };
         self.add(Resource::Sysctl { key: key.to_owned(), original })
+    }
+
+    /// Raises the machine-global limit `key` to at least `minimum`, recording the machine's own
+    /// value first (another cluster of this harness that is up may have raised it already: its
+    /// record holds the machine's value).
+    pub fn raise_limit(&mut self, key: &str, minimum: u64) -> Result<()> {
+        if !self.resources.iter().any(|r| matches!(r, Resource::RaisedLimit { key: k, .. } if k == key)) {
+            let original = match limit_recorded_by_another_cluster(&self.path, key) {
+                Some(original) => original,
+                None => read_sysctl(key)?,
+            };
+            self.add(Resource::RaisedLimit { key: key.to_owned(), original })?;
+        }
+        let now: u64 = read_sysctl(key)?.parse().with_context(|| format!("sysctl {key} is not a number"))?;
+        if now < minimum {
+            tracing::info!("raising global sysctl {key}: {now} -> {minimum}");
+            fs::write(sysctl_path(key), minimum.to_string()).with_context(|| format!("writing sysctl {key}"))?;
+        }
+        Ok(())
+    }
+
+    /// Puts back the limits this run raised, unless another cluster still records them.
+    fn restore_limits(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        for resource in &self.resources {
+            if let Resource::RaisedLimit { key, original } = resource {
+                if limit_recorded_by_another_cluster(&self.path, key).is_some() {
+                    tracing::info!("global sysctl {key} stays raised: another cluster is up");
+                    continue;
+                }
+                if read_sysctl(key).is_ok_and(|now| now != *original) {
+                    tracing::info!("restoring global sysctl {key} to {original}");
+                    if let Err(e) = fs::write(sysctl_path(key), original) {
+                        problems.push(format!("sysctl {key}: {e}"));
+                    }
+                }
+            }
+        }
+        problems
     }
 
     fn save(&self) -> Result<()> {
@@ -217,6 +260,7 @@ impl Ledger {
         }
         // 7. Sysctls.
         problems.extend(self.restore_sysctls());
+        problems.extend(self.restore_limits());
         // 8. Directories.
         for r in &all {
             if let Resource::Dir { path } = r
@@ -527,15 +571,38 @@ fn run(program: &str, args: &[&str]) -> Result<()> {
     Ok(())
 }
 
+/// The machine's own value of limit `key` as another cluster beside the one at `ledger` recorded
+/// it when it raised it, if one that is still up did.
+fn limit_recorded_by_another_cluster(ledger: &Path, key: &str) -> Option<String> {
+    other_ledgers(ledger).find_map(|other| {
+        other.resources().find_map(|resource| match resource {
+            Resource::RaisedLimit { key: k, original } if k == key => Some(original.clone()),
+            _ => None,
+        })
+    })
+}
+
+/// The ledgers of the other clusters beside the one at `ledger` (the directories next to its
+/// own, each with a `ledger.json`).
+fn other_ledgers(ledger: &Path) -> impl Iterator<Item = Ledger> {
+    let own_dir = ledger.parent().map(Path::to_path_buf);
+    let file = ledger.file_name().map(ToOwned::to_owned);
+    let siblings = own_dir.as_deref().and_then(Path::parent).and_then(|parent| fs::read_dir(parent).ok());
+    siblings.into_iter().flatten().flatten().filter_map(move |entry| {
+        let dir = entry.path();
+        if Some(&dir) == own_dir.as_ref() {
+            return None;
+        }
+        Ledger::open(&dir.join(file.as_ref()?)).ok()
+    })
+}
+
 /// The original value of sysctl `key` in the ledger of another cluster beside the one at
 /// `ledger` (the directories next to its own, each with a `ledger.json`), if one recorded it.
 /// Two clusters up at once otherwise leave the first one's kubelet values behind: the second
 /// records them as the originals and puts them back last.
 fn original_recorded_by_another_cluster(ledger: &Path, key: &str) -> Option<String> {
-    let (own_dir, file) = (ledger.parent()?, ledger.file_name()?);
-    let siblings = fs::read_dir(own_dir.parent()?).ok()?;
-    siblings.flatten().map(|entry| entry.path()).filter(|dir| dir != own_dir).find_map(|dir| {
-        let other = Ledger::open(&dir.join(file)).ok()?;
+    other_ledgers(ledger).find_map(|other| {
         other.resources().find_map(|resource| match resource {
             Resource::Sysctl { key: k, original } if k == key => Some(original.clone()),
             _ => None,
@@ -561,6 +628,21 @@ mod tests {
         assert_eq!(original_recorded_by_another_cluster(&first, "kernel.panic"), None, "its own ledger does not count");
         fs::remove_file(&first).unwrap();
         assert_eq!(original_recorded_by_another_cluster(&second, "kernel.panic"), None, "the first is down");
+        fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn a_raised_limit_is_put_back_only_by_the_last_cluster_that_recorded_it() {
+        let root = std::env::temp_dir().join(format!("kproxy-ledger-limit-test-{}", std::process::id()));
+        let (first, second) = (root.join("kproxy-cluster-a/ledger.json"), root.join("kproxy-cluster-b/ledger.json"));
+        let key = "fs.inotify.max_user_instances";
+        let mut a = Ledger::open(&first).unwrap();
+        a.add(Resource::RaisedLimit { key: key.into(), original: "128".into() }).unwrap();
+        assert_eq!(limit_recorded_by_another_cluster(&second, key).as_deref(), Some("128"), "b sees a's original");
+        assert_eq!(limit_recorded_by_another_cluster(&first, key), None, "its own ledger does not count");
+        assert_eq!(original_recorded_by_another_cluster(&second, key), None, "a raised limit is not a kubelet sysctl");
+        fs::remove_file(&first).unwrap();
+        assert_eq!(limit_recorded_by_another_cluster(&second, key), None, "a is down: b puts it back");
         fs::remove_dir_all(&root).unwrap();
     }
 }

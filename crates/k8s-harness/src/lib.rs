@@ -72,6 +72,7 @@ mod net;
 pub mod node;
 mod pki;
 mod process;
+pub mod ssh;
 pub mod wire;
 
 pub use binaries::{

@@ -22,7 +22,8 @@ fn cluster_name(info: &ClusterInfo) -> Result<&str> {
 
 /// Node `index` (1-based) of the cluster in `work`.
 fn node(work: &Path, info: &ClusterInfo, index: u8) -> Result<Node> {
-    Ok(Node::new(cluster_name(info)?, index, &work.join("run")))
+    let zone = info.nodes.get(usize::from(index) - 1).and_then(|n| n.zone.clone());
+    Ok(Node::new(cluster_name(info)?, index, info.families, zone, &work.join("run")))
 }
 
 /// The ledger name of kube-proxy on node `index`.

@@ -5,7 +5,7 @@
 //! ledger first.
 
 use std::fs;
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -14,7 +14,7 @@ use anyhow::{Context, Result, bail};
 
 use crate::containerd::Containerd;
 use crate::ledger::{Ledger, Resource};
-use crate::wire;
+use crate::wire::{self, IpFamilies};
 
 /// The global sysctls kubelet v1.36 writes at start (`setupKernelTunables`, with the default
 /// `protectKernelDefaults: false`; `true` would make it refuse to start on a machine that has
@@ -36,21 +36,31 @@ pub struct Node {
     pub index: u8,
     pub name: String,
     pub netns: String,
-    pub ip: Ipv4Addr,
+    pub families: IpFamilies,
+    /// The node's addresses on the wire, primary first.
+    pub ips: Vec<IpAddr>,
+    /// `topology.kubernetes.io/zone`, when the cluster has zones.
+    pub zone: Option<String>,
     pub dir: PathBuf,
 }
 
 impl Node {
-    pub fn new(cluster: &str, index: u8, run_dir: &Path) -> Node {
+    pub fn new(cluster: &str, index: u8, families: IpFamilies, zone: Option<String>, run_dir: &Path) -> Node {
         let name = format!("kproxy-node{index}");
         Node {
             cluster: cluster.to_owned(),
             index,
             netns: wire::node_netns(cluster, index),
-            ip: wire::node_ip(index),
+            families,
+            ips: families.node_ips(index),
+            zone,
             dir: run_dir.join(&name),
             name,
         }
+    }
+    /// The primary address (the kubelet's first `--node-ip`, what the API server dials).
+    pub fn primary_ip(&self) -> IpAddr {
+        self.ips[0]
     }
     pub fn netns_path(&self) -> PathBuf {
         wire::netns_path(&self.netns)
@@ -83,7 +93,7 @@ impl Node {
     /// Namespaces, cgroup root and directories (recorded first).
     pub fn prepare(&self, ledger: &mut Ledger) -> Result<()> {
         fs::create_dir_all(&self.dir)?;
-        wire::make_node_netns(ledger, &self.cluster, self.index)?;
+        wire::make_node_netns(ledger, &self.cluster, self.index, self.families)?;
         // The UTS namespace: hostNetwork pods inherit it through containerd's shims.
         let uts = self.uts_path();
         fs::write(&uts, b"")?;
@@ -114,13 +124,21 @@ impl Node {
             &["--config".into(), config.display().to_string()],
             logs,
         )?;
-        containerd.wait_ready(std::time::Duration::from_secs(60))
+        // Seconds when idle; minutes when several clusters start at once on a busy machine.
+        containerd.wait_ready(std::time::Duration::from_secs(180))
     }
 
-    /// Writes the CNI conflist for the node's pod CIDR: a bridge with hairpin (a pod reaching
-    /// itself through its Service), no ipMasq (cross-node pod traffic keeps its source), the
-    /// node's own IPAM dir, portmap for hostPort.
-    pub fn write_cni(&self, pod_cidr: &str) -> Result<()> {
+    /// Writes the CNI conflist for the node's pod CIDRs (one per family): a bridge with hairpin (a
+    /// pod reaching itself through its Service), no ipMasq (cross-node pod traffic keeps its
+    /// source), host-local with one range set per family and a default route of each, the node's
+    /// own IPAM dir, portmap for hostPort.
+    pub fn write_cni(&self, pod_cidrs: &[String]) -> Result<()> {
+        let ranges: Vec<serde_json::Value> =
+            pod_cidrs.iter().map(|cidr| serde_json::json!([{ "subnet": cidr }])).collect();
+        let routes: Vec<serde_json::Value> = pod_cidrs
+            .iter()
+            .map(|cidr| serde_json::json!({ "dst": if cidr.contains(':') { "::/0" } else { "0.0.0.0/0" } }))
+            .collect();
         let conflist = serde_json::json!({
             "cniVersion": "0.4.0",
             "name": self.cni_network(),
@@ -133,8 +151,8 @@ impl Node {
                     "hairpinMode": true,
                     "ipam": {
                         "type": "host-local",
-                        "ranges": [[{ "subnet": pod_cidr }]],
-                        "routes": [{ "dst": "0.0.0.0/0" }],
+                        "ranges": ranges,
+                        "routes": routes,
                         "dataDir": self.dir.join("cni-ipam").display().to_string(),
                     }
                 },
@@ -165,7 +183,8 @@ impl Node {
         }
         // Pods resolve through the cluster DNS stand-in (which forwards nothing: no internet).
         let resolv = dir.join("resolv.conf");
-        fs::write(&resolv, format!("nameserver {}\n", self.ip))?;
+        let nameservers: String = self.ips.iter().map(|ip| format!("nameserver {ip}\n")).collect();
+        fs::write(&resolv, nameservers)?;
         let socket = format!("unix://{}", self.containerd().socket().display());
         let config = format!(
             r#"apiVersion: kubelet.config.k8s.io/v1beta1
@@ -174,7 +193,7 @@ failCgroupV1: false
 cgroupDriver: cgroupfs
 cgroupRoot: {cgroup_root}
 cgroupsPerQOS: true
-address: {ip}
+address: "{ip}"
 port: 10250
 readOnlyPort: 0
 healthzBindAddress: 127.0.0.1
@@ -190,7 +209,7 @@ authorization:
   mode: Webhook
 clusterDomain: cluster.local
 clusterDNS:
-  - {dns}
+  - "{dns}"
 resolvConf: {resolv}
 containerRuntimeEndpoint: {socket}
 imageServiceEndpoint: {socket}
@@ -209,25 +228,40 @@ rotateCertificates: false
 serverTLSBootstrap: false
 "#,
             cgroup_root = self.cgroup_root(),
-            ip = self.ip,
+            ip = self.primary_ip(),
             ca = client_ca.display(),
-            dns = wire::DNS_SERVICE_IP,
+            // The primary family's, as kind configures dual-stack clusters; the Service has both.
+            dns = self.families.primary().dns_service_ip(),
             resolv = resolv.display(),
             pod_logs = self.pod_logs_dir().display(),
             plugins = dir.join("volume-plugins").display(),
         );
         let config_path = dir.join("config.yaml");
         fs::write(&config_path, config)?;
-        let args: Vec<String> = vec![
+        let mut args: Vec<String> = vec![
             format!("--config={}", config_path.display()),
             format!("--kubeconfig={}", kubeconfig.display()),
             format!("--root-dir={}", dir.join("root").display()),
             format!("--cert-dir={}", dir.join("pki").display()),
             format!("--hostname-override={}", self.name),
-            format!("--node-ip={}", self.ip),
+            format!("--node-ip={}", self.ips.iter().map(IpAddr::to_string).collect::<Vec<_>>().join(",")),
             "--v=2".into(),
         ];
+        if let Some(zone) = &self.zone {
+            // As a cloud provider labels its nodes (the kubelet may set this label on itself).
+            args.push(format!("--node-labels=topology.kubernetes.io/zone={zone}"));
+        }
         self.spawn(ledger, "kubelet", kubelet, &args, logs)?;
+        Ok(())
+    }
+
+    /// Starts sshd in the node's namespaces on the node's addresses (see [`crate::ssh`]).
+    pub fn start_sshd(&self, ledger: &mut Ledger, keys: &crate::ssh::SshKeys, logs: &Path) -> Result<()> {
+        let config = self.dir.join("sshd_config");
+        fs::write(&config, keys.sshd_config(&self.ips))?;
+        // -D: stay in the foreground (supervised like every other process); -e: log to stderr.
+        let args = vec!["-D".to_owned(), "-e".into(), "-f".into(), config.display().to_string()];
+        self.spawn(ledger, "sshd", Path::new(crate::ssh::SSHD), &args, logs)?;
         Ok(())
     }
 
