@@ -68,7 +68,8 @@ pub fn run(m: &Migration, cluster: &cluster::Cluster, binaries: &Binaries) -> an
     migration::import_image(m.work, info, &archive)?;
     deploy_kproxy(m, &kubectl, info)?;
     let (cluster_ip, node_port, steady_ip, steady_port) = deploy_workload(&kubectl, info)?;
-    let load = Load::start(&kubectl, &info.nodes[1].ips[0].to_string(), &cluster_ip, &node_port, &steady_ip, &steady_port)?;
+    let load =
+        Load::start(&kubectl, &info.nodes[1].ips[0].to_string(), &cluster_ip, &node_port, &steady_ip, &steady_port)?;
     let started = Instant::now();
     let mut reports = Vec::new();
     let mut steps = Vec::new();

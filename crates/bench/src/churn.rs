@@ -74,8 +74,10 @@ impl Churn {
         let i = (self.next_created..).find(plain).unwrap_or(self.next_created);
         self.next_created = i + 1;
         server.apply(Kind::Service, objects::service(i));
-        server
-            .apply(Kind::EndpointSlice, objects::slice(i, false, &objects::initial_endpoints(i, false, web, DEFAULT_ENDPOINTS), &trigger));
+        server.apply(
+            Kind::EndpointSlice,
+            objects::slice(i, false, &objects::initial_endpoints(i, false, web, DEFAULT_ENDPOINTS), &trigger),
+        );
         self.pending.push(Expect::Created(i));
 
         let i = (0..=self.next_deleted).rev().find(|i| i % 4 == 2).unwrap_or(2);
@@ -93,7 +95,8 @@ impl Churn {
             self.next_change += 1;
             // Spread over the cluster: the k-th Service ≡ 1 (mod 4), wrapping.
             let i = 1 + 4 * ((k * 7919) % (self.n / 4));
-            let eps = self.endpoints.entry(i).or_insert_with(|| objects::initial_endpoints(i, false, web, DEFAULT_ENDPOINTS));
+            let eps =
+                self.endpoints.entry(i).or_insert_with(|| objects::initial_endpoints(i, false, web, DEFAULT_ENDPOINTS));
             let fresh: IpAddr = objects::fresh_endpoint(k).into();
             let j = k % eps.len();
             eps[j].0 = fresh;

@@ -115,7 +115,14 @@ impl Monitor {
         let tables = tables.iter().map(|t| (nfproto(t.family), t.name.clone())).collect();
         let sock = NfSocket::open()?;
         sock.subscribe(NFNLGRP_NFTABLES)?;
-        Ok(Monitor { sock, tables, pending: Pending::default(), own_commits: false, keep_added: false, added: Vec::new() })
+        Ok(Monitor {
+            sock,
+            tables,
+            pending: Pending::default(),
+            own_commits: false,
+            keep_added: false,
+            added: Vec::new(),
+        })
     }
 
     /// Makes the monitor keep the elements each reported commit added (see

@@ -227,7 +227,11 @@ impl Witness {
     /// The monitor of the proxy's tables (open it before the first write).
     fn monitor(&self) -> anyhow::Result<Monitor> {
         let monitor = commit::monitor(&commit::tables(self.mode, self.probe_table()))?;
-        Ok(if (self.proxy, self.mode) == (Proxy::Kproxy, Mode::Nftables) { monitor.with_added_elements() } else { monitor })
+        Ok(if (self.proxy, self.mode) == (Proxy::Kproxy, Mode::Nftables) {
+            monitor.with_added_elements()
+        } else {
+            monitor
+        })
     }
 
     fn probe_table(&self) -> &'static str {
@@ -355,8 +359,7 @@ pub fn measure(
             anyhow::ensure!(daemon.alive(), "the proxy exited during the rollout");
         }
         rollout.finished = rollout.done.len() == rollout.steps && rollout.done.iter().all(|c| c.ms.is_some());
-        rollout.total_s =
-            if rollout.finished { last_seen.as_secs_f64() } else { started.elapsed().as_secs_f64() };
+        rollout.total_s = if rollout.finished { last_seen.as_secs_f64() } else { started.elapsed().as_secs_f64() };
         rollout.cpu_s = daemon.cpu_seconds()? - cpu_before;
         rollout.rss_mib = daemon.memory_mib()?.rss;
         let seen = rollout.done.iter().filter(|c| c.ms.is_some()).count();
@@ -387,7 +390,10 @@ pub fn targets_title(services: usize, layout: objects::Layout, run: &str) -> Str
     } else {
         " (set at 5,000 Services × 50 endpoints and one of 5,000: reported, not judged here)"
     };
-    format!("Targets of #38 at {services} Services × {} endpoints and one of {} ({run}){note}:", layout.endpoints, layout.big)
+    format!(
+        "Targets of #38 at {services} Services × {} endpoints and one of {} ({run}){note}:",
+        layout.endpoints, layout.big
+    )
 }
 
 fn median_max(v: &[f64]) -> String {
@@ -486,7 +492,10 @@ pub fn targets(start_s: Option<Option<f64>>, k: &BigResult, upstream: Option<&Bi
         let steps = o.step_ms();
         let p99 = pct(&steps, 0.99);
         out.push((
-            format!("rollout of all {} endpoints, {} at a time: each step in the kernel ≤ 20 ms (p99)", k.endpoints, o.step),
+            format!(
+                "rollout of all {} endpoints, {} at a time: each step in the kernel ≤ 20 ms (p99)",
+                k.endpoints, o.step
+            ),
             format!("{} ({} of {} steps, {:.2} s in all)", ms(p99), steps.len(), o.steps, o.total_s),
             o.finished && p99 <= 20.0,
         ));
@@ -495,7 +504,11 @@ pub fn targets(start_s: Option<Option<f64>>, k: &BigResult, upstream: Option<&Bi
             let partial = if u.finished {
                 String::new()
             } else {
-                format!("; kube-proxy called off after {} of {} steps: its CPU is a lower bound", u.step_ms().len(), u.steps)
+                format!(
+                    "; kube-proxy called off after {} of {} steps: its CPU is a lower bound",
+                    u.step_ms().len(),
+                    u.steps
+                )
             };
             out.push((
                 "the rollout costs kproxy ≤ 1/10 of kube-proxy's CPU (same run)".into(),

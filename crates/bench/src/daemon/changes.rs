@@ -61,7 +61,8 @@ impl Changer<'_> {
         let i = changed_service(k, self.n);
         let web_pod = self.web_pod;
         let per = self.per;
-        let eps = self.current.entry(i).or_insert_with(|| objects::initial_endpoints(i, false, (web_pod, NODE_NAME), per));
+        let eps =
+            self.current.entry(i).or_insert_with(|| objects::initial_endpoints(i, false, (web_pod, NODE_NAME), per));
         let fresh: IpAddr = objects::fresh_endpoint(k).into();
         let j = k % eps.len();
         eps[j].0 = fresh;

@@ -347,7 +347,11 @@ pub fn big_slice(i: usize, s: usize, endpoints: &[(IpAddr, String)], trigger: &s
 
 /// The big Service's slices, numbered, for `endpoints` (the first 100, the next 100, …).
 pub fn big_slices(i: usize, endpoints: &[(IpAddr, String)], trigger: &str) -> Vec<(String, Value)> {
-    endpoints.chunks(BIG_SLICE).enumerate().map(|(s, chunk)| (big_slice_name(s), big_slice(i, s, chunk, trigger))).collect()
+    endpoints
+        .chunks(BIG_SLICE)
+        .enumerate()
+        .map(|(s, chunk)| (big_slice_name(s), big_slice(i, s, chunk, trigger)))
+        .collect()
 }
 
 /// The name of Service `i`'s EndpointSlice of one family.

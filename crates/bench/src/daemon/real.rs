@@ -29,10 +29,10 @@ use kproxy_testbed::{Netns, Testbed};
 use serde::{Deserialize, Serialize};
 
 use super::api::NODE_NAME;
+use super::big::{self, BigResult, BigState};
 use super::keep_result;
 use super::kernel::{self, KernelProbe};
 use super::kproxy::{self, Kproxy};
-use super::big::{self, BigResult, BigState};
 use super::objects::{self, Layout, TARGET_PORT};
 use super::{DaemonArgs, Mode, Proxy, changes, commit, first_sync};
 
@@ -193,7 +193,8 @@ fn measure(n: usize, args: &DaemonArgs, proxies: &[Proxy], bins: &Bins, dir: &Pa
             if args.big_service > 0 {
                 let started = Instant::now();
                 let trigger = kproxy_servers::rfc3339_nano(Some(std::time::SystemTime::now()));
-                let (slices, bytes) = in_node(node, &runtime, create::create_big(&client, n, args.big_service, &trigger))?;
+                let (slices, bytes) =
+                    in_node(node, &runtime, create::create_big(&client, n, args.big_service, &trigger))?;
                 created.services += 1;
                 created.slices += slices;
                 created.bytes += bytes;
@@ -417,7 +418,8 @@ impl Run<'_> {
                 next += interval;
                 let i = changes::changed_service(k, self.n);
                 let per = self.args.endpoints;
-                let eps = current.entry(i).or_insert_with(|| objects::initial_endpoints(i, false, (web, NODE_NAME), per));
+                let eps =
+                    current.entry(i).or_insert_with(|| objects::initial_endpoints(i, false, (web, NODE_NAME), per));
                 let fresh: IpAddr = objects::fresh_endpoint(k).into();
                 let j = k % eps.len();
                 eps[j].0 = fresh;
@@ -435,9 +437,12 @@ impl Run<'_> {
                 let patch = self.runtime.spawn(async move { create::set_endpoints(&client, i, &eps).await });
                 let latency = commit::wait(sent, CHANGE_TIMEOUT, &mut monitor, || {
                     Ok(match (proxy, mode) {
-                        (Proxy::Kproxy, Mode::Nftables) => {
-                            kproxy_probe.endpoint_in_slots(ip, objects::service_port(i), self.args.endpoints as u32 + 3, &want)?
-                        }
+                        (Proxy::Kproxy, Mode::Nftables) => kproxy_probe.endpoint_in_slots(
+                            ip,
+                            objects::service_port(i),
+                            self.args.endpoints as u32 + 3,
+                            &want,
+                        )?,
                         (Proxy::Kproxy, Mode::Iptables) => kproxy_probe
                             .iptables_rules(ip, "nat", &svc_chain)?
                             .is_some_and(|rules| kernel::mention(&rules, &kernel::ip_bytes(fresh))),

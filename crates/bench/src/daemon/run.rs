@@ -11,8 +11,8 @@ use kproxy_testbed::{Proto, Testbed, Where};
 use serde::{Deserialize, Serialize};
 
 use super::api::{Api, NODE_NAME};
-use super::kproxy::{self, Kproxy};
 use super::big::{self, BigResult, BigState};
+use super::kproxy::{self, Kproxy};
 use super::objects::{self, Layout, TARGET_PORT};
 use super::traffic::{self, ConnectionRates, Prober};
 use super::{DaemonArgs, Mode, Proxy, changes, first_sync};

@@ -202,7 +202,12 @@ where
 }
 
 /// Creates the big Service (number `i`) and its slices of `m` endpoints; (slices, bytes sent).
-pub(super) async fn create_big(client: &kube::Client, i: usize, m: usize, trigger: &str) -> anyhow::Result<(usize, usize)> {
+pub(super) async fn create_big(
+    client: &kube::Client,
+    i: usize,
+    m: usize,
+    trigger: &str,
+) -> anyhow::Result<(usize, usize)> {
     let (namespace, name) = objects::BIG;
     let services: Api<Service> = Api::namespaced(client.clone(), namespace);
     let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), namespace);

@@ -231,7 +231,9 @@ fn write_report(
         let rows: Vec<(String, &crate::daemon::big::BigResult)> = size
             .proxies
             .iter()
-            .filter_map(|r| r.big.as_ref().map(|b| (format!("{} ({} Services)", name(r, args.repeat), size.services), b)))
+            .filter_map(|r| {
+                r.big.as_ref().map(|b| (format!("{} ({} Services)", name(r, args.repeat), size.services), b))
+            })
             .collect();
         crate::daemon::big::write_table(s, &rows)?;
         let runs = |proxy: Proxy| size.proxies.iter().filter(move |r| r.proxy == proxy && r.mode == Mode::Nftables);
@@ -240,7 +242,8 @@ fn write_report(
             let upstream = runs(Proxy::Upstream).find(|u| u.repeat == k.repeat).and_then(|u| u.big.as_ref());
             let title = crate::daemon::big::targets_title(size.services, size.layout, &name(k, args.repeat));
             let mut counted = true;
-            let judged = if crate::daemon::big::is_target_shape(size.services, size.layout) { &mut *met } else { &mut counted };
+            let judged =
+                if crate::daemon::big::is_target_shape(size.services, size.layout) { &mut *met } else { &mut counted };
             write_targets(s, &title, crate::daemon::big::targets(Some(k.start_s), big, upstream), judged)?;
         }
     }
