@@ -60,8 +60,12 @@ pub struct BenchRun {
 /// Runs `kproxy-bench <subcommand> <args>` against the freshly built kproxy, with its JSON
 /// results and kproxy's log in a directory of its own (removed afterwards).
 pub fn run_bench(subcommand: &str, args: &[&str]) -> BenchRun {
+    // One directory per run: the tests of a binary run in parallel, and one run's removal of its
+    // directory must not take another's results and log with it.
+    static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let run = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let kproxy = build_kproxy();
-    let dir = std::env::temp_dir().join(format!("kproxy-bench-{subcommand}-smoke-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("kproxy-bench-{subcommand}-smoke-{}-{run}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let json = dir.join("results.json");
     let out = Command::new(env!("CARGO_BIN_EXE_kproxy-bench"))
