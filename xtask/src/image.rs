@@ -419,21 +419,23 @@ fn verify(dirs: &Dirs, archive: &Path, expected_version: &str) -> Result<()> {
     }
     // The image has no shell: each tool runs as its own container. The iptables tools of both
     // backends are all kproxy runs besides itself (deploy/rootfs.sh).
-    let runs: [(&[&str], &str); 5] = [
-        (&["/usr/local/bin/kproxy", "--version"], expected_version.trim()),
-        (&["/usr/sbin/iptables-nft-restore", "--version"], "iptables-nft-restore v"),
-        (&["/usr/sbin/ip6tables-nft-save", "--version"], "ip6tables-nft-save v"),
-        (&["/usr/sbin/iptables-legacy-save", "--version"], "iptables-legacy-save v"),
-        (&["/usr/sbin/ip6tables-legacy-restore", "--version"], "ip6tables-legacy-restore v"),
+    // Each prints a prefix and, for the iptables tools, the backend it speaks (the legacy
+    // multi-call binary names itself `iptables-save`/`ip6tables-restore`, without "-legacy").
+    let runs: [(&[&str], &str, &str); 5] = [
+        (&["/usr/local/bin/kproxy", "--version"], expected_version.trim(), ""),
+        (&["/usr/sbin/iptables-nft-restore", "--version"], "iptables-nft-restore v", "(nf_tables)"),
+        (&["/usr/sbin/ip6tables-nft-save", "--version"], "ip6tables-nft-save v", "(nf_tables)"),
+        (&["/usr/sbin/iptables-legacy-save", "--version"], "iptables-save v", "(legacy)"),
+        (&["/usr/sbin/ip6tables-legacy-restore", "--version"], "ip6tables-restore v", "(legacy)"),
     ];
     let mut output = String::new();
-    for (i, (command, expected)) in runs.iter().enumerate() {
+    for (i, (command, prefix, suffix)) in runs.iter().enumerate() {
         let container = format!("{CHECK_NAMESPACE}-{}-{i}", std::process::id());
         let printed = containerd.ctr(&[&["run", "--rm", IMAGE_NAME, &container][..], command].concat(), &[])?;
         let printed = String::from_utf8_lossy(&printed).trim().to_owned();
-        if !printed.starts_with(expected) {
+        if !printed.starts_with(prefix) || !printed.ends_with(suffix) {
             return Err(Error::Setup(format!(
-                "{} in the image printed {printed:?}, expected {expected:?}",
+                "{} in the image printed {printed:?}, expected {prefix:?}...{suffix:?}",
                 command.join(" ")
             )));
         }
