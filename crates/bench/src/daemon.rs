@@ -95,6 +95,13 @@ pub struct DaemonArgs {
     /// written once the last is in the kernel (0: no rollout).
     #[arg(long, default_value_t = 25)]
     pub rollout_step: usize,
+    /// With `--big-service`: the least time between the writes of two steps of the rollout, ms
+    /// (a step is written no sooner than this after the last, and not before the last is in the
+    /// kernel). 0: back to back, as fast as the proxy follows — then each step waits out the
+    /// proxy's `minSyncPeriod` (1 s by default, kproxy and kube-proxy alike), and the step's
+    /// time is that period rather than what the step costs.
+    #[arg(long, default_value_t = 1000)]
+    pub rollout_interval_ms: u64,
     /// With `--big-service`: a proxy's rollout is called off after this many seconds (reported
     /// as "> N s" with the steps it made).
     #[arg(long, default_value_t = 900)]
@@ -181,6 +188,10 @@ fn endpoints_per_service(s: &str) -> Result<usize, String> {
 impl DaemonArgs {
     pub fn change_interval(&self) -> Duration {
         Duration::from_millis(self.change_interval_ms)
+    }
+
+    pub fn rollout_interval(&self) -> Duration {
+        Duration::from_millis(self.rollout_interval_ms)
     }
 
     /// The cluster's shape beyond its number of Services.

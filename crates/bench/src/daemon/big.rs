@@ -1,7 +1,8 @@
 //! The endpoint-heavy shape's own figures (`--big-service M`): one endpoint of the big Service
 //! replaced at a time (`--big-changes`), then a rolling replacement of all its endpoints,
-//! `--rollout-step` at a time, each step written once the last one is in the kernel (a
-//! Deployment rolling its pods as fast as the proxy follows).
+//! `--rollout-step` at a time, each step written once the last one is in the kernel and no
+//! sooner than `--rollout-interval-ms` after the last write (a Deployment whose new pods take
+//! that long to be ready; 0: as fast as the proxy follows).
 //!
 //! Every change is timed from its write (the fake server's store, or the PATCH leaving for the
 //! real API server) to the commit notice after which the kernel holds it, and costed by the
@@ -41,6 +42,10 @@ const CHANGE_TIMEOUT: Duration = Duration::from_secs(60);
 pub struct Change {
     pub ms: Option<f64>,
     pub cost: Cost,
+    /// When the API server had answered every write of the change, ms after the first left (a
+    /// real API server only): its own share of the change.
+    #[serde(default)]
+    pub answered_ms: Option<f64>,
 }
 
 /// The rolling replacement of every endpoint of the big Service.
@@ -48,6 +53,10 @@ pub struct Change {
 pub struct Rollout {
     /// Endpoints replaced per step.
     pub step: usize,
+    /// The least time between the writes of two steps, ms (0: each written once the last was
+    /// in the kernel).
+    #[serde(default)]
+    pub interval_ms: u64,
     /// Steps to replace them all.
     pub steps: usize,
     /// The steps made, in order (the last may not have been seen).
@@ -90,6 +99,11 @@ impl BigResult {
     /// Latencies of the single changes seen, ms, sorted.
     pub fn change_ms(&self) -> Vec<f64> {
         sorted(self.changes.iter().filter_map(|c| c.ms))
+    }
+
+    /// The API server's answers to the single changes' writes, ms, sorted (empty with the fake).
+    pub fn answered_ms(&self) -> Vec<f64> {
+        sorted(self.changes.iter().filter_map(|c| c.answered_ms))
     }
 
     /// Element operations per single change seen, sorted.
@@ -159,8 +173,8 @@ pub enum Writer<'a> {
     Real { runtime: &'a tokio::runtime::Runtime, client: &'a kube::Client },
 }
 
-/// Writes in flight, awaited once the change was seen.
-type InFlight = Vec<tokio::task::JoinHandle<anyhow::Result<()>>>;
+/// Writes in flight, awaited once the change was seen; each says when it was answered.
+type InFlight = Vec<tokio::task::JoinHandle<anyhow::Result<Instant>>>;
 
 impl Writer<'_> {
     fn write(&self, state: &BigState, slices: &[usize], in_flight: &mut InFlight) {
@@ -174,20 +188,24 @@ impl Writer<'_> {
                 Writer::Real { runtime, client } => {
                     let (client, service) = ((*client).clone(), state.service);
                     in_flight.push(runtime.spawn(async move {
-                        super::real::create::set_big_slice(&client, service, s, &endpoints).await
+                        super::real::create::set_big_slice(&client, service, s, &endpoints).await?;
+                        Ok(Instant::now())
                     }));
                 }
             }
         }
     }
 
-    fn finish(&self, in_flight: &mut InFlight) -> anyhow::Result<()> {
+    /// Awaits the writes in flight; when the last was answered (`None` for the fake server).
+    fn finish(&self, in_flight: &mut InFlight) -> anyhow::Result<Option<Instant>> {
+        let mut last = None;
         if let Writer::Real { runtime, .. } = self {
             for write in in_flight.drain(..) {
-                runtime.block_on(write)??;
+                let answered = runtime.block_on(write)??;
+                last = last.max(Some(answered));
             }
         }
-        Ok(())
+        Ok(last)
     }
 }
 
@@ -294,8 +312,8 @@ fn change(
     let sent = Instant::now();
     writer.write(state, &slices, &mut in_flight);
     let (ms, cost) = commit::wait_counting(sent, timeout, monitor, |m| witness.seen(m))?;
-    writer.finish(&mut in_flight)?;
-    Ok((Change { ms, cost }, sent))
+    let answered_ms = writer.finish(&mut in_flight)?.map(|at| at.duration_since(sent).as_secs_f64() * 1000.0);
+    Ok((Change { ms, cost, answered_ms }, sent))
 }
 
 /// The big Service's single changes, then its rollout, for `proxy` in `mode` (running as
@@ -315,7 +333,11 @@ pub fn measure(
         let mut witness = Witness::open(proxy, mode, state.service)?;
         let mut monitor = witness.monitor()?;
         let mut result = BigResult { endpoints: m, changes: Vec::new(), rollout: None };
-        let mut next = Instant::now();
+        // Every write of the big Service comes at least one change interval after the writes
+        // before it (the other changes' too): one sooner would find the proxy's `minSyncPeriod`
+        // bucket empty and time the wait for it instead of the change; and with writes exactly
+        // one period apart the proxy would never catch up with that wait.
+        let mut next = Instant::now() + args.change_interval();
         for k in 0..args.big_changes {
             std::thread::sleep(next.saturating_duration_since(Instant::now()));
             next += args.change_interval();
@@ -333,6 +355,7 @@ pub fn measure(
         let step = args.rollout_step;
         let mut rollout = Rollout {
             step,
+            interval_ms: args.rollout_interval_ms,
             steps: m.div_ceil(step),
             done: Vec::new(),
             finished: false,
@@ -342,11 +365,18 @@ pub fn measure(
             rss_mib: f64::NAN,
         };
         let deadline = Duration::from_secs(args.rollout_timeout);
+        std::thread::sleep(next.saturating_duration_since(Instant::now()));
         let cpu_before = daemon.cpu_seconds()?;
         let started = Instant::now();
         // The first write → the commit notice of the last step seen.
         let mut last_seen = Duration::ZERO;
+        let mut next_write = started;
         for r in 0..rollout.steps {
+            // A Deployment's next step comes when its new pods are ready, not the moment the
+            // proxy has the last: back to back, every step would wait out the proxy's
+            // `minSyncPeriod` and time that instead of the step.
+            std::thread::sleep(next_write.saturating_duration_since(Instant::now()));
+            next_write = Instant::now() + args.rollout_interval();
             let left = deadline.saturating_sub(started.elapsed());
             if left.is_zero() {
                 break;
@@ -414,7 +444,9 @@ pub fn write_table(s: &mut String, rows: &[(String, &BigResult)]) -> std::fmt::R
     writeln!(
         s,
         "The big Service ({} endpoints, ClusterIP, slices of {BIG_SLICE}): one endpoint replaced at a time, then \
-         every endpoint replaced, a step at a time, each step written once the last was in the kernel. Element \
+         every endpoint replaced, a step at a time, each step written once the last was in the kernel and no sooner \
+         than the interval given after the last write (0 ms: back to back, so that each step waits out the \
+         proxy's minSyncPeriod). Element \
          operations and other objects (rules, chains, sets) as the kernel's commit notices counted them, from a \
          change's write to its arrival.",
         first.endpoints
@@ -422,11 +454,15 @@ pub fn write_table(s: &mut String, rows: &[(String, &BigResult)]) -> std::fmt::R
     writeln!(s)?;
     writeln!(
         s,
-        "| proxy | one endpoint replaced: p50 / p99 (seen) | element ops per change: median / max | other objects per change, max | rollout: steps of | rollout: all endpoints in the kernel after | step p50 / p99 | element ops per step: median / max | other objects per step, max | CPU over the rollout | RSS after | notices lost |"
+        "| proxy | one endpoint replaced: p50 / p99 (seen) | the API server's answer to its PATCH, p50 | element ops per change: median / max | other objects per change, max | rollout: steps of (written ≥ ms apart) | rollout: all endpoints in the kernel after | step p50 / p99 | element ops per step: median / max | other objects per step, max | CPU over the rollout | RSS after | notices lost |"
     )?;
-    writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")?;
+    writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")?;
     for (label, r) in rows {
         let changes = r.change_ms();
+        let answered = match r.answered_ms() {
+            a if a.is_empty() => "–".to_owned(),
+            a => ms(pct(&a, 0.5)),
+        };
         let lost: usize = r.changes.iter().chain(r.rollout.iter().flat_map(|o| &o.done)).map(|c| c.cost.overruns).sum();
         let rollout = match &r.rollout {
             None => "| – | – | – | – | – | – | – ".to_owned(),
@@ -439,9 +475,10 @@ pub fn write_table(s: &mut String, rows: &[(String, &BigResult)]) -> std::fmt::R
                     format!("> {:.0} s ({seen} of {} steps)", o.total_s, o.steps)
                 };
                 format!(
-                    "| {} × {} | {total} | {} / {} | {} | {} | {:.2} s | {:.0} MiB ",
+                    "| {} × {} ({} ms) | {total} | {} / {} | {} | {} | {:.2} s | {:.0} MiB ",
                     o.steps,
                     o.step,
+                    o.interval_ms,
                     ms(pct(&steps, 0.5)),
                     ms(pct(&steps, 0.99)),
                     median_max(&o.step_elements()),
@@ -453,11 +490,12 @@ pub fn write_table(s: &mut String, rows: &[(String, &BigResult)]) -> std::fmt::R
         };
         writeln!(
             s,
-            "| {label} | {} / {} ({} of {}) | {} | {} {rollout}| {lost} |",
+            "| {label} | {} / {} ({} of {}) | {} | {} | {} {rollout}| {lost} |",
             ms(pct(&changes, 0.5)),
             ms(pct(&changes, 0.99)),
             changes.len(),
             r.changes.len(),
+            answered,
             median_max(&r.change_elements()),
             max_objects(&r.changes),
         )?;
@@ -525,7 +563,11 @@ mod tests {
     use super::*;
 
     fn change(ms: f64, elements: usize) -> Change {
-        Change { ms: Some(ms), cost: Cost { commits: 1, elements, objects: 0, overruns: 0 } }
+        Change {
+            ms: Some(ms),
+            cost: Cost { commits: 1, elements, objects: 0, overruns: 0 },
+            answered_ms: Some(ms / 2.0),
+        }
     }
 
     fn result(change_elements: usize, step_ms: f64, cpu_s: f64, finished: bool) -> BigResult {
@@ -535,6 +577,7 @@ mod tests {
             changes: (0..20).map(|_| change(5.0, change_elements)).collect(),
             rollout: Some(Rollout {
                 step: 25,
+                interval_ms: 1000,
                 steps: 200,
                 done,
                 finished,
@@ -561,7 +604,12 @@ mod tests {
 
         let mut text = String::new();
         write_table(&mut text, &[("kproxy".into(), &kproxy), ("kube-proxy".into(), &upstream)]).unwrap();
-        assert!(text.contains("| kproxy | 5.00 ms / 5.00 ms (20 of 20) | 2 / 2 | 0 | 200 × 25 | 1.50 s |"), "{text}");
+        assert!(
+            text.contains(
+                "| kproxy | 5.00 ms / 5.00 ms (20 of 20) | 2.50 ms | 2 / 2 | 0 | 200 × 25 (1000 ms) | 1.50 s |"
+            ),
+            "{text}"
+        );
         assert!(text.contains("> 900 s (40 of 200 steps)"), "{text}");
     }
 }
