@@ -186,9 +186,8 @@ fn migrate(layout: &Layout, work: &Path, args: &Args) -> Result<i32> {
     let from = args.from.clone().unwrap_or_else(|| args.mode.clone());
     let upstream = Args { proxy: Proxy::Upstream, mode: from.clone(), ..args.clone() };
     let cluster = up(layout, work, &upstream, args.nodes.unwrap_or(2), false)?;
-    let binaries = Binaries::locate().map_err(setup)?;
     let run = crate::migrate::Migration { layout, work, from: &from, to: &args.mode };
-    let result = crate::migrate::run(&run, &cluster, &binaries);
+    let result = crate::migrate::run(&run, &cluster);
     if args.keep {
         print_access(&cluster.info);
         cluster.detach();
