@@ -461,12 +461,18 @@ fn onto_kproxy(
     report.kproxy_serving = log.wait_for("the healthz server port is free now")? - leave;
     wait_gone(kubectl, PROXY_APP, &node.name)?;
     kubectl.run(&["-n", "kube-system", "wait", "--for=condition=Ready", &format!("pod/{pod}"), &timeout_flag()])?;
-    let took_over = if modes.shared_chains() {
-        log.wait_for("took the node over from kube-proxy").or_else(|_| log.wait_for("kube-proxy left nothing"))
+    // Both in iptables mode of one backend, kube-proxy's chains are kproxy's own.
+    let took_over: &[&str] = if modes.shared_chains() {
+        &["took the node over from kube-proxy", "kube-proxy left nothing"]
     } else {
-        log.wait_for("took the node over from kube-proxy")
+        &["took the node over from kube-proxy"]
     };
-    took_over.with_context(|| format!("kproxy on {} never took over:\n{}", node.name, log.text()))?;
+    kubectl
+        .wait_for(STEP, &format!("kproxy on {} saying one of {took_over:?}", node.name), || {
+            let text = log.text();
+            took_over.iter().any(|needle| text.contains(needle)).then_some(())
+        })
+        .with_context(|| format!("kproxy's log:\n{}", log.text()))?;
     check_left(modes, node, Direction::OntoKproxy)
 }
 
