@@ -329,6 +329,12 @@ fn kproxy_to_nftables(m: &Migration, kubectl: &Kubectl, info: &ClusterInfo) -> a
             let rules = proxy_rules(&node.netns).ok()?;
             (rules.kproxy_tables > 0 && rules.kube_chains.is_empty()).then_some(())
         })?;
+        // The new pod's takeover removed them, not something else.
+        let (pod, _) = daemon_pod(kubectl, KPROXY_APP, &node.name).context("no kproxy pod")?;
+        let log = kubectl.run(&["-n", "kube-system", "logs", &pod, "-c", "kproxy"])?;
+        if !log.contains("took the node over from kube-proxy") {
+            bail!("kproxy on {} in nftables mode did not remove its iptables chains itself:\n{log}", node.name);
+        }
     }
     Ok(())
 }
