@@ -15,7 +15,10 @@
 //!   kernel, `kproxy` — kube-proxy's pod leaves, kproxy takes its ports and removes its leftovers;
 //! - **back to kube-proxy**, node by node: `both` — kube-proxy starts beside kproxy; once its
 //!   first sync is in, `kube-proxy` — kproxy's pod stops, and on SIGTERM hands the node back
-//!   (releases the ports, waits for kube-proxy's /healthz, removes its own rules).
+//!   (releases the ports, waits for kube-proxy's /healthz, removes its own rules). From kproxy
+//!   in iptables mode to kube-proxy in nftables mode, kproxy is first switched to nftables mode
+//!   on every node (docs/migration.md's known limit; `--direct-handback` skips that and shows
+//!   the limit).
 //!
 //! After every per-node step a Deployment is rolled (every endpoint changes). Throughout, a client
 //! pod on the first node sends requests without pause to a ClusterIP and to the second node's
