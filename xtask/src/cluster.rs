@@ -27,8 +27,10 @@ pub const USAGE: &str = "cargo xtask cluster up    [--name NAME] [--nodes N] [--
        cargo xtask cluster workloads [--proxy P] [--mode M] [--ip-family F] [--keep]   rolling update under load, internalTrafficPolicy Local, headless, hairpin
        cargo xtask cluster table [--ip-family F]      the e2e runs in target/kproxy-e2e side by side (markdown)
        cargo xtask cluster e2e   [--proxy P] [--mode M] [--ip-family F] [--nodes N] [--zones Z] [--focus RE] [--skip RE] [--keep] [--no-image-build]
-       cargo xtask cluster migrate [--from M] [--mode M] [--nodes N] [--keep] [--no-image-build]
+       cargo xtask cluster migrate [--from M] [--mode M] [--nodes N] [--direct-handback] [--keep] [--no-image-build]
                                   kube-proxy (--from) -> kproxy (--mode) -> kube-proxy, node by node, under traffic
+                                  (docs/migration.md; --direct-handback: from kproxy iptables to kube-proxy nftables
+                                  without switching kproxy to nftables first, the known limit)
 every command takes --name NAME (default kpc): clusters of different names run side by side
 --ip-family: ipv4 (default), ipv6 (no IPv4 on the wire) or dual (IPv4 primary); --zones Z labels the
 nodes topology.kubernetes.io/zone=zone-a, zone-b, ... round-robin
@@ -62,6 +64,8 @@ struct Args {
     dns: Vec<String>,
     /// `migrate`: kube-proxy's mode (default: `--mode`).
     from: Option<String>,
+    /// `migrate`: hand back from kproxy's iptables mode to kube-proxy's nftables mode directly.
+    direct_handback: bool,
 }
 
 fn parse(args: &[OsString]) -> Result<Args> {
@@ -79,6 +83,7 @@ fn parse(args: &[OsString]) -> Result<Args> {
         skip: String::new(),
         dns: Vec::new(),
         from: None,
+        direct_handback: false,
     };
     let mut it = args.iter().map(|a| a.to_str().map(str::to_owned).ok_or_else(usage));
     while let Some(arg) = it.next() {
@@ -115,6 +120,7 @@ fn parse(args: &[OsString]) -> Result<Args> {
                 parsed.from = Some(from);
             }
             "--keep" => parsed.keep = true,
+            "--direct-handback" => parsed.direct_handback = true,
             "--no-image-build" => parsed.image_build = false,
             "--focus" => parsed.focus = value()?,
             "--skip" => parsed.skip = value()?,
@@ -176,6 +182,12 @@ pub fn run(layout: &Layout, args: &[OsString]) -> Result<i32> {
 
 /// `cargo xtask cluster migrate`: see `crate::migrate`.
 fn migrate(layout: &Layout, work: &Path, args: &Args) -> Result<i32> {
+    let from = args.from.clone().unwrap_or_else(|| args.mode.clone());
+    if args.direct_handback && !(from == "nftables" && args.mode == "iptables") {
+        return Err(Error::Usage(format!(
+            "--direct-handback is about kproxy in iptables mode handing back to kube-proxy in nftables mode (--from nftables --mode iptables)\n{USAGE}"
+        )));
+    }
     let archive = layout.target.join(image::ARCHIVE);
     if args.image_build || !archive.is_file() {
         let status = image::run(layout, &["--no-verify".into()])?;
@@ -183,12 +195,11 @@ fn migrate(layout: &Layout, work: &Path, args: &Args) -> Result<i32> {
             return Err(setup(format!("cargo xtask image failed ({status})")));
         }
     }
-    let from = args.from.clone().unwrap_or_else(|| args.mode.clone());
     let upstream = Args { proxy: Proxy::Upstream, mode: from.clone(), ..args.clone() };
     let cluster = up(layout, work, &upstream, args.nodes.unwrap_or(2), false)?;
-    let binaries = Binaries::locate().map_err(setup)?;
-    let run = crate::migrate::Migration { layout, work, from: &from, to: &args.mode };
-    let result = crate::migrate::run(&run, &cluster, &binaries);
+    let run =
+        crate::migrate::Migration { layout, work, from: &from, to: &args.mode, direct_handback: args.direct_handback };
+    let result = crate::migrate::run(&run, &cluster);
     if args.keep {
         print_access(&cluster.info);
         cluster.detach();

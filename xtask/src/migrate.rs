@@ -1,42 +1,52 @@
-//! `cargo xtask cluster migrate`: a cluster's nodes moved from upstream kube-proxy to kproxy and
-//! back, node by node, the way docs/migration.md tells an operator to, with traffic the whole
-//! time — and what it cost.
+//! `cargo xtask cluster migrate`: a cluster's nodes moved from upstream kube-proxy's DaemonSet to
+//! kproxy's and back, node by node, with the kubectl steps docs/migration.md gives an operator,
+//! under traffic the whole time — and what it cost.
 //!
-//! The cluster comes up with kube-proxy (`--from` mode) on every node, as a process (no image of
-//! it exists offline; deploy/README.md's kubeadm DaemonSet would run the same binary). Then:
+//! The cluster comes up with kube-proxy (`--from` mode) as kubeadm's DaemonSet on every node.
+//! Both DaemonSets read one node label, `kproxy.io/proxy` (`kube-proxy`, `both`, `kproxy`):
+//! deploy/kproxy.yaml's affinity keeps kproxy off `kube-proxy` nodes, and kube-proxy's DaemonSet
+//! is patched to keep off `kproxy` nodes. Then:
 //!
-//! - **onto kproxy**, node by node: kproxy's DaemonSet (deploy/kproxy.yaml, with a node selector
-//!   so it goes where the operator labels) is let onto the node; once kproxy has synced, beside
-//!   the running kube-proxy, kube-proxy is stopped; kproxy takes its ports and its leftovers.
-//! - **back to kube-proxy**, node by node: kube-proxy is started beside kproxy; once it has
-//!   synced, the node's label is removed and the DaemonSet's pod stops: it hands the node back.
+//! - **preparing**: every node labelled `kube-proxy`, kube-proxy's DaemonSet patched (its pods
+//!   roll), deploy/kproxy.yaml applied as it is (mode, image, API server substituted): it
+//!   schedules nowhere yet;
+//! - **onto kproxy**, node by node: `both` — kproxy starts beside kube-proxy and programs its
+//!   rules (its ports are taken, so it leaves kube-proxy's alone); once its first sync is in the
+//!   kernel, `kproxy` — kube-proxy's pod leaves, kproxy takes its ports and removes its leftovers;
+//! - **back to kube-proxy**, node by node: `both` — kube-proxy starts beside kproxy; once its
+//!   first sync is in, `kube-proxy` — kproxy's pod stops, and on SIGTERM hands the node back
+//!   (releases the ports, waits for kube-proxy's /healthz, removes its own rules). From kproxy
+//!   in iptables mode to kube-proxy in nftables mode, kproxy is first switched to nftables mode
+//!   on every node (docs/migration.md's known limit; `--direct-handback` skips that and shows
+//!   the limit).
 //!
-//! After every step a Deployment is rolled (every endpoint changes). Throughout, a client pod on
-//! the first node sends requests without pause to a ClusterIP and to the second node's NodePort,
-//! and holds two TCP connections open (one through a ClusterIP, one through the second node's
-//! NodePort) to a Deployment that is never rolled, exchanging a request on each every second.
-//! The report: failed requests, broken connections, and for each node how long it was between
-//! proxies (one proxy stopped, the other not yet holding the node's ports).
+//! After every per-node step a Deployment is rolled (every endpoint changes). Throughout, a client
+//! pod on the first node sends requests without pause to a ClusterIP and to the second node's
+//! NodePort (one try each, 2 s limit), and holds two TCP connections open (one through a
+//! ClusterIP, one through the second node's NodePort) to a Deployment that is never rolled,
+//! exchanging a request on each every second. The report: failed requests, broken connections,
+//! each node's time between proxies, and what of the old proxy is left on each node (nothing, or
+//! the run fails).
 
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, bail};
-use kproxy_k8s_harness::cluster::{ClusterInfo, Kubectl};
-use kproxy_k8s_harness::migration::{self, proxy_rules};
-use kproxy_k8s_harness::{Binaries, cluster};
+use kproxy_k8s_harness::cluster::{self, ClusterInfo, KPROXY_APP, Kubectl, NodeInfo, PROXY_APP};
+use kproxy_k8s_harness::migration::{
+    self, NODE_LABEL, ON_BOTH, ON_KPROXY, ON_KUBE_PROXY, ProxyRules, kube_proxy_affinity_patch, proxy_rules,
+};
 
 use crate::image;
 use crate::layout::Layout;
 
 const NS: &str = "kproxy-migration";
 const AGNHOST: &str = "registry.k8s.io/e2e-test-images/agnhost:2.63.0";
-/// The label that lets kproxy's DaemonSet onto a node.
-const NODE_LABEL: &str = "kproxy.io/node";
-/// How long any one step may take (a node's proxy syncing, a pod starting, a rollout).
-const STEP: Duration = Duration::from_secs(180);
+/// How long any one step may take (a pod starting, a proxy syncing, a rollout) on a loaded
+/// 2-core machine.
+const STEP: Duration = Duration::from_secs(240);
 
 /// The harness's view of a migration run.
 pub struct Migration<'a> {
@@ -46,19 +56,52 @@ pub struct Migration<'a> {
     pub from: &'a str,
     /// kproxy's mode.
     pub to: &'a str,
+    /// From kproxy in iptables mode back to kube-proxy in nftables mode without switching kproxy
+    /// to nftables mode first: shows docs/migration.md's known limit.
+    pub direct_handback: bool,
 }
 
-/// One node's trip between the proxies.
+/// The two proxies' modes at a step.
+#[derive(Debug, Clone, Copy)]
+struct Modes<'a> {
+    kube_proxy: &'a str,
+    kproxy: &'a str,
+}
+
+impl Modes<'_> {
+    /// Both proxies in iptables mode of one backend write the same chains: there is nothing of
+    /// the other's to remove, only rules to rewrite.
+    fn shared_chains(&self) -> bool {
+        self.kube_proxy == "iptables" && self.kproxy == "iptables"
+    }
+
+    /// Whether kube-proxy starting in this mode removes kproxy's rules before its own are in:
+    /// kube-proxy's nftables mode deletes every iptables `KUBE-` chain at start (upstream's
+    /// `platformCleanup`), kproxy's iptables mode's too.
+    fn handback_has_a_window(&self) -> bool {
+        self.kube_proxy == "nftables" && self.kproxy == "iptables"
+    }
+}
+
+/// One node's trip between the proxies (each from the label change that started it).
 #[derive(Debug, Default)]
 struct NodeReport {
     name: String,
-    /// kube-proxy stopped → kproxy serving `/readyz` (its ports held, its rules in).
-    onto_kproxy_gap: Duration,
-    /// kproxy's SIGTERM → its pod gone (kube-proxy running and synced all along).
-    handback: Duration,
+    /// `both` → kproxy's first sync in the kernel beside kube-proxy.
+    kproxy_synced: Duration,
+    /// `kproxy` → kproxy holds :10256 (kube-proxy's pod stopped and its port freed meanwhile):
+    /// the most the node was without a proxy serving it; its rules were in all along.
+    kproxy_serving: Duration,
+    /// `both` → kube-proxy's first sync in the kernel beside kproxy.
+    kube_proxy_synced: Duration,
+    /// kproxy released the ports → kube-proxy answered /healthz there and kproxy removed its
+    /// rules (kproxy's log); `None` where kproxy leaves the shared chains in place.
+    handback: Option<Duration>,
+    /// `kube-proxy` → kproxy's pod gone.
+    kproxy_gone: Duration,
 }
 
-pub fn run(m: &Migration, cluster: &cluster::Cluster, binaries: &Binaries) -> anyhow::Result<bool> {
+pub fn run(m: &Migration, cluster: &cluster::Cluster) -> anyhow::Result<bool> {
     let info = &cluster.info;
     if info.nodes.len() < 2 {
         bail!("migrate needs two nodes (the client on one, the NodePort of the other)");
@@ -66,80 +109,167 @@ pub fn run(m: &Migration, cluster: &cluster::Cluster, binaries: &Binaries) -> an
     let kubectl = Kubectl::from_info(info);
     let archive = m.layout.target.join(image::ARCHIVE);
     migration::import_image(m.work, info, &archive)?;
-    deploy_kproxy(m, &kubectl, info)?;
-    let (cluster_ip, node_port, steady_ip, steady_port) = deploy_workload(&kubectl, info)?;
-    let load =
-        Load::start(&kubectl, &info.nodes[1].ips[0].to_string(), &cluster_ip, &node_port, &steady_ip, &steady_port)?;
+    let services = deploy_workload(&kubectl, info)?;
+    let load = Load::start(&kubectl, &info.nodes[1].ips[0].to_string(), &services)?;
     let started = Instant::now();
-    let mut reports = Vec::new();
-    let mut steps = Vec::new();
+    let mut steps = Steps { started, lines: Vec::new() };
+    let mut reports: Vec<NodeReport> =
+        info.nodes.iter().map(|n| NodeReport { name: n.name.clone(), ..Default::default() }).collect();
     let result = (|| -> anyhow::Result<()> {
-        for index in 1..=info.nodes.len() as u8 {
-            let mut report = NodeReport { name: info.nodes[usize::from(index) - 1].name.clone(), ..Default::default() };
-            report.onto_kproxy_gap = onto_kproxy(m, &kubectl, info, index)?;
-            steps.push(format!("+{:.0}s {} on kproxy", started.elapsed().as_secs_f64(), report.name));
+        load.wait_flowing(&kubectl)?;
+        steps.note("traffic flowing");
+        prepare(m, &kubectl, info)?;
+        steps.note("prepared: nodes labelled kube-proxy, kube-proxy's DaemonSet patched, kproxy's applied");
+        let mut modes = Modes { kube_proxy: m.from, kproxy: m.to };
+        for (node, report) in info.nodes.iter().zip(&mut reports) {
+            onto_kproxy(m, modes, &kubectl, node, report)?;
+            steps.note(&format!("{} on kproxy", node.name));
             roll(&kubectl)?;
-            reports.push(report);
+            steps.note("web rolled");
         }
-        for index in 1..=info.nodes.len() as u8 {
-            reports[usize::from(index) - 1].handback = back_to_kube_proxy(m, binaries, &kubectl, info, index)?;
-            steps.push(format!(
-                "+{:.0}s {} back on kube-proxy",
-                started.elapsed().as_secs_f64(),
-                info.nodes[usize::from(index) - 1].name
-            ));
+        for node in &info.nodes {
+            check_left(modes, node, Direction::OntoKproxy)?;
+        }
+        expect_no_pods(&kubectl, PROXY_APP)?;
+        steps.note("every node on kproxy; nothing of kube-proxy's left on any node");
+        if modes.handback_has_a_window() && !m.direct_handback {
+            // docs/migration.md's known limit: kproxy goes to nftables mode first.
+            kproxy_to_nftables(m, &kubectl, info)?;
+            modes.kproxy = "nftables";
+            steps.note("kproxy switched to nftables mode on every node (ConfigMap, rollout restart)");
             roll(&kubectl)?;
+            steps.note("web rolled");
         }
+        for (node, report) in info.nodes.iter().zip(&mut reports) {
+            back_to_kube_proxy(m, modes, &mut steps, &kubectl, node, report)?;
+            steps.note(&format!("{} back on kube-proxy", node.name));
+            roll(&kubectl)?;
+            steps.note("web rolled");
+        }
+        for node in &info.nodes {
+            check_left(modes, node, Direction::BackToKubeProxy)?;
+        }
+        expect_no_pods(&kubectl, KPROXY_APP)?;
+        steps.note("every node back on kube-proxy; nothing of kproxy's left on any node");
         Ok(())
     })();
     let counts = load.finish(&kubectl);
-    result?;
-    let counts = counts?;
     println!(
-        "migrate: kube-proxy ({}) -> kproxy ({}) -> kube-proxy ({}), {} nodes, {:.0} s",
-        m.from,
-        m.to,
-        m.from,
+        "migrate: kube-proxy ({from}) -> kproxy ({to}) -> kube-proxy ({from}), {} nodes, {:.0} s",
         info.nodes.len(),
-        started.elapsed().as_secs_f64()
+        started.elapsed().as_secs_f64(),
+        from = m.from,
+        to = m.to,
     );
-    for step in &steps {
-        println!("migrate:   {step}");
+    for line in &steps.lines {
+        println!("migrate:   {line}");
+    }
+    if let Err(e) = &result {
+        println!("migrate:   stopped: {e:#}");
     }
     for r in &reports {
+        let handback = r.handback.map_or("no handback (shared chains stay)".to_owned(), |d| {
+            format!("ports released -> kube-proxy healthy, kproxy's rules removed {:.1} s", d.as_secs_f64())
+        });
         println!(
-            "migrate:   {}: kube-proxy stopped -> kproxy serving in {:.2} s; kproxy stopped -> gone in {:.2} s (kube-proxy serving throughout)",
+            "migrate:   {}: onto kproxy: synced beside kube-proxy {:.1} s, kube-proxy told to leave -> kproxy serving {:.1} s; back: kube-proxy synced beside kproxy {:.1} s, {handback}, kproxy's pod gone {:.1} s",
             r.name,
-            r.onto_kproxy_gap.as_secs_f64(),
-            r.handback.as_secs_f64()
+            r.kproxy_synced.as_secs_f64(),
+            r.kproxy_serving.as_secs_f64(),
+            r.kube_proxy_synced.as_secs_f64(),
+            r.kproxy_gone.as_secs_f64(),
         );
     }
+    let counts = counts?;
     println!("migrate:   {counts}");
     for failure in &counts.failures {
-        println!("migrate:   failure: {failure}");
+        println!("migrate:   {failure}");
     }
+    result?;
     Ok(counts.failed() == 0)
 }
 
-/// kproxy's DaemonSet as deploy/kproxy.yaml has it (mode, image and API server substituted as
-/// `up` does), onto nodes labelled [`NODE_LABEL`] only: none yet.
-fn deploy_kproxy(m: &Migration, kubectl: &Kubectl, info: &ClusterInfo) -> anyhow::Result<()> {
-    let manifest = fs::read_to_string(m.layout.workspace.join("deploy/kproxy.yaml"))?;
-    let manifest = cluster::substitute_manifest(&manifest, image::IMAGE_NAME, &info.server, m.to, info.families)?;
-    // The node selector the operator adds for a node-by-node move (docs/migration.md).
-    let selector = "        kubernetes.io/os: linux\n";
-    if !manifest.contains(selector) {
-        bail!("deploy/kproxy.yaml has no `kubernetes.io/os: linux` node selector to extend");
+/// The run's timeline: seconds since the load started, and the time of day (UTC) to match the
+/// client's failure lines and the proxies' logs.
+struct Steps {
+    started: Instant,
+    lines: Vec<String>,
+}
+
+impl Steps {
+    fn note(&mut self, what: &str) {
+        let line = format!("+{:.0}s ({} UTC) {what}", self.started.elapsed().as_secs_f64(), time_of_day());
+        tracing::info!("migrate: {line}");
+        self.lines.push(line);
     }
-    let manifest = manifest.replacen(selector, &format!("{selector}        {NODE_LABEL}: \"true\"\n"), 1);
-    kubectl.apply(&manifest)?;
-    Ok(())
+}
+
+/// HH:MM:SS (UTC) now.
+fn time_of_day() -> String {
+    let secs = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs()) % 86_400;
+    format!("{:02}:{:02}:{:02}", secs / 3600, secs / 60 % 60, secs % 60)
+}
+
+/// docs/migration.md's preparation: every node labelled `kube-proxy`, kube-proxy's DaemonSet
+/// patched to keep off `kproxy` nodes (its pods roll: the patch changes their template), kproxy's
+/// DaemonSet applied from deploy/kproxy.yaml (as `up` substitutes it, its own label kept): on no
+/// node yet.
+fn prepare(m: &Migration, kubectl: &Kubectl, info: &ClusterInfo) -> anyhow::Result<()> {
+    kubectl.run(&["label", "nodes", "--all", &format!("{NODE_LABEL}={ON_KUBE_PROXY}"), "--overwrite"])?;
+    kubectl.run(&["-n", "kube-system", "patch", "ds", "kube-proxy", "-p", &kube_proxy_affinity_patch()])?;
+    kubectl.run(&["-n", "kube-system", "rollout", "status", "ds/kube-proxy", &timeout_flag()])?;
+    let manifest = fs::read_to_string(m.layout.workspace.join("deploy/kproxy.yaml"))?;
+    let manifest = cluster::substitute_manifest_beside_kube_proxy(
+        &manifest,
+        image::IMAGE_NAME,
+        &info.server,
+        m.to,
+        info.families,
+    )?;
+    let applied = m.work.join("kproxy.applied.yaml");
+    fs::write(&applied, &manifest)?;
+    kubectl.run(&["apply", "-f", &applied.display().to_string()])?;
+    kubectl.wait_for(Duration::from_secs(60), "kproxy's DaemonSet observed", || {
+        let out = kubectl
+            .run(&[
+                "-n",
+                "kube-system",
+                "get",
+                "ds",
+                "kproxy",
+                "-o",
+                "jsonpath={.status.observedGeneration} {.status.desiredNumberScheduled}",
+            ])
+            .ok()?;
+        (out.trim() == "1 0").then_some(())
+    })?;
+    expect_no_pods(kubectl, KPROXY_APP)
+}
+
+fn timeout_flag() -> String {
+    format!("--timeout={}s", STEP.as_secs())
+}
+
+/// Fails unless no pod of `app` (a `k8s-app` label in kube-system) exists.
+fn expect_no_pods(kubectl: &Kubectl, app: &str) -> anyhow::Result<()> {
+    kubectl.wait_for(STEP, &format!("no {app} pod left"), || {
+        let out =
+            kubectl.run(&["-n", "kube-system", "get", "pods", "-l", &format!("k8s-app={app}"), "-o", "name"]).ok()?;
+        out.trim().is_empty().then_some(())
+    })
+}
+
+/// Web's and steady's ClusterIP and NodePort.
+struct Services {
+    web_ip: String,
+    web_port: String,
+    steady_ip: String,
+    steady_port: String,
 }
 
 /// Deployment `web` (4 pods, rolled after every step) behind a NodePort Service, Deployment
 /// `steady` (2 pods, never rolled) behind another, and the client pod on the first node.
-/// Returns web's ClusterIP and NodePort, steady's ClusterIP and NodePort.
-fn deploy_workload(kubectl: &Kubectl, info: &ClusterInfo) -> anyhow::Result<(String, String, String, String)> {
+fn deploy_workload(kubectl: &Kubectl, info: &ClusterInfo) -> anyhow::Result<Services> {
     let deployment = |name: &str, replicas: u32| {
         serde_json::json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": NS},
         "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
@@ -165,29 +295,68 @@ fn deploy_workload(kubectl: &Kubectl, info: &ClusterInfo) -> anyhow::Result<(Str
     ]});
     kubectl.apply(&manifest.to_string())?;
     for deployment in ["web", "steady"] {
-        kubectl.run(&["-n", NS, "rollout", "status", &format!("deployment/{deployment}"), "--timeout=180s"])?;
+        kubectl.run(&["-n", NS, "rollout", "status", &format!("deployment/{deployment}"), &timeout_flag()])?;
     }
-    kubectl.run(&["-n", NS, "wait", "--for=condition=Ready", "pod/client", "--timeout=120s"])?;
+    kubectl.run(&["-n", NS, "wait", "--for=condition=Ready", "pod/client", &timeout_flag()])?;
     let get = |svc: &str, path: &str| {
         kubectl.run(&["-n", NS, "get", "svc", svc, "-o", &format!("jsonpath={{{path}}}")]).map(|s| s.trim().to_owned())
     };
-    Ok((
-        get("web", ".spec.clusterIP")?,
-        get("web", ".spec.ports[0].nodePort")?,
-        get("steady", ".spec.clusterIP")?,
-        get("steady", ".spec.ports[0].nodePort")?,
-    ))
+    Ok(Services {
+        web_ip: get("web", ".spec.clusterIP")?,
+        web_port: get("web", ".spec.ports[0].nodePort")?,
+        steady_ip: get("steady", ".spec.clusterIP")?,
+        steady_port: get("steady", ".spec.ports[0].nodePort")?,
+    })
+}
+
+/// docs/migration.md's way around kube-proxy's nftables mode removing kproxy's iptables rules
+/// at its start: kproxy's ConfigMap set to `mode: nftables` and its DaemonSet restarted; each
+/// new pod programs its nftables rules and then removes the iptables chains its predecessor
+/// left (its takeover). Waits until every node has kproxy's tables and no `KUBE-` chain.
+fn kproxy_to_nftables(m: &Migration, kubectl: &Kubectl, info: &ClusterInfo) -> anyhow::Result<()> {
+    let manifest = fs::read_to_string(m.layout.workspace.join("deploy/kproxy.yaml"))?;
+    let manifest = cluster::substitute_manifest_beside_kube_proxy(
+        &manifest,
+        image::IMAGE_NAME,
+        &info.server,
+        "nftables",
+        info.families,
+    )?;
+    let applied = m.work.join("kproxy.applied-nftables.yaml");
+    fs::write(&applied, &manifest)?;
+    kubectl.run(&["apply", "-f", &applied.display().to_string()])?;
+    kubectl.run(&["-n", "kube-system", "rollout", "restart", "ds/kproxy"])?;
+    kubectl.run(&["-n", "kube-system", "rollout", "status", "ds/kproxy", &timeout_flag()])?;
+    for node in &info.nodes {
+        kubectl.wait_for(STEP, &format!("kproxy's iptables chains replaced by its tables on {}", node.name), || {
+            let rules = proxy_rules(&node.netns).ok()?;
+            (rules.kproxy_tables > 0 && rules.kube_chains.is_empty()).then_some(())
+        })?;
+        // The new pod's takeover removed them, not something else.
+        let (pod, _) = daemon_pod(kubectl, KPROXY_APP, &node.name).context("no kproxy pod")?;
+        let log = kubectl.run(&["-n", "kube-system", "logs", &pod, "-c", "kproxy"])?;
+        if !log.contains("took the node over from kube-proxy") {
+            bail!("kproxy on {} in nftables mode did not remove its iptables chains itself:\n{log}", node.name);
+        }
+    }
+    Ok(())
 }
 
 /// `kubectl rollout restart` of `web`, waited for.
 fn roll(kubectl: &Kubectl) -> anyhow::Result<()> {
     kubectl.run(&["-n", NS, "rollout", "restart", "deployment/web"])?;
-    kubectl.run(&["-n", NS, "rollout", "status", "deployment/web", "--timeout=180s"])?;
+    kubectl.run(&["-n", NS, "rollout", "status", "deployment/web", &timeout_flag()])?;
     Ok(())
 }
 
-/// The kproxy pod on `node`, once there is one.
-fn kproxy_pod(kubectl: &Kubectl, node: &str) -> Option<String> {
+/// `kubectl label node NODE kproxy.io/proxy=VALUE --overwrite`; returns when it was done.
+fn label(kubectl: &Kubectl, node: &NodeInfo, value: &str) -> anyhow::Result<Instant> {
+    kubectl.run(&["label", "node", &node.name, &format!("{NODE_LABEL}={value}"), "--overwrite"])?;
+    Ok(Instant::now())
+}
+
+/// The pod of DaemonSet app `app` on `node` and its phase, if there is one (not terminating).
+fn daemon_pod(kubectl: &Kubectl, app: &str, node: &str) -> Option<(String, String)> {
     let out = kubectl
         .run(&[
             "-n",
@@ -195,130 +364,220 @@ fn kproxy_pod(kubectl: &Kubectl, node: &str) -> Option<String> {
             "get",
             "pods",
             "-l",
-            "k8s-app=kproxy",
+            &format!("k8s-app={app}"),
             "--field-selector",
             &format!("spec.nodeName={node}"),
             "-o",
-            "jsonpath={.items[*].metadata.name}",
+            "jsonpath={range .items[*]}{.metadata.name} {.status.phase} {.metadata.deletionTimestamp}{\"\\n\"}{end}",
         ])
         .ok()?;
-    out.split_whitespace().next().map(str::to_owned)
+    out.lines().find_map(|line| {
+        let mut words = line.split_whitespace();
+        let (name, phase) = (words.next()?, words.next()?);
+        words.next().is_none().then(|| (name.to_owned(), phase.to_owned()))
+    })
 }
 
-/// Follows a pod's log into a file until the pod ends (`kubectl logs -f`).
-fn follow_log(kubectl: &Kubectl, pod: &str, file: &Path) -> anyhow::Result<Child> {
-    let out = fs::File::create(file)?;
-    Ok(kubectl
-        .command(&["-n", "kube-system", "logs", "-f", pod, "-c", "kproxy"])
-        .stdout(out)
-        .stderr(Stdio::null())
-        .spawn()?)
+/// Waits for a running pod of `app` on `node`; its name.
+fn wait_running(kubectl: &Kubectl, app: &str, node: &str) -> anyhow::Result<String> {
+    kubectl.wait_for(STEP, &format!("a running {app} pod on {node}"), || {
+        daemon_pod(kubectl, app, node).and_then(|(name, phase)| (phase == "Running").then_some(name))
+    })
 }
 
-/// Node `index` onto kproxy; returns how long it was between proxies.
-fn onto_kproxy(m: &Migration, kubectl: &Kubectl, info: &ClusterInfo, index: u8) -> anyhow::Result<Duration> {
-    let node = &info.nodes[usize::from(index) - 1];
-    kubectl.run(&["label", "node", &node.name, &format!("{NODE_LABEL}=true")])?;
-    let pod = kubectl.wait_for(STEP, &format!("kproxy's pod on {}", node.name), || kproxy_pod(kubectl, &node.name))?;
-    kubectl.wait_for(STEP, &format!("{pod} running"), || {
-        let phase = kubectl.run(&["-n", "kube-system", "get", "pod", &pod, "-o", "jsonpath={.status.phase}"]).ok()?;
-        (phase.trim() == "Running").then_some(())
-    })?;
-    let log = m.work.join(format!("migrate-{}-{pod}.log", node.name));
-    let mut follower = follow_log(kubectl, &pod, &log)?;
-    migration::wait_for_log(&log, "full sync done", STEP).context("kproxy's first sync beside kube-proxy")?;
-    let rules = proxy_rules(&node.netns)?;
-    if m.to == "nftables" && rules.kproxy_tables == 0 {
-        bail!("kproxy synced but its tables are not in {}'s kernel: {rules:?}", node.name);
-    }
-    let stopped = Instant::now();
-    if !migration::stop_recorded(m.work, &migration::kube_proxy_process(info, index), Duration::from_secs(10))? {
-        bail!("no kube-proxy was running on {}", node.name);
-    }
-    kubectl.wait_for(STEP, &format!("{pod} ready"), || {
-        let ready = kubectl
+/// Waits until no pod of `app` is on `node` any more (not even terminating).
+fn wait_gone(kubectl: &Kubectl, app: &str, node: &str) -> anyhow::Result<Instant> {
+    kubectl.wait_for(STEP, &format!("{app}'s pod on {node} gone"), || {
+        let out = kubectl
             .run(&[
                 "-n",
                 "kube-system",
                 "get",
-                "pod",
-                &pod,
+                "pods",
+                "-l",
+                &format!("k8s-app={app}"),
+                "--field-selector",
+                &format!("spec.nodeName={node}"),
                 "-o",
-                "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
+                "name",
             ])
             .ok()?;
-        (ready.trim() == "True").then_some(())
-    })?;
-    let gap = stopped.elapsed();
-    // What kube-proxy left is gone (in iptables mode on both sides, the chains were shared).
-    if !(m.from == "iptables" && m.to == "iptables") {
-        migration::wait_for_log(&log, "took the node over from kube-proxy", STEP)?;
-        let rules = proxy_rules(&node.netns)?;
-        let left = if m.from == "nftables" {
-            rules.kube_proxy_tables > 0
-        } else {
-            rules.kube_services_chain && m.to != "iptables"
-        };
-        if left {
-            bail!("kube-proxy's rules are still in {}'s kernel after the takeover: {rules:?}", node.name);
-        }
-    }
-    let _ = follower.kill();
-    let _ = follower.wait();
-    Ok(gap)
+        out.trim().is_empty().then(Instant::now)
+    })
 }
 
-/// Node `index` back to kube-proxy; returns how long kproxy took to stop.
+/// A pod's log followed into a file (`kubectl logs -f`) until the pod ends or it is dropped.
+struct FollowedLog {
+    child: Child,
+    path: PathBuf,
+}
+
+impl FollowedLog {
+    fn start(kubectl: &Kubectl, pod: &str, container: &str, path: PathBuf) -> anyhow::Result<FollowedLog> {
+        let out = fs::File::create(&path)?;
+        let child = kubectl
+            .command(&["-n", "kube-system", "logs", "-f", pod, "-c", container])
+            .stdout(out)
+            .stderr(Stdio::null())
+            .spawn()?;
+        Ok(FollowedLog { child, path })
+    }
+
+    fn wait_for(&self, needle: &str) -> anyhow::Result<Instant> {
+        migration::wait_for_log(&self.path, needle, STEP)
+    }
+
+    fn text(&self) -> String {
+        fs::read_to_string(&self.path).unwrap_or_default()
+    }
+}
+
+impl Drop for FollowedLog {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One node onto kproxy: `both`, kproxy's first sync beside kube-proxy, `kproxy`, kproxy
+/// serving and kube-proxy's leftovers gone.
+fn onto_kproxy(
+    m: &Migration,
+    modes: Modes,
+    kubectl: &Kubectl,
+    node: &NodeInfo,
+    report: &mut NodeReport,
+) -> anyhow::Result<()> {
+    let both = label(kubectl, node, ON_BOTH)?;
+    let pod = wait_running(kubectl, KPROXY_APP, &node.name)?;
+    let log = FollowedLog::start(kubectl, &pod, "kproxy", m.work.join(format!("migrate-{}-{pod}.log", node.name)))?;
+    report.kproxy_synced = log.wait_for("full sync done").context("kproxy's first sync beside kube-proxy")? - both;
+    let rules = proxy_rules(&node.netns)?;
+    let kproxys_in = if modes.kproxy == "nftables" { rules.kproxy_tables > 0 } else { rules.kube_services() };
+    if !kproxys_in {
+        bail!("kproxy synced but its rules are not in {}'s kernel: {}", node.name, describe(&rules));
+    }
+    if !log.text().contains("port is taken") {
+        bail!("kproxy on {} did not find kube-proxy's ports taken:\n{}", node.name, log.text());
+    }
+    // What must be gone once kproxy took over is there now: the check afterwards can see it.
+    let kube_proxys_in =
+        if modes.kube_proxy == "nftables" { rules.kube_proxy_tables > 0 } else { rules.kube_services() };
+    if !kube_proxys_in {
+        bail!("kube-proxy's rules are not in {}'s kernel before it leaves: {}", node.name, describe(&rules));
+    }
+    let leave = label(kubectl, node, ON_KPROXY)?;
+    report.kproxy_serving = log.wait_for("the healthz server port is free now")? - leave;
+    wait_gone(kubectl, PROXY_APP, &node.name)?;
+    kubectl.run(&["-n", "kube-system", "wait", "--for=condition=Ready", &format!("pod/{pod}"), &timeout_flag()])?;
+    // Both in iptables mode of one backend, kube-proxy's chains are kproxy's own.
+    let took_over: &[&str] = if modes.shared_chains() {
+        &["took the node over from kube-proxy", "kube-proxy left nothing"]
+    } else {
+        &["took the node over from kube-proxy"]
+    };
+    kubectl
+        .wait_for(STEP, &format!("kproxy on {} saying one of {took_over:?}", node.name), || {
+            let text = log.text();
+            took_over.iter().any(|needle| text.contains(needle)).then_some(())
+        })
+        .with_context(|| format!("kproxy's log:\n{}", log.text()))?;
+    check_left(modes, node, Direction::OntoKproxy)
+}
+
+/// One node back to kube-proxy: `both`, kube-proxy's first sync beside kproxy, `kube-proxy`,
+/// kproxy's handback and its rules gone.
 fn back_to_kube_proxy(
     m: &Migration,
-    binaries: &Binaries,
+    modes: Modes,
+    steps: &mut Steps,
     kubectl: &Kubectl,
-    info: &ClusterInfo,
-    index: u8,
-) -> anyhow::Result<Duration> {
-    let node = &info.nodes[usize::from(index) - 1];
-    let pod = kproxy_pod(kubectl, &node.name).context("no kproxy pod")?;
-    let log = m.work.join(format!("migrate-{}-{pod}-handback.log", node.name));
-    let mut follower = follow_log(kubectl, &pod, &log)?;
-    let upstream_log = info.logs.join(format!("{}-kube-proxy.log", node.name));
-    let before = fs::read_to_string(&upstream_log).map(|t| t.len()).unwrap_or(0);
-    migration::start_kube_proxy(binaries, m.work, info, index, &["--v=2".to_owned()])?;
-    // Synced: its log says so after this start (the log is appended to).
-    let start = Instant::now();
-    loop {
-        let text = fs::read_to_string(&upstream_log).unwrap_or_default();
-        if text.get(before..).is_some_and(|t| t.contains("SyncProxyRules complete")) {
-            break;
-        }
-        if start.elapsed() > STEP {
-            bail!("kube-proxy on {} never synced:\n{}", node.name, text.get(before..).unwrap_or_default());
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    let stopping = Instant::now();
-    kubectl.run(&["label", "node", &node.name, &format!("{NODE_LABEL}-")])?;
-    kubectl.wait_for(STEP, &format!("{pod} gone"), || {
-        kubectl.run(&["-n", "kube-system", "get", "pod", &pod]).is_err().then_some(())
-    })?;
-    let handback = stopping.elapsed();
-    let _ = follower.wait();
-    let text = fs::read_to_string(&log).unwrap_or_default();
-    let shared = m.from == "iptables" && m.to == "iptables";
-    let said = if shared { "the rules stay in place" } else { "handed the node back to kube-proxy" };
-    if !text.contains(said) {
-        bail!("kproxy on {} did not say {said:?}:\n{text}", node.name);
-    }
+    node: &NodeInfo,
+    report: &mut NodeReport,
+) -> anyhow::Result<()> {
+    let (pod, _) = daemon_pod(kubectl, KPROXY_APP, &node.name).context("no kproxy pod")?;
+    let log =
+        FollowedLog::start(kubectl, &pod, "kproxy", m.work.join(format!("migrate-{}-{pod}-handback.log", node.name)))?;
+    let both = label(kubectl, node, ON_BOTH)?;
+    let upstream = wait_running(kubectl, PROXY_APP, &node.name)?;
+    let upstream_log = FollowedLog::start(
+        kubectl,
+        &upstream,
+        "kube-proxy",
+        m.work.join(format!("migrate-{}-{upstream}.log", node.name)),
+    )?;
+    report.kube_proxy_synced =
+        upstream_log.wait_for("SyncProxyRules complete").context("kube-proxy's first sync beside kproxy")? - both;
     let rules = proxy_rules(&node.netns)?;
-    if rules.kproxy_tables > 0 {
-        bail!("kproxy's tables stayed in {}'s kernel: {rules:?}", node.name);
+    let kube_proxys_in =
+        if modes.kube_proxy == "nftables" { rules.kube_proxy_tables > 0 } else { rules.kube_services() };
+    if !kube_proxys_in {
+        bail!("kube-proxy synced but its rules are not in {}'s kernel: {}", node.name, describe(&rules));
     }
-    Ok(handback)
+    // What must be gone once kproxy handed back is there now: the check afterwards can see it.
+    let kproxys_in = if modes.kproxy == "nftables" { rules.kproxy_tables > 0 } else { rules.kube_services() };
+    if !kproxys_in && modes.handback_has_a_window() {
+        steps.note(&format!(
+            "{}: kube-proxy (nftables) removed kproxy's iptables rules at its start: {}",
+            node.name,
+            describe(&rules)
+        ));
+    } else if !kproxys_in {
+        bail!("kproxy's rules are not in {}'s kernel before it leaves: {}", node.name, describe(&rules));
+    }
+    let leave = label(kubectl, node, ON_KUBE_PROXY)?;
+    if modes.shared_chains() {
+        log.wait_for("the rules stay in place")
+            .with_context(|| format!("kproxy on {} did not stop:\n{}", node.name, log.text()))?;
+    } else {
+        let released = log.wait_for("handing the node back to kube-proxy")?;
+        let done = log
+            .wait_for("handed the node back to kube-proxy")
+            .with_context(|| format!("kproxy on {} did not hand back:\n{}", node.name, log.text()))?;
+        report.handback = Some(done - released);
+    }
+    report.kproxy_gone = wait_gone(kubectl, KPROXY_APP, &node.name)? - leave;
+    cluster::wait_http_ok(&node.netns, "http://127.0.0.1:10256/healthz", STEP)
+        .with_context(|| format!("kube-proxy's /healthz on {}", node.name))?;
+    check_left(modes, node, Direction::BackToKubeProxy)
 }
 
-/// The client pod's traffic, for the whole run.
-struct Load {
-    child: Child,
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    OntoKproxy,
+    BackToKubeProxy,
 }
+
+/// Fails if anything of the proxy the node left is in its kernel (both proxies' iptables modes
+/// share their chains: those are the new proxy's).
+fn check_left(modes: Modes, node: &NodeInfo, direction: Direction) -> anyhow::Result<()> {
+    let rules = proxy_rules(&node.netns)?;
+    let (old_mode, old_is_kproxy) = match direction {
+        Direction::OntoKproxy => (modes.kube_proxy, false),
+        Direction::BackToKubeProxy => (modes.kproxy, true),
+    };
+    let new_mode = if old_is_kproxy { modes.kube_proxy } else { modes.kproxy };
+    let old_tables = if old_is_kproxy { rules.kproxy_tables } else { rules.kube_proxy_tables };
+    let old_chains = old_mode == "iptables" && new_mode != "iptables" && !rules.kube_chains.is_empty();
+    if old_tables > 0 || old_chains {
+        let who = if old_is_kproxy { "kproxy" } else { "kube-proxy" };
+        bail!("{who}'s rules ({old_mode}) are still in {}'s kernel: {}", node.name, describe(&rules));
+    }
+    Ok(())
+}
+
+fn describe(rules: &ProxyRules) -> String {
+    format!(
+        "{} kube-proxy table(s), {} kproxy table(s), iptables chains [{}]",
+        rules.kube_proxy_tables,
+        rules.kproxy_tables,
+        rules.kube_chains.join(", ")
+    )
+}
+
+/// The client pod's traffic, run in the pod's background for the whole migration; it writes its
+/// counts to `/tmp/load.counts` every second and a line per failure to `/tmp/load.err`.
+struct Load;
 
 /// What the client saw.
 #[derive(Debug, Default)]
@@ -334,6 +593,18 @@ impl Counts {
     fn failed(&self) -> u64 {
         self.cluster_ip.1 + self.node_port.1 + self.broken
     }
+
+    fn parse(text: &str) -> Option<Counts> {
+        let numbers: Vec<u64> = text
+            .lines()
+            .find_map(|l| l.strip_prefix("COUNTS "))?
+            .split_whitespace()
+            .map(str::parse)
+            .collect::<Result<_, _>>()
+            .ok()?;
+        let [ok1, f1, ok2, f2, exchanges, broken] = numbers[..] else { return None };
+        Some(Counts { cluster_ip: (ok1, f1), node_port: (ok2, f2), exchanges, broken, failures: Vec::new() })
+    }
 }
 
 impl std::fmt::Display for Counts {
@@ -348,18 +619,13 @@ impl std::fmt::Display for Counts {
 
 impl Load {
     /// Starts the client's loop (until `/tmp/stop` exists in the pod). Requests are `curl`s of
-    /// `/hostname` with a 2 s limit; the long-lived connections are bash's `/dev/tcp` with one
-    /// HTTP/1.1 keep-alive request a second, its answer read with a 5 s limit.
-    fn start(
-        kubectl: &Kubectl,
-        node2: &str,
-        cluster_ip: &str,
-        node_port: &str,
-        steady_ip: &str,
-        steady_port: &str,
-    ) -> anyhow::Result<Load> {
+    /// `/hostname` with a 2 s limit, one try each; the long-lived connections are bash's
+    /// `/dev/tcp` with one HTTP/1.1 keep-alive request a second, its answer read with a 5 s
+    /// limit (a failed exchange counts as a broken connection, which is then opened anew).
+    fn start(kubectl: &Kubectl, node2: &str, s: &Services) -> anyhow::Result<Load> {
+        let Services { web_ip, web_port, steady_ip, steady_port } = s;
         let script = format!(
-            r#"rm -f /tmp/stop; ok1=0; f1=0; ok2=0; f2=0; ex=0; br=0; last=0
+            r#"rm -f /tmp/stop /tmp/load.done; ok1=0; f1=0; ok2=0; f2=0; ex=0; br=0; last=0
 open() {{ eval "exec $1<>/dev/tcp/$2/$3" 2>/dev/null; }}
 ask() {{ printf 'GET /hostname HTTP/1.1\r\nHost: x\r\n\r\n' >&$1 2>/dev/null || return 1
   IFS= read -r -t 5 -u $1 status || return 1
@@ -367,52 +633,65 @@ ask() {{ printf 'GET /hostname HTTP/1.1\r\nHost: x\r\n\r\n' >&$1 2>/dev/null || 
   len=0; while IFS= read -r -t 5 -u $1 line; do line=${{line%$'\r'}}; [ -z "$line" ] && break
     case "${{line,,}}" in content-length:*) len=${{line#*: }};; esac; done
   [ "$len" -gt 0 ] && read -r -t 5 -u $1 -N "$len" body; }}
+stamp() {{ t=$EPOCHREALTIME; printf '%s %(%T)T.%s UTC %s\n' "$1" "${{t%.*}}" "${{t#*.}}" "${{*:2}}" >&2; }}
+counts() {{ echo "COUNTS $ok1 $f1 $ok2 $f2 $ex $br" > /tmp/load.counts.new && mv /tmp/load.counts.new /tmp/load.counts; }}
 open 3 {steady_ip} 80; open 4 {node2} {steady_port}
 while [ ! -e /tmp/stop ]; do
-  if [ "$(curl -s -o /dev/null -w '%{{http_code}}' --max-time 2 http://{cluster_ip}/hostname)" = 200 ]; then ok1=$((ok1+1)); else f1=$((f1+1)); echo "FAIL $(date +%T.%N) ClusterIP" >&2; fi
-  if [ "$(curl -s -o /dev/null -w '%{{http_code}}' --max-time 2 http://{node2}:{node_port}/hostname)" = 200 ]; then ok2=$((ok2+1)); else f2=$((f2+1)); echo "FAIL $(date +%T.%N) NodePort" >&2; fi
+  if [ "$(curl -s -o /dev/null -w '%{{http_code}}' --max-time 2 http://{web_ip}/hostname)" = 200 ]; then ok1=$((ok1+1)); else f1=$((f1+1)); stamp FAIL ClusterIP; fi
+  if [ "$(curl -s -o /dev/null -w '%{{http_code}}' --max-time 2 http://{node2}:{web_port}/hostname)" = 200 ]; then ok2=$((ok2+1)); else f2=$((f2+1)); stamp FAIL NodePort; fi
   if [ $SECONDS -ne $last ]; then last=$SECONDS
-    if ask 3; then ex=$((ex+1)); else br=$((br+1)); echo "BROKEN $(date +%T.%N) ClusterIP connection" >&2; exec 3>&-; open 3 {steady_ip} 80; fi
-    if ask 4; then ex=$((ex+1)); else br=$((br+1)); echo "BROKEN $(date +%T.%N) NodePort connection" >&2; exec 4>&-; open 4 {node2} {steady_port}; fi
+    if ask 3; then ex=$((ex+1)); else br=$((br+1)); stamp BROKEN ClusterIP connection; exec 3>&-; open 3 {steady_ip} 80; fi
+    if ask 4; then ex=$((ex+1)); else br=$((br+1)); stamp BROKEN NodePort connection; exec 4>&-; open 4 {node2} {steady_port}; fi
+    counts
   fi
 done
-echo "COUNTS $ok1 $f1 $ok2 $f2 $ex $br""#
+counts; touch /tmp/load.done"#
         );
-        let child = kubectl
-            .command(&["-n", NS, "exec", "client", "--", "bash", "-c", &script])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
+        kubectl
+            .run(&[
+                "-n",
+                NS,
+                "exec",
+                "client",
+                "--",
+                "bash",
+                "-c",
+                r#"printf '%s\n' "$1" > /tmp/load.sh && { setsid bash /tmp/load.sh </dev/null >/tmp/load.out 2>/tmp/load.err & }"#,
+                "load",
+                &script,
+            ])
             .context("starting the client's load")?;
-        Ok(Load { child })
+        Ok(Load)
     }
 
-    /// Stops the loop and reads what it counted.
-    fn finish(mut self, kubectl: &Kubectl) -> anyhow::Result<Counts> {
-        let _ = kubectl.run(&["-n", NS, "exec", "client", "--", "touch", "/tmp/stop"]);
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while self.child.try_wait()?.is_none() {
-            if Instant::now() > deadline {
-                let _ = self.child.kill();
-                bail!("the client's load did not stop");
-            }
-            std::thread::sleep(Duration::from_millis(200));
+    fn read(kubectl: &Kubectl) -> Option<Counts> {
+        Counts::parse(&kubectl.run(&["-n", NS, "exec", "client", "--", "cat", "/tmp/load.counts"]).ok()?)
+    }
+
+    /// Waits until both kinds of request and both connections have answered, none failed.
+    fn wait_flowing(&self, kubectl: &Kubectl) -> anyhow::Result<()> {
+        let counts = kubectl.wait_for(Duration::from_secs(60), "the client's traffic", || {
+            Load::read(kubectl).filter(|c| c.cluster_ip.0 > 0 && c.node_port.0 > 0 && c.exchanges >= 4)
+        })?;
+        if counts.failed() > 0 {
+            bail!("the traffic failed before anything changed: {counts}");
         }
-        let out = self.child.wait_with_output()?;
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let numbers: Vec<u64> = stdout
-            .lines()
-            .find_map(|l| l.strip_prefix("COUNTS "))
-            .map(|l| l.split_whitespace().filter_map(|w| w.parse().ok()).collect())
-            .unwrap_or_default();
-        let [ok1, f1, ok2, f2, ex, br] = numbers[..] else {
-            bail!("the client printed {stdout:?} ({})", String::from_utf8_lossy(&out.stderr));
-        };
-        let failures = String::from_utf8_lossy(&out.stderr)
+        Ok(())
+    }
+
+    /// Stops the loop and reads what it counted and each failure's line.
+    fn finish(self, kubectl: &Kubectl) -> anyhow::Result<Counts> {
+        kubectl.run(&["-n", NS, "exec", "client", "--", "touch", "/tmp/stop"])?;
+        kubectl.wait_for(Duration::from_secs(30), "the client's load to stop", || {
+            kubectl.run(&["-n", NS, "exec", "client", "--", "test", "-e", "/tmp/load.done"]).ok()
+        })?;
+        let mut counts = Load::read(kubectl).context("the client's counts")?;
+        counts.failures = kubectl
+            .run(&["-n", NS, "exec", "client", "--", "cat", "/tmp/load.err"])?
             .lines()
             .filter(|l| l.starts_with("FAIL") || l.starts_with("BROKEN"))
             .map(str::to_owned)
             .collect();
-        Ok(Counts { cluster_ip: (ok1, f1), node_port: (ok2, f2), exchanges: ex, broken: br, failures })
+        Ok(counts)
     }
 }

@@ -1,6 +1,6 @@
 //! A whole cluster on this machine: the control plane in the wire namespace, N kubelet nodes
 //! (see [`crate::node`]), cluster DNS, the test images in every node's containerd, and a Service
-//! proxy on every node — kproxy as its DaemonSet, or upstream kube-proxy as a process.
+//! proxy on every node — kproxy as its DaemonSet, or upstream kube-proxy as kubeadm's.
 //!
 //! Everything made is recorded in the ledger (`<work>/ledger.json`) before it is made;
 //! [`down`] undoes it from that file alone, so it works after a crash, and [`up`] runs it first
@@ -28,8 +28,8 @@ use crate::{Binaries, Binary, ControlPlane, ControlPlaneOptions, ControllerManag
 pub enum Proxy {
     /// kproxy, deployed by applying `deploy/kproxy.yaml` (image substituted).
     Kproxy,
-    /// Upstream kube-proxy v1.36.2 as a process in each node's namespaces (no image of it exists
-    /// offline), with the flags kproxy's ConfigMap sets.
+    /// Upstream kube-proxy v1.36.2 as kubeadm's DaemonSet ([`upstream_daemonset`], its image
+    /// built here), with the configuration kproxy's ConfigMap sets.
     Upstream,
     /// No proxy (for debugging the harness).
     None,
@@ -526,7 +526,7 @@ fn family_settings(families: IpFamilies) -> &'static [(&'static str, &'static st
 }
 
 /// The `k8s-app` label of the DaemonSet and pods of `deploy/kproxy.yaml`.
-const KPROXY_APP: &str = "kproxy";
+pub const KPROXY_APP: &str = "kproxy";
 /// The `k8s-app` label of every cluster's Service proxy pods here, kproxy's as kube-proxy's:
 /// kubeadm's label for kube-proxy, which e2e selects the proxy's pods by (`Services should work
 /// after restarting kube-proxy` deletes them and waits for them to come back).
@@ -547,6 +547,30 @@ pub fn substitute_manifest(
     server: &str,
     mode: &str,
     families: IpFamilies,
+) -> Result<String> {
+    substitute(manifest, image, server, mode, families, true)
+}
+
+/// [`substitute_manifest`] for kproxy beside a running kube-proxy DaemonSet (`cargo xtask
+/// cluster migrate`): the manifest's own `k8s-app: kproxy` label stays, as an operator's apply
+/// leaves it, so that the two DaemonSets' selectors do not overlap.
+pub fn substitute_manifest_beside_kube_proxy(
+    manifest: &str,
+    image: &str,
+    server: &str,
+    mode: &str,
+    families: IpFamilies,
+) -> Result<String> {
+    substitute(manifest, image, server, mode, families, false)
+}
+
+fn substitute(
+    manifest: &str,
+    image: &str,
+    server: &str,
+    mode: &str,
+    families: IpFamilies,
+    relabel: bool,
 ) -> Result<String> {
     let mut out = String::with_capacity(manifest.len());
     let (mut images, mut servers, mut modes, mut conntracks, mut labels) = (0, 0, 0, 0, 0);
@@ -573,7 +597,8 @@ pub fn substitute_manifest(
             out.push_str(&format!("{indent}mode: {mode}\n"));
             modes += 1;
         } else if trimmed == format!("k8s-app: {KPROXY_APP}") {
-            out.push_str(&format!("{indent}k8s-app: {PROXY_APP}\n"));
+            let app = if relabel { PROXY_APP } else { KPROXY_APP };
+            out.push_str(&format!("{indent}k8s-app: {app}\n"));
             labels += 1;
         } else {
             out.push_str(line);
@@ -659,7 +684,8 @@ const KUBE_PROXY_CONFIG_DIR: &str = "/var/lib/kube-proxy";
 
 /// Upstream kube-proxy deployed as kubeadm deploys it (ServiceAccount `kube-proxy` bound to
 /// `system:node-proxier`, ConfigMap `kube-proxy`, DaemonSet `kube-proxy` labelled
-/// `k8s-app: kube-proxy`, hostNetwork, privileged, no probes), with kproxy's `config.conf`
+/// `k8s-app: kube-proxy`, hostNetwork, privileged, no probes; `--v=2`, so that its log says
+/// when a sync reached the kernel: "SyncProxyRules complete"), with kproxy's `config.conf`
 /// ([`upstream_config`]) and `kubeconfig.conf` (its `server:` the API server's address, as for
 /// kproxy): both proxies get the same configuration.
 pub fn upstream_daemonset(
@@ -703,7 +729,7 @@ pub fn upstream_daemonset(
             "nodeSelector": {"kubernetes.io/os": "linux"}, "tolerations": [{"operator": "Exists"}],
             "containers": [{"name": "kube-proxy", "image": image, "imagePullPolicy": "IfNotPresent",
               "command": ["/usr/local/bin/kube-proxy", format!("--config={KUBE_PROXY_CONFIG_DIR}/config.conf"),
-                          "--hostname-override=$(NODE_NAME)"],
+                          "--hostname-override=$(NODE_NAME)", "--v=2"],
               "env": [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
               "securityContext": {"privileged": true},
               "volumeMounts": [

@@ -1,19 +1,37 @@
-//! What moving a running cluster's nodes between kube-proxy and kproxy takes of the harness:
-//! starting and stopping upstream kube-proxy on one node of a cluster that is up (as `up` starts
-//! it for `--proxy upstream`), bringing kproxy's image to every node's containerd, and looking at
-//! what each proxy has in a node's kernel. `cargo xtask cluster migrate` drives them.
+//! What moving a running cluster's nodes between kube-proxy's DaemonSet and kproxy's takes of
+//! the harness: the node label both DaemonSets' node affinities read, the patch that keeps
+//! kube-proxy's DaemonSet off the nodes kproxy has, kproxy's image in every node's containerd,
+//! and what each proxy has in a node's kernel. `cargo xtask cluster migrate` drives them, the
+//! way docs/migration.md tells an operator to.
 
 use std::fs;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 
-use crate::cluster::{ClusterInfo, ledger_path};
-use crate::ledger::{Ledger, Resource};
+use crate::cluster::ClusterInfo;
 use crate::node::Node;
-use crate::{Binaries, Binary};
+
+/// The node label the two DaemonSets' node affinities read (docs/migration.md). Its values are
+/// [`ON_KUBE_PROXY`], [`ON_BOTH`] and [`ON_KPROXY`]; a node without it runs both.
+pub const NODE_LABEL: &str = "kproxy.io/proxy";
+/// kube-proxy only: kproxy's DaemonSet (deploy/kproxy.yaml) stays off the node.
+pub const ON_KUBE_PROXY: &str = "kube-proxy";
+/// Both proxies, while one hands the node to the other.
+pub const ON_BOTH: &str = "both";
+/// kproxy only: kube-proxy's DaemonSet, once patched ([`kube_proxy_affinity_patch`]), leaves.
+pub const ON_KPROXY: &str = "kproxy";
+
+/// The strategic-merge patch of kube-proxy's DaemonSet that keeps its pods off nodes labelled
+/// [`NODE_LABEL`]`=`[`ON_KPROXY`] (the mirror of deploy/kproxy.yaml's affinity).
+pub fn kube_proxy_affinity_patch() -> String {
+    serde_json::json!({"spec": {"template": {"spec": {"affinity": {"nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [
+            {"key": NODE_LABEL, "operator": "NotIn", "values": [ON_KPROXY]}]}]}}}}}}})
+    .to_string()
+}
 
 /// The cluster name behind `info` (its wire namespace is `NAME-wire`).
 fn cluster_name(info: &ClusterInfo) -> Result<&str> {
@@ -26,56 +44,6 @@ fn node(work: &Path, info: &ClusterInfo, index: u8) -> Result<Node> {
     Ok(Node::new(cluster_name(info)?, index, info.families, zone, &work.join("run")))
 }
 
-/// The ledger name of kube-proxy on node `index`.
-pub fn kube_proxy_process(info: &ClusterInfo, index: u8) -> String {
-    let name = info.nodes.get(usize::from(index) - 1).map_or("?", |n| n.name.as_str());
-    format!("{name}/kube-proxy")
-}
-
-/// Starts upstream kube-proxy on node `index` with the configuration `up` wrote for it
-/// (`<work>/kube-proxy.config.yaml`) and `extra` flags, logging to the node's kube-proxy log
-/// (appended). Returns its pid.
-pub fn start_kube_proxy(
-    binaries: &Binaries,
-    work: &Path,
-    info: &ClusterInfo,
-    index: u8,
-    extra: &[String],
-) -> Result<u32> {
-    let config = work.join("kube-proxy.config.yaml");
-    if !config.is_file() {
-        bail!("{} is missing: the cluster was not brought up with --proxy upstream", config.display());
-    }
-    let node = node(work, info, index)?;
-    let mut args = vec![format!("--config={}", config.display()), format!("--hostname-override={}", node.name)];
-    args.extend(extra.iter().cloned());
-    let mut ledger = Ledger::open(&ledger_path(work))?;
-    node.spawn(&mut ledger, "kube-proxy", &binaries.path(Binary::KubeProxy)?, &args, &info.logs)
-}
-
-/// SIGTERM to the newest live process the ledger records as `name`, and waits (at most `grace`,
-/// then SIGKILL) until it is gone. Returns whether one was running.
-pub fn stop_recorded(work: &Path, name: &str, grace: Duration) -> Result<bool> {
-    let ledger = Ledger::open(&ledger_path(work))?;
-    let live = ledger
-        .resources()
-        .filter_map(|r| match r {
-            Resource::Process { name: n, pid, start_time } if n == name => Some((*pid, *start_time)),
-            _ => None,
-        })
-        .filter(|(pid, start)| crate::ledger::start_time(*pid) == Some(*start))
-        .last();
-    let Some((pid, _)) = live else { return Ok(false) };
-    let group = nix::unistd::Pid::from_raw(pid);
-    let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGTERM);
-    let deadline = Instant::now() + grace;
-    while crate::ledger::start_time(pid).is_some() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
-    Ok(true)
-}
-
 /// Imports kproxy's image archive into every node's containerd (a cluster brought up for
 /// upstream kube-proxy has it nowhere).
 pub fn import_image(work: &Path, info: &ClusterInfo, archive: &Path) -> Result<()> {
@@ -85,35 +53,74 @@ pub fn import_image(work: &Path, info: &ClusterInfo, archive: &Path) -> Result<(
     Ok(())
 }
 
+/// The `KUBE-` chains the kubelet owns (`KUBE-FIREWALL`, the canary and the hint), and
+/// `KUBE-MARK-DROP`, which upstream's own `kube-proxy --cleanup` leaves as well: none of them is
+/// a proxy's.
+const NOT_A_PROXYS: [&str; 4] = ["KUBE-FIREWALL", "KUBE-KUBELET-CANARY", "KUBE-IPTABLES-HINT", "KUBE-MARK-DROP"];
+
 /// What of each proxy is in one node's kernel.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ProxyRules {
-    /// nftables tables named `kube-proxy` (kube-proxy's nftables mode).
+    /// nftables tables named `kube-proxy` (kube-proxy's nftables mode), any family.
     pub kube_proxy_tables: usize,
-    /// nftables tables named `kproxy` or `kproxy-accel`.
+    /// nftables tables named `kproxy` or `kproxy-accel` (kproxy's).
     pub kproxy_tables: usize,
-    /// `KUBE-SERVICES` in iptables-nft's nat table (either proxy's iptables mode).
-    pub kube_services_chain: bool,
+    /// Service proxy `KUBE-…` chains in iptables, as `backend family table chain` (either
+    /// proxy's iptables mode: both use upstream's names), the kubelet's left out.
+    pub kube_chains: Vec<String>,
 }
 
-/// Reads [`ProxyRules`] in namespace `netns`.
+impl ProxyRules {
+    /// Whether the node's iptables has the Service proxy's entry chain (`KUBE-SERVICES`).
+    pub fn kube_services(&self) -> bool {
+        self.kube_chains.iter().any(|c| c.ends_with(" KUBE-SERVICES"))
+    }
+}
+
+/// Reads [`ProxyRules`] in namespace `netns`: `nft list tables` and the four `*tables-save` of
+/// both backends and families.
 pub fn proxy_rules(netns: &str) -> Result<ProxyRules> {
     let run = |args: &[&str]| -> Result<String> {
-        let out =
-            Command::new("ip").args(["netns", "exec", netns]).args(args).output().context("running ip netns exec")?;
+        let out = Command::new("ip")
+            .args(["netns", "exec", netns])
+            .args(args)
+            .output()
+            .with_context(|| format!("running {}", args.join(" ")))?;
+        // An empty listing must mean "nothing there", never "could not look".
+        if !out.status.success() {
+            anyhow::bail!("{} in {netns}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
+        }
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     };
     let tables = run(&["nft", "list", "tables"])?;
     let named = |name: &str| tables.lines().filter(|l| l.split_whitespace().nth(2) == Some(name)).count();
-    let nat = run(&["iptables-nft-save", "-t", "nat"])?;
+    let mut kube_chains = Vec::new();
+    for (backend, family, save) in [
+        ("nft", "ipv4", "iptables-nft-save"),
+        ("nft", "ipv6", "ip6tables-nft-save"),
+        ("legacy", "ipv4", "iptables-legacy-save"),
+        ("legacy", "ipv6", "ip6tables-legacy-save"),
+    ] {
+        let mut table = "";
+        for line in run(&[save])?.lines() {
+            if let Some(name) = line.strip_prefix('*') {
+                table = name;
+            } else if let Some(chain) = line.strip_prefix(':').and_then(|l| l.split_whitespace().next())
+                && chain.starts_with("KUBE-")
+                && !NOT_A_PROXYS.contains(&chain)
+            {
+                kube_chains.push(format!("{backend} {family} {table} {chain}"));
+            }
+        }
+    }
     Ok(ProxyRules {
         kube_proxy_tables: named("kube-proxy"),
         kproxy_tables: named("kproxy") + named("kproxy-accel"),
-        kube_services_chain: nat.lines().any(|l| l.starts_with(":KUBE-SERVICES ")),
+        kube_chains,
     })
 }
 
-/// Waits until `log` (a file) contains `needle`; returns when it did.
+/// Waits until `log` (a file) contains `needle`; returns when it was seen.
 pub fn wait_for_log(log: &Path, needle: &str, timeout: Duration) -> Result<Instant> {
     let deadline = Instant::now() + timeout;
     loop {
@@ -121,8 +128,27 @@ pub fn wait_for_log(log: &Path, needle: &str, timeout: Duration) -> Result<Insta
             return Ok(Instant::now());
         }
         if Instant::now() > deadline {
-            bail!("{} never said {needle:?} within {timeout:?}", log.display());
+            anyhow::bail!("{} never said {needle:?} within {timeout:?}", log.display());
         }
         std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_manifests_affinity_keeps_kproxy_off_nodes_labelled_kube_proxy_only() {
+        let manifest = include_str!("../../../deploy/kproxy.yaml");
+        let expected = format!(
+            "                  - key: {NODE_LABEL}\n                    operator: NotIn\n                    values: [\"{ON_KUBE_PROXY}\"]\n"
+        );
+        assert!(manifest.contains(&expected), "deploy/kproxy.yaml's DaemonSet lacks {expected}");
+        let patch: serde_json::Value = serde_json::from_str(&kube_proxy_affinity_patch()).unwrap();
+        let term = &patch["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            ["nodeSelectorTerms"][0]["matchExpressions"][0];
+        assert_eq!((term["key"].as_str(), term["operator"].as_str()), (Some(NODE_LABEL), Some("NotIn")));
+        assert_eq!(term["values"], serde_json::json!([ON_KPROXY]));
     }
 }
