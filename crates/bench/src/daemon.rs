@@ -11,8 +11,8 @@ pub(crate) mod first_sync;
 pub(crate) mod kernel;
 pub(crate) mod kproxy;
 pub(crate) mod objects;
-mod real;
-mod report;
+pub(crate) mod real;
+pub(crate) mod report;
 mod run;
 pub(crate) mod traffic;
 

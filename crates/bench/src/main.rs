@@ -1,6 +1,7 @@
 //! `kproxy-bench`: how long kproxy's nftables dataplane alone takes to program clusters of
 //! 1k–100k services, next to one `nft -f` of the same ruleset and to upstream's ruleset shape;
-//! and `kproxy-bench daemon`, the real `kproxy` binary end to end ([`daemon`]).
+//! `kproxy-bench daemon`, the real `kproxy` binary end to end ([`daemon`]); and `kproxy-bench fleet`,
+//! fleets of kproxies and of kube-proxies against one real API server ([`fleet`]).
 //!
 //! The dataplane-only run (no subcommand): each size runs in a fresh child process (so its peak
 //! RSS is its own) and in fresh network namespaces: (1) full sync over netlink, (2) 50
@@ -15,6 +16,7 @@ mod cluster;
 mod daemon;
 mod explain_flood;
 mod faults;
+mod fleet;
 mod iptables;
 mod ipvs_verify;
 mod measure;
@@ -49,6 +51,8 @@ enum Bench {
     Daemon(daemon::DaemonArgs),
     /// API server faults injected into the real kproxy daemon at scale.
     Faults(faults::FaultArgs),
+    /// Fleets of proxies (kproxy, kube-proxy), one node namespace each, against one real API server.
+    Fleet(fleet::FleetArgs),
     /// Many changes over a long run: memory, descriptors, threads, kernel objects stay flat.
     Soak(soak::SoakArgs),
     /// What following nf_tables' notifications costs kproxy's own commits.
@@ -106,6 +110,7 @@ fn main() -> ExitCode {
     let subcommand = match &cli.command {
         Some(Bench::Daemon(args)) => Some(("daemon", daemon::main(args))),
         Some(Bench::Faults(args)) => Some(("faults", faults::main(args))),
+        Some(Bench::Fleet(args)) => Some(("fleet", fleet::main(args))),
         Some(Bench::Soak(args)) => Some(("soak", soak::main(args))),
         Some(Bench::MonitorCost(args)) => Some(("monitor-cost", monitor_cost::main(args))),
         Some(Bench::IpvsVerify(args)) => Some(("ipvs-verify", ipvs_verify::main(args))),

@@ -21,7 +21,7 @@ const START_SAMPLES: usize = 64;
 /// The ClusterIP keys (`address . tcp . port . slot` for every slot) the first sync must have
 /// put in the endpoints maps: every Service but the affinity ones, whose endpoints are rules;
 /// the big Service's last.
-fn expected_keys(n: usize, layout: Layout) -> Vec<(IpAddr, Vec<u8>)> {
+pub(crate) fn expected_keys(n: usize, layout: Layout) -> Vec<(IpAddr, Vec<u8>)> {
     let mut keys = Vec::new();
     for i in (0..n).filter(|i| !Shape::of(*i).affinity) {
         let port = objects::service_port(i);

@@ -172,7 +172,7 @@ impl Kproxy {
     }
 }
 
-fn memory_mib(pid: u32) -> anyhow::Result<Memory> {
+pub(crate) fn memory_mib(pid: u32) -> anyhow::Result<Memory> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).context("reading /proc/<pid>/status")?;
     Ok(Memory { rss: status_kib(&status, "VmRSS:")? / 1024.0, peak: status_kib(&status, "VmHWM:")? / 1024.0 })
 }
@@ -210,7 +210,7 @@ pub struct Memory {
 
 /// utime + stime + cutime + cstime from the text of `/proc/<pid>/stat` (fields 14 to 17; the
 /// command name, field 2, may hold spaces, so count from the last `)`).
-fn cpu_seconds(stat: &str) -> Option<f64> {
+pub(crate) fn cpu_seconds(stat: &str) -> Option<f64> {
     let rest = &stat[stat.rfind(')')? + 1..];
     let fields: Vec<&str> = rest.split_whitespace().collect();
     // `rest` starts at field 3 (state); then utime, stime, cutime, cstime.

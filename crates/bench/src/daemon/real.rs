@@ -11,10 +11,10 @@
 //! between two.
 
 mod bare;
-mod bulk;
-mod cache;
+pub(crate) mod bulk;
+pub(crate) mod cache;
 pub(crate) mod create;
-mod observe;
+pub(crate) mod observe;
 mod report;
 pub(crate) mod upstream;
 
@@ -40,7 +40,7 @@ pub use bare::BareLists;
 pub use create::Created;
 
 /// The real pod address Service 0 points at (no pod runs: no traffic is measured here).
-const WEB_POD: Ipv4Addr = Ipv4Addr::new(198, 18, 47, 254);
+pub(crate) const WEB_POD: Ipv4Addr = Ipv4Addr::new(198, 18, 47, 254);
 /// Time left to a proxy after its first sync before its idle window opens.
 const SETTLE: Duration = Duration::from_secs(5);
 /// A change not in the kernel after this long counts as not observed.
@@ -48,9 +48,9 @@ const CHANGE_TIMEOUT: Duration = Duration::from_secs(60);
 /// A change slower than this is named in the output, with when it was sent.
 const SLOW_CHANGE_MS: f64 = 20.0;
 /// ClusterIP ranges of the API server: every address `objects.rs` gives a Service.
-const SERVICE_CIDRS: &str = "198.18.0.0/15,fd00:96::/108";
+pub(crate) const SERVICE_CIDRS: &str = "198.18.0.0/15,fd00:96::/108";
 /// NodePorts `objects.rs` gives: 20000 + i/10 and health checks at 12000 + i/100.
-const NODE_PORTS: (u16, u16) = (10000, 32767);
+pub(crate) const NODE_PORTS: (u16, u16) = (10000, 32767);
 
 /// One proxy at one size.
 #[derive(Debug, Clone, Serialize, Deserialize)]

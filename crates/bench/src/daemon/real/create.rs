@@ -40,7 +40,7 @@ pub struct Created {
 }
 
 /// Drops what the API server sets itself.
-pub(super) fn for_create(mut object: Value) -> Value {
+pub(crate) fn for_create(mut object: Value) -> Value {
     if let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut) {
         for field in ["uid", "creationTimestamp", "managedFields", "generation", "resourceVersion"] {
             meta.remove(field);
@@ -184,7 +184,7 @@ where
 
 /// A request tried again on a conflict or a server that is briefly too busy (429, 5xx, a
 /// connection reset): creating at full speed meets them; anything else is an error.
-pub(super) async fn retry<T, F, Fut>(mut request: F) -> kube::Result<T>
+pub(crate) async fn retry<T, F, Fut>(mut request: F) -> kube::Result<T>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = kube::Result<T>>,

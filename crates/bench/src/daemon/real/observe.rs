@@ -28,7 +28,7 @@ fn service_key(ip: IpAddr, port: u16) -> Vec<u8> {
 }
 
 /// Every Service's ClusterIP keys, both families (the big Service's, IPv4, last).
-fn expected(n: usize, layout: Layout) -> Vec<(IpAddr, Vec<u8>)> {
+pub(crate) fn expected(n: usize, layout: Layout) -> Vec<(IpAddr, Vec<u8>)> {
     let mut keys = Vec::new();
     for i in 0..n {
         let port = objects::service_port(i);
