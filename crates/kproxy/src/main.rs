@@ -401,11 +401,11 @@ fn serve(runtime: &tokio::runtime::Runtime, config: ProxyConfig) -> anyhow::Resu
                 source.abort();
                 let _ = tokio::time::timeout(STOP_SYNCING_WAIT, &mut proxier_task).await;
             };
-            let healthz = config.healthz_bind_address;
             let outcome = takeover::hand_back(
                 own,
                 &ipvs,
-                healthz,
+                config.healthz_bind_address,
+                config.metrics_bind_address,
                 &mut listeners,
                 took_over.load(std::sync::atomic::Ordering::Relaxed),
                 stop_syncing,

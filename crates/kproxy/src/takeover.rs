@@ -18,7 +18,10 @@
 //! **Handing back** ([`hand_back`]): on SIGTERM, if kube-proxy's rules are in the kernel again
 //! (a kube-proxy was started on the node while kproxy ran: `docs/migration.md`), kproxy stops
 //! syncing, lets go of its ports so that kube-proxy can take them, waits (at most
-//! [`HANDBACK_WAIT`]) until kube-proxy answers `/healthz` there, then removes its own rules —
+//! [`HANDBACK_WAIT`]) until kube-proxy answers `/healthz` there and, where kproxy has a metrics
+//! address, until kube-proxy's `/metrics` there reports a finished sync
+//! (`kubeproxy_sync_proxy_rules_last_timestamp_seconds` above 0: upstream's `/healthz` answers
+//! 200 from the moment it starts, before its first sync), then removes its own rules —
 //! only those kube-proxy's running mode does not share ([`handback_removals`]) — and exits. So
 //! the node is never without rules, and kproxy's stale rules never stay in front of
 //! kube-proxy's. Without kube-proxy's rules (a restart, an upgrade) kproxy exits as always,
@@ -343,6 +346,7 @@ pub async fn hand_back(
     own: Own,
     ipvs: &kproxy_ipvs::Config,
     healthz: Option<SocketAddr>,
+    metrics: Option<SocketAddr>,
     listeners: &mut Listeners,
     took_over: bool,
     stop_syncing: impl Future<Output = ()>,
@@ -362,20 +366,29 @@ pub async fn hand_back(
     info!("kube-proxy's rules are in the kernel ({found}): handing the node back to kube-proxy");
     listeners.release().await;
     stop_syncing.await;
+    let deadline = tokio::time::Instant::now() + HANDBACK_WAIT;
     let answered = match healthz {
-        Some(addr) => wait_healthy(addr, HANDBACK_WAIT).await,
+        Some(addr) => wait_healthy(addr, deadline).await,
         None => false,
     };
-    if !answered && !took_over {
+    // Healthy from its start, kube-proxy has its rules in only once it reports a sync.
+    let synced = match (answered, metrics) {
+        (true, Some(addr)) => wait_synced(addr, deadline).await,
+        (answered, _) => answered,
+    };
+    if !synced && !took_over {
         error!(
-            "kube-proxy did not answer /healthz within {}s, and its rules may be stale leftovers: kproxy's rules \
-             stay (`kproxy --cleanup` removes them)",
+            "kube-proxy did not answer /healthz and report a sync on /metrics within {}s, and its rules may be \
+             stale leftovers: kproxy's rules stay (`kproxy --cleanup` removes them)",
             HANDBACK_WAIT.as_secs()
         );
         return Handback::Kept;
     }
-    if !answered {
-        warn!("kube-proxy did not answer /healthz, but it programmed its rules since kproxy took over: handing back");
+    if !synced {
+        warn!(
+            answered_healthz = answered,
+            "kube-proxy did not report a sync, but it programmed its rules since kproxy took over: handing back"
+        );
     }
     let parts = handback_removals(own, &found);
     let ipvs = ipvs.clone();
@@ -388,17 +401,60 @@ pub async fn hand_back(
     Handback::HandedBack
 }
 
-/// Whether something answers `GET /healthz` on `addr` with 200 within `wait` (asked every 250 ms).
-pub async fn wait_healthy(addr: SocketAddr, wait: Duration) -> bool {
+/// Whether something answers `GET /healthz` on `addr` with 200 before `deadline` (asked every
+/// 250 ms).
+pub async fn wait_healthy(addr: SocketAddr, deadline: tokio::time::Instant) -> bool {
     let target = reachable(addr);
-    let deadline = tokio::time::Instant::now() + wait;
+    poll_until(deadline, || healthz_ok(target)).await
+}
+
+/// Whether the `/metrics` on `addr` reports a finished sync of kube-proxy's rules before
+/// `deadline` (asked every 250 ms).
+pub async fn wait_synced(addr: SocketAddr, deadline: tokio::time::Instant) -> bool {
+    let target = reachable(addr);
+    poll_until(deadline, || async move {
+        let page = get(target, "/metrics", METRICS_PAGE_LIMIT).await?;
+        Ok(reports_a_sync(&String::from_utf8_lossy(&page)))
+    })
+    .await
+}
+
+async fn poll_until<F, Fut>(deadline: tokio::time::Instant, mut ask: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = std::io::Result<bool>>,
+{
     while tokio::time::Instant::now() < deadline {
-        if let Ok(Ok(true)) = tokio::time::timeout(Duration::from_secs(1), healthz_ok(target)).await {
+        if let Ok(Ok(true)) = tokio::time::timeout(Duration::from_secs(1), ask()).await {
             return true;
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     false
+}
+
+/// The most of a `/metrics` page read (kube-proxy's is about 100 KiB).
+const METRICS_PAGE_LIMIT: usize = 4 << 20;
+
+/// The gauge kube-proxy sets at the end of every sync of its rules (0 until the first).
+const LAST_SYNC_GAUGE: &str = "kubeproxy_sync_proxy_rules_last_timestamp_seconds";
+
+/// Whether a Prometheus text page has [`LAST_SYNC_GAUGE`] above 0.
+fn reports_a_sync(page: &str) -> bool {
+    page.lines()
+        .filter_map(|line| line.strip_prefix(LAST_SYNC_GAUGE))
+        .filter_map(|rest| rest.strip_prefix(' ').or_else(|| rest.split_once("} ").map(|(_, value)| value)))
+        .filter_map(|value| value.split_whitespace().next()?.parse::<f64>().ok())
+        .any(|value| value > 0.0)
+}
+
+/// One `GET path` on `addr`: the whole response (head and body), at most `limit` bytes.
+async fn get(addr: SocketAddr, path: &str, limit: usize) -> std::io::Result<Vec<u8>> {
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    stream.write_all(format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes()).await?;
+    let mut page = Vec::new();
+    (&mut stream).take(limit as u64).read_to_end(&mut page).await?;
+    Ok(page)
 }
 
 /// The address to ask for a listener bound to `addr` (loopback for the unspecified address).
@@ -507,6 +563,40 @@ mod tests {
         assert!(healthz_ok(addr).await.unwrap_or(false));
         serving.await.unwrap();
         // Nobody listens any more.
-        assert!(!wait_healthy(addr, Duration::from_millis(600)).await);
+        assert!(!wait_healthy(addr, tokio::time::Instant::now() + Duration::from_millis(600)).await);
+    }
+
+    #[test]
+    fn a_sync_is_seen_only_when_kube_proxys_last_sync_gauge_is_above_zero() {
+        let help = "# HELP kubeproxy_sync_proxy_rules_last_timestamp_seconds [ALPHA] The last time proxy rules were successfully synced\n# TYPE kubeproxy_sync_proxy_rules_last_timestamp_seconds gauge\n";
+        assert!(!reports_a_sync(&format!("{help}kubeproxy_sync_proxy_rules_last_timestamp_seconds 0\n")));
+        assert!(reports_a_sync(&format!("{help}kubeproxy_sync_proxy_rules_last_timestamp_seconds 1.7965495e+09\n")));
+        assert!(reports_a_sync("kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=\"IPv4\"} 1.7e+09\n"));
+        assert!(!reports_a_sync(
+            "kubeproxy_sync_proxy_rules_last_timestamp_seconds_other 5\nkubeproxy_sync_proxy_rules_duration_seconds_count 3\n"
+        ));
+        assert!(!reports_a_sync(""));
+    }
+
+    #[tokio::test]
+    async fn a_sync_is_waited_for_until_the_metrics_page_reports_one() {
+        let server = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = server.local_addr().unwrap();
+        let pages = [
+            "HTTP/1.1 200 OK\r\n\r\nkubeproxy_sync_proxy_rules_last_timestamp_seconds 0\n",
+            "HTTP/1.1 200 OK\r\n\r\nkubeproxy_sync_proxy_rules_last_timestamp_seconds 1.79e+09\n",
+        ];
+        let serving = tokio::spawn(async move {
+            for page in pages {
+                let (mut s, _) = server.accept().await.unwrap();
+                let mut buf = [0u8; 256];
+                let _ = s.read(&mut buf).await;
+                let _ = s.write_all(page.as_bytes()).await;
+            }
+        });
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        assert!(wait_synced(addr, deadline).await, "the second page reports a sync");
+        serving.await.unwrap();
+        assert!(!wait_synced(addr, tokio::time::Instant::now() + Duration::from_millis(600)).await, "nobody listens");
     }
 }

@@ -338,6 +338,9 @@ fn steps(
         assert!(text.contains("the rules stay in place"), "{text}");
     } else {
         assert!(text.contains("handed the node back to kube-proxy"), "{text}");
+        // It waited for kube-proxy's first sync (its /metrics), not only its /healthz, which
+        // answers 200 from the moment kube-proxy starts.
+        assert!(!text.contains("did not report a sync"), "{text}");
         let k = kernel(tb.node());
         assert!(!k.kproxy_table, "kproxy's table stayed: {k:?}");
         assert!(upstream_rules(&k), "{k:?}");
