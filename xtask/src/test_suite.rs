@@ -26,6 +26,8 @@ pub const GUEST_ONLY_TARGETS: &[(&str, &str)] = &[
     ("kproxy-iptables", "sctp"),
     // Likewise the SCTP case of the packet suite through the netlink executor.
     ("kproxy-nft-netlink", "sctp"),
+    // Removing kube-proxy's IPVS leftovers needs IPVS and dummy devices.
+    ("kproxy-takeover", "kernel"),
 ];
 
 const BUILD_TIMEOUT: Duration = Duration::from_secs(60 * 60);

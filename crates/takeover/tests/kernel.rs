@@ -182,7 +182,8 @@ fn finding_nothing_creates_nothing_in_a_namespace_without_iptables_tables() {
     assert_eq!(nft_tables(&ns).trim(), "");
 }
 
-/// A TCP connection held open from `ns` to `to` (the echo servers answer `who` with their name).
+/// A TCP connection held open from `ns` to `to` (conversation servers answer every line with
+/// their greeting, `NAME CLIENT-IP CLIENT-PORT`).
 struct Conn(BufReader<TcpStream>);
 
 impl Conn {
@@ -196,7 +197,7 @@ impl Conn {
         self.0.get_mut().write_all(b"who\n")?;
         let mut line = String::new();
         self.0.read_line(&mut line)?;
-        Ok(line.trim().to_owned())
+        Ok(line.split_whitespace().next().unwrap_or_default().to_owned())
     }
 }
 
@@ -211,7 +212,7 @@ fn kube_proxys_ipvs_services_go_once_drained_and_kube_ipvs0_with_the_last() {
     }
     let tb = Testbed::new().unwrap();
     let pod = tb.add_pod("web", Where::Node).unwrap();
-    pod.serve(&[(Proto::Tcp, 8080)]).unwrap();
+    pod.serve_conversations(&[(Proto::Tcp, 8080)]).unwrap();
     let node = tb.node();
     node.ip_batch(&[
         "link add kube-ipvs0 type dummy",
@@ -240,7 +241,9 @@ fn kube_proxys_ipvs_services_go_once_drained_and_kube_ipvs0_with_the_last() {
         .unwrap()
     };
     let (found, removal) = pass();
-    let services: Vec<_> = found.ipvs.as_ref().unwrap().services.iter().map(|(k, _)| *k).collect();
+    // The kernel lists virtual services in its hash table's order.
+    let mut services: Vec<_> = found.ipvs.as_ref().unwrap().services.iter().map(|(k, _)| *k).collect();
+    services.sort();
     assert_eq!(services, [key("198.18.128.5"), key("198.18.128.6")], "the excluded one is not kube-proxy's");
     assert_eq!(removal.draining, [(key("198.18.128.5"), 1)], "{removal:?}");
     assert_eq!(conn.ask().unwrap(), "web", "the open connection still works");
