@@ -355,22 +355,20 @@ fn label(kubectl: &Kubectl, node: &NodeInfo, value: &str) -> anyhow::Result<Inst
     Ok(Instant::now())
 }
 
+/// `kubectl get pods` of DaemonSet app `app` on `node`, printed as `output` (`-o`).
+fn pods_on(kubectl: &Kubectl, app: &str, node: &str, output: &str) -> Option<String> {
+    let (selector, on_node) = (format!("k8s-app={app}"), format!("spec.nodeName={node}"));
+    kubectl.run(&["-n", "kube-system", "get", "pods", "-l", &selector, "--field-selector", &on_node, "-o", output]).ok()
+}
+
 /// The pod of DaemonSet app `app` on `node` and its phase, if there is one (not terminating).
 fn daemon_pod(kubectl: &Kubectl, app: &str, node: &str) -> Option<(String, String)> {
-    let out = kubectl
-        .run(&[
-            "-n",
-            "kube-system",
-            "get",
-            "pods",
-            "-l",
-            &format!("k8s-app={app}"),
-            "--field-selector",
-            &format!("spec.nodeName={node}"),
-            "-o",
-            "jsonpath={range .items[*]}{.metadata.name} {.status.phase} {.metadata.deletionTimestamp}{\"\\n\"}{end}",
-        ])
-        .ok()?;
+    let out = pods_on(
+        kubectl,
+        app,
+        node,
+        "jsonpath={range .items[*]}{.metadata.name} {.status.phase} {.metadata.deletionTimestamp}{\"\\n\"}{end}",
+    )?;
     out.lines().find_map(|line| {
         let mut words = line.split_whitespace();
         let (name, phase) = (words.next()?, words.next()?);
@@ -388,20 +386,7 @@ fn wait_running(kubectl: &Kubectl, app: &str, node: &str) -> anyhow::Result<Stri
 /// Waits until no pod of `app` is on `node` any more (not even terminating).
 fn wait_gone(kubectl: &Kubectl, app: &str, node: &str) -> anyhow::Result<Instant> {
     kubectl.wait_for(STEP, &format!("{app}'s pod on {node} gone"), || {
-        let out = kubectl
-            .run(&[
-                "-n",
-                "kube-system",
-                "get",
-                "pods",
-                "-l",
-                &format!("k8s-app={app}"),
-                "--field-selector",
-                &format!("spec.nodeName={node}"),
-                "-o",
-                "name",
-            ])
-            .ok()?;
+        let out = pods_on(kubectl, app, node, "name")?;
         out.trim().is_empty().then(Instant::now)
     })
 }
