@@ -560,7 +560,7 @@ fn smoke_service(family: Family) -> String {
 }
 
 const WORKLOADS_NS: &str = "kproxy-workloads";
-const AGNHOST: &str = "registry.k8s.io/e2e-test-images/agnhost:2.63.0";
+pub(crate) const AGNHOST: &str = "registry.k8s.io/e2e-test-images/agnhost:2.63.0";
 
 /// `workloads` (#28 part 4): on two nodes, a Deployment rolled while a client pod sends requests
 /// to its ClusterIP and NodePort without pause (failures counted), `internalTrafficPolicy: Local`
@@ -608,20 +608,7 @@ fn workload_checks(info: &ClusterInfo) -> anyhow::Result<Vec<String>> {
     }
     let kubectl = Kubectl::from_info(info);
     let (node1, node2) = (&info.nodes[0], &info.nodes[1]);
-    let netexec = |name: &str, replicas: u32| {
-        serde_json::json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": WORKLOADS_NS},
-        "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
-            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
-            "template": {"metadata": {"labels": {"app": name}}, "spec": {
-                "terminationGracePeriodSeconds": 30,
-                "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
-                    "whenUnsatisfiable": "DoNotSchedule", "labelSelector": {"matchLabels": {"app": name}}}],
-                "containers": [{"name": "netexec", "image": AGNHOST, "args": ["netexec", "--http-port=8080"],
-                    "ports": [{"containerPort": 8080}],
-                    "readinessProbe": {"httpGet": {"path": "/healthz", "port": 8080}, "periodSeconds": 1},
-                    // Keeps serving while its endpoint is terminating, as a real server drains.
-                    "lifecycle": {"preStop": {"sleep": {"seconds": 5}}}}]}}}})
-    };
+    let netexec = |name: &str, replicas: u32| netexec_deployment(name, WORKLOADS_NS, replicas);
     let service = |name: &str, app: &str, extra: serde_json::Value| {
         let mut spec =
             serde_json::json!({"selector": {"app": app}, "ports": [{"name": "http", "port": 80, "targetPort": 8080}]});
@@ -1209,6 +1196,23 @@ fn serve_dns(flags: &[String]) -> Result<i32> {
     };
     dns::serve(options).map_err(anyhow_err)?;
     Ok(0)
+}
+
+/// Deployment `name` in `namespace`: `replicas` agnhost netexec pods on :8080, spread over the
+/// nodes, ready by `/healthz`, rolled one surge pod at a time, each serving 5 s into its
+/// termination (as a real server drains while its endpoint is terminating).
+pub(crate) fn netexec_deployment(name: &str, namespace: &str, replicas: u32) -> serde_json::Value {
+    serde_json::json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": namespace},
+    "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
+        "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+        "template": {"metadata": {"labels": {"app": name}}, "spec": {
+            "terminationGracePeriodSeconds": 30,
+            "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+                "whenUnsatisfiable": "DoNotSchedule", "labelSelector": {"matchLabels": {"app": name}}}],
+            "containers": [{"name": "netexec", "image": AGNHOST, "args": ["netexec", "--http-port=8080"],
+                "ports": [{"containerPort": 8080}],
+                "readinessProbe": {"httpGet": {"path": "/healthz", "port": 8080}, "periodSeconds": 1},
+                "lifecycle": {"preStop": {"sleep": {"seconds": 5}}}}]}}}})
 }
 
 #[cfg(test)]

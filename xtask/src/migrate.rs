@@ -43,7 +43,6 @@ use crate::image;
 use crate::layout::Layout;
 
 const NS: &str = "kproxy-migration";
-const AGNHOST: &str = "registry.k8s.io/e2e-test-images/agnhost:2.63.0";
 /// How long any one step may take (a pod starting, a proxy syncing, a rollout) on a loaded
 /// 2-core machine.
 const STEP: Duration = Duration::from_secs(240);
@@ -270,19 +269,7 @@ struct Services {
 /// Deployment `web` (4 pods, rolled after every step) behind a NodePort Service, Deployment
 /// `steady` (2 pods, never rolled) behind another, and the client pod on the first node.
 fn deploy_workload(kubectl: &Kubectl, info: &ClusterInfo) -> anyhow::Result<Services> {
-    let deployment = |name: &str, replicas: u32| {
-        serde_json::json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": NS},
-        "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
-            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
-            "template": {"metadata": {"labels": {"app": name}}, "spec": {
-                "terminationGracePeriodSeconds": 30,
-                "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
-                    "whenUnsatisfiable": "DoNotSchedule", "labelSelector": {"matchLabels": {"app": name}}}],
-                "containers": [{"name": "netexec", "image": AGNHOST, "args": ["netexec", "--http-port=8080"],
-                    "ports": [{"containerPort": 8080}],
-                    "readinessProbe": {"httpGet": {"path": "/healthz", "port": 8080}, "periodSeconds": 1},
-                    "lifecycle": {"preStop": {"sleep": {"seconds": 5}}}}]}}}})
-    };
+    let deployment = |name: &str, replicas: u32| crate::cluster::netexec_deployment(name, NS, replicas);
     let service = |name: &str| {
         serde_json::json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": NS},
             "spec": {"type": "NodePort", "selector": {"app": name}, "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}})
@@ -291,7 +278,7 @@ fn deploy_workload(kubectl: &Kubectl, info: &ClusterInfo) -> anyhow::Result<Serv
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}},
         deployment("web", 4), deployment("steady", 2), service("web"), service("steady"),
         {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "client", "namespace": NS},
-         "spec": {"nodeName": info.nodes[0].name, "containers": [{"name": "client", "image": AGNHOST, "args": ["pause"]}]}}
+         "spec": {"nodeName": info.nodes[0].name, "containers": [{"name": "client", "image": crate::cluster::AGNHOST, "args": ["pause"]}]}}
     ]});
     kubectl.apply(&manifest.to_string())?;
     for deployment in ["web", "steady"] {

@@ -98,7 +98,7 @@ pub(crate) fn lists<K: ApiKind>(
     bounds: Bounds,
     stats: Arc<SourceStats>,
 ) -> WatchEvents<K> {
-    let events = streaming(&api, &config, &accept, backoff);
+    let events = watch_events(&api, &config, &accept, backoff, Strategy::Streaming);
     let lists = Lists { api, config, accept, backoff, bounds, stats, events, mode: Mode::Streaming(Phase::STARTING) };
     futures::stream::unfold(lists, |mut lists| async move {
         let event = lists.next().await?;
@@ -123,25 +123,16 @@ struct Lists<K: ApiKind> {
     mode: Mode,
 }
 
-fn streaming<K: ApiKind>(
+/// A watcher of `strategy` that relists after it ends, retried with `backoff`.
+fn watch_events<K: ApiKind>(
     api: &Api<Decoded<K>>,
     config: &watcher::Config,
     accept: &ContentTypes,
     backoff: RetryBackoff,
+    strategy: Strategy,
 ) -> WatchEvents<K> {
     let (api, config, accept) = (api.clone(), config.clone(), accept.clone());
-    let start = move || watcher(api.clone(), config.clone(), Strategy::Streaming, accept.clone()).boxed();
-    with_backoff(relisting(start), backoff)
-}
-
-fn list_watch<K: ApiKind>(
-    api: &Api<Decoded<K>>,
-    config: &watcher::Config,
-    accept: &ContentTypes,
-    backoff: RetryBackoff,
-) -> WatchEvents<K> {
-    let (api, config, accept) = (api.clone(), config.clone(), accept.clone());
-    let start = move || watcher(api.clone(), config.clone(), Strategy::WatchCache, accept.clone()).boxed();
+    let start = move || watcher(api.clone(), config.clone(), strategy, accept.clone()).boxed();
     with_backoff(relisting(start), backoff)
 }
 
@@ -176,7 +167,8 @@ impl<K: ApiKind> Lists<K> {
                         // list + watch watcher is dropped before it sends its list request.
                         tracing::info!(kind = %K::KIND, "relisting: trying a streaming list again");
                         self.mode = Mode::Streaming(Phase::STARTING);
-                        self.events = streaming(&self.api, &self.config, &self.accept, self.backoff);
+                        self.events =
+                            watch_events(&self.api, &self.config, &self.accept, self.backoff, Strategy::Streaming);
                         continue;
                     }
                     Ok(Event::InitDone) => *listed = true,
@@ -200,7 +192,7 @@ impl<K: ApiKind> Lists<K> {
         );
         self.stats.count_streaming_fallback(kind);
         self.mode = Mode::ListWatch { failed_at: Instant::now(), listed: false };
-        self.events = list_watch(&self.api, &self.config, &self.accept, self.backoff);
+        self.events = watch_events(&self.api, &self.config, &self.accept, self.backoff, Strategy::WatchCache);
     }
 }
 
