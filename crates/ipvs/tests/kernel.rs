@@ -186,7 +186,7 @@ fn sh_scheduler_sticks_by_source() {
     let cluster = Cluster::new(web(&eps, 8080, json!({})));
     let mut dp = dataplane(&tb, Config { scheduler: Scheduler::Sh, ..Config::default() });
     sync(&tb, &mut dp, &cluster.plan, &cluster.full());
-    let options = ProbeOptions::with_timeout(Duration::from_secs(1));
+    let options = ProbeOptions::must_answer();
     for from in [ps[3].netns(), tb.external(), tb.node()] {
         let tally = probe_many(from, Proto::Tcp, sa(CIP), 15, &options).unwrap();
         assert_eq!(tally.backends.values().sum::<usize>(), 15, "{tally:?}");
@@ -236,7 +236,7 @@ fn affinity_is_persistence_with_the_service_timeout_and_expires() {
     assert!(table.lines().any(|l| l.contains("198.18.128.10:53") && l.contains("persistent 2")), "{table}");
     let timeouts = tb.node().exec_ok("ipvsadm", &["-L", "--timeout"]).unwrap();
     assert!(timeouts.trim_end().ends_with(" 1"), "ipvs.udpTimeout applied: {timeouts}");
-    let options = ProbeOptions::with_timeout(Duration::from_secs(1));
+    let options = ProbeOptions::must_answer();
     let udp = sa("198.18.128.10:53");
     let mut chosen = std::collections::BTreeSet::new();
     for _ in 0..10 {
@@ -455,7 +455,7 @@ fn repaired(v: Verified) -> Vec<String> {
 
 /// The backends that answer 10 connections from `from` to `to`.
 fn answering(from: &Netns, to: &str) -> Vec<String> {
-    let tally = probe_many(from, Proto::Tcp, sa(to), 10, &ProbeOptions::with_timeout(Duration::from_secs(1))).unwrap();
+    let tally = probe_many(from, Proto::Tcp, sa(to), 10, &ProbeOptions::must_answer()).unwrap();
     tally.backends.into_keys().collect()
 }
 

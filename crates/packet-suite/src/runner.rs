@@ -237,14 +237,18 @@ fn client_ip(tb: &Testbed, client: &Client, v6: bool) -> IpAddr {
     }
 }
 
-/// How long a probe waits before counting a drop: short on the host, with slack in the guest
-/// kernel, where everything runs about 8 times slower under emulation.
-fn probe_timeout() -> Duration {
-    if kproxy_testbed::kernel::in_guest() { Duration::from_millis(2000) } else { Duration::from_millis(700) }
+/// A probe expected to be dropped waits only the drop window; every other probe must be
+/// answered (refused is an answer too), so its timeout is only a hang guard
+/// (`kproxy_testbed::ANSWER_TIMEOUT`).
+fn probe_options(expect: &Expect) -> ProbeOptions {
+    match expect {
+        Expect::Drop => ProbeOptions::must_drop(),
+        _ => ProbeOptions::must_answer(),
+    }
 }
 
 fn check(tb: &Testbed, plan: &Plan, state: &ClusterState, c: &Check, log: &mut String) -> Result<(), String> {
-    let options = ProbeOptions::with_timeout(probe_timeout());
+    let options = probe_options(&c.expect);
     let pod;
     let from = match client_netns(tb, &c.client) {
         Ok(p) => {
@@ -266,7 +270,7 @@ fn check(tb: &Testbed, plan: &Plan, state: &ClusterState, c: &Check, log: &mut S
         Source::AsDirect { pod, port } => {
             let target = tb.pod(pod).ok_or_else(|| format!("case uses undeclared pod {pod}"))?;
             let direct = SocketAddr::new(if v6 { target.ipv6().into() } else { target.ipv4().into() }, port);
-            let t = probe_many(from, c.proto, direct, 1, &options).map_err(|e| e.to_string())?;
+            let t = probe_many(from, c.proto, direct, 1, &ProbeOptions::must_answer()).map_err(|e| e.to_string())?;
             let _ =
                 writeln!(log, "  {:?} {} direct to {direct}: observed sources {:?}", c.client, c.proto, t.seen_sources);
             match t.seen_sources.keys().next() {
@@ -470,8 +474,8 @@ pub fn run_case<D: Dataplane, F: FnOnce() -> D + Send>(case: &Case, make: F) -> 
                             }
                             Err(ns) => ns,
                         };
-                        let options = ProbeOptions::with_timeout(probe_timeout());
-                        let t = probe_many(from, c.proto, c.dest.addr(), 1, &options).map_err(|e| e.to_string())?;
+                        let t = probe_many(from, c.proto, c.dest.addr(), 1, &probe_options(&c.expect))
+                            .map_err(|e| e.to_string())?;
                         chosen.extend(t.backends.into_keys());
                     }
                     let _ = writeln!(log, "  backends chosen after expiries: {chosen:?}");

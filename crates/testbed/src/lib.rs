@@ -51,7 +51,10 @@ pub use echo::EchoServer;
 pub use error::{Result, TestbedError};
 pub use netns::{NETNS_PREFIX, Netns, NsThread};
 pub use nft_listing::nft_listing;
-pub use probe::{DEFAULT_PROBE_TIMEOUT, ProbeOptions, ProbeResult, Proto, Tally, probe, probe_many, probe_with};
+pub use probe::{
+    ANSWER_TIMEOUT, DEFAULT_PROBE_TIMEOUT, ProbeOptions, ProbeResult, Proto, Tally, drop_window, probe, probe_many,
+    probe_with,
+};
 pub use segment::{
     SEGMENT_SOURCE_PORT, SegmentTap, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, send_tcp_segments, tcp_segment,
 };

@@ -21,6 +21,23 @@ use crate::socket::{classify_failure, new_client_socket};
 /// suite of dozens of cases stays fast; a veth/bridge round trip takes well under a millisecond.
 pub const DEFAULT_PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// How long a probe that must be answered may wait: a hang guard, not a speed bound. An answer
+/// between namespaces of one machine takes about 0.1 ms on the idle host, yet a loaded 2-core
+/// host or the guest under TCG has held one back for over 2 s (an SCTP ClusterIP probe in the
+/// guest, 2026-12-06, beside a build). A path that drops still fails; it only fails later. What
+/// this cannot tell apart is a first packet dropped and its retransmission answered (TCP after
+/// 1 s, SCTP after 3 s): the tests that mean that (a reused port's first INIT) bound it
+/// explicitly.
+pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a probe that must *not* be answered waits before it counts a drop: short, since a
+/// slow machine can only make such a probe pass (and each such test shows in the same sandbox
+/// that the path answers when allowed); longer in the guest, where everything runs about 8 times
+/// slower under emulation.
+pub fn drop_window() -> Duration {
+    if crate::kernel::in_guest() { Duration::from_millis(2000) } else { Duration::from_millis(700) }
+}
+
 /// Transport protocol of a probe or a backend port.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Proto {
@@ -84,6 +101,16 @@ impl ProbeOptions {
     /// Default options with another timeout.
     pub fn with_timeout(timeout: Duration) -> Self {
         ProbeOptions { timeout, ..ProbeOptions::default() }
+    }
+
+    /// For probes that must be answered (refused counts as an answer): [`ANSWER_TIMEOUT`].
+    pub fn must_answer() -> Self {
+        ProbeOptions::with_timeout(ANSWER_TIMEOUT)
+    }
+
+    /// For probes that must be dropped: [`drop_window`].
+    pub fn must_drop() -> Self {
+        ProbeOptions::with_timeout(drop_window())
     }
 }
 
