@@ -7,6 +7,8 @@
 
 use std::path::Path;
 
+use http::HeaderValue;
+use http::header::USER_AGENT;
 use kube::Client;
 use kube::client::ClientBuilder;
 use kube::config::{Config, KubeConfigOptions, Kubeconfig};
@@ -38,13 +40,29 @@ pub async fn client(kubeconfig: Option<&Path>, qps: f32, burst: u32) -> Result<C
 ///
 /// `qps` 0 means [`DEFAULT_QPS`], negative means no limit (as in client-go); `burst` 0 means
 /// [`DEFAULT_BURST`].
-pub fn client_from_config(config: Config, qps: f32, burst: u32) -> Result<Client, Error> {
+pub fn client_from_config(mut config: Config, qps: f32, burst: u32) -> Result<Client, Error> {
     let limit = rate_limit(qps, burst)?;
+    // Built from the crate version and the target's names: always a valid header value.
+    if let Ok(agent) = HeaderValue::from_str(&user_agent()) {
+        config.headers.push((USER_AGENT, agent));
+    }
     let builder = ClientBuilder::try_from(config).map_err(Error::Client)?;
     Ok(match limit {
         Some(layer) => builder.with_layer(&layer).build(),
         None => builder.build(),
     })
+}
+
+/// Who kproxy says it is to the API server, in client-go's form (`kube-proxy/v1.36.2 (linux/amd64)
+/// kubernetes/…`), so that API server metrics and audit logs can tell kproxy's requests apart as
+/// they do kube-proxy's.
+pub fn user_agent() -> String {
+    let arch = match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    };
+    format!("kproxy/v{} ({}/{arch})", env!("CARGO_PKG_VERSION"), std::env::consts::OS)
 }
 
 fn rate_limit(qps: f32, burst: u32) -> Result<Option<RateLimitLayer>, Error> {
@@ -68,6 +86,32 @@ mod tests {
         assert!(rate_limit(-1.0, 0).unwrap().is_none());
         assert!(rate_limit(0.0, 0).unwrap().is_some());
         assert!(matches!(rate_limit(f32::NAN, 1), Err(Error::InvalidQps(_))));
+    }
+
+    #[tokio::test]
+    async fn every_request_says_it_comes_from_kproxy() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let server = tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let mut head = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = stream.read(&mut buf).await.unwrap();
+                assert!(n > 0, "the connection closed before the request's head ended");
+                head.extend_from_slice(&buf[..n]);
+            }
+            let reply = "HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
+            stream.write_all(reply.as_bytes()).await.unwrap();
+            String::from_utf8_lossy(&head).to_lowercase()
+        });
+        let client = client_from_config(Config::new(url.parse().unwrap()), -1.0, 0).unwrap();
+        let _ = client.apiserver_version().await;
+        let head = server.await.unwrap();
+        let expected = format!("user-agent: {}", user_agent()).to_lowercase();
+        assert!(head.lines().any(|line| line == expected), "no `{expected}` in:\n{head}");
+        assert!(user_agent().starts_with("kproxy/v"), "{}", user_agent());
     }
 
     #[tokio::test]
