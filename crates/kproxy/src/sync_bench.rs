@@ -258,7 +258,8 @@ fn report(what: &str, timings: &[Timing]) {
     println!("\n{what}: {} changes, each synced at once (ms)", timings.len());
     println!("| part | p50 | p99 | max |");
     println!("|---|---:|---:|---:|");
-    let parts: [(&str, fn(&Timing) -> Duration); 6] = [
+    type Part = fn(&Timing) -> Duration;
+    let parts: [(&str, Part); 6] = [
         ("apply (state)", |t| t.apply),
         ("plan", |t| t.plan),
         ("dataplane (diff, netlink, kernel)", |t| t.dataplane),
@@ -365,7 +366,7 @@ fn service(i: usize) -> Object {
         "clusterIPs": [cluster_ip],
         "ports": [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080}],
     });
-    if i % 10 == 0 && i > 0 {
+    if i.is_multiple_of(10) && i > 0 {
         spec["type"] = json!("NodePort");
         spec["ports"][0]["nodePort"] = json!(10000 + i % 20000);
     }
