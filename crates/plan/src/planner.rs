@@ -271,8 +271,8 @@ impl Planner {
     ) -> Vec<Candidate> {
         // Gathered in slice order, then put in order through a vector of small keys (the
         // listing's address, port, whether it is local and its place): a Service of thousands
-        // of endpoints is planned again at each of its changes, and a map of them, or sorting
-        // the candidates themselves, cost most of that.
+        // of endpoints is planned again at each of its changes, and a B-tree map of them, or
+        // sorting the candidates themselves, cost much of that.
         let mut listed: Vec<Option<Candidate>> = Vec::new();
         for slice in state.slices_of(service).filter(|s| s.family == family) {
             let Some(port) = slice.ports.iter().find(|p| p.name == port_name && p.protocol == protocol) else {
@@ -292,8 +292,11 @@ impl Planner {
                 }));
             }
         }
-        let mut order: Vec<(IpAddr, u16, bool, u32)> =
-            listed.iter().flatten().enumerate().map(|(i, c)| (c.ip, c.port, !c.is_local, i as u32)).collect();
+        let mut order: Vec<(IpAddr, u16, bool, u32)> = listed
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| c.as_ref().map(|c| (c.ip, c.port, !c.is_local, i as u32)))
+            .collect();
         // The listings of one endpoint: the local ones first, each kind in slice order.
         order.sort_unstable();
         order.dedup_by_key(|(ip, port, _, _)| (*ip, *port));

@@ -605,4 +605,72 @@ mod tests {
             }
         }
     }
+
+    /// A ClusterIP service port with a node port: its endpoints local ones when `local` (with
+    /// `externalTrafficPolicy: Local`, so its destinations pick from both classes).
+    fn port_plan(lasts: &[u8], local: &[u8], external_local: bool) -> ServicePortPlan {
+        use kproxy_plan::{ExternalTraffic, InternalTraffic, MasqueradeWhen, ServicePortName};
+        let mut cluster_endpoints = endpoints(lasts);
+        for ep in &mut cluster_endpoints {
+            ep.is_local = matches!(ep.ip, IpAddr::V4(v4) if local.contains(&v4.octets()[3]));
+        }
+        let local_endpoints = cluster_endpoints.iter().filter(|ep| ep.is_local).cloned().collect();
+        let protocol = Protocol::Tcp;
+        ServicePortPlan {
+            name: ServicePortName { namespace: "ns".into(), service: "big".into(), port: "".into(), protocol },
+            cluster_ip: IpAddr::from([198, 18, 128, 1]),
+            port: 80,
+            protocol,
+            node_port: Some(30080),
+            external_ips: Vec::new(),
+            load_balancer_ips: Vec::new(),
+            source_ranges: Vec::new(),
+            affinity_timeout: None,
+            cluster_endpoints,
+            local_endpoints,
+            internal: InternalTraffic { local: false, masquerade: MasqueradeWhen::Never, no_endpoints: None },
+            external: Some(ExternalTraffic {
+                policy: if external_local {
+                    ExternalPolicy::Local { short_circuit_pods: false }
+                } else {
+                    ExternalPolicy::Cluster
+                },
+                no_endpoints: None,
+            }),
+            health_check_node_port: None,
+            accelerate: false,
+            serving_endpoints: Vec::new(),
+        }
+    }
+
+    proptest! {
+        /// Compared slot by slot, two pickings of a service port differ by exactly the
+        /// endpoints-map elements that differ between their whole renderings, destination by
+        /// destination.
+        #[test]
+        fn the_slot_by_slot_difference_is_that_of_the_whole_renderings(
+            before in prop::collection::vec(0u8..40, 0..30),
+            after in prop::collection::vec(0u8..40, 0..30),
+            local in prop::collection::vec(0u8..40, 0..10),
+            external_local in any::<bool>(),
+        ) {
+            let old = port_plan(&before, &local, external_local);
+            let new = port_plan(&after, &local, external_local);
+            let old_slots = Slots::sorted();
+            let new_slots = old_slots.follow(&old, &new);
+            let is_endpoint = |e: &Element| e.set.ends_with("-endpoints");
+            for (_, dest) in destinations(&old).into_iter().chain(destinations(&new)) {
+                let whole = |p: &ServicePortPlan, slots: &Slots| -> std::collections::BTreeSet<Element> {
+                    elements(p, slots).into_iter().filter(|(d, e)| *d == dest && is_endpoint(e)).map(|(_, e)| e).collect()
+                };
+                let (was, is) = (whole(&old, &old_slots), whole(&new, &new_slots));
+                let (mut gone, mut added) = (Vec::new(), Vec::new());
+                endpoint_elements_difference(dest, Some((&old, &old_slots)), Some((&new, &new_slots)), &mut gone, &mut added);
+                gone.sort();
+                added.sort();
+                prop_assert_eq!(gone, was.difference(&is).cloned().collect::<Vec<_>>());
+                prop_assert_eq!(added, is.difference(&was).cloned().collect::<Vec<_>>());
+            }
+        }
+    }
 }
