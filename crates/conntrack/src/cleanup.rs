@@ -32,10 +32,10 @@
 //! when they are served on every local address, an address known to be local or an entry that
 //! was DNATed). A UDP flow from a local pod to another node's node port therefore survives.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 
-use kproxy_plan::{FamilyPlan, NodePortAddresses};
+use kproxy_plan::{FamilyDelta, FamilyPlan, NodePlan, NodePortAddresses, ServicePortName, ServicePortPlan};
 use kproxy_state::Protocol;
 
 use crate::flow::Flow;
@@ -81,10 +81,28 @@ impl NodePortScope {
 }
 
 /// Every UDP and SCTP frontend with the endpoints its flows may legitimately be DNATed to.
+///
+/// Kept service port by service port, so that a sync's changes patch it ([`Frontends::apply`])
+/// at the cost of the service ports they touch, instead of a walk of the whole plan at every
+/// sync; [`Frontends::from_plan`] builds it from a whole plan through the same steps.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Frontends {
-    serving: BTreeMap<Frontend, BTreeSet<SocketAddr>>,
+    /// Each UDP or SCTP service port's frontends and serving endpoints.
+    ports: HashMap<ServicePortName, PortFrontends>,
+    /// The service ports behind each frontend: almost always one (two Services sharing an
+    /// external IP and port is invalid but possible), and their serving endpoints all count.
+    owners: BTreeMap<Frontend, BTreeSet<ServicePortName>>,
+    /// Frontends no service port has that are known to have no endpoints at all (a deleted
+    /// service's, see [`crate::Reconciler`]).
+    without_endpoints: BTreeSet<Frontend>,
     node_ports: NodePortScope,
+}
+
+/// What one service port contributes to [`Frontends`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct PortFrontends {
+    frontends: Vec<Frontend>,
+    serving: BTreeSet<SocketAddr>,
 }
 
 /// The protocols whose entries the reconciler manages.
@@ -94,10 +112,23 @@ fn is_managed(protocol: Protocol) -> bool {
     MANAGED_PROTOCOLS.contains(&protocol)
 }
 
+impl NodePortScope {
+    /// Where a family's node ports are served, per its plan; `local_addresses` are the node's
+    /// addresses, used when node ports are served on all of them.
+    pub fn of(node: &NodePlan, local_addresses: &[IpAddr]) -> Self {
+        match &node.nodeport_addresses {
+            NodePortAddresses::Only(addresses) => NodePortScope::Only(addresses.iter().copied().collect()),
+            NodePortAddresses::AllLocal => {
+                NodePortScope::AllLocal(local_addresses.iter().copied().chain(node.node_ip).collect())
+            }
+        }
+    }
+}
+
 impl Frontends {
     /// No frontends; node ports served on the given scope.
     pub fn new(node_ports: NodePortScope) -> Self {
-        Self { serving: BTreeMap::new(), node_ports }
+        Self { ports: HashMap::new(), owners: BTreeMap::new(), without_endpoints: BTreeSet::new(), node_ports }
     }
 
     /// The UDP and SCTP frontends of one family's plan. A service port's serving endpoints are
@@ -105,73 +136,143 @@ impl Frontends {
     /// classes may be sent to (cluster and local sets).
     /// `local_addresses` are the node's addresses, used when node ports are served on all of them.
     pub fn from_plan(plan: &FamilyPlan, local_addresses: &[IpAddr]) -> Self {
-        let node_ports = match &plan.node.nodeport_addresses {
-            NodePortAddresses::Only(addresses) => NodePortScope::Only(addresses.iter().copied().collect()),
-            NodePortAddresses::AllLocal => {
-                NodePortScope::AllLocal(local_addresses.iter().copied().chain(plan.node.node_ip).collect())
-            }
-        };
-        let mut frontends = Self::new(node_ports);
+        let mut frontends = Self::new(NodePortScope::of(&plan.node, local_addresses));
         for service in plan.services.values() {
-            if !is_managed(service.protocol) {
-                continue;
-            }
-            // Every serving endpoint, whatever policies, topology and terminating state say (as
-            // upstream): a flow to a terminating or topology-filtered endpoint drains in peace.
-            let serving: BTreeSet<SocketAddr> = service
-                .reachable_endpoints()
-                .into_iter()
-                .map(|ep| SocketAddr::new(ep.ip, ep.port))
-                .chain(service.serving_endpoints.iter().copied())
-                .collect();
-            let protocol = service.protocol;
-            for ip in std::iter::once(&service.cluster_ip).chain(service.external_vips()) {
-                frontends.insert(Frontend::Address { protocol, ip: *ip, port: service.port }, serving.iter().copied());
-            }
-            if let Some(port) = service.node_port {
-                frontends.insert(Frontend::NodePort { protocol, port }, serving.iter().copied());
-            }
+            frontends.add_port(service);
         }
         frontends
     }
 
-    /// Adds a frontend and endpoints it may be DNATed to (merged with any already known).
-    pub fn insert(&mut self, frontend: Frontend, serving: impl IntoIterator<Item = SocketAddr>) {
-        self.serving.entry(frontend).or_default().extend(serving);
+    /// Brings these frontends, those of a family's plan, to the plan `changes` lead to (the
+    /// node's settings aside: see [`Frontends::set_node_ports`]). Returns the frontends that no
+    /// service port has any more. O(the service ports changed).
+    pub fn apply(&mut self, changes: &FamilyDelta) -> Vec<Frontend> {
+        let mut gone = Vec::new();
+        for port in &changes.removed {
+            gone.extend(self.remove_port(&port.name));
+        }
+        for change in &changes.changed {
+            gone.extend(self.remove_port(&change.old.name));
+            self.add_port(&change.new);
+        }
+        for port in &changes.added {
+            self.add_port(port);
+        }
+        gone.retain(|frontend| !self.owners.contains_key(frontend));
+        gone.sort();
+        gone.dedup();
+        gone
+    }
+
+    /// Where node ports are served from now on.
+    pub fn set_node_ports(&mut self, node_ports: NodePortScope) {
+        self.node_ports = node_ports;
+    }
+
+    /// Adds the frontends of one service port (none unless UDP or SCTP) with the endpoints its
+    /// flows may be DNATed to: every serving endpoint, whatever policies, topology and
+    /// terminating state say (as upstream), so a flow to a terminating or topology-filtered
+    /// endpoint drains in peace.
+    fn add_port(&mut self, service: &ServicePortPlan) {
+        if !is_managed(service.protocol) {
+            return;
+        }
+        let serving: BTreeSet<SocketAddr> = service
+            .reachable_endpoints()
+            .into_iter()
+            .map(|ep| SocketAddr::new(ep.ip, ep.port))
+            .chain(service.serving_endpoints.iter().copied())
+            .collect();
+        let protocol = service.protocol;
+        let mut frontends: Vec<Frontend> = std::iter::once(&service.cluster_ip)
+            .chain(service.external_vips())
+            .map(|ip| Frontend::Address { protocol, ip: *ip, port: service.port })
+            .chain(service.node_port.map(|port| Frontend::NodePort { protocol, port }))
+            .collect();
+        frontends.sort();
+        frontends.dedup();
+        for frontend in &frontends {
+            self.owners.entry(*frontend).or_default().insert(service.name.clone());
+        }
+        self.ports.insert(service.name.clone(), PortFrontends { frontends, serving });
+    }
+
+    /// Removes the frontends of one service port; returns those it owned.
+    fn remove_port(&mut self, name: &ServicePortName) -> Vec<Frontend> {
+        let Some(port) = self.ports.remove(name) else { return Vec::new() };
+        for frontend in &port.frontends {
+            if let Some(owners) = self.owners.get_mut(frontend) {
+                owners.remove(name);
+                if owners.is_empty() {
+                    self.owners.remove(frontend);
+                }
+            }
+        }
+        port.frontends
     }
 
     /// Adds a frontend that has no endpoints at all (a deleted service's), unless it is known.
     pub fn insert_without_endpoints(&mut self, frontend: Frontend) {
-        self.serving.entry(frontend).or_default();
+        self.without_endpoints.insert(frontend);
     }
 
-    /// Every frontend.
+    /// Forgets the frontends added by [`Frontends::insert_without_endpoints`].
+    pub fn clear_without_endpoints(&mut self) {
+        self.without_endpoints.clear();
+    }
+
+    /// Every frontend of the plan's service ports.
     pub fn frontends(&self) -> impl Iterator<Item = &Frontend> {
-        self.serving.keys()
+        self.owners.keys()
+    }
+
+    /// Whether some service port has this frontend.
+    pub fn contains(&self, frontend: &Frontend) -> bool {
+        self.owners.contains_key(frontend)
     }
 
     /// True when some frontend uses the protocol.
     pub fn uses(&self, protocol: Protocol) -> bool {
-        self.serving.keys().any(|frontend| match frontend {
-            Frontend::Address { protocol: p, .. } | Frontend::NodePort { protocol: p, .. } => *p == protocol,
-        })
+        let of_protocol = |frontend: Option<&Frontend>, address: bool| match frontend {
+            Some(Frontend::Address { protocol: p, .. }) => address && *p == protocol,
+            Some(Frontend::NodePort { protocol: p, .. }) => !address && *p == protocol,
+            None => false,
+        };
+        // Frontends sort by kind, then protocol: the first of each kind at or after the
+        // protocol's smallest one says whether there is any.
+        let first_address = Frontend::Address { protocol, ip: IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), port: 0 };
+        let first_node_port = Frontend::NodePort { protocol, port: 0 };
+        let known = |start: Frontend, address: bool| {
+            of_protocol(self.owners.range(start..).next().map(|(f, _)| f), address)
+                || of_protocol(self.without_endpoints.range(start..).next(), address)
+        };
+        known(first_address, true) || known(first_node_port, false)
     }
 
-    /// The endpoints of the frontend the flow was sent to, if it was sent to one.
-    fn serving_for(&self, flow: &Flow) -> Option<&BTreeSet<SocketAddr>> {
+    /// The frontend the flow was sent to, if it was sent to one.
+    fn frontend_of(&self, flow: &Flow) -> Option<Frontend> {
+        let known =
+            |frontend: &Frontend| self.owners.contains_key(frontend) || self.without_endpoints.contains(frontend);
         let address =
             Frontend::Address { protocol: flow.protocol, ip: flow.original.dst, port: flow.original.dst_port };
-        if let Some(serving) = self.serving.get(&address) {
-            return Some(serving);
+        if known(&address) {
+            return Some(address);
         }
         let node_port = Frontend::NodePort { protocol: flow.protocol, port: flow.original.dst_port };
-        self.serving.get(&node_port).filter(|_| self.node_ports.covers(flow))
+        (known(&node_port) && self.node_ports.covers(flow)).then_some(node_port)
+    }
+
+    /// Whether `endpoint` is a serving endpoint of some service port behind `frontend`.
+    fn serves(&self, frontend: &Frontend, endpoint: &SocketAddr) -> bool {
+        self.owners.get(frontend).is_some_and(|owners| {
+            owners.iter().any(|name| self.ports.get(name).is_some_and(|port| port.serving.contains(endpoint)))
+        })
     }
 
     /// True when the flow targets a frontend and was not DNATed to one of its serving endpoints.
     pub fn is_stale(&self, flow: &Flow) -> bool {
         is_managed(flow.protocol)
-            && self.serving_for(flow).is_some_and(|serving| !serving.contains(&flow.reply.source()))
+            && self.frontend_of(flow).is_some_and(|frontend| !self.serves(&frontend, &flow.reply.source()))
     }
 }
 

@@ -3,22 +3,26 @@
 //! One pass dumps the entries of the protocols the plan's frontends use (none at all when it has
 //! no UDP or SCTP service), decides which are stale (see [`crate::stale_flows`]) and deletes them.
 //!
+//! The frontends are kept between passes: a pass after a partial sync patches them with that
+//! sync's changes ([`Reconciler::reconcile_changes`], O(change)), one after a full sync builds
+//! them from the whole plan ([`Reconciler::reconcile`]).
+//!
 //! Frontends of services that are deleted vanish from the plan, so the plan alone cannot say that
 //! flows to them are stale (upstream PR #141371). The reconciler therefore remembers the frontends
-//! of the previous pass; a frontend that disappeared is treated as having no endpoints until a
-//! pass completed without error after its disappearance (the dataplane already stopped DNATing to
-//! it, so one complete pass removes all its entries). A frontend that comes back before that is
-//! simply current again.
+//! that disappeared; such a frontend is treated as having no endpoints until a pass completed
+//! without error after its disappearance (the dataplane already stopped DNATing to it, so one
+//! complete pass removes all its entries). A frontend that comes back before that is simply
+//! current again.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use kproxy_plan::FamilyPlan;
+use kproxy_plan::{FamilyDelta, FamilyPlan};
 use kproxy_state::IpFamily;
 use tracing::{debug, info, warn};
 
-use crate::cleanup::{Frontend, Frontends, MANAGED_PROTOCOLS, stale_flows};
+use crate::cleanup::{Frontend, Frontends, MANAGED_PROTOCOLS, NodePortScope, stale_flows};
 use crate::error::Error;
 use crate::netlink::ConntrackSocket;
 
@@ -43,8 +47,8 @@ pub struct ReconcileStats {
 
 #[derive(Debug, Default)]
 struct Memory {
-    /// The frontends of the last pass.
-    previous: BTreeSet<Frontend>,
+    /// The frontends of the plan of the last pass (none before the first).
+    frontends: Option<Frontends>,
     /// Frontends that disappeared and whose entries were not yet all removed.
     retired: BTreeSet<Frontend>,
 }
@@ -70,23 +74,46 @@ impl Reconciler {
         self.local_addresses = addresses;
     }
 
-    /// One pass for the plan's family: dump, decide, delete.
+    /// One pass for the plan's family: dump, decide, delete. Takes the frontends from the whole
+    /// plan: after a full sync, or when the last passes' plans are not known to lead to this one.
     ///
     /// Fails only when the table cannot be dumped or the socket fails; entries the kernel refuses
     /// to delete are counted in [`ReconcileStats::failed`] and retried by the next pass.
     pub fn reconcile(&mut self, plan: &FamilyPlan) -> Result<ReconcileStats, Error> {
+        self.pass(plan, None)
+    }
+
+    /// One pass after a partial sync: `changes` took the plan of the last pass to `plan`, and
+    /// patch its frontends (O(change)); the first pass takes them from the whole plan.
+    pub fn reconcile_changes(&mut self, plan: &FamilyPlan, changes: &FamilyDelta) -> Result<ReconcileStats, Error> {
+        self.pass(plan, Some(changes))
+    }
+
+    fn pass(&mut self, plan: &FamilyPlan, changes: Option<&FamilyDelta>) -> Result<ReconcileStats, Error> {
         let start = Instant::now();
         let family = plan.family;
-        let mut frontends = Frontends::from_plan(plan, &self.local_addresses);
         let memory = self.memory.entry(family).or_default();
-        let current: BTreeSet<Frontend> = frontends.frontends().copied().collect();
-        let disappeared: Vec<Frontend> = memory.previous.difference(&current).copied().collect();
+        let (frontends, disappeared) = match (memory.frontends.take(), changes) {
+            (Some(mut frontends), Some(changes)) => {
+                let gone = frontends.apply(changes);
+                frontends.set_node_ports(NodePortScope::of(&plan.node, &self.local_addresses));
+                (frontends, gone)
+            }
+            (previous, _) => {
+                let frontends = Frontends::from_plan(plan, &self.local_addresses);
+                let gone = previous.iter().flat_map(Frontends::frontends).filter(|f| !frontends.contains(f)).copied();
+                let gone = gone.collect();
+                (frontends, gone)
+            }
+        };
+        let frontends = memory.frontends.insert(frontends);
         memory.retired.extend(disappeared);
-        memory.retired.retain(|frontend| !current.contains(frontend));
-        memory.previous = current;
+        memory.retired.retain(|frontend| !frontends.contains(frontend));
+        frontends.clear_without_endpoints();
         for frontend in &memory.retired {
             frontends.insert_without_endpoints(*frontend);
         }
+        let frontends = &*frontends;
 
         let mut flows = Vec::new();
         let mut complete = true;
@@ -102,7 +129,7 @@ impl Reconciler {
             flows.extend(dump.flows);
         }
 
-        let stale = stale_flows(&frontends, &flows);
+        let stale = stale_flows(frontends, &flows);
         for flow in &stale {
             debug!(%flow, "deleting stale conntrack entry");
         }

@@ -19,6 +19,7 @@ mod observer;
 mod plan_table;
 mod policy;
 mod proxier;
+mod sync_bench;
 mod takeover;
 
 use std::path::{Path, PathBuf};
@@ -71,6 +72,10 @@ enum Command {
         #[arg(long, value_name = "MODE", default_value = "nftables", value_parser = ["nftables", "iptables"])]
         mode: String,
     },
+    /// Developers' benchmark: one endpoint change through the sync path, in one process and a
+    /// network namespace of its own (see `src/sync_bench.rs`, docs/benchmarks.md).
+    #[command(hide = true)]
+    SyncBench(sync_bench::SyncBenchArgs),
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -116,6 +121,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let manifests = cli.flags.manifests.clone().unwrap_or_else(|| PathBuf::from("examples"));
             return demo::run(&manifests, &mode);
         }
+        Some(Command::SyncBench(args)) => return sync_bench::run(&config, &args),
         None => {}
     }
     match &config.action {
@@ -503,38 +509,41 @@ async fn start_servers(
     // the addresses are known, e.g. `primary` once the Node arrives). --dry-run opens none.
     let hc = (!config.dry_run)
         .then(|| Arc::new(ServiceHealthServer::new(HealthCheckBind::AllAddresses, health.clone(), metrics.clone())));
-    let conntrack = if config.dry_run {
-        None
-    } else {
-        match kproxy_conntrack::Reconciler::new() {
-            Ok(r) => Some(r),
-            Err(e) => {
-                warn!(error = %e, "no conntrack netlink socket: stale UDP entries will not be cleaned");
-                None
-            }
-        }
-    };
-    let accel = (!config.dry_run).then(|| {
-        let accel_config =
-            kproxy_accel::AccelConfig { packet_threshold: config.acceleration.packet_threshold, ..Default::default() };
-        let mut accel = kproxy_accel::Accelerator::new(kproxy_accel::NetlinkExecutor::new(), accel_config);
-        // Before the first sync (see `probe_once`); a failure is retried at the first sync.
-        if let Err(e) = accel.probe_once() {
-            tracing::warn!(error = %e, "probing the kernel for flowtables failed; retrying at the first sync");
-        }
-        Arc::new(std::sync::Mutex::new(accel))
-    });
     let observer = DaemonObserver::new(Sinks {
         node_name: node_name.to_owned(),
         families,
         health: health.clone(),
         metrics,
         health_check_server: hc,
-        conntrack,
+        conntrack: (!config.dry_run).then(conntrack_reconciler).flatten(),
         mode,
-        accel,
+        accel: (!config.dry_run).then(|| accelerator(config)),
     });
     Ok((observer, listeners, health))
+}
+
+/// The stale-conntrack cleaner of the calling thread's network namespace; none (said once) when
+/// its netlink socket cannot be opened.
+fn conntrack_reconciler() -> Option<kproxy_conntrack::Reconciler> {
+    match kproxy_conntrack::Reconciler::new() {
+        Ok(r) => Some(r),
+        Err(e) => {
+            warn!(error = %e, "no conntrack netlink socket: stale UDP entries will not be cleaned");
+            None
+        }
+    }
+}
+
+/// The services-acceleration controller, its kernel probed (see `probe_once`).
+fn accelerator(config: &ProxyConfig) -> observer::SharedAccelerator {
+    let accel_config =
+        kproxy_accel::AccelConfig { packet_threshold: config.acceleration.packet_threshold, ..Default::default() };
+    let mut accel = kproxy_accel::Accelerator::new(kproxy_accel::NetlinkExecutor::new(), accel_config);
+    // Before the first sync (see `probe_once`); a failure is retried at the first sync.
+    if let Err(e) = accel.probe_once() {
+        tracing::warn!(error = %e, "probing the kernel for flowtables failed; retrying at the first sync");
+    }
+    std::sync::Arc::new(std::sync::Mutex::new(accel))
 }
 
 /// `--init-only`: every host setting the proxy needs that only a privileged process can write

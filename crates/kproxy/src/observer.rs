@@ -1,12 +1,15 @@
 //! What happens around each sync in the daemon: health, metrics, health-check node ports.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::SystemTime;
 
 use tokio::time::Instant;
 
-use kproxy_plan::{ExternalPolicy, NoEndpointsVerdict, NodePortAddresses};
+use kproxy_plan::{
+    ExternalPolicy, FamilyDelta, NoEndpointsVerdict, NodePortAddresses, Plan, PlanDelta, ServicePortName,
+    ServicePortPlan,
+};
 use kproxy_servers::{HealthCheckBind, Metrics, ProxyHealth, ServiceHealthServer, TrafficPolicyKind};
 use kproxy_state::{IpFamily, ObjectError, ObjectKey};
 use tokio::sync::mpsc;
@@ -34,6 +37,105 @@ fn health_check_bind(plan: &kproxy_plan::Plan) -> HealthCheckBind {
     HealthCheckBind::Addresses(addresses)
 }
 
+/// What the observer publishes about the plan's service ports, kept from sync to sync: built
+/// from the whole plan after a full sync ([`PlanTally::of_plan`]), patched with a partial sync's
+/// changes ([`PlanTally::apply`]) at the cost of the service ports they touch, so a change in a
+/// cluster of thousands of Services does not walk them all.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct PlanTally {
+    /// Per family, the service ports whose ClusterIP / external traffic is dropped for want of
+    /// a local endpoint (`kubeproxy_sync_proxy_rules_no_local_endpoints_total`).
+    dropped: BTreeMap<IpFamily, Dropped>,
+    /// The health-check node port of each service port with one (`externalTrafficPolicy:
+    /// Local`), per family.
+    health_checks: BTreeMap<(IpFamily, ServicePortName), HealthCheck>,
+}
+
+/// Service ports whose traffic of each kind is dropped for want of a local endpoint.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Dropped {
+    internal: u64,
+    external: u64,
+}
+
+/// One service port's health-check node port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct HealthCheck {
+    service: ObjectKey,
+    node_port: u16,
+    /// Its ready endpoints on this node.
+    local_ready: usize,
+}
+
+impl PlanTally {
+    /// The tally of a whole plan.
+    fn of_plan(plan: &Plan) -> Self {
+        let mut tally = PlanTally::default();
+        for (family, fam) in &plan.families {
+            tally.dropped.entry(*family).or_default();
+            for port in fam.services.values() {
+                tally.count(*family, port, true);
+            }
+        }
+        tally
+    }
+
+    /// Takes in a partial sync's changes; returns whether the health-check node ports changed.
+    fn apply(&mut self, delta: &PlanDelta) -> bool {
+        let mut health_checks = false;
+        for (family, changes) in &delta.families {
+            let FamilyDelta { added, changed, removed, .. } = changes;
+            self.dropped.entry(*family).or_default();
+            for port in removed.iter().chain(changed.iter().map(|c| &c.old)) {
+                health_checks |= self.count(*family, port, false);
+            }
+            for port in added.iter().chain(changed.iter().map(|c| &c.new)) {
+                health_checks |= self.count(*family, port, true);
+            }
+        }
+        health_checks
+    }
+
+    /// Adds (or takes away) what one service port contributes; returns whether it has a
+    /// health-check node port.
+    fn count(&mut self, family: IpFamily, port: &ServicePortPlan, add: bool) -> bool {
+        let dropped = self.dropped.entry(family).or_default();
+        let tally = |count: &mut u64, dropped: bool| {
+            if dropped {
+                *count = if add { *count + 1 } else { count.saturating_sub(1) };
+            }
+        };
+        tally(&mut dropped.internal, port.internal.no_endpoints == Some(NoEndpointsVerdict::Drop));
+        let Some(ext) = &port.external else { return false };
+        tally(&mut dropped.external, ext.no_endpoints == Some(NoEndpointsVerdict::Drop));
+        let (Some(node_port), ExternalPolicy::Local { .. }) = (port.health_check_node_port, ext.policy) else {
+            return false;
+        };
+        let key = (family, port.name.clone());
+        if add {
+            let service = ObjectKey::new(port.name.namespace.clone(), port.name.service.clone());
+            let local_ready = port.local_endpoints.iter().filter(|e| e.ready).count();
+            self.health_checks.insert(key, HealthCheck { service, node_port, local_ready });
+        } else {
+            self.health_checks.remove(&key);
+        }
+        true
+    }
+
+    /// The health-check node port of each Service and its local ready endpoints (the most any
+    /// of its service ports has).
+    fn health_check_ports(&self) -> (HashMap<ObjectKey, u16>, HashMap<ObjectKey, usize>) {
+        let mut ports = HashMap::new();
+        let mut endpoints: HashMap<ObjectKey, usize> = HashMap::new();
+        for check in self.health_checks.values() {
+            ports.insert(check.service.clone(), check.node_port);
+            let count = endpoints.entry(check.service.clone()).or_default();
+            *count = (*count).max(check.local_ready);
+        }
+        (ports, endpoints)
+    }
+}
+
 /// Feeds health, metrics and the health-check node port server from the sync loop.
 pub struct DaemonObserver {
     node_name: String,
@@ -42,6 +144,8 @@ pub struct DaemonObserver {
     metrics: Metrics,
     health_checks: mpsc::UnboundedSender<HealthCheckUpdate>,
     last_health_checks: Option<HealthCheckUpdate>,
+    /// What the last sync's plan publishes (see [`PlanTally`]).
+    tally: PlanTally,
     /// Deletes stale UDP/SCTP conntrack entries after each sync (absent in `--dry-run`).
     conntrack: Option<kproxy_conntrack::Reconciler>,
     started: SystemTime,
@@ -105,6 +209,7 @@ impl DaemonObserver {
             metrics,
             health_checks: tx,
             last_health_checks: None,
+            tally: PlanTally::default(),
             conntrack,
             started: SystemTime::now(),
             mode,
@@ -188,33 +293,34 @@ impl SyncObserver for DaemonObserver {
             self.metrics.set_iptables_rules(family, table.as_str(), rules.total, rules.last);
         }
 
-        let mut ports = HashMap::new();
-        let mut endpoints: HashMap<ObjectKey, usize> = HashMap::new();
-        for (family, fam) in &plan.families {
-            let (mut internal_drop, mut external_drop) = (0, 0);
-            for port in fam.services.values() {
-                internal_drop += u64::from(port.internal.no_endpoints == Some(NoEndpointsVerdict::Drop));
-                let Some(ext) = &port.external else { continue };
-                external_drop += u64::from(ext.no_endpoints == Some(NoEndpointsVerdict::Drop));
-                if let (Some(hc), ExternalPolicy::Local { .. }) = (port.health_check_node_port, ext.policy) {
-                    let key = ObjectKey::new(port.name.namespace.clone(), port.name.service.clone());
-                    ports.insert(key.clone(), hc);
-                    let local_ready = port.local_endpoints.iter().filter(|e| e.ready).count();
-                    let count = endpoints.entry(key).or_default();
-                    *count = (*count).max(local_ready);
-                }
-            }
-            self.metrics.set_no_local_endpoints(*family, TrafficPolicyKind::Internal, internal_drop);
-            self.metrics.set_no_local_endpoints(*family, TrafficPolicyKind::External, external_drop);
+        // A full sync's delta may not lead from the plan the observer saw last (a failed sync
+        // in between changed the plan unobserved): what the plan publishes is taken from the
+        // whole plan then, and patched with the changes of a partial sync.
+        let health_checks_changed = if full {
+            self.tally = PlanTally::of_plan(plan);
+            true
+        } else {
+            self.tally.apply(delta)
+        };
+        for family in plan.families.keys() {
+            let dropped = self.tally.dropped.get(family).copied().unwrap_or_default();
+            self.metrics.set_no_local_endpoints(*family, TrafficPolicyKind::Internal, dropped.internal);
+            self.metrics.set_no_local_endpoints(*family, TrafficPolicyKind::External, dropped.external);
         }
         if let Some(reconciler) = self.conntrack.as_mut() {
             if let Some(addresses) = self.node_addresses.as_mut() {
                 // Recognises UDP NodePort entries on every local address, not just the node IP.
                 reconciler.set_local_addresses(addresses.borrow_and_update().clone());
             }
+            let unchanged = FamilyDelta::default();
             for (family, fam) in &plan.families {
                 // A dump and a few deletes over netlink (the sync loop has its own thread).
-                match reconciler.reconcile(fam) {
+                let result = if full {
+                    reconciler.reconcile(fam)
+                } else {
+                    reconciler.reconcile_changes(fam, delta.families.get(family).unwrap_or(&unchanged))
+                };
+                match result {
                     Ok(stats) => {
                         self.metrics.observe_conntrack_reconcile(*family, stats.duration, stats.deleted as u64);
                         if stats.failed > 0 {
@@ -232,8 +338,9 @@ impl SyncObserver for DaemonObserver {
 
         if let Some(accel) = &self.accel {
             let mut accel = accel.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            // The first sync also removes whatever a previous run left when acceleration is now off.
-            let result = if self.accel_synced { accel.sync(plan, delta) } else { accel.full_sync(plan) };
+            // The first sync also removes whatever a previous run left when acceleration is now
+            // off; a full sync's delta may miss a failed sync's changes (see above).
+            let result = if self.accel_synced && !full { accel.sync(plan, delta) } else { accel.full_sync(plan) };
             if let Some(supported) = accel.supported() {
                 self.metrics.set_acceleration_supported(supported);
             }
@@ -257,10 +364,14 @@ impl SyncObserver for DaemonObserver {
             }
         }
 
-        let update = (health_check_bind(plan), ports, endpoints);
-        if self.last_health_checks.as_ref() != Some(&update) {
-            self.last_health_checks = Some(update.clone());
-            let _ = self.health_checks.send(update);
+        let bind = health_check_bind(plan);
+        if health_checks_changed || self.last_health_checks.as_ref().is_none_or(|(last, ..)| *last != bind) {
+            let (ports, endpoints) = self.tally.health_check_ports();
+            let update = (bind, ports, endpoints);
+            if self.last_health_checks.as_ref() != Some(&update) {
+                self.last_health_checks = Some(update.clone());
+                let _ = self.health_checks.send(update);
+            }
         }
         // Last, so that a scrape which sees this sync's timestamp also sees everything the
         // sync published above (readers such as tests and dashboards key on it).
@@ -330,6 +441,138 @@ impl SyncObserver for DaemonObserver {
     fn rejected(&mut self, errors: &[ObjectError]) {
         for e in errors {
             self.metrics.inc_invalid_object(&e.kind.to_string());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::IpAddr;
+
+    use kproxy_plan::{
+        Endpoint, ExternalTraffic, FamilyPlan, InternalTraffic, LocalTraffic, MasqueradeWhen, NodePlan, SnatPolicy,
+        SnatSource,
+    };
+    use kproxy_state::Protocol;
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn node() -> NodePlan {
+        NodePlan {
+            node_ip: None,
+            local_traffic: LocalTraffic::Undetectable,
+            nodeport_addresses: NodePortAddresses::AllLocal,
+            snat: SnatPolicy {
+                no_masquerade_cidrs: Vec::new(),
+                source: SnatSource::Masquerade,
+                fell_back_to_masquerade: false,
+            },
+            service_cidrs: Vec::new(),
+            acceleration: false,
+        }
+    }
+
+    /// A service port from small pools: names repeat across plans, and every field the tally
+    /// reads varies.
+    fn arbitrary_port() -> impl Strategy<Value = ServicePortPlan> {
+        let verdict =
+            proptest::option::of(prop::sample::select(vec![NoEndpointsVerdict::Drop, NoEndpointsVerdict::Reject]));
+        let external = proptest::option::of((any::<bool>(), verdict.clone()));
+        (
+            (0u8..3, 0u8..2, verdict),
+            (external, proptest::option::of(prop::sample::select(vec![30001u16, 30002]))),
+            prop::collection::vec(any::<bool>(), 0..4),
+        )
+            .prop_map(|((service, port, internal_verdict), (external, health_check), ready)| {
+                let name = ServicePortName {
+                    namespace: "ns".into(),
+                    service: format!("svc-{service}").into(),
+                    port: format!("p{port}").into(),
+                    protocol: Protocol::Tcp,
+                };
+                let local_endpoints: Vec<Endpoint> = ready
+                    .iter()
+                    .enumerate()
+                    .map(|(i, ready)| Endpoint {
+                        ip: IpAddr::from([198, 18, 0, i as u8 + 1]),
+                        port: 8080,
+                        is_local: true,
+                        ready: *ready,
+                    })
+                    .collect();
+                let external = external.map(|(local, no_endpoints)| ExternalTraffic {
+                    policy: if local {
+                        ExternalPolicy::Local { short_circuit_pods: false }
+                    } else {
+                        ExternalPolicy::Cluster
+                    },
+                    no_endpoints,
+                });
+                ServicePortPlan {
+                    name,
+                    cluster_ip: IpAddr::from([198, 18, 128, 1 + service]),
+                    port: 80 + u16::from(port),
+                    protocol: Protocol::Tcp,
+                    node_port: None,
+                    external_ips: Vec::new(),
+                    load_balancer_ips: Vec::new(),
+                    source_ranges: Vec::new(),
+                    affinity_timeout: None,
+                    cluster_endpoints: Vec::new(),
+                    local_endpoints,
+                    internal: InternalTraffic {
+                        local: false,
+                        masquerade: MasqueradeWhen::Never,
+                        no_endpoints: internal_verdict,
+                    },
+                    external,
+                    health_check_node_port: health_check,
+                    accelerate: false,
+                    serving_endpoints: Vec::new(),
+                }
+            })
+    }
+
+    fn arbitrary_plan() -> impl Strategy<Value = Plan> {
+        let family = |family: IpFamily| {
+            prop::collection::vec(arbitrary_port(), 0..6).prop_map(move |ports| FamilyPlan {
+                family,
+                node: node(),
+                services: ports.into_iter().map(|p| (p.name.clone(), Arc::new(p))).collect(),
+            })
+        };
+        (family(IpFamily::V4), proptest::option::of(family(IpFamily::V6))).prop_map(|(v4, v6)| {
+            let mut families = BTreeMap::from([(IpFamily::V4, v4)]);
+            families.extend(v6.map(|v6| (IpFamily::V6, v6)));
+            Plan { families }
+        })
+    }
+
+    proptest! {
+        /// The tally patched with each change of a sequence of plans publishes what the tally
+        /// of the last plan, built whole, does; and a patch says the health-check node ports
+        /// changed whenever they did.
+        #[test]
+        fn the_tally_patched_change_by_change_publishes_what_one_built_from_the_whole_plan_does(
+            plans in prop::collection::vec(arbitrary_plan(), 1..8),
+        ) {
+            let mut before = Plan::default();
+            let mut patched = PlanTally::default();
+            for after in plans {
+                let whole = PlanTally::of_plan(&after);
+                let health_checks_changed = patched.apply(&PlanDelta::between(&before, &after));
+                for family in after.families.keys() {
+                    prop_assert_eq!(patched.dropped.get(family).copied().unwrap_or_default(), whole.dropped[family]);
+                }
+                prop_assert_eq!(&patched.health_checks, &whole.health_checks);
+                prop_assert_eq!(patched.health_check_ports(), whole.health_check_ports());
+                let previous = PlanTally::of_plan(&before).health_check_ports();
+                if previous != whole.health_check_ports() {
+                    prop_assert!(health_checks_changed, "the health-check node ports changed unsaid");
+                }
+                before = after;
+            }
         }
     }
 }

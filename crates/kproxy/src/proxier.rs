@@ -216,6 +216,11 @@ impl<D: Dataplane, O: SyncObserver> Proxier<D, O> {
         }
     }
 
+    /// The dataplane and the observer (`kproxy sync-bench` reads its timers there).
+    pub fn parts(&self) -> (&D, &O) {
+        (&self.dataplane, &self.observer)
+    }
+
     /// Checks the kernel (the periodic check, [`Dataplane::verify`]) soon after every commit
     /// that touched kproxy's tables, instead of waiting up to `syncPeriod` to find another
     /// program's change: `start` is called once the first sync has built the tables (so the

@@ -153,6 +153,21 @@ impl FamilyState {
         service::render(&self.ctx, &self.node, p, slots)
     }
 
+    /// [`FamilyState::objects`] without the endpoints-map elements (see
+    /// [`service::render_without_endpoints`]).
+    fn objects_without_endpoints(&self, name: &ServicePortName) -> ServiceObjects {
+        self.services.get(name).map(|p| self.render_without_endpoints(p, self.slots_of(name))).unwrap_or_default()
+    }
+
+    fn render_without_endpoints(&self, p: &ServicePortPlan, slots: &Slots) -> ServiceObjects {
+        service::render_without_endpoints(&self.ctx, &self.node, p, slots)
+    }
+
+    /// The applied plan of service port `name` with its endpoints' slots, if it is applied.
+    fn picking(&self, name: &ServicePortName) -> Option<(&ServicePortPlan, &Slots)> {
+        self.services.get(name).map(|p| (&**p, self.slots_of(name)))
+    }
+
     /// The slots of the applied service port `name`'s endpoints.
     fn slots_of(&self, name: &ServicePortName) -> &Slots {
         static SORTED: Slots = Slots::sorted();
@@ -993,9 +1008,19 @@ impl Commit {
     }
 }
 
+/// One changed service port in [`diff_services`]: its objects before and after (without the
+/// endpoints-map elements, compared slot by slot instead), and its new plan and slots.
+struct Rendered {
+    old: ServiceObjects,
+    new: ServiceObjects,
+    plan: Option<Arc<ServicePortPlan>>,
+    slots: Slots,
+}
+
 /// The minimal batch that takes the named service ports from their applied plans to `changes`
 /// (`None`: removed). Chains left stale by earlier syncs stay stale unless a service port takes
-/// them back.
+/// them back. O(the changed service ports' objects), plus a comparison slot by slot of their
+/// endpoints: one endpoint replaced in a Service of thousands builds two elements.
 fn diff_services(
     state: &FamilyState,
     changes: Vec<(ServicePortName, Option<Arc<ServicePortPlan>>)>,
@@ -1005,23 +1030,21 @@ fn diff_services(
     let mut revived = BTreeSet::new();
     // Both renderings of every changed service port: the elements of a destination are those
     // of its first claimant, before and after.
-    let mut rendered: BTreeMap<ServicePortName, (ServiceObjects, ServiceObjects)> = BTreeMap::new();
+    let mut rendered: BTreeMap<ServicePortName, Rendered> = BTreeMap::new();
     for (name, new) in &changes {
-        let old = state.objects(name);
-        let new = match new {
+        let old = state.objects_without_endpoints(name);
+        let (objects, slots) = match new {
             Some(p) => {
                 // The endpoints that stay keep their slots.
                 let slots = state.slots_following(name, p);
-                let objects = state.render(p, &slots);
-                commit.slots.push((name.clone(), slots));
-                objects
+                (state.render_without_endpoints(p, &slots), slots)
             }
-            None => ServiceObjects::default(),
+            None => (ServiceObjects::default(), Slots::sorted()),
         };
-        rendered.insert(name.clone(), (old, new));
+        rendered.insert(name.clone(), Rendered { old, new: objects, plan: new.clone(), slots });
     }
 
-    for (name, (old, new)) in &rendered {
+    for (name, Rendered { old, new, .. }) in &rendered {
         for (chain, rules) in &new.chains {
             match old.chains.get(chain) {
                 Some(r) if r == rules => continue,
@@ -1075,23 +1098,44 @@ fn diff_services(
     for (dest, claimants) in &commit.claims {
         for name in state.claims.get(dest).and_then(|c| c.first()).into_iter().chain(claimants.first()) {
             if !rendered.contains_key(name) && !unchanged.contains_key(name) {
-                unchanged.insert(name, state.objects(name));
+                unchanged.insert(name, state.objects_without_endpoints(name));
             }
         }
     }
-    // The elements a destination has in the table, given its first claimant (sorted).
+    // The elements a destination has in the table, given its first claimant (sorted), but for
+    // the endpoints-map elements.
     let elements_of = |dest: &Destination, claimant: Option<&ServicePortName>, after: bool| -> &[Element] {
         let Some(name) = claimant else { return &[] };
         let objects = match rendered.get(name) {
-            Some((old, new)) => Some(if after { new } else { old }),
+            Some(r) => Some(if after { &r.new } else { &r.old }),
             None => unchanged.get(name),
         };
         objects.and_then(|o| o.destinations.get(dest)).map_or(&[], Vec::as_slice)
     };
+    // A claimant's endpoints in their slots, before or after.
+    let picking = |claimant: Option<&ServicePortName>, after: bool| -> Option<(&ServicePortPlan, &Slots)> {
+        let name = claimant?;
+        match rendered.get(name) {
+            Some(r) if after => r.plan.as_deref().map(|p| (p, &r.slots)),
+            _ => state.picking(name),
+        }
+    };
     for (dest, claimants) in &commit.claims {
-        let before = elements_of(dest, state.claims.get(dest).and_then(|c| c.first()), false);
-        let after = elements_of(dest, claimants.first(), true);
+        let (gone, new) = (b.delete_elements.len(), b.add_elements.len());
+        let (first_before, first_after) = (state.claims.get(dest).and_then(|c| c.first()), claimants.first());
+        let before = elements_of(dest, first_before, false);
+        let after = elements_of(dest, first_after, true);
         difference(before, after, &mut b.delete_elements, &mut b.add_elements);
+        pick::endpoint_elements_difference(
+            *dest,
+            picking(first_before, false),
+            picking(first_after, true),
+            &mut b.delete_elements,
+            &mut b.add_elements,
+        );
+        // Each destination's elements in order, as a whole rendering's difference has them.
+        b.delete_elements[gone..].sort();
+        b.add_elements[new..].sort();
     }
     for (s, count) in &commit.shared {
         let was = state.shared.get(s).copied().unwrap_or(0);
@@ -1102,6 +1146,7 @@ fn diff_services(
         }
     }
     commit.stale_chains.extend(state.stale_chains.iter().filter(|c| !revived.contains(*c)).cloned());
+    commit.slots = rendered.into_iter().filter(|(_, r)| r.plan.is_some()).map(|(name, r)| (name, r.slots)).collect();
     commit.services = changes;
     (b, commit)
 }

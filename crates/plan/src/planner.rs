@@ -259,7 +259,8 @@ impl Planner {
     }
 
     /// The endpoints of one service port, merged across slices: an endpoint (IP and port) listed
-    /// by several slices counts once, and is local if any listing says so (as upstream does).
+    /// by several slices counts once, and is local if any listing says so (as upstream does):
+    /// the first listing that says it is local, else the first. Sorted by address and port.
     fn candidates(
         &self,
         state: &ClusterState,
@@ -268,32 +269,38 @@ impl Planner {
         port_name: &str,
         protocol: Protocol,
     ) -> Vec<Candidate> {
-        let mut merged: BTreeMap<(IpAddr, u16), Candidate> = BTreeMap::new();
+        // Gathered in slice order, then put in order through a vector of small keys (the
+        // listing's address, port, whether it is local and its place): a Service of thousands
+        // of endpoints is planned again at each of its changes, and a B-tree map of them, or
+        // sorting the candidates themselves, cost much of that.
+        let mut listed: Vec<Option<Candidate>> = Vec::new();
         for slice in state.slices_of(service).filter(|s| s.family == family) {
             let Some(port) = slice.ports.iter().find(|p| p.name == port_name && p.protocol == protocol) else {
                 continue;
             };
+            listed.reserve(slice.endpoints.len());
             for ep in &slice.endpoints {
-                let is_local = ep.node_name.as_deref() == Some(self.node.name.as_str());
-                let candidate = Candidate {
+                listed.push(Some(Candidate {
                     ip: ep.ip,
                     port: port.port,
-                    is_local,
+                    is_local: ep.node_name.as_deref() == Some(self.node.name.as_str()),
                     ready: ep.ready,
                     serving: ep.serving,
                     terminating: ep.terminating,
                     zone_hints: ep.zone_hints().clone(),
                     node_hints: ep.node_hints().clone(),
-                };
-                match merged.get(&(ep.ip, port.port)) {
-                    Some(existing) if existing.is_local || !is_local => {}
-                    _ => {
-                        merged.insert((ep.ip, port.port), candidate);
-                    }
-                }
+                }));
             }
         }
-        merged.into_values().collect()
+        let mut order: Vec<(IpAddr, u16, bool, u32)> = listed
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| c.as_ref().map(|c| (c.ip, c.port, !c.is_local, i as u32)))
+            .collect();
+        // The listings of one endpoint: the local ones first, each kind in slice order.
+        order.sort_unstable();
+        order.dedup_by_key(|(ip, port, _, _)| (*ip, *port));
+        order.into_iter().filter_map(|(_, _, _, i)| listed.get_mut(i as usize).and_then(Option::take)).collect()
     }
 }
 

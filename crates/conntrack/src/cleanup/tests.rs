@@ -5,10 +5,11 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use kproxy_plan::{
-    Endpoint, FamilyPlan, InternalTraffic, LocalTraffic, MasqueradeWhen, NodePlan, NodePortAddresses, ServicePortName,
-    ServicePortPlan, SnatPolicy, SnatSource,
+    Endpoint, FamilyDelta, FamilyPlan, InternalTraffic, LocalTraffic, MasqueradeWhen, NodePlan, NodePortAddresses,
+    Plan, PlanDelta, ServicePortName, ServicePortPlan, SnatPolicy, SnatSource,
 };
 use kproxy_state::{IpFamily, Protocol};
+use proptest::prelude::*;
 
 use super::*;
 use crate::flow::Tuple;
@@ -361,5 +362,96 @@ fn flows_to_serving_endpoints_outside_the_used_sets_drain() {
     ];
     for (name, flow, stale) in cases {
         assert_eq!(frontends.is_stale(&flow), stale, "{name}: {flow}");
+    }
+}
+
+/// A service port drawn from small pools, so that frontends and endpoints collide across
+/// service ports and across plans.
+fn arbitrary_port() -> impl Strategy<Value = ServicePortPlan> {
+    let protocol = prop::sample::select(vec![Protocol::Udp, Protocol::Udp, Protocol::Sctp, Protocol::Tcp]);
+    let address = |pool: &'static [&'static str]| prop::sample::select(pool.to_vec()).prop_map(ip);
+    let endpoints = prop::collection::vec((0u8..6, prop::sample::select(vec![53u16, 8053])), 0..4);
+    (
+        (0u8..4, protocol, address(&["198.18.128.10", "198.18.128.20", "198.18.128.30"])),
+        (prop::sample::select(vec![53u16, 514]), proptest::option::of(prop::sample::select(vec![30053u16, 30514]))),
+        (prop::collection::vec(address(&["203.0.113.7", "198.51.100.9"]), 0..2), endpoints.clone(), endpoints),
+    )
+        .prop_map(|((name, protocol, cluster_ip), (port, node_port), (external_ips, cluster, terminating))| {
+            let endpoint = |(host, port): &(u8, u16)| Endpoint {
+                ip: IpAddr::from([198, 18, 2, *host]),
+                port: *port,
+                is_local: *host == 0,
+                ready: true,
+            };
+            let mut cluster_endpoints: Vec<Endpoint> = cluster.iter().map(endpoint).collect();
+            cluster_endpoints.sort();
+            cluster_endpoints.dedup();
+            let mut serving_endpoints: Vec<SocketAddr> = cluster_endpoints
+                .iter()
+                .chain(&terminating.iter().map(endpoint).collect::<Vec<_>>())
+                .map(|ep| SocketAddr::new(ep.ip, ep.port))
+                .collect();
+            serving_endpoints.sort();
+            serving_endpoints.dedup();
+            ServicePortPlan {
+                name: ServicePortName {
+                    namespace: "default".into(),
+                    service: format!("svc-{name}").into(),
+                    port: "".into(),
+                    protocol,
+                },
+                cluster_ip,
+                port,
+                protocol,
+                node_port,
+                external_ips,
+                load_balancer_ips: Vec::new(),
+                source_ranges: Vec::new(),
+                affinity_timeout: None,
+                local_endpoints: cluster_endpoints.iter().filter(|ep| ep.is_local).cloned().collect(),
+                cluster_endpoints,
+                internal: InternalTraffic { local: false, masquerade: MasqueradeWhen::Never, no_endpoints: None },
+                external: None,
+                health_check_node_port: None,
+                accelerate: false,
+                serving_endpoints,
+            }
+        })
+}
+
+fn arbitrary_plan() -> impl Strategy<Value = Plan> {
+    prop::collection::vec(arbitrary_port(), 0..6).prop_map(|ports| {
+        let mut family = plan(&[], NodePortAddresses::Only(vec![ip(NODE_IP)]));
+        family.services = ports.into_iter().map(|p| (p.name.clone(), Arc::new(p))).collect();
+        Plan { families: [(IpFamily::V4, family)].into() }
+    })
+}
+
+proptest! {
+    /// Frontends patched with each change of a sequence of plans are those of the last plan
+    /// built whole, and each patch names exactly the frontends the plan before had and the
+    /// plan after has not.
+    #[test]
+    fn frontends_patched_change_by_change_equal_those_built_from_the_whole_plan(
+        plans in prop::collection::vec(arbitrary_plan(), 1..8),
+    ) {
+        let mut before = Plan::default();
+        let mut patched: Option<Frontends> = None;
+        for after in plans {
+            let family = &after.families[&IpFamily::V4];
+            let whole = Frontends::from_plan(family, &[]);
+            if let Some(frontends) = patched.as_mut() {
+                let delta = PlanDelta::between(&before, &after);
+                let gone = frontends.apply(delta.families.get(&IpFamily::V4).unwrap_or(&FamilyDelta::default()));
+                prop_assert_eq!(&*frontends, &whole);
+                let previous = Frontends::from_plan(&before.families[&IpFamily::V4], &[]);
+                let expected: Vec<Frontend> =
+                    previous.frontends().filter(|f| !whole.contains(f)).copied().collect();
+                prop_assert_eq!(gone, expected);
+            } else {
+                patched = Some(whole);
+            }
+            before = after;
+        }
     }
 }

@@ -246,25 +246,79 @@ fn destinations(p: &ServicePortPlan) -> Vec<(Class, Destination)> {
 /// The cap-set and endpoints-map elements of one service port, by destination, with its
 /// endpoints in `slots`.
 pub fn elements(p: &ServicePortPlan, slots: &Slots) -> Vec<(Destination, Element)> {
-    let mut out = Vec::new();
+    let mut out = cap_elements(p, slots);
     for (class, dest) in destinations(p) {
-        let endpoints: Vec<&Endpoint> = slots.endpoints(p, class).take(1 << MAX_CAP_LOG2).collect();
-        if endpoints.is_empty() {
-            continue;
-        }
-        let ks = Keyspace::of(&dest);
-        let cap = (endpoints.len() as u32).next_power_of_two();
-        out.push((dest, Element::new(cap_set(class, ks, cap), dest.key())));
-        let map = endpoints_map(class, ks, p.protocol);
-        out.extend(endpoints.iter().enumerate().map(|(slot, ep)| {
-            let mut key = dest.values();
-            // The slot is a host-order integer, as numgen leaves it (unlike ports).
-            key.push(Value::Int(slot as u32));
-            let value = MapData::Value(Key(vec![Value::Addr(ep.ip), Value::Port(ep.port)]));
-            (dest, Element::mapped(map.as_str(), Key(key), value))
-        }));
+        let endpoints = picked(p, slots, class);
+        out.extend(endpoints.enumerate().map(|(slot, ep)| (dest, endpoint_element(class, dest, slot, ep))));
     }
     out
+}
+
+/// The cap-set elements of one service port alone, by destination: what its endpoints-map
+/// elements are left out of (see [`endpoint_elements_difference`]).
+pub fn cap_elements(p: &ServicePortPlan, slots: &Slots) -> Vec<(Destination, Element)> {
+    let mut out = Vec::new();
+    for (class, dest) in destinations(p) {
+        let count = picked(p, slots, class).count();
+        if count == 0 {
+            continue;
+        }
+        let cap = (count as u32).next_power_of_two();
+        out.push((dest, Element::new(cap_set(class, Keyspace::of(&dest), cap), dest.key())));
+    }
+    out
+}
+
+/// The endpoints `class` picks from in `p`, slot by slot: at most the largest cap.
+fn picked<'a>(p: &'a ServicePortPlan, slots: &'a Slots, class: Class) -> impl Iterator<Item = &'a Endpoint> {
+    slots.endpoints(p, class).take(1 << MAX_CAP_LOG2)
+}
+
+/// The endpoints-map element of `class` that puts `ep` in `slot` of `dest`.
+fn endpoint_element(class: Class, dest: Destination, slot: usize, ep: &Endpoint) -> Element {
+    let (protocol, ks) = match dest {
+        Destination::Address(_, protocol, _) => (protocol, Keyspace::Address),
+        Destination::NodePort(protocol, _) => (protocol, Keyspace::NodePort),
+    };
+    let mut key = dest.values();
+    // The slot is a host-order integer, as numgen leaves it (unlike ports).
+    key.push(Value::Int(slot as u32));
+    let value = MapData::Value(Key(vec![Value::Addr(ep.ip), Value::Port(ep.port)]));
+    Element::mapped(endpoints_map(class, ks, protocol), Key(key), value)
+}
+
+/// Moves the endpoints-map elements of `dest` that differ between two pickings (a service
+/// port's plan with its slots; `None`: no pick) into `gone` and `new`, comparing slot by slot:
+/// O(slots) comparisons and only the differing elements built, so one endpoint replaced in a
+/// Service of thousands costs two elements, not two renderings of thousands.
+pub fn endpoint_elements_difference(
+    dest: Destination,
+    before: Option<(&ServicePortPlan, &Slots)>,
+    after: Option<(&ServicePortPlan, &Slots)>,
+    gone: &mut Vec<Element>,
+    new: &mut Vec<Element>,
+) {
+    let classes = |picking: Option<(&ServicePortPlan, &Slots)>| -> Vec<Class> {
+        // ClientIP affinity picks by rules, not from the maps.
+        let Some((p, _)) = picking.filter(|(p, _)| p.affinity_timeout.is_none()) else { return Vec::new() };
+        destinations(p).into_iter().filter(|(_, d)| *d == dest).map(|(class, _)| class).collect()
+    };
+    let (classes_before, classes_after) = (classes(before), classes(after));
+    for class in Class::ALL {
+        let was = before.filter(|_| classes_before.contains(&class)).map(|(p, slots)| picked(p, slots, class));
+        let is = after.filter(|_| classes_after.contains(&class)).map(|(p, slots)| picked(p, slots, class));
+        let (mut was, mut is) = (was.into_iter().flatten().fuse(), is.into_iter().flatten().fuse());
+        for slot in 0.. {
+            match (was.next(), is.next()) {
+                (None, None) => break,
+                (Some(a), Some(b)) if address(a) == address(b) => {}
+                (a, b) => {
+                    gone.extend(a.map(|ep| endpoint_element(class, dest, slot, ep)));
+                    new.extend(b.map(|ep| endpoint_element(class, dest, slot, ep)));
+                }
+            }
+        }
+    }
 }
 
 impl Keyspace {
@@ -441,13 +495,15 @@ fn slot_of(e: &Element) -> Option<(Destination, usize, Address)> {
 /// `wanted.len()` on. `None` when that is the sorted order.
 fn arrange(held: &[Option<Address>], wanted: &[Endpoint]) -> Option<Box<[u32]>> {
     let n = wanted.len();
-    let index: HashMap<Address, u32> = wanted.iter().enumerate().map(|(i, ep)| (address(ep), i as u32)).collect();
+    // `wanted` is sorted, by address first, and holds an address once: found by bisection, with
+    // no index built at each change of a Service of thousands.
+    let index = |a: &Address| wanted.binary_search_by(|ep| address(ep).cmp(a)).ok().map(|i| i as u32);
     let mut placed = vec![false; n];
     // Slot by slot, the wanted endpoint it already holds.
     let kept: Vec<Option<u32>> = held
         .iter()
         .map(|a| {
-            let i = index.get(a.as_ref()?).copied()?;
+            let i = index(a.as_ref()?)?;
             // An address twice in the kernel (not kproxy's doing) keeps its first slot only.
             let first = !std::mem::replace(&mut placed[i as usize], true);
             first.then_some(i)
@@ -546,6 +602,74 @@ mod tests {
                 if let Some(h) = held.filter(|h| want.contains(h) && seen.insert(*h)) {
                     prop_assert_eq!(slots[slot], h, "slot {} moved", slot);
                 }
+            }
+        }
+    }
+
+    /// A ClusterIP service port with a node port: its endpoints local ones when `local` (with
+    /// `externalTrafficPolicy: Local`, so its destinations pick from both classes).
+    fn port_plan(lasts: &[u8], local: &[u8], external_local: bool) -> ServicePortPlan {
+        use kproxy_plan::{ExternalTraffic, InternalTraffic, MasqueradeWhen, ServicePortName};
+        let mut cluster_endpoints = endpoints(lasts);
+        for ep in &mut cluster_endpoints {
+            ep.is_local = matches!(ep.ip, IpAddr::V4(v4) if local.contains(&v4.octets()[3]));
+        }
+        let local_endpoints = cluster_endpoints.iter().filter(|ep| ep.is_local).cloned().collect();
+        let protocol = Protocol::Tcp;
+        ServicePortPlan {
+            name: ServicePortName { namespace: "ns".into(), service: "big".into(), port: "".into(), protocol },
+            cluster_ip: IpAddr::from([198, 18, 128, 1]),
+            port: 80,
+            protocol,
+            node_port: Some(30080),
+            external_ips: Vec::new(),
+            load_balancer_ips: Vec::new(),
+            source_ranges: Vec::new(),
+            affinity_timeout: None,
+            cluster_endpoints,
+            local_endpoints,
+            internal: InternalTraffic { local: false, masquerade: MasqueradeWhen::Never, no_endpoints: None },
+            external: Some(ExternalTraffic {
+                policy: if external_local {
+                    ExternalPolicy::Local { short_circuit_pods: false }
+                } else {
+                    ExternalPolicy::Cluster
+                },
+                no_endpoints: None,
+            }),
+            health_check_node_port: None,
+            accelerate: false,
+            serving_endpoints: Vec::new(),
+        }
+    }
+
+    proptest! {
+        /// Compared slot by slot, two pickings of a service port differ by exactly the
+        /// endpoints-map elements that differ between their whole renderings, destination by
+        /// destination.
+        #[test]
+        fn the_slot_by_slot_difference_is_that_of_the_whole_renderings(
+            before in prop::collection::vec(0u8..40, 0..30),
+            after in prop::collection::vec(0u8..40, 0..30),
+            local in prop::collection::vec(0u8..40, 0..10),
+            external_local in any::<bool>(),
+        ) {
+            let old = port_plan(&before, &local, external_local);
+            let new = port_plan(&after, &local, external_local);
+            let old_slots = Slots::sorted();
+            let new_slots = old_slots.follow(&old, &new);
+            let is_endpoint = |e: &Element| e.set.ends_with("-endpoints");
+            for (_, dest) in destinations(&old).into_iter().chain(destinations(&new)) {
+                let whole = |p: &ServicePortPlan, slots: &Slots| -> std::collections::BTreeSet<Element> {
+                    elements(p, slots).into_iter().filter(|(d, e)| *d == dest && is_endpoint(e)).map(|(_, e)| e).collect()
+                };
+                let (was, is) = (whole(&old, &old_slots), whole(&new, &new_slots));
+                let (mut gone, mut added) = (Vec::new(), Vec::new());
+                endpoint_elements_difference(dest, Some((&old, &old_slots)), Some((&new, &new_slots)), &mut gone, &mut added);
+                gone.sort();
+                added.sort();
+                prop_assert_eq!(gone, was.difference(&is).cloned().collect::<Vec<_>>());
+                prop_assert_eq!(added, is.difference(&was).cloned().collect::<Vec<_>>());
             }
         }
     }

@@ -157,6 +157,29 @@ pub fn shared_chains(ctx: &Ctx, node: &NodePlan) -> Vec<(Chain, Vec<Rule>)> {
 
 /// Renders one service port, with its endpoints in `slots` (see [`pick::Slots`]).
 pub fn render(ctx: &Ctx, node: &NodePlan, p: &ServicePortPlan, slots: &pick::Slots) -> ServiceObjects {
+    render_with(ctx, node, p, slots, true)
+}
+
+/// Renders one service port without the endpoints-map elements of its destinations, which a
+/// partial sync compares slot by slot instead ([`pick::endpoint_elements_difference`]): in a
+/// Service of thousands of endpoints they are thousands of elements, where everything else is a
+/// few.
+pub fn render_without_endpoints(
+    ctx: &Ctx,
+    node: &NodePlan,
+    p: &ServicePortPlan,
+    slots: &pick::Slots,
+) -> ServiceObjects {
+    render_with(ctx, node, p, slots, false)
+}
+
+fn render_with(
+    ctx: &Ctx,
+    node: &NodePlan,
+    p: &ServicePortPlan,
+    slots: &pick::Slots,
+    endpoints: bool,
+) -> ServiceObjects {
     let mut out = ServiceObjects::default();
     let internal_class = if p.internal.local { Class::Local } else { Class::Cluster };
 
@@ -255,7 +278,8 @@ pub fn render(ctx: &Ctx, node: &NodePlan, p: &ServicePortPlan, slots: &pick::Slo
     }
 
     if p.affinity_timeout.is_none() {
-        for (d, element) in pick::elements(p, slots) {
+        let picks = if endpoints { pick::elements(p, slots) } else { pick::cap_elements(p, slots) };
+        for (d, element) in picks {
             out.destinations.entry(d).or_default().push(element);
         }
     }
