@@ -213,10 +213,26 @@ impl Bed {
         PlanDelta::between(&Plan::default(), &self.plan)
     }
 
-    /// Backends answering `n` TCP connections from `from` to `dest` (name → count).
+    /// Backends answering `n` TCP connections from `from` to `dest` (name → count), each waited
+    /// for as an answer must be (`ProbeOptions::must_answer`: a hang guard, not a speed bound).
     fn answered(&self, from: &kproxy_testbed::Netns, dest: &str, n: usize) -> kproxy_testbed::Tally {
+        self.probed(from, dest, n, &ProbeOptions::must_answer())
+    }
+
+    /// The same for connections that must be dropped: each waits only the short drop window.
+    fn answered_expecting_drop(&self, from: &kproxy_testbed::Netns, dest: &str, n: usize) -> kproxy_testbed::Tally {
+        self.probed(from, dest, n, &ProbeOptions::must_drop())
+    }
+
+    fn probed(
+        &self,
+        from: &kproxy_testbed::Netns,
+        dest: &str,
+        n: usize,
+        options: &ProbeOptions,
+    ) -> kproxy_testbed::Tally {
         let dest: SocketAddr = dest.parse().unwrap();
-        probe_many(from, Proto::Tcp, dest, n, &ProbeOptions::with_timeout(Duration::from_millis(700))).unwrap()
+        probe_many(from, Proto::Tcp, dest, n, options).unwrap()
     }
 
     fn iptables(&self, backend: Backend, args: &[&str]) -> String {
@@ -285,7 +301,7 @@ fn localhost_nodeports(backend: Backend) {
     // (Kernel 6.18 itself drops a DNATed packet whose original destination was 127.0.0.0/8 from
     // the wire; kproxy's RETURN for non-loopback sources covers kernels that don't. The UDP check
     // below is KUBE-FIREWALL's: it fails without that rule.)
-    let t = bed.answered(tb.external(), "127.0.0.1:30080", 3);
+    let t = bed.answered_expecting_drop(tb.external(), "127.0.0.1:30080", 3);
     assert_eq!(t.answered(), 0, "a neighbour reached a localhost NodePort: {t:?}");
     assert!(!node_localhost_udp_reachable_from_external(tb), "a neighbour reached 127.0.0.1 on the node");
     // The node IP keeps working from outside.
@@ -303,7 +319,11 @@ fn canary_heals_a_flush(backend: Backend) {
     assert_eq!(bed.answered(tb.external(), "198.18.128.10:80", 6).answered(), 6);
 
     bed.iptables(backend, &["-t", "nat", "-F"]);
-    assert_eq!(bed.answered(tb.external(), "198.18.128.10:80", 2).answered(), 0, "the flush did not break services");
+    assert_eq!(
+        bed.answered_expecting_drop(tb.external(), "198.18.128.10:80", 2).answered(),
+        0,
+        "the flush did not break services"
+    );
     assert!(!tb.node().run_in(|| dp.check_canary()).unwrap().unwrap(), "the canary missed the flush");
     // Nothing changed in the cluster: the sync is full only because of the canary.
     let report = bed.sync(&mut dp, &PlanDelta::default());
@@ -332,7 +352,7 @@ fn periodic_check_heals_a_flush(backend: Backend) {
 
     // Another tool flushes the nat table: the Service is gone until the check runs.
     bed.iptables(backend, &["-t", "nat", "-F"]);
-    assert_eq!(bed.answered(tb.external(), WEB, 2).answered(), 0, "the flush did not break the Service");
+    assert_eq!(bed.answered_expecting_drop(tb.external(), WEB, 2).answered(), 0, "the flush did not break the Service");
     let Verified::Repaired(drift) = verify(&mut dp) else { panic!("the periodic check missed the flush") };
     for chain in ["nat chain KUBE-PROXY-CANARY", "nat chain KUBE-SERVICES", "jump from PREROUTING to KUBE-SERVICES"] {
         assert!(drift.iter().any(|d| d.contains(chain)), "{chain} not reported: {drift:?}");
@@ -555,7 +575,7 @@ fn one_sync_repairs_a_flushed_chain_and_deletes_a_stale_one(backend: Backend) {
     bed.iptables(backend, &["-t", "nat", "-F", &svc]);
     bed.iptables(backend, &["-t", "nat", "-N", stale]);
     bed.iptables(backend, &["-t", "nat", "-A", stale, "-j", "RETURN"]);
-    assert_eq!(bed.answered(tb.external(), WEB, 2).answered(), 0, "the flush did not break the service");
+    assert_eq!(bed.answered_expecting_drop(tb.external(), WEB, 2).answered(), 0, "the flush did not break the service");
 
     let from = dp.executor().restores.len();
     let report = bed.full(&mut dp, &bed.plan);
