@@ -15,7 +15,6 @@ use std::sync::Arc;
 use kproxy_plan::{
     Endpoint, ExternalPolicy, ExternalTraffic, FamilyDelta, FamilyPlan, InternalTraffic, LocalTraffic, MasqueradeWhen,
     NodePlan, NodePortAddresses, Plan, PlanDelta, ServicePortChange, ServicePortName, ServicePortPlan, SnatPolicy,
-    SnatSource,
 };
 use kproxy_state::{IpFamily, Protocol};
 
@@ -46,11 +45,7 @@ pub fn node() -> NodePlan {
         node_ip: Some(IpAddr::V4(Ipv4Addr::new(203, 0, 113, 2))),
         local_traffic: LocalTraffic::SourceCidrs(vec![ipnet("198.18.0.0/16")]),
         nodeport_addresses: NodePortAddresses::Only(vec![IpAddr::V4(Ipv4Addr::new(203, 0, 113, 2))]),
-        snat: SnatPolicy {
-            no_masquerade_cidrs: vec![],
-            source: SnatSource::Masquerade,
-            fell_back_to_masquerade: false,
-        },
+        snat: SnatPolicy::masquerade(),
         service_cidrs: vec![ipnet("198.19.0.0/16")],
         acceleration: false,
     }

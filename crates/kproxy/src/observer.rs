@@ -451,7 +451,6 @@ mod tests {
 
     use kproxy_plan::{
         Endpoint, ExternalTraffic, FamilyPlan, InternalTraffic, LocalTraffic, MasqueradeWhen, NodePlan, SnatPolicy,
-        SnatSource,
     };
     use kproxy_state::Protocol;
     use proptest::prelude::*;
@@ -463,11 +462,7 @@ mod tests {
             node_ip: None,
             local_traffic: LocalTraffic::Undetectable,
             nodeport_addresses: NodePortAddresses::AllLocal,
-            snat: SnatPolicy {
-                no_masquerade_cidrs: Vec::new(),
-                source: SnatSource::Masquerade,
-                fell_back_to_masquerade: false,
-            },
+            snat: SnatPolicy::masquerade(),
             service_cidrs: Vec::new(),
             acceleration: false,
         }

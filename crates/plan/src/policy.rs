@@ -181,6 +181,12 @@ pub struct SnatPolicy {
 }
 
 impl SnatPolicy {
+    /// kube-proxy's default: masquerade to the egress interface's address, no destination
+    /// exempt.
+    pub fn masquerade() -> Self {
+        SnatPolicy { no_masquerade_cidrs: Vec::new(), source: SnatSource::Masquerade, fell_back_to_masquerade: false }
+    }
+
     /// A short name of the effective source NAT, for logs and the
     /// `kproxy_masquerade_policy_info` metric: `masquerade`, `node-ip`, or
     /// `masquerade-fallback` (node IP asked for but unknown).

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use kproxy_plan::{
     Endpoint, FamilyDelta, FamilyPlan, InternalTraffic, LocalTraffic, MasqueradeWhen, NodePlan, NodePortAddresses,
-    Plan, PlanDelta, ServicePortName, ServicePortPlan, SnatPolicy, SnatSource,
+    Plan, PlanDelta, ServicePortName, ServicePortPlan, SnatPolicy,
 };
 use kproxy_state::{IpFamily, Protocol};
 use proptest::prelude::*;
@@ -99,11 +99,7 @@ fn plan(services: &[Service], nodeport_addresses: NodePortAddresses) -> FamilyPl
             node_ip: Some(ip(NODE_IP)),
             local_traffic: LocalTraffic::Undetectable,
             nodeport_addresses,
-            snat: SnatPolicy {
-                no_masquerade_cidrs: Vec::new(),
-                source: SnatSource::Masquerade,
-                fell_back_to_masquerade: false,
-            },
+            snat: SnatPolicy::masquerade(),
             service_cidrs: Vec::new(),
             acceleration: false,
         },

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use kproxy_plan::{
     Endpoint, FamilyPlan, InternalTraffic, LocalTraffic, MasqueradeWhen, NodePlan, NodePortAddresses, ServicePortName,
-    ServicePortPlan, SnatPolicy, SnatSource,
+    ServicePortPlan, SnatPolicy,
 };
 use kproxy_state::{IpFamily, Protocol};
 use nix::sched::{CloneFlags, setns};
@@ -403,11 +403,7 @@ pub fn plan_draining(endpoints: Option<&[&str]>, draining: &[&str]) -> FamilyPla
             node_ip: Some(IpAddr::from([198, 18, 1, 1])),
             local_traffic: LocalTraffic::Undetectable,
             nodeport_addresses: NodePortAddresses::AllLocal,
-            snat: SnatPolicy {
-                no_masquerade_cidrs: Vec::new(),
-                source: SnatSource::Masquerade,
-                fell_back_to_masquerade: false,
-            },
+            snat: SnatPolicy::masquerade(),
             service_cidrs: Vec::new(),
             acceleration: false,
         },
