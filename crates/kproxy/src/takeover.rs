@@ -546,11 +546,12 @@ mod tests {
         assert_eq!(reachable(node), node);
     }
 
-    #[tokio::test]
-    async fn a_healthz_answer_is_seen_only_when_it_is_200() {
+    /// A local HTTP server that answers its connections one after another with `answers`, then
+    /// stops listening (the task ends).
+    async fn answer_in_turn(answers: &[&'static str]) -> (SocketAddr, tokio::task::JoinHandle<()>) {
         let server = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = server.local_addr().unwrap();
-        let answers = ["HTTP/1.1 503 Service Unavailable\r\n\r\n", "HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n"];
+        let answers = answers.to_vec();
         let serving = tokio::spawn(async move {
             for answer in answers {
                 let (mut s, _) = server.accept().await.unwrap();
@@ -559,6 +560,16 @@ mod tests {
                 let _ = s.write_all(answer.as_bytes()).await;
             }
         });
+        (addr, serving)
+    }
+
+    #[tokio::test]
+    async fn a_healthz_answer_is_seen_only_when_it_is_200() {
+        let (addr, serving) = answer_in_turn(&[
+            "HTTP/1.1 503 Service Unavailable\r\n\r\n",
+            "HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n",
+        ])
+        .await;
         assert!(!healthz_ok(addr).await.unwrap_or(true), "503 is not healthy");
         assert!(healthz_ok(addr).await.unwrap_or(false));
         serving.await.unwrap();
@@ -580,20 +591,11 @@ mod tests {
 
     #[tokio::test]
     async fn a_sync_is_waited_for_until_the_metrics_page_reports_one() {
-        let server = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = server.local_addr().unwrap();
-        let pages = [
+        let (addr, serving) = answer_in_turn(&[
             "HTTP/1.1 200 OK\r\n\r\nkubeproxy_sync_proxy_rules_last_timestamp_seconds 0\n",
             "HTTP/1.1 200 OK\r\n\r\nkubeproxy_sync_proxy_rules_last_timestamp_seconds 1.79e+09\n",
-        ];
-        let serving = tokio::spawn(async move {
-            for page in pages {
-                let (mut s, _) = server.accept().await.unwrap();
-                let mut buf = [0u8; 256];
-                let _ = s.read(&mut buf).await;
-                let _ = s.write_all(page.as_bytes()).await;
-            }
-        });
+        ])
+        .await;
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         assert!(wait_synced(addr, deadline).await, "the second page reports a sync");
         serving.await.unwrap();
