@@ -63,6 +63,11 @@ const NODE: &str = "bench-node";
 /// Runs the benchmark in a fresh network namespace; prints the report.
 pub fn run(config: &ProxyConfig, args: &SyncBenchArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.big_service > 0, "--big-service must be at least 1");
+    anyhow::ensure!(
+        config.mode == kproxy_config::ProxyMode::Nftables,
+        "sync-bench times the nftables dataplane only; proxy mode {:?} is not supported",
+        config.mode
+    );
     let ns = kproxy_testbed::Netns::new("kp-syncbench").context("creating the benchmark's network namespace")?;
     let config = config.clone();
     let args = args.clone();
