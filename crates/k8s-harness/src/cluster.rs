@@ -352,7 +352,7 @@ fn up_inner(binaries: &Binaries, options: &ClusterOptions, ledger: &mut Ledger) 
     for node in &nodes {
         // One pod range of each family, primary first (kube-controller-manager allocates them all
         // at once).
-        let pod_cidrs = kubectl.wait_for(NODE_READY_TIMEOUT, &format!("{}'s podCIDRs", node.name), || {
+        let pod_cidrs = kubectl.wait_for(node_ready_timeout(), &format!("{}'s podCIDRs", node.name), || {
             let out = kubectl.run(&["get", "node", &node.name, "-o", "jsonpath={.spec.podCIDRs[*]}"]).ok()?;
             let cidrs: Vec<String> = out.split_whitespace().map(str::to_owned).collect();
             (cidrs.len() == families.families().len()).then_some(cidrs)
@@ -371,7 +371,7 @@ fn up_inner(binaries: &Binaries, options: &ClusterOptions, ledger: &mut Ledger) 
         });
     }
     for node in &nodes {
-        kubectl.wait_for(NODE_READY_TIMEOUT, &format!("{} Ready", node.name), || {
+        kubectl.wait_for(node_ready_timeout(), &format!("{} Ready", node.name), || {
             let out = kubectl
                 .run(&["get", "node", &node.name, "-o", "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}"])
                 .ok()?;
@@ -409,7 +409,7 @@ fn up_inner(binaries: &Binaries, options: &ClusterOptions, ledger: &mut Ledger) 
             wait_daemonset_ready(&kubectl, "kube-proxy", nodes.len())?;
             // It has no readiness probe (as kubeadm's has none): ready when it serves /healthz.
             for node in &nodes {
-                wait_http_ok(&node.netns, "http://127.0.0.1:10256/healthz", PROXY_READY_TIMEOUT)
+                wait_http_ok(&node.netns, "http://127.0.0.1:10256/healthz", proxy_ready_timeout())
                     .with_context(|| format!("kube-proxy on {}", node.name))?;
             }
         }
@@ -442,13 +442,19 @@ fn up_inner(binaries: &Binaries, options: &ClusterOptions, ledger: &mut Ledger) 
 
 /// How long a node may take to get its pod CIDRs and be Ready, and a proxy to be ready on every
 /// node: seconds on an idle machine, minutes with three six-node clusters starting at once on two
-/// cores other work shares (load average 35 measured; 120 s were not enough there).
-const NODE_READY_TIMEOUT: Duration = Duration::from_secs(300);
-const PROXY_READY_TIMEOUT: Duration = Duration::from_secs(300);
+/// cores other work shares (load average 35 measured; 120 s were not enough there); longer in
+/// the guest kernel ([`crate::startup_patience`]).
+fn node_ready_timeout() -> Duration {
+    crate::startup_patience(Duration::from_secs(300))
+}
+
+fn proxy_ready_timeout() -> Duration {
+    crate::startup_patience(Duration::from_secs(300))
+}
 
 /// Waits until DaemonSet `kube-system/NAME` has a ready pod on each of the `nodes` nodes.
 fn wait_daemonset_ready(kubectl: &Kubectl, name: &str, nodes: usize) -> Result<()> {
-    kubectl.wait_for(PROXY_READY_TIMEOUT, &format!("the {name} DaemonSet ready on every node"), || {
+    kubectl.wait_for(proxy_ready_timeout(), &format!("the {name} DaemonSet ready on every node"), || {
         let out = kubectl
             .run(&[
                 "-n",

@@ -58,7 +58,8 @@ pub struct ControlPlaneOptions {
     /// test killed outright leaves nothing running. Start and drop the control plane on one
     /// long-lived thread (a test's own thread is); turn off for one that must outlive its thread.
     pub die_with_parent: bool,
-    /// How long each component may take to become ready.
+    /// How long each component may take to become ready (default 90 s, longer in the guest:
+    /// [`crate::startup_patience`]).
     pub ready_timeout: Duration,
     /// Where the work directory is made (default: the system's temporary directory). A harness
     /// whose plane outlives its process (`cargo xtask cluster up`) keeps it out of /tmp, where a
@@ -84,7 +85,7 @@ impl Default for ControlPlaneOptions {
             cluster_domain: "cluster.local".into(),
             extra_apiserver_args: Vec::new(),
             die_with_parent: true,
-            ready_timeout: Duration::from_secs(90),
+            ready_timeout: crate::startup_patience(Duration::from_secs(90)),
             work_parent: None,
             etcd_seed: None,
         }

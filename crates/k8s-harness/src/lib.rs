@@ -154,6 +154,14 @@ impl Error {
 /// The harness's result.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// How long to wait for a component to start where the host waits `host`: as long on the host,
+/// eight times as long inside the guest kernel (`KPROXY_GUEST=1`), whose emulated CPU (TCG) runs
+/// about eight times slower than the host's (docs/testing.md). These are hang guards, not
+/// speed bounds: nothing asserts how fast a component starts.
+pub fn startup_patience(host: std::time::Duration) -> std::time::Duration {
+    if kproxy_testbed::kernel::in_guest() { host * 8 } else { host }
+}
+
 /// The binaries, for a test that needs real Kubernetes components; `None` after a visible skip.
 ///
 /// Outside CI a missing binary skips the test through [`kproxy_testbed::kernel::skip`] (written

@@ -125,7 +125,7 @@ impl Node {
             logs,
         )?;
         // Seconds when idle; minutes when several clusters start at once on a busy machine.
-        containerd.wait_ready(std::time::Duration::from_secs(180))
+        containerd.wait_ready(crate::startup_patience(std::time::Duration::from_secs(180)))
     }
 
     /// Writes the CNI conflist for the node's pod CIDRs (one per family): a bridge with hairpin (a
