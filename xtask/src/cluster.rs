@@ -13,14 +13,14 @@ use std::time::{Duration, Instant};
 
 use kproxy_k8s_harness::cluster::{self, Cluster, ClusterInfo, ClusterOptions, Kubectl, Proxy};
 use kproxy_k8s_harness::wire::{self, Family, IpFamilies};
-use kproxy_k8s_harness::{Binaries, Binary, dns};
+use kproxy_k8s_harness::{Binaries, Binary, dns, startup_patience};
 
 use crate::error::{Error, Result};
 use crate::image;
 use crate::layout::Layout;
 use crate::test_images;
 
-pub const USAGE: &str = "cargo xtask cluster up    [--name NAME] [--nodes N] [--zones Z] [--ip-family ipv4|ipv6|dual] [--proxy kproxy|upstream|none] [--mode nftables|iptables] [--no-image-build]
+pub const USAGE: &str = "cargo xtask cluster up    [--name NAME] [--nodes N] [--zones Z] [--ip-family ipv4|ipv6|dual] [--proxy kproxy|upstream|none] [--mode nftables|iptables|ipvs] [--no-image-build]
        cargo xtask cluster down
        cargo xtask cluster show                       /healthz, logs and `kproxy explain` from the kproxy pods
        cargo xtask cluster smoke [--nodes N] [--ip-family F] [--mode M] [--keep] [--no-image-build]
@@ -32,6 +32,8 @@ pub const USAGE: &str = "cargo xtask cluster up    [--name NAME] [--nodes N] [--
                                   (docs/migration.md; --direct-handback: from kproxy iptables to kube-proxy nftables
                                   without switching kproxy to nftables first, the known limit)
 every command takes --name NAME (default kpc): clusters of different names run side by side
+--guest (smoke, e2e, workloads, migrate): the whole cluster runs inside Debian's kernel under qemu
+(cargo xtask guest-run), which has IPVS and flowtables; --mode ipvs and --from ipvs need it here
 --ip-family: ipv4 (default), ipv6 (no IPv4 on the wire) or dual (IPv4 primary); --zones Z labels the
 nodes topology.kubernetes.io/zone=zone-a, zone-b, ... round-robin
 environment: KPROXY_CLUSTER_DIR (default target/kproxy-cluster), KPROXY_K8S_DIR, KPROXY_CLUSTER_KEEP=1 (keep a failed up)";
@@ -66,7 +68,12 @@ struct Args {
     from: Option<String>,
     /// `migrate`: hand back from kproxy's iptables mode to kube-proxy's nftables mode directly.
     direct_handback: bool,
+    /// Run the command inside the guest kernel (`run_in_guest`).
+    guest: bool,
 }
+
+/// The proxy modes a cluster runs (kube-proxy's `--proxy-mode`, kproxy's `mode:`).
+const MODES: [&str; 3] = ["nftables", "iptables", "ipvs"];
 
 fn parse(args: &[OsString]) -> Result<Args> {
     let usage = || Error::Usage(USAGE.into());
@@ -84,6 +91,7 @@ fn parse(args: &[OsString]) -> Result<Args> {
         dns: Vec::new(),
         from: None,
         direct_handback: false,
+        guest: false,
     };
     let mut it = args.iter().map(|a| a.to_str().map(str::to_owned).ok_or_else(usage));
     while let Some(arg) = it.next() {
@@ -108,18 +116,19 @@ fn parse(args: &[OsString]) -> Result<Args> {
             }
             "--mode" => {
                 parsed.mode = value()?;
-                if !matches!(parsed.mode.as_str(), "nftables" | "iptables") {
+                if !MODES.contains(&parsed.mode.as_str()) {
                     return Err(usage());
                 }
             }
             "--from" => {
                 let from = value()?;
-                if !matches!(from.as_str(), "nftables" | "iptables") {
+                if !MODES.contains(&from.as_str()) {
                     return Err(usage());
                 }
                 parsed.from = Some(from);
             }
             "--keep" => parsed.keep = true,
+            "--guest" => parsed.guest = true,
             "--direct-handback" => parsed.direct_handback = true,
             "--no-image-build" => parsed.image_build = false,
             "--focus" => parsed.focus = value()?,
@@ -150,6 +159,12 @@ pub fn run(layout: &Layout, args: &[OsString]) -> Result<i32> {
     let Some(sub) = args.first().and_then(|a| a.to_str()) else { return Err(Error::Usage(USAGE.into())) };
     let parsed = parse(&args[1..])?;
     let work = work_dir(layout, &parsed.name);
+    if parsed.guest && !kproxy_testbed::kernel::in_guest() {
+        return run_in_guest(layout, sub, &args[1..], &parsed, &work);
+    }
+    if matches!(sub, "up" | "smoke" | "workloads" | "e2e" | "migrate") {
+        refuse_ipvs_without_kernel_support(&parsed)?;
+    }
     match sub {
         "up" => {
             let cluster = up(layout, &work, &parsed, parsed.nodes.unwrap_or(1), true)?;
@@ -178,6 +193,66 @@ pub fn run(layout: &Layout, args: &[OsString]) -> Result<i32> {
         "dns" => serve_dns(&parsed.dns),
         _ => Err(Error::Usage(USAGE.into())),
     }
+}
+
+/// The subcommands `--guest` runs: each brings its cluster up and down itself (the guest, and all
+/// it ran, is gone when the command ends).
+const GUEST_SUBCOMMANDS: [&str; 4] = ["smoke", "e2e", "workloads", "migrate"];
+
+/// `--guest`: runs `cargo xtask cluster SUB ARGS` inside Debian's kernel under qemu (whole
+/// cluster: control plane, nodes, e2e.test). Images are built on the host first (the guest sees the
+/// host's files read-only); the cluster's work directory is a tmpfs in the guest; e2e reports are
+/// written through a read-write share. docs/conformance.md "In the guest kernel" has the costs.
+fn run_in_guest(layout: &Layout, sub: &str, args: &[OsString], parsed: &Args, work: &Path) -> Result<i32> {
+    if !GUEST_SUBCOMMANDS.contains(&sub) {
+        return Err(Error::Usage(format!(
+            "--guest runs {} (a cluster that lives as long as the command)\n{USAGE}",
+            GUEST_SUBCOMMANDS.join(", ")
+        )));
+    }
+    let needs_kproxy = parsed.proxy == Proxy::Kproxy || sub == "migrate";
+    let needs_upstream = parsed.proxy == Proxy::Upstream || sub == "migrate";
+    let archive = layout.target.join(image::ARCHIVE);
+    if needs_kproxy && (parsed.image_build || !archive.is_file()) {
+        let status = image::run(layout, &["--no-verify".into()])?;
+        if status != 0 {
+            return Err(setup(format!("cargo xtask image failed ({status})")));
+        }
+    }
+    let binaries = Binaries::locate().map_err(setup)?;
+    let kube_proxy = if needs_upstream { Some(binaries.path(Binary::KubeProxy).map_err(setup)?) } else { None };
+    test_images::ensure(layout, sub == "e2e", kube_proxy.as_deref())?;
+    let reports = layout.target.join("kproxy-e2e");
+    fs::create_dir_all(&reports).map_err(setup)?;
+    let nodes = u32::from(parsed.nodes.unwrap_or(if sub == "smoke" { 1 } else { 2 }));
+    let guest_setup = crate::guest::Setup {
+        rw_shares: vec![reports],
+        tmpfs: vec![work.to_path_buf()],
+        cgroups_v1: true,
+        // Measured in the guest: the control plane ~0.6 GiB; a node's images, snapshots (tmpfs)
+        // and processes ~1–1.3 GiB.
+        memory_mib: Some(2048 + 2048 * nodes),
+    };
+    let exe = std::env::current_exe().map_err(setup)?;
+    let mut command = vec![exe.into_os_string(), "cluster".into(), sub.into()];
+    command.extend(args.iter().filter(|a| *a != "--guest").cloned());
+    command.push("--no-image-build".into());
+    let guest = crate::guest::Guest::prepare(layout)?;
+    // Hang guards, not speed bounds: the guest's CPU is emulated (TCG, ~8x slower).
+    let timeout = Duration::from_secs(if sub == "e2e" { 24 * 3600 } else { 3 * 3600 });
+    guest.run_with(&command, &[], timeout, &guest_setup)
+}
+
+/// `--mode ipvs` (and `--from ipvs`) where this kernel has no IPVS: a clear refusal rather than
+/// a proxy that fails on every node.
+fn refuse_ipvs_without_kernel_support(args: &Args) -> Result<()> {
+    let wants_ipvs = args.mode == "ipvs" || args.from.as_deref() == Some("ipvs");
+    if wants_ipvs && !kproxy_testbed::kernel::KernelFeature::Ipvs.is_available() {
+        return Err(Error::Usage(format!(
+            "this kernel has no IPVS (/proc/net/ip_vs is absent after modprobe ip_vs): add --guest to run the cluster in Debian's kernel under qemu\n{USAGE}"
+        )));
+    }
+    Ok(())
 }
 
 /// `cargo xtask cluster migrate`: see `crate::migrate`.
@@ -489,7 +564,7 @@ fn smoke_checks(info: &ClusterInfo) -> anyhow::Result<()> {
     items.extend(services);
     kubectl.apply(&serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string())?;
     kubectl
-        .run(&["-n", SMOKE_NS, "wait", "--for=condition=Ready", "pod", "--all", "--timeout=120s"])
+        .run(&["-n", SMOKE_NS, "wait", "--for=condition=Ready", "pod", "--all", &kubectl_timeout(120)])
         .context("smoke pods Ready")?;
     for family in info.families.families() {
         let name = smoke_service(*family);
@@ -521,7 +596,7 @@ fn smoke_checks(info: &ClusterInfo) -> anyhow::Result<()> {
         ];
         for (what, url, from_pod) in targets {
             let began = Instant::now();
-            let answer = kubectl.wait_for(Duration::from_secs(30), what, || {
+            let answer = kubectl.wait_for(startup_patience(Duration::from_secs(30)), what, || {
                 let out = if from_pod {
                     kubectl
                         .run(&["-n", SMOKE_NS, "exec", "client", "--", "curl", "-sS", "--max-time", "3", &url])
@@ -542,8 +617,44 @@ fn smoke_checks(info: &ClusterInfo) -> anyhow::Result<()> {
                 began.elapsed().as_millis()
             );
         }
+        if info.mode == "ipvs" {
+            let real_servers = ipvs_real_servers(&node.netns, &wire::host_port(cluster_ip, 80))?;
+            if real_servers.is_empty() {
+                bail!("{} runs the IPVS mode but has no real server behind {name}'s ClusterIP", node.name);
+            }
+            println!(
+                "smoke [{}]: IPVS virtual server {} on {}: real servers {}",
+                family.api_name(),
+                wire::host_port(cluster_ip, 80),
+                node.name,
+                real_servers.join(", ")
+            );
+        }
     }
     Ok(())
+}
+
+/// The real servers (`ADDRESS:PORT`) of the TCP virtual server `address` in `netns`, as
+/// `ipvsadm -Ln` lists them; an error when there is no such virtual server.
+fn ipvs_real_servers(netns: &str, address: &str) -> anyhow::Result<Vec<String>> {
+    let out = Command::new("ip").args(["netns", "exec", netns, "ipvsadm", "-Ln", "-t", address]).output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        anyhow::bail!("ipvsadm -Ln -t {address} in {netns}: {}{}", text, String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(text
+        .lines()
+        .filter_map(|line| line.trim_start().strip_prefix("-> "))
+        .filter_map(|rest| rest.split_whitespace().next())
+        .filter(|server| *server != "RemoteAddress:Port")
+        .map(str::to_owned)
+        .collect())
+}
+
+/// kubectl's `--timeout` for a wait of `host_secs` on the host ([`startup_patience`]: eight times
+/// that in the guest, whose pods start under an emulated CPU).
+fn kubectl_timeout(host_secs: u64) -> String {
+    format!("--timeout={}s", startup_patience(Duration::from_secs(host_secs)).as_secs())
 }
 
 /// A ClusterIP as a URL's host (IPv6 in brackets); anything else as it is.
@@ -636,10 +747,10 @@ fn workload_checks(info: &ClusterInfo) -> anyhow::Result<Vec<String>> {
             "rollout",
             "status",
             &format!("deployment/{deployment}"),
-            "--timeout=180s",
+            &kubectl_timeout(180),
         ])?;
     }
-    kubectl.run(&["-n", WORKLOADS_NS, "wait", "--for=condition=Ready", "pod/client", "--timeout=120s"])?;
+    kubectl.run(&["-n", WORKLOADS_NS, "wait", "--for=condition=Ready", "pod/client", &kubectl_timeout(120)])?;
     let get = |args: &[&str]| kubectl.run(args).map(|s| s.trim().to_owned());
     let cluster_ip = get(&["-n", WORKLOADS_NS, "get", "svc", "web", "-o", "jsonpath={.spec.clusterIP}"])?;
     let node_port = get(&["-n", WORKLOADS_NS, "get", "svc", "web", "-o", "jsonpath={.spec.ports[0].nodePort}"])?;
@@ -664,7 +775,7 @@ fn workload_checks(info: &ClusterInfo) -> anyhow::Result<Vec<String>> {
     std::thread::sleep(Duration::from_secs(5));
     let roll_started = Instant::now();
     kubectl.run(&["-n", WORKLOADS_NS, "rollout", "restart", "deployment/web"])?;
-    kubectl.run(&["-n", WORKLOADS_NS, "rollout", "status", "deployment/web", "--timeout=180s"])?;
+    kubectl.run(&["-n", WORKLOADS_NS, "rollout", "status", "deployment/web", &kubectl_timeout(180)])?;
     let rolled_in = roll_started.elapsed().as_secs_f64();
     let out = load.wait_with_output()?;
     let counts: Vec<u64> =
@@ -892,8 +1003,13 @@ fn e2e(layout: &Layout, work: &Path, args: &Args) -> Result<i32> {
     let started = Instant::now();
     let nodes = args.nodes.unwrap_or(2);
     let proxy = format!("{:?}", args.proxy).to_lowercase();
-    let report =
-        layout.target.join("kproxy-e2e").join(format!("{proxy}-{}-{}-{nodes}n", args.mode, args.families.as_str()));
+    // A run in the guest kernel (`--guest`) is its own column: `…-Nn-guest`.
+    let place = if kproxy_testbed::kernel::in_guest() { "-guest" } else { "" };
+    let report = layout.target.join("kproxy-e2e").join(format!(
+        "{proxy}-{}-{}-{nodes}n{place}",
+        args.mode,
+        args.families.as_str()
+    ));
     // Two e2e runs at once would share their report directory.
     if report.exists() {
         fs::remove_dir_all(&report).map_err(setup)?;
@@ -1238,6 +1354,17 @@ mod tests {
             ("skipped", "skipped - requires at least two ready nodes")
         );
         assert_eq!(cases[3].result, "passed");
+    }
+
+    #[test]
+    fn ipvs_is_a_mode_and_guest_a_flag_while_unknown_modes_are_refused() {
+        let args = |list: &[&str]| parse(&list.iter().map(OsString::from).collect::<Vec<_>>());
+        let ipvs = args(&["--mode", "ipvs", "--from=ipvs", "--guest"]).unwrap();
+        assert_eq!((ipvs.mode.as_str(), ipvs.from.as_deref(), ipvs.guest), ("ipvs", Some("ipvs"), true));
+        assert!(!args(&[]).unwrap().guest);
+        for bad in [&["--mode", "userspace"][..], &["--from", "kernelspace"][..]] {
+            assert!(matches!(args(bad), Err(Error::Usage(_))), "{bad:?} was accepted");
+        }
     }
 
     #[test]

@@ -2,8 +2,11 @@
 # PID 1 of the guest (busybox sh). It loads modules, mounts the host's root filesystem read-only
 # over virtio-9p with a tmpfs overlay on top, runs /run/kproxy/run.sh chrooted into it with the
 # output on ttyS1 (streamed to the host) and reports the exit status on the console (ttyS0).
-# The chroot happens in a child, never in PID 1: kernel threads share PID 1's root, and the
-# kernel's module autoloader must keep finding this initramfs's /sbin/modprobe and module tree.
+# The overlay is moved onto / (as switch_root does) so that it is the mount namespace's root: a
+# process joining a mount namespace starts at that root, so `runc exec` (kubectl exec) would
+# otherwise land in this initramfs instead of its container. The chroot into the overlay happens
+# in a child, never in PID 1: kernel threads share PID 1's root, which stays on the (now covered)
+# initramfs, where the kernel's module autoloader must keep finding /sbin/modprobe.
 export PATH=/sbin:/bin HOME=/
 mount -t devtmpfs devtmpfs /dev
 exec </dev/null >/dev/console 2>&1
@@ -35,14 +38,17 @@ mount -t tmpfs -o mode=0755 tmpfs /newroot/run
 mkdir -p /newroot/run/kproxy /newroot/usr/lib/modules/@RELEASE@
 mount --bind /share /newroot/run/kproxy
 mount --bind /lib/modules/@RELEASE@ /newroot/usr/lib/modules/@RELEASE@
+# After the move, `.` (this shell's working directory) is the only way into the overlay: absolute
+# paths still resolve from PID 1's root, the initramfs.
+cd /newroot && mount --move . / || fail "move the overlay onto /"
 echo "KPROXY-GUEST-READY uptime=$(cut -d' ' -f1 /proc/uptime)"
 if grep -q kproxy.notty /proc/cmdline; then
   # The host's stdout is no terminal: don't let the command see one (colours, pagers).
   set -o pipefail
-  chroot /newroot /bin/sh /run/kproxy/run.sh </dev/null 2>&1 | cat >/dev/ttyS1
+  chroot . /bin/sh /run/kproxy/run.sh </dev/null 2>&1 | cat >/dev/ttyS1
   rc=$?
 else
-  chroot /newroot /bin/sh /run/kproxy/run.sh </dev/null >/dev/ttyS1 2>&1
+  chroot . /bin/sh /run/kproxy/run.sh </dev/null >/dev/ttyS1 2>&1
   rc=$?
 fi
 echo "KPROXY-GUEST-EXIT=$rc uptime=$(cut -d' ' -f1 /proc/uptime)"

@@ -3,7 +3,7 @@
 //! The guest's serial ports: ttyS0 carries the kernel console and init's status lines into a log
 //! file; ttyS1 carries the command's stdout and stderr straight to this process's stdout. The
 //! host's root filesystem is shared read-only (virtio-9p, tag `hostroot`), the run directory
-//! read-write (tag `kproxyrun`).
+//! read-write (tag `kproxyrun`), and any directory a command asks for read-write (`rwN`).
 //!
 //! Acceleration: KVM only where a probe boot proves it works. On the development machines
 //! `/dev/kvm` is Ant Group's PVM backend (`kvm_pvm`), which cannot run a stock kernel, so TCG is
@@ -130,7 +130,8 @@ fn base_command(machine: &Machine, accel: Accel, console: &Path, extra_cmdline: 
 
 /// Boots the guest, which runs `<run_dir>/run.sh`; streams its output; returns its exit status.
 /// Kills the guest when it is not ready within the boot timeout or not done within `timeout`.
-pub fn run(machine: &Machine, accel: Accel, run_dir: &Path, timeout: Duration) -> Result<i32> {
+/// `rw_shares` are exported read-write under [`rw_share_tag`] of their index.
+pub fn run(machine: &Machine, accel: Accel, run_dir: &Path, rw_shares: &[PathBuf], timeout: Duration) -> Result<i32> {
     let console = run_dir.join("console.log");
     let tty = if std::io::stdout().is_terminal() { "" } else { "kproxy.notty" };
     let mut command = base_command(machine, accel, &console, tty);
@@ -140,6 +141,13 @@ pub fn run(machine: &Machine, accel: Accel, run_dir: &Path, timeout: Duration) -
         .arg("local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap")
         .arg("-virtfs")
         .arg(format!("local,path={},mount_tag=kproxyrun,security_model=none", run_dir.display()));
+    for (index, dir) in rw_shares.iter().enumerate() {
+        command.arg("-virtfs").arg(format!(
+            "local,path={},mount_tag={},security_model=none,multidevs=remap",
+            dir.display(),
+            rw_share_tag(index)
+        ));
+    }
     let name = process::describe(&command);
     let started = Instant::now();
     let mut child = process::spawn(&mut command)?;
@@ -175,6 +183,11 @@ pub fn run(machine: &Machine, accel: Accel, run_dir: &Path, timeout: Duration) -
     exit_status(&text).ok_or_else(|| {
         Error::Guest(format!("stopped without reporting an exit status (qemu: {status}); console:\n{}", tail(&text)))
     })
+}
+
+/// The 9p mount tag of the read-write share at `index`.
+pub fn rw_share_tag(index: usize) -> String {
+    format!("rw{index}")
 }
 
 /// The status init.sh reported, if it did.
