@@ -25,6 +25,7 @@ pub const USAGE: &str = "cargo xtask cluster up    [--name NAME] [--nodes N] [--
        cargo xtask cluster show                       /healthz, logs and `kproxy explain` from the kproxy pods
        cargo xtask cluster smoke [--nodes N] [--ip-family F] [--mode M] [--keep] [--no-image-build]
        cargo xtask cluster workloads [--proxy P] [--mode M] [--ip-family F] [--keep]   rolling update under load, internalTrafficPolicy Local, headless, hairpin
+       cargo xtask cluster accel [--mode M] [--keep]     Services acceleration between real pods: offloaded, intact, throughput, endpoint gone (needs --guest here)
        cargo xtask cluster table [--ip-family F]      the e2e runs in target/kproxy-e2e side by side (markdown)
        cargo xtask cluster e2e   [--proxy P] [--mode M] [--ip-family F] [--nodes N] [--zones Z] [--focus RE] [--skip RE] [--keep] [--no-image-build]
        cargo xtask cluster migrate [--from M] [--mode M] [--nodes N] [--direct-handback] [--keep] [--no-image-build]
@@ -162,7 +163,7 @@ pub fn run(layout: &Layout, args: &[OsString]) -> Result<i32> {
     if parsed.guest && !kproxy_testbed::kernel::in_guest() {
         return run_in_guest(layout, sub, &args[1..], &parsed, &work);
     }
-    if matches!(sub, "up" | "smoke" | "workloads" | "e2e" | "migrate") {
+    if matches!(sub, "up" | "smoke" | "workloads" | "e2e" | "migrate" | "accel") {
         refuse_ipvs_without_kernel_support(&parsed)?;
     }
     match sub {
@@ -189,6 +190,7 @@ pub fn run(layout: &Layout, args: &[OsString]) -> Result<i32> {
         }
         "e2e" => e2e(layout, &work, &parsed),
         "migrate" => migrate(layout, &work, &parsed),
+        "accel" => accel(layout, &work, &parsed),
         // Internal: the cluster DNS stand-in, started by `up` in each node's namespace.
         "dns" => serve_dns(&parsed.dns),
         _ => Err(Error::Usage(USAGE.into())),
@@ -197,7 +199,7 @@ pub fn run(layout: &Layout, args: &[OsString]) -> Result<i32> {
 
 /// The subcommands `--guest` runs: each brings its cluster up and down itself (the guest, and all
 /// it ran, is gone when the command ends).
-const GUEST_SUBCOMMANDS: [&str; 4] = ["smoke", "e2e", "workloads", "migrate"];
+const GUEST_SUBCOMMANDS: [&str; 5] = ["smoke", "e2e", "workloads", "migrate", "accel"];
 
 /// `--guest`: runs `cargo xtask cluster SUB ARGS` inside Debian's kernel under qemu (whole
 /// cluster: control plane, nodes, e2e.test). Images are built on the host first (the guest sees the
@@ -253,6 +255,44 @@ fn refuse_ipvs_without_kernel_support(args: &Args) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// `cargo xtask cluster accel`: see `crate::accel`. Acceleration is kproxy's: `--proxy` must be
+/// kproxy (the default).
+fn accel(layout: &Layout, work: &Path, args: &Args) -> Result<i32> {
+    if args.proxy != Proxy::Kproxy {
+        return Err(Error::Usage(format!("accel checks kproxy's Services acceleration: --proxy kproxy\n{USAGE}")));
+    }
+    if !kproxy_testbed::kernel::KernelFeature::Flowtable.is_available() {
+        return Err(Error::Usage(format!(
+            "this kernel has no nftables flowtables: add --guest to run the cluster in Debian's kernel under qemu\n{USAGE}"
+        )));
+    }
+    let started = Instant::now();
+    let cluster = up(layout, work, args, args.nodes.unwrap_or(2), false)?;
+    let result = crate::accel::run(&cluster.info);
+    if args.keep {
+        print_access(&cluster.info);
+        cluster.detach();
+    } else {
+        cluster.down().map_err(anyhow_err)?;
+    }
+    let mode = &args.mode;
+    match result {
+        Ok(lines) => {
+            for line in &lines {
+                println!("accel [{mode}]: {line}");
+            }
+            let failed = lines.iter().any(|l| l.starts_with("FAIL"));
+            let verdict = if failed { "FAILED" } else { "passed" };
+            println!("accel [{mode}]: {verdict} in {:.0} s", started.elapsed().as_secs_f64());
+            Ok(i32::from(failed))
+        }
+        Err(e) => {
+            println!("accel [{mode}]: FAILED: {e:#}");
+            Ok(1)
+        }
+    }
 }
 
 /// `cargo xtask cluster migrate`: see `crate::migrate`.
@@ -653,7 +693,7 @@ fn ipvs_real_servers(netns: &str, address: &str) -> anyhow::Result<Vec<String>> 
 
 /// kubectl's `--timeout` for a wait of `host_secs` on the host ([`startup_patience`]: eight times
 /// that in the guest, whose pods start under an emulated CPU).
-fn kubectl_timeout(host_secs: u64) -> String {
+pub(crate) fn kubectl_timeout(host_secs: u64) -> String {
     format!("--timeout={}s", startup_patience(Duration::from_secs(host_secs)).as_secs())
 }
 

@@ -11,6 +11,7 @@
 //! cargo xtask image [--rebuild-base] [--no-verify]       kproxy's image as an OCI archive (image.rs)
 //! ```
 
+mod accel;
 mod cluster;
 mod cpio;
 mod error;
