@@ -27,6 +27,13 @@
 //! exchanging a request on each every second. The report: failed requests, broken connections,
 //! each node's time between proxies, and what of the old proxy is left on each node (nothing, or
 //! the run fails).
+//!
+//! From kube-proxy's IPVS mode (`--from ipvs`), "what is left" includes its virtual services,
+//! `kube-ipvs0`, its `KUBE-` ip sets and chains ([`left`] says per mode pair what must go and what
+//! the new proxy owns). kproxy removes kube-proxy's virtual services only once IPVS tracks no
+//! connection through them, and the long-lived connections hold theirs: once every node is on
+//! kproxy, the client closes them and opens them again (through kproxy, counted apart from broken
+//! ones), and kproxy must then remove the rest once IPVS forgets the closed connections.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -114,12 +121,15 @@ fn serves(proxy: Proxy, mode: &str, rules: &ProxyRules) -> bool {
         // Both iptables modes write upstream's chains.
         (_, "iptables") => rules.kube_services(),
         // kube-proxy's IPVS mode: its dummy interface with the ClusterIPs' virtual services, its
-        // ip sets and its iptables entry chain. (Not its NodePorts' address services: kproxy's
-        // IPVS sync, beside it, deletes those it does not want until kube-proxy adds them back.)
+        // ip sets, and rules in `KUBE-IPVS-FILTER`, a chain only its IPVS mode has, whose rules
+        // its sync writes last (upstream's `syncProxyRules`: the chains are created first, their
+        // rules go in one iptables-restore after every virtual service and ip set): they say a
+        // sync reached the kernel. (Not its NodePorts' address services: kproxy's IPVS sync,
+        // beside it, deletes those it does not want until kube-proxy adds them back.)
         (Proxy::KubeProxy, "ipvs") => {
             rules.ipvs_dummy.is_some()
                 && rules.kube_ipsets.iter().any(|s| s == "KUBE-CLUSTER-IP")
-                && rules.kube_services()
+                && rules.ipvs_filter_rules > 0
                 && rules.address_services().next().is_some()
         }
         // kproxy's IPVS mode: its auxiliary table, and its firewall-mark services (the
@@ -644,8 +654,14 @@ fn back_to_kube_proxy(
         "kube-proxy",
         m.work.join(format!("migrate-{}-{upstream}.log", node.name)),
     )?;
-    report.kube_proxy_synced =
-        upstream_log.wait_for("SyncProxyRules complete").context("kube-proxy's first sync beside kproxy")? - both;
+    report.kube_proxy_synced = if modes.kube_proxy == "ipvs" {
+        // Upstream's IPVS proxier says "syncProxyRules complete" only at --v=4 (the harness runs
+        // kube-proxy at --v=2), and its /metrics port is kproxy's until the handback: the
+        // node's kernel says it instead ([`serves`]).
+        wait_serving(Proxy::KubeProxy, modes.kube_proxy, node).context("kube-proxy's first sync beside kproxy")?
+    } else {
+        upstream_log.wait_for("SyncProxyRules complete").context("kube-proxy's first sync beside kproxy")?
+    } - both;
     let rules = proxy_rules(&node.netns)?;
     if !serves(Proxy::KubeProxy, modes.kube_proxy, &rules) {
         bail!("kube-proxy synced but its rules are not in {}'s kernel: {}", node.name, describe(&rules));
@@ -676,6 +692,22 @@ fn back_to_kube_proxy(
     cluster::wait_http_ok(&node.netns, "http://127.0.0.1:10256/healthz", step())
         .with_context(|| format!("kube-proxy's /healthz on {}", node.name))?;
     check_left(modes, node, Direction::BackToKubeProxy, Drains::NotAllowed)
+}
+
+/// Waits until `proxy`'s rules in `mode` are in `node`'s kernel ([`serves`]); returns when they
+/// were seen (to within a listing of the node's rules).
+fn wait_serving(proxy: Proxy, mode: &str, node: &NodeInfo) -> anyhow::Result<Instant> {
+    let deadline = Instant::now() + step();
+    loop {
+        let rules = proxy_rules(&node.netns)?;
+        if serves(proxy, mode, &rules) {
+            return Ok(Instant::now());
+        }
+        if Instant::now() > deadline {
+            bail!("{proxy:?}'s rules ({mode}) not in {}'s kernel after {:?}: {}", node.name, step(), describe(&rules));
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -901,6 +933,7 @@ mod tests {
     fn kube_proxy_ipvs() -> ProxyRules {
         ProxyRules {
             kube_chains: chains(&["nat KUBE-SERVICES", "nat KUBE-NODE-PORT", "filter KUBE-IPVS-FILTER"]),
+            ipvs_filter_rules: 6,
             ipvs: vec![addr_service("10.96.0.10", 80, 2), addr_service("198.18.0.2", 31000, 0)],
             ipvs_dummy: Some(vec!["10.96.0.10".parse().unwrap()]),
             kube_ipsets: vec!["KUBE-CLUSTER-IP".into(), "KUBE-NODE-PORT-TCP".into()],
@@ -945,6 +978,9 @@ mod tests {
         assert!(serves(Proxy::Kproxy, "nftables", &kproxy_nftables()));
         assert!(!serves(Proxy::Kproxy, "nftables", &kube_proxy_ipvs()));
         assert!(serves(Proxy::KubeProxy, "iptables", &kube_proxy_ipvs()), "the same entry chain's name");
+        // Its chains are created at the start of its sync, their rules written at its end.
+        let mid_sync = ProxyRules { ipvs_filter_rules: 0, ..kube_proxy_ipvs() };
+        assert!(!serves(Proxy::KubeProxy, "ipvs", &mid_sync));
     }
 
     #[test]

@@ -141,6 +141,10 @@ pub struct ProxyRules {
     /// proxy's iptables mode: both use upstream's names; kube-proxy's IPVS mode), the kubelet's
     /// left out.
     pub kube_chains: Vec<String>,
+    /// Rules in `KUBE-IPVS-FILTER` (kube-proxy's IPVS mode's; any backend and family). Its sync
+    /// creates its chains first and writes their rules last, in one iptables-restore after
+    /// every virtual service and ip set: rules there say a sync of it reached the kernel.
+    pub ipvs_filter_rules: usize,
     /// The IPVS virtual services (none where the kernel has no IPVS loaded).
     pub ipvs: Vec<VirtualService>,
     /// The addresses on [`IPVS_DUMMY`] (IPv6 link-local ones left out), `None` without it.
@@ -206,6 +210,7 @@ pub fn proxy_rules(netns: &str) -> Result<ProxyRules> {
     let tables = run(&["nft", "list", "tables"])?;
     let named = |name: &str| tables.lines().filter(|l| l.split_whitespace().nth(2) == Some(name)).count();
     let mut kube_chains = Vec::new();
+    let mut ipvs_filter_rules = 0;
     for (backend, family, save) in [
         ("nft", "ipv4", "iptables-nft-save"),
         ("nft", "ipv6", "ip6tables-nft-save"),
@@ -216,6 +221,8 @@ pub fn proxy_rules(netns: &str) -> Result<ProxyRules> {
         for line in run(&[save])?.lines() {
             if let Some(name) = line.strip_prefix('*') {
                 table = name;
+            } else if line.starts_with("-A KUBE-IPVS-FILTER ") {
+                ipvs_filter_rules += 1;
             } else if let Some(chain) = line.strip_prefix(':').and_then(|l| l.split_whitespace().next())
                 && chain.starts_with("KUBE-")
                 && !NOT_A_PROXYS.contains(&chain)
@@ -247,6 +254,7 @@ pub fn proxy_rules(netns: &str) -> Result<ProxyRules> {
         kproxy_tables: named("kproxy") + named("kproxy-accel"),
         kproxy_ipvs_tables: named(KPROXY_IPVS_TABLE),
         kube_chains,
+        ipvs_filter_rules,
         ipvs,
         ipvs_dummy,
         kube_ipsets,
