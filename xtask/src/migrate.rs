@@ -128,7 +128,7 @@ fn serves(proxy: Proxy, mode: &str, rules: &ProxyRules) -> bool {
         // beside it, deletes those it does not want until kube-proxy adds them back.)
         (Proxy::KubeProxy, "ipvs") => {
             rules.ipvs_dummy.is_some()
-                && rules.kube_ipsets.iter().any(|s| s == "KUBE-CLUSTER-IP")
+                && rules.kube_ipsets.iter().any(|s| s == "KUBE-CLUSTER-IP" || s == "KUBE-6-CLUSTER-IP")
                 && rules.ipvs_filter_rules > 0
                 && rules.address_services().next().is_some()
         }
@@ -716,16 +716,18 @@ enum Direction {
     BackToKubeProxy,
 }
 
-/// Waits (a hang guard: kproxy removes what it found at once, kube-proxy's drained IPVS
-/// services within 5 s, the NodePorts its IPVS sync does not want within a sync period) until
-/// nothing of the proxy the node left is in its kernel ([`left`]), or, with `drains`, nothing
-/// but kube-proxy's IPVS services that still carry connections.
+/// Fails unless nothing of the proxy the node left is in its kernel ([`left`]), or, with
+/// `drains`, nothing but kube-proxy's IPVS services that still carry connections. Onto kproxy it
+/// waits for that (a hang guard: the running kproxy removes what it found at once, kube-proxy's
+/// drained IPVS services within 5 s, the NodePorts its IPVS sync does not want within a sync
+/// period); back to kube-proxy it looks once (kproxy removed its rules before it exited).
 fn check_left(modes: Modes, node: &NodeInfo, direction: Direction, drains: Drains) -> anyhow::Result<()> {
     let who = match direction {
         Direction::OntoKproxy => format!("kube-proxy's ({})", modes.kube_proxy),
         Direction::BackToKubeProxy => format!("kproxy's ({})", modes.kproxy),
     };
-    let deadline = Instant::now() + step();
+    let patience = if direction == Direction::OntoKproxy { step() } else { Duration::ZERO };
+    let deadline = Instant::now() + patience;
     loop {
         let last = match proxy_rules(&node.netns) {
             Ok(rules) => {
@@ -742,7 +744,7 @@ fn check_left(modes: Modes, node: &NodeInfo, direction: Direction, drains: Drain
             Err(e) => format!("{e:#}"),
         };
         if Instant::now() > deadline {
-            bail!("{who} rules are still in {}'s kernel after {:?}: {last}", node.name, step());
+            bail!("{who} rules are still in {}'s kernel (waited {patience:?}): {last}", node.name);
         }
         std::thread::sleep(Duration::from_millis(500));
     }
