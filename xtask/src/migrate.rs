@@ -27,6 +27,13 @@
 //! exchanging a request on each every second. The report: failed requests, broken connections,
 //! each node's time between proxies, and what of the old proxy is left on each node (nothing, or
 //! the run fails).
+//!
+//! From kube-proxy's IPVS mode (`--from ipvs`), "what is left" includes its virtual services,
+//! `kube-ipvs0`, its `KUBE-` ip sets and chains ([`left`] says per mode pair what must go and what
+//! the new proxy owns). kproxy removes kube-proxy's virtual services only once IPVS tracks no
+//! connection through them, and the long-lived connections hold theirs: once every node is on
+//! kproxy, the client closes them and opens them again (through kproxy, counted apart from broken
+//! ones), and kproxy must then remove the rest once IPVS forgets the closed connections.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -36,16 +43,22 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::{Context, bail};
 use kproxy_k8s_harness::cluster::{self, ClusterInfo, KPROXY_APP, Kubectl, NodeInfo, PROXY_APP};
 use kproxy_k8s_harness::migration::{
-    self, NODE_LABEL, ON_BOTH, ON_KPROXY, ON_KUBE_PROXY, ProxyRules, kube_proxy_affinity_patch, proxy_rules,
+    self, IPVS_DUMMY, IPVS_ONLY_CHAINS, KUBE_PROXY_IPVS_CHAINS, NODE_LABEL, ON_BOTH, ON_KPROXY, ON_KUBE_PROXY,
+    ProxyRules, kube_proxy_affinity_patch, proxy_rules,
 };
+use kproxy_k8s_harness::startup_patience;
 
 use crate::image;
 use crate::layout::Layout;
 
 const NS: &str = "kproxy-migration";
-/// How long any one step may take (a pod starting, a proxy syncing, a rollout) on a loaded
-/// 2-core machine.
-const STEP: Duration = Duration::from_secs(240);
+
+/// How long any one step may take (a pod starting, a proxy syncing, a rollout, kube-proxy's IPVS
+/// connections draining) on a loaded 2-core machine: a hang guard, eight times longer in the
+/// guest kernel ([`startup_patience`]).
+fn step() -> Duration {
+    startup_patience(Duration::from_secs(240))
+}
 
 /// The harness's view of a migration run.
 pub struct Migration<'a> {
@@ -69,17 +82,163 @@ struct Modes<'a> {
 
 impl Modes<'_> {
     /// Both proxies in iptables mode of one backend write the same chains: there is nothing of
-    /// the other's to remove, only rules to rewrite.
+    /// the other's to remove, only rules to rewrite. (Both in IPVS mode share the virtual
+    /// services and `kube-ipvs0`, but not the rest: kproxy removes kube-proxy's ip sets and
+    /// chains when it takes over, and its firewall-mark services and auxiliary table when it
+    /// hands back, and says so.)
     fn shared_chains(&self) -> bool {
         self.kube_proxy == "iptables" && self.kproxy == "iptables"
     }
 
     /// Whether kube-proxy starting in this mode removes kproxy's rules before its own are in:
     /// kube-proxy's nftables mode deletes every iptables `KUBE-` chain at start (upstream's
-    /// `platformCleanup`), kproxy's iptables mode's too.
+    /// `platformCleanup`), kproxy's iptables mode's too. kube-proxy's iptables and IPVS modes
+    /// delete only nftables tables named `kube-proxy` at start (`platformCleanup`: IPVS mode is
+    /// "iptables-based"), never kproxy's tables; the IPVS proxier's start
+    /// (`CanUseIPVSProxier`, `NewProxier`) flushes nothing, and its syncs delete only address
+    /// virtual services of its own family that its Services do not want (`cleanLegacyService`):
+    /// kproxy's address services are the same Services' addresses, and its firewall-mark
+    /// services are listed to kube-proxy as `0.0.0.0:0` (upstream's `toVirtualServer`), whose
+    /// delete finds no such address service.
     fn handback_has_a_window(&self) -> bool {
         self.kube_proxy == "nftables" && self.kproxy == "iptables"
     }
+}
+
+/// The two Service proxies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Proxy {
+    KubeProxy,
+    Kproxy,
+}
+
+/// Whether `proxy`'s rules in `mode` are in a node's kernel (`rules`), as far as they can be
+/// told apart from the other proxy's.
+fn serves(proxy: Proxy, mode: &str, rules: &ProxyRules) -> bool {
+    match (proxy, mode) {
+        (Proxy::KubeProxy, "nftables") => rules.kube_proxy_tables > 0,
+        (Proxy::Kproxy, "nftables") => rules.kproxy_tables > 0,
+        // Both iptables modes write upstream's chains.
+        (_, "iptables") => rules.kube_services(),
+        // kube-proxy's IPVS mode: its dummy interface with the ClusterIPs' virtual services, its
+        // ip sets, and rules in `KUBE-IPVS-FILTER`, a chain only its IPVS mode has, whose rules
+        // its sync writes last (upstream's `syncProxyRules`: the chains are created first, their
+        // rules go in one iptables-restore after every virtual service and ip set): they say a
+        // sync reached the kernel. (Not its NodePorts' address services: kproxy's IPVS sync,
+        // beside it, deletes those it does not want until kube-proxy adds them back.)
+        (Proxy::KubeProxy, "ipvs") => {
+            rules.ipvs_dummy.is_some()
+                && rules.kube_ipsets.iter().any(|s| s == "KUBE-CLUSTER-IP" || s == "KUBE-6-CLUSTER-IP")
+                && rules.ipvs_filter_rules > 0
+                && rules.address_services().next().is_some()
+        }
+        // kproxy's IPVS mode: its auxiliary table, and its firewall-mark services (the
+        // workload's NodePorts; kube-proxy makes none), beside the dummy interface.
+        (Proxy::Kproxy, "ipvs") => {
+            rules.kproxy_ipvs_tables > 0 && rules.ipvs_dummy.is_some() && rules.fwmark_services().next().is_some()
+        }
+        _ => false,
+    }
+}
+
+/// One thing of the proxy a node left that is still in its kernel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Leftover {
+    what: String,
+    /// kube-proxy's IPVS virtual services that still carry connections (and `kube-ipvs0` while
+    /// one does): kproxy's takeover removes them once drained, not before (docs/migration.md).
+    drains: bool,
+}
+
+/// What of the proxy the node left in `direction` is still in its kernel (`rules`), by what each
+/// proxy's mode removes or leaves (crates/takeover, crates/kproxy/src/takeover.rs):
+///
+/// - onto kproxy: every nftables table `kube-proxy`; kube-proxy's iptables chains where kproxy
+///   does not write the same names (its iptables mode shares upstream's iptables-mode names);
+///   from kube-proxy's IPVS mode also its `KUBE-` ip sets and, unless kproxy is in IPVS mode,
+///   every virtual service and `kube-ipvs0` (those that carry connections drain first). kproxy's
+///   IPVS mode adopts the virtual services and the dummy interface (the takeover leaves them,
+///   `Own::Ipvs`), and its syncs delete the address services it does not want: kube-proxy's
+///   NodePorts, on addresses off the dummy interface, are left if still there.
+/// - back to kube-proxy: kproxy's nftables tables (`kproxy`, `kproxy-accel`, `kproxy-ipvs`),
+///   whatever its mode; from its iptables mode its chains, except where kube-proxy's mode writes
+///   the same names (iptables mode: all; IPVS mode: `KUBE_PROXY_IPVS_CHAINS`, which kproxy's
+///   handback leaves, `IptablesChainsNotIpvs`); from its IPVS mode every virtual service and
+///   `kube-ipvs0`, unless kube-proxy is in IPVS mode: then they are kube-proxy's, and only
+///   kproxy's firewall-mark services must be gone (`cleanup_kproxy_only`).
+fn left(modes: Modes, direction: Direction, rules: &ProxyRules) -> Vec<Leftover> {
+    let mut out = Vec::new();
+    let mut add = |what: String, drains: bool| out.push(Leftover { what, drains });
+    let chains = |chains: Vec<String>| format!("iptables chains [{}]", chains.join(", "));
+    match direction {
+        Direction::OntoKproxy => {
+            let (old, new) = (modes.kube_proxy, modes.kproxy);
+            if rules.kube_proxy_tables > 0 {
+                add(format!("{} nftables table(s) kube-proxy", rules.kube_proxy_tables), false);
+            }
+            let old_chains = match (old, new) {
+                ("iptables", "iptables") => Vec::new(),
+                ("ipvs", "iptables") => rules.chains_where(|t, c| IPVS_ONLY_CHAINS.contains(&(t, c))),
+                ("iptables" | "ipvs", _) => rules.kube_chains.clone(),
+                _ => Vec::new(),
+            };
+            if !old_chains.is_empty() {
+                add(chains(old_chains), false);
+            }
+            if old == "ipvs" {
+                if !rules.kube_ipsets.is_empty() {
+                    add(format!("ip sets [{}]", rules.kube_ipsets.join(", ")), false);
+                }
+                if new == "ipvs" {
+                    let nodeports: Vec<String> = rules.off_dummy_services().map(|s| s.key.to_string()).collect();
+                    if !nodeports.is_empty() {
+                        add(format!("kube-proxy's NodePort virtual services [{}]", nodeports.join(", ")), false);
+                    }
+                } else {
+                    let mut draining = false;
+                    for service in &rules.ipvs {
+                        let carries = service.connections > 0;
+                        draining |= carries;
+                        let what = format!("virtual service {} ({} connections)", service.key, service.connections);
+                        add(what, carries);
+                    }
+                    if rules.ipvs_dummy.is_some() {
+                        add(IPVS_DUMMY.to_owned(), draining);
+                    }
+                }
+            }
+        }
+        Direction::BackToKubeProxy => {
+            let (old, new) = (modes.kproxy, modes.kube_proxy);
+            let tables = rules.kproxy_tables + rules.kproxy_ipvs_tables;
+            if tables > 0 {
+                add(format!("{tables} nftables table(s) of kproxy's"), false);
+            }
+            let old_chains = match (old, new) {
+                ("iptables", "iptables") => Vec::new(),
+                ("iptables", "ipvs") => rules.chains_where(|t, c| !KUBE_PROXY_IPVS_CHAINS.contains(&(t, c))),
+                ("iptables", _) => rules.kube_chains.clone(),
+                _ => Vec::new(),
+            };
+            if !old_chains.is_empty() {
+                add(chains(old_chains), false);
+            }
+            if old == "ipvs" {
+                let kproxys: Vec<String> = if new == "ipvs" {
+                    rules.fwmark_services().map(|s| s.key.to_string()).collect()
+                } else {
+                    rules.ipvs.iter().map(|s| s.key.to_string()).collect()
+                };
+                if !kproxys.is_empty() {
+                    add(format!("virtual services [{}]", kproxys.join(", ")), false);
+                }
+                if new != "ipvs" && rules.ipvs_dummy.is_some() {
+                    add(IPVS_DUMMY.to_owned(), false);
+                }
+            }
+        }
+    }
+    out
 }
 
 /// One node's trip between the proxies (each from the label change that started it).
@@ -126,8 +285,22 @@ pub fn run(m: &Migration, cluster: &cluster::Cluster) -> anyhow::Result<bool> {
             roll(&kubectl)?;
             steps.note("web rolled");
         }
+        // kube-proxy's IPVS services drain before kproxy removes them (an IPVS connection whose
+        // virtual service is gone is dropped): the client's long-lived connections, opened
+        // through them, keep them for as long as they last. Once every node is on kproxy they
+        // are closed and opened again (through kproxy; not counted as broken), and kproxy must
+        // then remove what is left once IPVS forgets the closed connections (TIME_WAIT).
+        let draining = info.nodes.iter().any(|node| {
+            proxy_rules(&node.netns)
+                .is_ok_and(|rules| left(modes, Direction::OntoKproxy, &rules).iter().any(|l| l.drains))
+        });
+        if draining {
+            steps.note("kube-proxy's IPVS services still carry the long-lived connections");
+            load.reconnect(&kubectl)?;
+            steps.note("the client's long-lived connections closed and opened again, through kproxy");
+        }
         for node in &info.nodes {
-            check_left(modes, node, Direction::OntoKproxy)?;
+            check_left(modes, node, Direction::OntoKproxy, Drains::NotAllowed)?;
         }
         expect_no_pods(&kubectl, PROXY_APP)?;
         steps.note("every node on kproxy; nothing of kube-proxy's left on any node");
@@ -146,7 +319,7 @@ pub fn run(m: &Migration, cluster: &cluster::Cluster) -> anyhow::Result<bool> {
             steps.note("web rolled");
         }
         for node in &info.nodes {
-            check_left(modes, node, Direction::BackToKubeProxy)?;
+            check_left(modes, node, Direction::BackToKubeProxy, Drains::NotAllowed)?;
         }
         expect_no_pods(&kubectl, KPROXY_APP)?;
         steps.note("every node back on kube-proxy; nothing of kproxy's left on any node");
@@ -228,7 +401,7 @@ fn prepare(m: &Migration, kubectl: &Kubectl, info: &ClusterInfo) -> anyhow::Resu
     let applied = m.work.join("kproxy.applied.yaml");
     fs::write(&applied, &manifest)?;
     kubectl.run(&["apply", "-f", &applied.display().to_string()])?;
-    kubectl.wait_for(Duration::from_secs(60), "kproxy's DaemonSet observed", || {
+    kubectl.wait_for(startup_patience(Duration::from_secs(60)), "kproxy's DaemonSet observed", || {
         let out = kubectl
             .run(&[
                 "-n",
@@ -246,12 +419,12 @@ fn prepare(m: &Migration, kubectl: &Kubectl, info: &ClusterInfo) -> anyhow::Resu
 }
 
 fn timeout_flag() -> String {
-    format!("--timeout={}s", STEP.as_secs())
+    format!("--timeout={}s", step().as_secs())
 }
 
 /// Fails unless no pod of `app` (a `k8s-app` label in kube-system) exists.
 fn expect_no_pods(kubectl: &Kubectl, app: &str) -> anyhow::Result<()> {
-    kubectl.wait_for(STEP, &format!("no {app} pod left"), || {
+    kubectl.wait_for(step(), &format!("no {app} pod left"), || {
         let out =
             kubectl.run(&["-n", "kube-system", "get", "pods", "-l", &format!("k8s-app={app}"), "-o", "name"]).ok()?;
         out.trim().is_empty().then_some(())
@@ -315,10 +488,14 @@ fn kproxy_to_nftables(m: &Migration, kubectl: &Kubectl, info: &ClusterInfo) -> a
     kubectl.run(&["-n", "kube-system", "rollout", "restart", "ds/kproxy"])?;
     kubectl.run(&["-n", "kube-system", "rollout", "status", "ds/kproxy", &timeout_flag()])?;
     for node in &info.nodes {
-        kubectl.wait_for(STEP, &format!("kproxy's iptables chains replaced by its tables on {}", node.name), || {
-            let rules = proxy_rules(&node.netns).ok()?;
-            (rules.kproxy_tables > 0 && rules.kube_chains.is_empty()).then_some(())
-        })?;
+        kubectl.wait_for(
+            step(),
+            &format!("kproxy's iptables chains replaced by its tables on {}", node.name),
+            || {
+                let rules = proxy_rules(&node.netns).ok()?;
+                (rules.kproxy_tables > 0 && rules.kube_chains.is_empty()).then_some(())
+            },
+        )?;
         // The new pod's takeover removed them, not something else.
         let (pod, _) = daemon_pod(kubectl, KPROXY_APP, &node.name).context("no kproxy pod")?;
         let log = kubectl.run(&["-n", "kube-system", "logs", &pod, "-c", "kproxy"])?;
@@ -365,14 +542,14 @@ fn daemon_pod(kubectl: &Kubectl, app: &str, node: &str) -> Option<(String, Strin
 
 /// Waits for a running pod of `app` on `node`; its name.
 fn wait_running(kubectl: &Kubectl, app: &str, node: &str) -> anyhow::Result<String> {
-    kubectl.wait_for(STEP, &format!("a running {app} pod on {node}"), || {
+    kubectl.wait_for(step(), &format!("a running {app} pod on {node}"), || {
         daemon_pod(kubectl, app, node).and_then(|(name, phase)| (phase == "Running").then_some(name))
     })
 }
 
 /// Waits until no pod of `app` is on `node` any more (not even terminating).
 fn wait_gone(kubectl: &Kubectl, app: &str, node: &str) -> anyhow::Result<Instant> {
-    kubectl.wait_for(STEP, &format!("{app}'s pod on {node} gone"), || {
+    kubectl.wait_for(step(), &format!("{app}'s pod on {node} gone"), || {
         let out = pods_on(kubectl, app, node, "name")?;
         out.trim().is_empty().then(Instant::now)
     })
@@ -396,7 +573,7 @@ impl FollowedLog {
     }
 
     fn wait_for(&self, needle: &str) -> anyhow::Result<Instant> {
-        migration::wait_for_log(&self.path, needle, STEP)
+        migration::wait_for_log(&self.path, needle, step())
     }
 
     fn text(&self) -> String {
@@ -425,17 +602,14 @@ fn onto_kproxy(
     let log = FollowedLog::start(kubectl, &pod, "kproxy", m.work.join(format!("migrate-{}-{pod}.log", node.name)))?;
     report.kproxy_synced = log.wait_for("full sync done").context("kproxy's first sync beside kube-proxy")? - both;
     let rules = proxy_rules(&node.netns)?;
-    let kproxys_in = if modes.kproxy == "nftables" { rules.kproxy_tables > 0 } else { rules.kube_services() };
-    if !kproxys_in {
+    if !serves(Proxy::Kproxy, modes.kproxy, &rules) {
         bail!("kproxy synced but its rules are not in {}'s kernel: {}", node.name, describe(&rules));
     }
     if !log.text().contains("port is taken") {
         bail!("kproxy on {} did not find kube-proxy's ports taken:\n{}", node.name, log.text());
     }
     // What must be gone once kproxy took over is there now: the check afterwards can see it.
-    let kube_proxys_in =
-        if modes.kube_proxy == "nftables" { rules.kube_proxy_tables > 0 } else { rules.kube_services() };
-    if !kube_proxys_in {
+    if !serves(Proxy::KubeProxy, modes.kube_proxy, &rules) {
         bail!("kube-proxy's rules are not in {}'s kernel before it leaves: {}", node.name, describe(&rules));
     }
     let leave = label(kubectl, node, ON_KPROXY)?;
@@ -449,12 +623,14 @@ fn onto_kproxy(
         &["took the node over from kube-proxy"]
     };
     kubectl
-        .wait_for(STEP, &format!("kproxy on {} saying one of {took_over:?}", node.name), || {
+        .wait_for(step(), &format!("kproxy on {} saying one of {took_over:?}", node.name), || {
             let text = log.text();
             took_over.iter().any(|needle| text.contains(needle)).then_some(())
         })
         .with_context(|| format!("kproxy's log:\n{}", log.text()))?;
-    check_left(modes, node, Direction::OntoKproxy)
+    // kube-proxy's IPVS services that carry the client's long-lived connections drain only
+    // once those end: `run` ends them on purpose once every node is on kproxy.
+    check_left(modes, node, Direction::OntoKproxy, Drains::Allowed)
 }
 
 /// One node back to kube-proxy: `both`, kube-proxy's first sync beside kproxy, `kube-proxy`,
@@ -478,16 +654,20 @@ fn back_to_kube_proxy(
         "kube-proxy",
         m.work.join(format!("migrate-{}-{upstream}.log", node.name)),
     )?;
-    report.kube_proxy_synced =
-        upstream_log.wait_for("SyncProxyRules complete").context("kube-proxy's first sync beside kproxy")? - both;
+    report.kube_proxy_synced = if modes.kube_proxy == "ipvs" {
+        // Upstream's IPVS proxier says "syncProxyRules complete" only at --v=4 (the harness runs
+        // kube-proxy at --v=2), and its /metrics port is kproxy's until the handback: the
+        // node's kernel says it instead ([`serves`]).
+        wait_serving(Proxy::KubeProxy, modes.kube_proxy, node).context("kube-proxy's first sync beside kproxy")?
+    } else {
+        upstream_log.wait_for("SyncProxyRules complete").context("kube-proxy's first sync beside kproxy")?
+    } - both;
     let rules = proxy_rules(&node.netns)?;
-    let kube_proxys_in =
-        if modes.kube_proxy == "nftables" { rules.kube_proxy_tables > 0 } else { rules.kube_services() };
-    if !kube_proxys_in {
+    if !serves(Proxy::KubeProxy, modes.kube_proxy, &rules) {
         bail!("kube-proxy synced but its rules are not in {}'s kernel: {}", node.name, describe(&rules));
     }
     // What must be gone once kproxy handed back is there now: the check afterwards can see it.
-    let kproxys_in = if modes.kproxy == "nftables" { rules.kproxy_tables > 0 } else { rules.kube_services() };
+    let kproxys_in = serves(Proxy::Kproxy, modes.kproxy, &rules);
     if !kproxys_in && modes.handback_has_a_window() {
         steps.note(&format!(
             "{}: kube-proxy (nftables) removed kproxy's iptables rules at its start: {}",
@@ -509,9 +689,25 @@ fn back_to_kube_proxy(
         report.handback = Some(done - released);
     }
     report.kproxy_gone = wait_gone(kubectl, KPROXY_APP, &node.name)? - leave;
-    cluster::wait_http_ok(&node.netns, "http://127.0.0.1:10256/healthz", STEP)
+    cluster::wait_http_ok(&node.netns, "http://127.0.0.1:10256/healthz", step())
         .with_context(|| format!("kube-proxy's /healthz on {}", node.name))?;
-    check_left(modes, node, Direction::BackToKubeProxy)
+    check_left(modes, node, Direction::BackToKubeProxy, Drains::NotAllowed)
+}
+
+/// Waits until `proxy`'s rules in `mode` are in `node`'s kernel ([`serves`]); returns when they
+/// were seen (to within a listing of the node's rules).
+fn wait_serving(proxy: Proxy, mode: &str, node: &NodeInfo) -> anyhow::Result<Instant> {
+    let deadline = Instant::now() + step();
+    loop {
+        let rules = proxy_rules(&node.netns)?;
+        if serves(proxy, mode, &rules) {
+            return Ok(Instant::now());
+        }
+        if Instant::now() > deadline {
+            bail!("{proxy:?}'s rules ({mode}) not in {}'s kernel after {:?}: {}", node.name, step(), describe(&rules));
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -520,30 +716,62 @@ enum Direction {
     BackToKubeProxy,
 }
 
-/// Fails if anything of the proxy the node left is in its kernel (both proxies' iptables modes
-/// share their chains: those are the new proxy's).
-fn check_left(modes: Modes, node: &NodeInfo, direction: Direction) -> anyhow::Result<()> {
-    let rules = proxy_rules(&node.netns)?;
-    let (old_mode, old_is_kproxy) = match direction {
-        Direction::OntoKproxy => (modes.kube_proxy, false),
-        Direction::BackToKubeProxy => (modes.kproxy, true),
+/// Fails unless nothing of the proxy the node left is in its kernel ([`left`]), or, with
+/// `drains`, nothing but kube-proxy's IPVS services that still carry connections. Onto kproxy it
+/// waits for that (a hang guard: the running kproxy removes what it found at once, kube-proxy's
+/// drained IPVS services within 5 s, the NodePorts its IPVS sync does not want within a sync
+/// period); back to kube-proxy it looks once (kproxy removed its rules before it exited).
+fn check_left(modes: Modes, node: &NodeInfo, direction: Direction, drains: Drains) -> anyhow::Result<()> {
+    let who = match direction {
+        Direction::OntoKproxy => format!("kube-proxy's ({})", modes.kube_proxy),
+        Direction::BackToKubeProxy => format!("kproxy's ({})", modes.kproxy),
     };
-    let new_mode = if old_is_kproxy { modes.kube_proxy } else { modes.kproxy };
-    let old_tables = if old_is_kproxy { rules.kproxy_tables } else { rules.kube_proxy_tables };
-    let old_chains = old_mode == "iptables" && new_mode != "iptables" && !rules.kube_chains.is_empty();
-    if old_tables > 0 || old_chains {
-        let who = if old_is_kproxy { "kproxy" } else { "kube-proxy" };
-        bail!("{who}'s rules ({old_mode}) are still in {}'s kernel: {}", node.name, describe(&rules));
+    let patience = if direction == Direction::OntoKproxy { step() } else { Duration::ZERO };
+    let deadline = Instant::now() + patience;
+    loop {
+        let last = match proxy_rules(&node.netns) {
+            Ok(rules) => {
+                let blocking: Vec<String> = left(modes, direction, &rules)
+                    .into_iter()
+                    .filter(|l| !(l.drains && drains == Drains::Allowed))
+                    .map(|l| l.what)
+                    .collect();
+                if blocking.is_empty() {
+                    return Ok(());
+                }
+                format!("[{}]; the node has {}", blocking.join("; "), describe(&rules))
+            }
+            Err(e) => format!("{e:#}"),
+        };
+        if Instant::now() > deadline {
+            bail!("{who} rules are still in {}'s kernel (waited {patience:?}): {last}", node.name);
+        }
+        std::thread::sleep(Duration::from_millis(500));
     }
-    Ok(())
+}
+
+/// Whether kube-proxy's IPVS services that still carry connections may stay (they go once
+/// drained).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Drains {
+    Allowed,
+    NotAllowed,
 }
 
 fn describe(rules: &ProxyRules) -> String {
+    let services: Vec<String> = rules.ipvs.iter().map(|s| format!("{} ({} conns)", s.key, s.connections)).collect();
     format!(
-        "{} kube-proxy table(s), {} kproxy table(s), iptables chains [{}]",
+        "{} kube-proxy table(s), {} kproxy table(s), {} kproxy-ipvs table(s), iptables chains [{}], IPVS virtual services [{}], {}, ip sets [{}]",
         rules.kube_proxy_tables,
         rules.kproxy_tables,
-        rules.kube_chains.join(", ")
+        rules.kproxy_ipvs_tables,
+        rules.kube_chains.join(", "),
+        services.join(", "),
+        match &rules.ipvs_dummy {
+            Some(addrs) => format!("{IPVS_DUMMY} with {} address(es)", addrs.len()),
+            None => format!("no {IPVS_DUMMY}"),
+        },
+        rules.kube_ipsets.join(", "),
     )
 }
 
@@ -558,6 +786,9 @@ struct Counts {
     node_port: (u64, u64),
     exchanges: u64,
     broken: u64,
+    /// Times the long-lived connections were closed and opened again on purpose
+    /// ([`Load::reconnect`]); not broken.
+    reopened: u64,
     failures: Vec<String>,
 }
 
@@ -574,8 +805,8 @@ impl Counts {
             .map(str::parse)
             .collect::<Result<_, _>>()
             .ok()?;
-        let [ok1, f1, ok2, f2, exchanges, broken] = numbers[..] else { return None };
-        Some(Counts { cluster_ip: (ok1, f1), node_port: (ok2, f2), exchanges, broken, failures: Vec::new() })
+        let [ok1, f1, ok2, f2, exchanges, broken, reopened] = numbers[..] else { return None };
+        Some(Counts { cluster_ip: (ok1, f1), node_port: (ok2, f2), exchanges, broken, reopened, failures: Vec::new() })
     }
 }
 
@@ -585,7 +816,11 @@ impl std::fmt::Display for Counts {
             f,
             "requests: ClusterIP {} ok / {} failed, NodePort (other node) {} ok / {} failed; long-lived connections: {} exchanges, {} broken",
             self.cluster_ip.0, self.cluster_ip.1, self.node_port.0, self.node_port.1, self.exchanges, self.broken
-        )
+        )?;
+        if self.reopened > 0 {
+            write!(f, ", closed and opened again on purpose {} time(s)", self.reopened)?;
+        }
+        Ok(())
     }
 }
 
@@ -593,11 +828,12 @@ impl Load {
     /// Starts the client's loop (until `/tmp/stop` exists in the pod). Requests are `curl`s of
     /// `/hostname` with a 2 s limit, one try each; the long-lived connections are bash's
     /// `/dev/tcp` with one HTTP/1.1 keep-alive request a second, its answer read with a 5 s
-    /// limit (a failed exchange counts as a broken connection, which is then opened anew).
+    /// limit (a failed exchange counts as a broken connection, which is then opened anew). While
+    /// `/tmp/reconnect` exists in the pod, both are closed and opened again, counted apart.
     fn start(kubectl: &Kubectl, node2: &str, s: &Services) -> anyhow::Result<Load> {
         let Services { web_ip, web_port, steady_ip, steady_port } = s;
         let script = format!(
-            r#"rm -f /tmp/stop /tmp/load.done; ok1=0; f1=0; ok2=0; f2=0; ex=0; br=0; last=0
+            r#"rm -f /tmp/stop /tmp/load.done /tmp/reconnect; ok1=0; f1=0; ok2=0; f2=0; ex=0; br=0; re=0; last=0
 open() {{ eval "exec $1<>/dev/tcp/$2/$3" 2>/dev/null; }}
 ask() {{ printf 'GET /hostname HTTP/1.1\r\nHost: x\r\n\r\n' >&$1 2>/dev/null || return 1
   IFS= read -r -t 5 -u $1 status || return 1
@@ -606,12 +842,13 @@ ask() {{ printf 'GET /hostname HTTP/1.1\r\nHost: x\r\n\r\n' >&$1 2>/dev/null || 
     case "${{line,,}}" in content-length:*) len=${{line#*: }};; esac; done
   [ "$len" -gt 0 ] && read -r -t 5 -u $1 -N "$len" body; }}
 stamp() {{ t=$EPOCHREALTIME; printf '%s %(%T)T.%s UTC %s\n' "$1" "${{t%.*}}" "${{t#*.}}" "${{*:2}}" >&2; }}
-counts() {{ echo "COUNTS $ok1 $f1 $ok2 $f2 $ex $br" > /tmp/load.counts.new && mv /tmp/load.counts.new /tmp/load.counts; }}
+counts() {{ echo "COUNTS $ok1 $f1 $ok2 $f2 $ex $br $re" > /tmp/load.counts.new && mv /tmp/load.counts.new /tmp/load.counts; }}
 open 3 {steady_ip} 80; open 4 {node2} {steady_port}
 while [ ! -e /tmp/stop ]; do
   if [ "$(curl -s -o /dev/null -w '%{{http_code}}' --max-time 2 http://{web_ip}/hostname)" = 200 ]; then ok1=$((ok1+1)); else f1=$((f1+1)); stamp FAIL ClusterIP; fi
   if [ "$(curl -s -o /dev/null -w '%{{http_code}}' --max-time 2 http://{node2}:{web_port}/hostname)" = 200 ]; then ok2=$((ok2+1)); else f2=$((f2+1)); stamp FAIL NodePort; fi
   if [ $SECONDS -ne $last ]; then last=$SECONDS
+    if [ -e /tmp/reconnect ]; then exec 3>&- 4>&-; open 3 {steady_ip} 80; open 4 {node2} {steady_port}; re=$((re+1)); rm -f /tmp/reconnect; fi
     if ask 3; then ex=$((ex+1)); else br=$((br+1)); stamp BROKEN ClusterIP connection; exec 3>&-; open 3 {steady_ip} 80; fi
     if ask 4; then ex=$((ex+1)); else br=$((br+1)); stamp BROKEN NodePort connection; exec 4>&-; open 4 {node2} {steady_port}; fi
     counts
@@ -642,7 +879,7 @@ counts; touch /tmp/load.done"#
 
     /// Waits until both kinds of request and both connections have answered, none failed.
     fn wait_flowing(&self, kubectl: &Kubectl) -> anyhow::Result<()> {
-        let counts = kubectl.wait_for(Duration::from_secs(60), "the client's traffic", || {
+        let counts = kubectl.wait_for(startup_patience(Duration::from_secs(60)), "the client's traffic", || {
             Load::read(kubectl).filter(|c| c.cluster_ip.0 > 0 && c.node_port.0 > 0 && c.exchanges >= 4)
         })?;
         if counts.failed() > 0 {
@@ -651,10 +888,22 @@ counts; touch /tmp/load.done"#
         Ok(())
     }
 
+    /// Has the client close its long-lived connections and open them again (through whichever
+    /// proxy serves now); returns once it did.
+    fn reconnect(&self, kubectl: &Kubectl) -> anyhow::Result<()> {
+        kubectl.run(&["-n", NS, "exec", "client", "--", "touch", "/tmp/reconnect"])?;
+        kubectl.wait_for(
+            startup_patience(Duration::from_secs(30)),
+            "the client to open its connections again",
+            || kubectl.run(&["-n", NS, "exec", "client", "--", "test", "!", "-e", "/tmp/reconnect"]).ok(),
+        )?;
+        Ok(())
+    }
+
     /// Stops the loop and reads what it counted and each failure's line.
     fn finish(self, kubectl: &Kubectl) -> anyhow::Result<Counts> {
         kubectl.run(&["-n", NS, "exec", "client", "--", "touch", "/tmp/stop"])?;
-        kubectl.wait_for(Duration::from_secs(30), "the client's load to stop", || {
+        kubectl.wait_for(startup_patience(Duration::from_secs(30)), "the client's load to stop", || {
             kubectl.run(&["-n", NS, "exec", "client", "--", "test", "-e", "/tmp/load.done"]).ok()
         })?;
         let mut counts = Load::read(kubectl).context("the client's counts")?;
@@ -665,5 +914,199 @@ counts; touch /tmp/load.done"#
             .map(str::to_owned)
             .collect();
         Ok(counts)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kproxy_k8s_harness::migration::{VirtualKey, VirtualService};
+
+    fn addr_service(addr: &str, port: u16, connections: u64) -> VirtualService {
+        VirtualService { key: VirtualKey::Addr { protocol: "TCP", addr: addr.parse().unwrap(), port }, connections }
+    }
+
+    fn chains(names: &[&str]) -> Vec<String> {
+        names.iter().map(|n| format!("nft ipv4 {n}")).collect()
+    }
+
+    /// A node as kube-proxy's IPVS mode keeps it: a ClusterIP (carrying a connection) and a
+    /// NodePort on the node's address, the dummy interface, ip sets and iptables chains.
+    fn kube_proxy_ipvs() -> ProxyRules {
+        ProxyRules {
+            kube_chains: chains(&["nat KUBE-SERVICES", "nat KUBE-NODE-PORT", "filter KUBE-IPVS-FILTER"]),
+            ipvs_filter_rules: 6,
+            ipvs: vec![addr_service("10.96.0.10", 80, 2), addr_service("198.18.0.2", 31000, 0)],
+            ipvs_dummy: Some(vec!["10.96.0.10".parse().unwrap()]),
+            kube_ipsets: vec!["KUBE-CLUSTER-IP".into(), "KUBE-NODE-PORT-TCP".into()],
+            ..Default::default()
+        }
+    }
+
+    /// A node as kproxy's IPVS mode keeps it: the ClusterIP, the NodePort as a firewall-mark
+    /// service, the dummy interface and the auxiliary table.
+    fn kproxy_ipvs() -> ProxyRules {
+        ProxyRules {
+            kproxy_ipvs_tables: 1,
+            ipvs: vec![
+                addr_service("10.96.0.10", 80, 2),
+                VirtualService { key: VirtualKey::Fwmark(0x1000_0001), connections: 0 },
+            ],
+            ipvs_dummy: Some(vec!["10.96.0.10".parse().unwrap()]),
+            ..Default::default()
+        }
+    }
+
+    fn kproxy_nftables() -> ProxyRules {
+        ProxyRules { kproxy_tables: 1, ..Default::default() }
+    }
+
+    fn modes<'a>(kube_proxy: &'a str, kproxy: &'a str) -> Modes<'a> {
+        Modes { kube_proxy, kproxy }
+    }
+
+    fn what(left: &[Leftover]) -> Vec<(&str, bool)> {
+        left.iter().map(|l| (l.what.as_str(), l.drains)).collect()
+    }
+
+    #[test]
+    fn each_proxys_ipvs_mode_is_told_by_what_only_it_has() {
+        assert!(serves(Proxy::KubeProxy, "ipvs", &kube_proxy_ipvs()));
+        assert!(!serves(Proxy::Kproxy, "ipvs", &kube_proxy_ipvs()), "kube-proxy makes no firewall-mark service");
+        assert!(serves(Proxy::Kproxy, "ipvs", &kproxy_ipvs()));
+        assert!(!serves(Proxy::KubeProxy, "ipvs", &kproxy_ipvs()), "kproxy makes no ip sets nor chains");
+        let without_sets = ProxyRules { kube_ipsets: Vec::new(), ..kube_proxy_ipvs() };
+        assert!(!serves(Proxy::KubeProxy, "ipvs", &without_sets));
+        assert!(serves(Proxy::Kproxy, "nftables", &kproxy_nftables()));
+        assert!(!serves(Proxy::Kproxy, "nftables", &kube_proxy_ipvs()));
+        assert!(serves(Proxy::KubeProxy, "iptables", &kube_proxy_ipvs()), "the same entry chain's name");
+        // Its chains are created at the start of its sync, their rules written at its end.
+        let mid_sync = ProxyRules { ipvs_filter_rules: 0, ..kube_proxy_ipvs() };
+        assert!(!serves(Proxy::KubeProxy, "ipvs", &mid_sync));
+    }
+
+    #[test]
+    fn onto_kproxys_nftables_mode_everything_of_kube_proxys_ipvs_mode_must_go_and_what_carries_connections_drains_first()
+     {
+        let m = modes("ipvs", "nftables");
+        let both = ProxyRules { kproxy_tables: 1, ..kube_proxy_ipvs() };
+        assert_eq!(
+            what(&left(m, Direction::OntoKproxy, &both)),
+            [
+                (
+                    "iptables chains [nft ipv4 nat KUBE-SERVICES, nft ipv4 nat KUBE-NODE-PORT, nft ipv4 filter KUBE-IPVS-FILTER]",
+                    false
+                ),
+                ("ip sets [KUBE-CLUSTER-IP, KUBE-NODE-PORT-TCP]", false),
+                ("virtual service TCP 10.96.0.10:80 (2 connections)", true),
+                ("virtual service TCP 198.18.0.2:31000 (0 connections)", false),
+                ("kube-ipvs0", true),
+            ]
+        );
+        // Taken over: only the service that carries a connection, and the dummy interface for it.
+        let draining = ProxyRules {
+            ipvs: vec![addr_service("10.96.0.10", 80, 2)],
+            ipvs_dummy: Some(vec!["10.96.0.10".parse().unwrap()]),
+            ..kproxy_nftables()
+        };
+        assert!(left(m, Direction::OntoKproxy, &draining).iter().all(|l| l.drains));
+        assert_eq!(left(m, Direction::OntoKproxy, &draining).len(), 2);
+        // Drained: kube-ipvs0 alone is kube-proxy's too.
+        let dummy_only = ProxyRules { ipvs_dummy: Some(Vec::new()), ..kproxy_nftables() };
+        assert_eq!(what(&left(m, Direction::OntoKproxy, &dummy_only)), [("kube-ipvs0", false)]);
+        assert_eq!(left(m, Direction::OntoKproxy, &kproxy_nftables()), []);
+    }
+
+    #[test]
+    fn onto_kproxys_ipvs_mode_the_virtual_services_and_dummy_are_kproxys_but_kube_proxys_nodeports_sets_and_chains_go()
+    {
+        let m = modes("ipvs", "ipvs");
+        assert_eq!(left(m, Direction::OntoKproxy, &kproxy_ipvs()), [], "adopted: nothing of kube-proxy's");
+        let mut both = kube_proxy_ipvs();
+        both.kproxy_ipvs_tables = 1;
+        both.ipvs.push(VirtualService { key: VirtualKey::Fwmark(0x1000_0001), connections: 0 });
+        assert_eq!(
+            what(&left(m, Direction::OntoKproxy, &both)),
+            [
+                (
+                    "iptables chains [nft ipv4 nat KUBE-SERVICES, nft ipv4 nat KUBE-NODE-PORT, nft ipv4 filter KUBE-IPVS-FILTER]",
+                    false
+                ),
+                ("ip sets [KUBE-CLUSTER-IP, KUBE-NODE-PORT-TCP]", false),
+                ("kube-proxy's NodePort virtual services [TCP 198.18.0.2:31000]", false),
+            ]
+        );
+    }
+
+    #[test]
+    fn onto_kproxys_iptables_mode_only_the_chains_of_kube_proxys_ipvs_mode_alone_go() {
+        let rules =
+            ProxyRules { kube_chains: chains(&["nat KUBE-SERVICES", "nat KUBE-NODE-PORT"]), ..Default::default() };
+        assert_eq!(
+            what(&left(modes("ipvs", "iptables"), Direction::OntoKproxy, &rules)),
+            [("iptables chains [nft ipv4 nat KUBE-NODE-PORT]", false)]
+        );
+        assert_eq!(left(modes("iptables", "iptables"), Direction::OntoKproxy, &rules), [], "shared chains");
+        assert_eq!(left(modes("iptables", "nftables"), Direction::OntoKproxy, &rules).len(), 1);
+    }
+
+    #[test]
+    fn back_to_kube_proxys_ipvs_mode_its_state_stays_and_only_kproxys_own_must_be_gone() {
+        let m = modes("ipvs", "ipvs");
+        assert_eq!(left(m, Direction::BackToKubeProxy, &kube_proxy_ipvs()), []);
+        let mut both = kube_proxy_ipvs();
+        both.kproxy_ipvs_tables = 2;
+        both.ipvs.push(VirtualService { key: VirtualKey::Fwmark(0x1000_0001), connections: 0 });
+        assert_eq!(
+            what(&left(m, Direction::BackToKubeProxy, &both)),
+            [("2 nftables table(s) of kproxy's", false), ("virtual services [FWM 0x10000001]", false)]
+        );
+        let from_nftables = ProxyRules { kproxy_tables: 1, ..kube_proxy_ipvs() };
+        assert_eq!(
+            what(&left(modes("ipvs", "nftables"), Direction::BackToKubeProxy, &from_nftables)),
+            [("1 nftables table(s) of kproxy's", false)]
+        );
+        assert_eq!(left(modes("ipvs", "nftables"), Direction::BackToKubeProxy, &kube_proxy_ipvs()), []);
+        // kproxy in iptables mode leaves the chains kube-proxy's IPVS mode writes too.
+        let from_iptables = ProxyRules {
+            kube_chains: chains(&["nat KUBE-SERVICES", "nat KUBE-SVC-ABCDEF", "filter KUBE-IPVS-FILTER"]),
+            ..kube_proxy_ipvs()
+        };
+        assert_eq!(
+            what(&left(modes("ipvs", "iptables"), Direction::BackToKubeProxy, &from_iptables)),
+            [("iptables chains [nft ipv4 nat KUBE-SVC-ABCDEF]", false)]
+        );
+    }
+
+    #[test]
+    fn back_to_a_kube_proxy_not_in_ipvs_mode_everything_of_kproxys_ipvs_mode_goes() {
+        let rules = ProxyRules { kube_proxy_tables: 1, ..kproxy_ipvs() };
+        assert_eq!(
+            what(&left(modes("nftables", "ipvs"), Direction::BackToKubeProxy, &rules)),
+            [
+                ("1 nftables table(s) of kproxy's", false),
+                ("virtual services [TCP 10.96.0.10:80, FWM 0x10000001]", false),
+                ("kube-ipvs0", false),
+            ]
+        );
+        assert_eq!(left(modes("nftables", "ipvs"), Direction::BackToKubeProxy, &ProxyRules::default()), []);
+    }
+
+    #[test]
+    fn only_kube_proxys_nftables_start_under_kproxys_iptables_mode_leaves_a_window() {
+        assert!(modes("nftables", "iptables").handback_has_a_window());
+        for (kube_proxy, kproxy) in [("ipvs", "nftables"), ("ipvs", "ipvs"), ("ipvs", "iptables"), ("nftables", "ipvs")]
+        {
+            assert!(!modes(kube_proxy, kproxy).handback_has_a_window(), "{kube_proxy} <- {kproxy}");
+        }
+    }
+
+    #[test]
+    fn the_clients_counts_are_read_with_the_reconnections_apart() {
+        let counts = Counts::parse("COUNTS 10 1 9 2 30 0 1\n").unwrap();
+        assert_eq!((counts.cluster_ip, counts.node_port, counts.exchanges, counts.broken), ((10, 1), (9, 2), 30, 0));
+        assert_eq!((counts.reopened, counts.failed()), (1, 3));
+        assert!(counts.to_string().ends_with("closed and opened again on purpose 1 time(s)"));
+        assert!(Counts::parse("COUNTS 10 1 9 2 30 0\n").is_none());
     }
 }
