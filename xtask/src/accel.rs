@@ -175,8 +175,11 @@ impl Transfer {
     fn start(kubectl: &Kubectl, vip: IpAddr, limit: Option<&str>, checksum: bool) -> anyhow::Result<Transfer> {
         let url = format!("http://{}/blob", wire::host_port(vip, 80));
         let limit = limit.map(|rate| format!("--limit-rate {rate}")).unwrap_or_default();
-        // curl's -w goes to stderr (%{stderr}) so that stdout is the body alone.
-        let fetch = format!("curl -sS --max-time 900 {limit} -w '%{{stderr}}%{{size_download}} %{{time_total}}' {url}");
+        // curl's -w goes to stderr (%{stderr}) so that stdout is the body alone. A connection
+        // that stalls (its endpoint gone without a RST reaching the client) ends after 60 s.
+        let fetch = format!(
+            "curl -sS --max-time 900 --speed-limit 1 --speed-time 60 {limit} -w '%{{stderr}}%{{size_download}} %{{time_total}}' {url}"
+        );
         let script = if checksum {
             format!("sum=$({fetch} 2>/tmp/w | sha256sum | cut -d' ' -f1); echo \"$sum $(cat /tmp/w)\"")
         } else {
