@@ -201,18 +201,21 @@ impl Transfer {
     fn finish(self) -> anyhow::Result<Done> {
         let out = self.child.wait_with_output()?;
         let text = String::from_utf8_lossy(&out.stdout);
-        // `SUM|- [curl errors…] BYTES SECONDS`
-        let words: Vec<&str> = text.split_whitespace().collect();
-        let parsed = match words[..] {
-            [first, .., bytes, secs] => bytes.parse::<f64>().ok().zip(secs.parse::<f64>().ok()).map(|(b, s)| Done {
-                sum: (first != "-").then(|| first.to_owned()),
-                bytes: b as u64,
-                secs: s,
-            }),
-            _ => None,
-        };
-        parsed.with_context(|| {
+        Done::parse(&text).with_context(|| {
             format!("transfer {}: printed {text:?} ({})", self.what, String::from_utf8_lossy(&out.stderr).trim())
+        })
+    }
+}
+
+impl Done {
+    /// `SUM|- [curl's errors…] BYTES SECONDS`, as [`Transfer::start`]'s script prints it.
+    fn parse(text: &str) -> Option<Done> {
+        let words: Vec<&str> = text.split_whitespace().collect();
+        let [first, .., bytes, secs] = words[..] else { return None };
+        Some(Done {
+            sum: (first != "-").then(|| first.to_owned()),
+            bytes: bytes.parse().ok()?,
+            secs: secs.parse().ok()?,
         })
     }
 }
@@ -277,5 +280,22 @@ impl Conntrack<'_> {
             }
             std::thread::sleep(Duration::from_millis(250));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_transfer_reads_sum_bytes_and_seconds_also_after_curl_errors() {
+        let done = Done::parse("ab12 33554432 16.004\n").unwrap();
+        assert_eq!((done.sum.as_deref(), done.bytes, done.secs), (Some("ab12"), 33554432, 16.004));
+        let discarded = Done::parse("- 1000 0.5").unwrap();
+        assert_eq!((discarded.sum, discarded.bytes), (None, 1000));
+        let cut = Done::parse("e3b0 curl: (18) transfer closed with 5 bytes remaining to read 4096 2.1").unwrap();
+        assert_eq!((cut.sum.as_deref(), cut.bytes), (Some("e3b0"), 4096));
+        assert!(Done::parse("").is_none());
+        assert!(Done::parse("ab12 notanumber 1.0").is_none());
     }
 }
