@@ -1080,8 +1080,10 @@ fn e2e(layout: &Layout, work: &Path, args: &Args) -> Result<i32> {
                 format!("--ginkgo.focus={}", args.focus),
                 format!("--ginkgo.skip={}", args.skip),
                 "--ginkgo.no-color".into(),
-                "--ginkgo.timeout=3h".into(),
+                format!("--ginkgo.timeout={}s", startup_patience(Duration::from_secs(3 * 3600)).as_secs()),
             ])
+            // In the guest a spec takes minutes: say which one runs (each spec's steps as they go).
+            .args(kproxy_testbed::kernel::in_guest().then_some("--ginkgo.v"))
             .current_dir(&report)
             .stdin(std::process::Stdio::null())
             .stdout(out)
