@@ -229,8 +229,14 @@ fn full_table(mode: &str) {
     }
     assert!((1..200).contains(&inserted), "{mode}: the table filled after {inserted} entries (it held {count})");
 
-    // Full: a new connection is dropped by the kernel; the established flow goes on.
+    // Full: a new connection is dropped by the kernel; the established flow goes on. Entries of
+    // the node's own earlier connections expire meanwhile (CLOSE after 10 s): the table is topped
+    // up again before each attempt, so that each one meets a full table.
+    let mut next_filler = 10_000 + inserted;
     for attempt in 0..3 {
+        while next_filler < 10_400 && insert_filler(node, next_filler) {
+            next_filler += 1;
+        }
         let got = probe(client.netns(), Proto::Tcp, WEB.parse().unwrap(), Duration::from_secs(1)).unwrap();
         assert!(
             got.backend().is_none(),
