@@ -95,10 +95,18 @@ pub fn run(info: &ClusterInfo) -> anyhow::Result<Vec<String>> {
 
     // 4: the endpoint goes away during an offloaded transfer.
     let transfer = Transfer::start(&kubectl, fast, Some(THROTTLE), true)?;
-    let offloaded = conntrack.wait(startup_patience(Duration::from_secs(10)), || conntrack.offloaded(fast));
+    let offloaded = kubectl
+        .wait_for(startup_patience(Duration::from_secs(10)), "the transfer offloaded", || {
+            conntrack.offloaded(fast).then_some(())
+        })
+        .is_ok();
     let deleted = Instant::now();
     kubectl.run(&["-n", NS, "delete", "pod", "server", "--grace-period=1", "--wait=false"])?;
-    let left = conntrack.wait(startup_patience(LEAVE_WAIT), || !conntrack.offloaded(fast));
+    let left = kubectl
+        .wait_for(startup_patience(LEAVE_WAIT), "the entry out of the flowtable", || {
+            (!conntrack.offloaded(fast)).then_some(())
+        })
+        .is_ok();
     let left_after = deleted.elapsed().as_secs_f64();
     let done = transfer.finish()?;
     lines.push(format!(
@@ -266,20 +274,6 @@ impl Conntrack<'_> {
             std::thread::sleep(Duration::from_millis(250));
         }
         watched
-    }
-
-    /// Whether `check` held within `timeout`.
-    fn wait(&self, timeout: Duration, check: impl Fn() -> bool) -> bool {
-        let started = Instant::now();
-        loop {
-            if check() {
-                return true;
-            }
-            if started.elapsed() > timeout {
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(250));
-        }
     }
 }
 
