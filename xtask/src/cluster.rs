@@ -12,6 +12,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use kproxy_k8s_harness::cluster::{self, Cluster, ClusterInfo, ClusterOptions, Kubectl, Proxy};
+use kproxy_k8s_harness::migration::{self, VirtualKey};
 use kproxy_k8s_harness::wire::{self, Family, IpFamilies};
 use kproxy_k8s_harness::{Binaries, Binary, dns, startup_patience};
 
@@ -27,7 +28,7 @@ pub const USAGE: &str = "cargo xtask cluster up    [--name NAME] [--nodes N] [--
        cargo xtask cluster workloads [--proxy P] [--mode M] [--ip-family F] [--keep]   rolling update under load, internalTrafficPolicy Local, headless, hairpin
        cargo xtask cluster accel [--mode M] [--keep]     Services acceleration between real pods: offloaded, intact, throughput, endpoint gone (needs --guest here)
        cargo xtask cluster table [--ip-family F]      the e2e runs in target/kproxy-e2e side by side (markdown)
-       cargo xtask cluster e2e   [--proxy P] [--mode M] [--ip-family F] [--nodes N] [--zones Z] [--focus RE] [--skip RE] [--keep] [--no-image-build]
+       cargo xtask cluster e2e   [--proxy P] [--mode M] [--ip-family F] [--nodes N] [--zones Z] [--focus RE] [--skip RE] [--e2e-timeout S] [--keep] [--no-image-build]
        cargo xtask cluster migrate [--from M] [--mode M] [--nodes N] [--direct-handback] [--keep] [--no-image-build]
                                   kube-proxy (--from) -> kproxy (--mode) -> kube-proxy, node by node, under traffic
                                   (docs/migration.md; --direct-handback: from kproxy iptables to kube-proxy nftables
@@ -71,6 +72,9 @@ struct Args {
     direct_handback: bool,
     /// Run the command inside the guest kernel (`run_in_guest`).
     guest: bool,
+    /// `e2e`: ginkgo's suite timeout; when it strikes, the running spec is interrupted and the
+    /// report still lists every spec that ran (default 3 h, times `startup_patience`).
+    e2e_timeout: Option<Duration>,
 }
 
 /// The proxy modes a cluster runs (kube-proxy's `--proxy-mode`, kproxy's `mode:`).
@@ -93,6 +97,7 @@ fn parse(args: &[OsString]) -> Result<Args> {
         from: None,
         direct_handback: false,
         guest: false,
+        e2e_timeout: None,
     };
     let mut it = args.iter().map(|a| a.to_str().map(str::to_owned).ok_or_else(usage));
     while let Some(arg) = it.next() {
@@ -134,6 +139,7 @@ fn parse(args: &[OsString]) -> Result<Args> {
             "--no-image-build" => parsed.image_build = false,
             "--focus" => parsed.focus = value()?,
             "--skip" => parsed.skip = value()?,
+            "--e2e-timeout" => parsed.e2e_timeout = Some(Duration::from_secs(value()?.parse().map_err(|_| usage())?)),
             "--bind" | "--server" | "--ca" | "--cert" | "--key" => parsed.dns.push(format!("{key}={}", value()?)),
             _ => return Err(usage()),
         }
@@ -241,7 +247,12 @@ fn run_in_guest(layout: &Layout, sub: &str, args: &[OsString], parsed: &Args, wo
     command.push("--no-image-build".into());
     let guest = crate::guest::Guest::prepare(layout)?;
     // Hang guards, not speed bounds: the guest's CPU is emulated (TCG, ~8x slower).
-    let timeout = Duration::from_secs(if sub == "e2e" { 24 * 3600 } else { 3 * 3600 });
+    // An e2e run given its own timeout ends within it, plus the cluster's start and teardown.
+    let timeout = match (sub, parsed.e2e_timeout) {
+        ("e2e", Some(e2e)) => e2e + Duration::from_secs(3600),
+        ("e2e", None) => Duration::from_secs(24 * 3600),
+        _ => Duration::from_secs(3 * 3600),
+    };
     guest.run_with(&command, &[], timeout, &guest_setup)
 }
 
@@ -658,37 +669,25 @@ fn smoke_checks(info: &ClusterInfo) -> anyhow::Result<()> {
             );
         }
         if info.mode == "ipvs" {
-            let real_servers = ipvs_real_servers(&node.netns, &wire::host_port(cluster_ip, 80))?;
-            if real_servers.is_empty() {
+            // The ClusterIP's TCP virtual server, with the pod behind it as a real server.
+            let virtual_server = VirtualKey::Addr { protocol: "TCP", addr: cluster_ip, port: 80 };
+            let services = migration::ipvs_services(&node.netns)?;
+            let Some(service) = services.iter().find(|s| s.key == virtual_server) else {
+                bail!("{} runs the IPVS mode but has no virtual server {virtual_server} for {name}", node.name);
+            };
+            if service.real_servers.is_empty() {
                 bail!("{} runs the IPVS mode but has no real server behind {name}'s ClusterIP", node.name);
             }
+            let real_servers: Vec<String> = service.real_servers.iter().map(ToString::to_string).collect();
             println!(
-                "smoke [{}]: IPVS virtual server {} on {}: real servers {}",
+                "smoke [{}]: IPVS virtual server {virtual_server} on {}: real servers {}",
                 family.api_name(),
-                wire::host_port(cluster_ip, 80),
                 node.name,
                 real_servers.join(", ")
             );
         }
     }
     Ok(())
-}
-
-/// The real servers (`ADDRESS:PORT`) of the TCP virtual server `address` in `netns`, as
-/// `ipvsadm -Ln` lists them; an error when there is no such virtual server.
-fn ipvs_real_servers(netns: &str, address: &str) -> anyhow::Result<Vec<String>> {
-    let out = Command::new("ip").args(["netns", "exec", netns, "ipvsadm", "-Ln", "-t", address]).output()?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    if !out.status.success() {
-        anyhow::bail!("ipvsadm -Ln -t {address} in {netns}: {}{}", text, String::from_utf8_lossy(&out.stderr));
-    }
-    Ok(text
-        .lines()
-        .filter_map(|line| line.trim_start().strip_prefix("-> "))
-        .filter_map(|rest| rest.split_whitespace().next())
-        .filter(|server| *server != "RemoteAddress:Port")
-        .map(str::to_owned)
-        .collect())
 }
 
 /// kubectl's `--timeout` for a wait of `host_secs` on the host ([`startup_patience`]: eight times
@@ -1061,6 +1060,7 @@ fn e2e(layout: &Layout, work: &Path, args: &Args) -> Result<i32> {
     let e2e_bin = binaries.path(Binary::E2eTest).map_err(setup)?;
     let info = cluster.info.clone();
     let log = report.join("e2e.log");
+    let e2e_timeout = args.e2e_timeout.unwrap_or_else(|| startup_patience(Duration::from_secs(3 * 3600)));
     let run_started = Instant::now();
     let status = fs::File::create(&log).map_err(setup).and_then(|out| {
         let err = out.try_clone().map_err(setup)?;
@@ -1080,10 +1080,16 @@ fn e2e(layout: &Layout, work: &Path, args: &Args) -> Result<i32> {
                 format!("--ginkgo.focus={}", args.focus),
                 format!("--ginkgo.skip={}", args.skip),
                 "--ginkgo.no-color".into(),
-                format!("--ginkgo.timeout={}s", startup_patience(Duration::from_secs(3 * 3600)).as_secs()),
+                format!("--ginkgo.timeout={}s", e2e_timeout.as_secs()),
             ])
-            // In the guest a spec takes minutes: say which one runs (each spec's steps as they go).
-            .args(kproxy_testbed::kernel::in_guest().then_some("--ginkgo.v"))
+            // In the guest a spec takes minutes: say which one runs (each spec's steps as they go),
+            // and where a spec still running after 10 minutes waits (ginkgo's progress report).
+            .args(
+                kproxy_testbed::kernel::in_guest()
+                    .then_some(["--ginkgo.v", "--ginkgo.poll-progress-after=10m"])
+                    .into_iter()
+                    .flatten(),
+            )
             .current_dir(&report)
             .stdin(std::process::Stdio::null())
             .stdout(out)

@@ -923,7 +923,11 @@ mod tests {
     use kproxy_k8s_harness::migration::{VirtualKey, VirtualService};
 
     fn addr_service(addr: &str, port: u16, connections: u64) -> VirtualService {
-        VirtualService { key: VirtualKey::Addr { protocol: "TCP", addr: addr.parse().unwrap(), port }, connections }
+        VirtualService {
+            key: VirtualKey::Addr { protocol: "TCP", addr: addr.parse().unwrap(), port },
+            real_servers: Vec::new(),
+            connections,
+        }
     }
 
     fn chains(names: &[&str]) -> Vec<String> {
@@ -950,7 +954,7 @@ mod tests {
             kproxy_ipvs_tables: 1,
             ipvs: vec![
                 addr_service("10.96.0.10", 80, 2),
-                VirtualService { key: VirtualKey::Fwmark(0x1000_0001), connections: 0 },
+                VirtualService { key: VirtualKey::Fwmark(0x1000_0001), real_servers: Vec::new(), connections: 0 },
             ],
             ipvs_dummy: Some(vec!["10.96.0.10".parse().unwrap()]),
             ..Default::default()
@@ -1024,7 +1028,11 @@ mod tests {
         assert_eq!(left(m, Direction::OntoKproxy, &kproxy_ipvs()), [], "adopted: nothing of kube-proxy's");
         let mut both = kube_proxy_ipvs();
         both.kproxy_ipvs_tables = 1;
-        both.ipvs.push(VirtualService { key: VirtualKey::Fwmark(0x1000_0001), connections: 0 });
+        both.ipvs.push(VirtualService {
+            key: VirtualKey::Fwmark(0x1000_0001),
+            real_servers: Vec::new(),
+            connections: 0,
+        });
         assert_eq!(
             what(&left(m, Direction::OntoKproxy, &both)),
             [
@@ -1056,7 +1064,11 @@ mod tests {
         assert_eq!(left(m, Direction::BackToKubeProxy, &kube_proxy_ipvs()), []);
         let mut both = kube_proxy_ipvs();
         both.kproxy_ipvs_tables = 2;
-        both.ipvs.push(VirtualService { key: VirtualKey::Fwmark(0x1000_0001), connections: 0 });
+        both.ipvs.push(VirtualService {
+            key: VirtualKey::Fwmark(0x1000_0001),
+            real_servers: Vec::new(),
+            connections: 0,
+        });
         assert_eq!(
             what(&left(m, Direction::BackToKubeProxy, &both)),
             [("2 nftables table(s) of kproxy's", false), ("virtual services [FWM 0x10000001]", false)]

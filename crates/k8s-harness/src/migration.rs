@@ -5,7 +5,7 @@
 //! way docs/migration.md tells an operator to.
 
 use std::fs;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -123,6 +123,8 @@ impl std::fmt::Display for VirtualKey {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VirtualService {
     pub key: VirtualKey,
+    /// Its real servers (address and port), in the kernel's order.
+    pub real_servers: Vec<SocketAddr>,
     /// Connections IPVS tracks through it (active and inactive, over its real servers): while
     /// any is left, kproxy's takeover keeps kube-proxy's virtual service (docs/migration.md).
     pub connections: u64,
@@ -190,6 +192,19 @@ impl ProxyRules {
     }
 }
 
+/// The IPVS virtual services of namespace `netns` (`/proc/net/ip_vs`); none where `ip_vs` is not
+/// loaded (the file exists in every namespace once it is, and only then).
+pub fn ipvs_services(netns: &str) -> Result<Vec<VirtualService>> {
+    let out = Command::new("ip")
+        .args(["netns", "exec", netns, "sh", "-c", "if [ -e /proc/net/ip_vs ]; then cat /proc/net/ip_vs; fi"])
+        .output()
+        .context("reading /proc/net/ip_vs")?;
+    if !out.status.success() {
+        anyhow::bail!("/proc/net/ip_vs in {netns}: {}", String::from_utf8_lossy(&out.stderr).trim());
+    }
+    parse_ip_vs(&String::from_utf8_lossy(&out.stdout)).with_context(|| format!("/proc/net/ip_vs in {netns}"))
+}
+
 /// Reads [`ProxyRules`] in namespace `netns`: `nft list tables`, the four `*tables-save` of both
 /// backends and families, `/proc/net/ip_vs`, the dummy interface's addresses and `ipset list -n`.
 /// Reading creates nothing: IPVS and ip sets are looked at only where their kernel module is
@@ -231,9 +246,7 @@ pub fn proxy_rules(netns: &str) -> Result<ProxyRules> {
             }
         }
     }
-    // `/proc/net/ip_vs` exists in every namespace once `ip_vs` is loaded, and only then.
-    let ipvs = parse_ip_vs(&run(&["sh", "-c", "if [ -e /proc/net/ip_vs ]; then cat /proc/net/ip_vs; fi"])?)
-        .with_context(|| format!("/proc/net/ip_vs in {netns}"))?;
+    let ipvs = ipvs_services(netns)?;
     let ipvs_dummy = if link_names(&run(&["ip", "-o", "link", "show"])?).iter().any(|n| n == IPVS_DUMMY) {
         Some(addresses(&run(&["ip", "-o", "addr", "show", "dev", IPVS_DUMMY])?))
     } else {
@@ -261,8 +274,8 @@ pub fn proxy_rules(netns: &str) -> Result<ProxyRules> {
     })
 }
 
-/// The virtual services of a `/proc/net/ip_vs` text, each with the connections over its real
-/// servers. Hand-written: kproxy-ipvs has a parser of this text (`proc_table`), but it comes
+/// The virtual services of a `/proc/net/ip_vs` text, each with its real servers and the
+/// connections over them. Hand-written: kproxy-ipvs has a parser of this text (`proc_table`), but it comes
 /// with the daemon's planning crates (and their Kubernetes API types), too much for the
 /// harness to build for three fields.
 pub fn parse_ip_vs(text: &str) -> Result<Vec<VirtualService>> {
@@ -272,12 +285,16 @@ pub fn parse_ip_vs(text: &str) -> Result<Vec<VirtualService>> {
         let unknown = || anyhow::anyhow!("a line not understood: {line:?}");
         match words[..] {
             [] | ["IP", ..] | ["Prot", ..] | ["->", "RemoteAddress:Port", ..] => {}
-            ["->", _, _, _, active, inactive, ..] => {
+            ["->", real_server, _, _, active, inactive, ..] => {
                 let count = |w: &str| w.parse::<u64>().map_err(|_| unknown());
-                out.last_mut().ok_or_else(unknown)?.connections += count(active)? + count(inactive)?;
+                let (addr, port) = hex_addr_port(real_server).ok_or_else(unknown)?;
+                let service = out.last_mut().ok_or_else(unknown)?;
+                service.real_servers.push(SocketAddr::new(addr, port));
+                service.connections += count(active)? + count(inactive)?;
             }
             ["FWM", mark, ..] => out.push(VirtualService {
                 key: VirtualKey::Fwmark(u32::from_str_radix(mark, 16).map_err(|_| unknown())?),
+                real_servers: Vec::new(),
                 connections: 0,
             }),
             [protocol @ ("TCP" | "UDP" | "SCTP"), addr_port, ..] => {
@@ -287,10 +304,14 @@ pub fn parse_ip_vs(text: &str) -> Result<Vec<VirtualService>> {
                     _ => "SCTP",
                 };
                 let (addr, port) = hex_addr_port(addr_port).ok_or_else(unknown)?;
-                out.push(VirtualService { key: VirtualKey::Addr { protocol, addr, port }, connections: 0 });
+                out.push(VirtualService {
+                    key: VirtualKey::Addr { protocol, addr, port },
+                    real_servers: Vec::new(),
+                    connections: 0,
+                });
             }
             [first, ..] if !first.starts_with("->") => {
-                out.push(VirtualService { key: VirtualKey::Other, connections: 0 })
+                out.push(VirtualService { key: VirtualKey::Other, real_servers: Vec::new(), connections: 0 })
             }
             _ => return Err(unknown()),
         }
@@ -383,7 +404,7 @@ FWM  10000001 rr
 ";
 
     #[test]
-    fn proc_net_ip_vs_gives_each_virtual_service_and_the_connections_through_it() {
+    fn proc_net_ip_vs_gives_each_virtual_service_its_real_servers_and_the_connections_through_them() {
         let services = parse_ip_vs(IP_VS).unwrap();
         let listed: Vec<(String, u64)> = services.iter().map(|s| (s.key.to_string(), s.connections)).collect();
         assert_eq!(
@@ -395,6 +416,10 @@ FWM  10000001 rr
                 ("FWM 0x10000001".to_owned(), 3),
             ]
         );
+        let real_servers: Vec<String> =
+            services[1].real_servers.iter().chain(&services[3].real_servers).map(ToString::to_string).collect();
+        assert_eq!(real_servers, ["10.244.1.5:8080", "10.244.2.6:8080", "10.244.1.5:8080"]);
+        assert_eq!(services[2].real_servers, [], "a virtual service without real servers");
         assert_eq!(parse_ip_vs("").unwrap(), [], "no IPVS in the kernel: nothing");
         assert!(parse_ip_vs("TCP  nothex:01BB rr\n").is_err(), "a line not understood is an error, not nothing");
         assert!(parse_ip_vs("  -> 0AF40105:1F90 Masq 1 0 0\n").is_err(), "a real server without a service");
