@@ -191,11 +191,34 @@ pub fn up(binaries: &Binaries, options: &ClusterOptions) -> Result<Cluster> {
                 tracing::error!(
                     "KPROXY_CLUSTER_KEEP=1: left the failed cluster up; `cargo xtask cluster down` removes it"
                 );
-            } else if let Err(cleanup) = down(&options.work) {
-                tracing::error!("cleanup after the failure also failed: {cleanup:#}");
+            } else {
+                // The logs go with the cluster (in the guest, with the whole machine): their
+                // last lines are what says why it failed.
+                print_log_tails(&options.work.join("logs"));
+                if let Err(cleanup) = down(&options.work) {
+                    tracing::error!("cleanup after the failure also failed: {cleanup:#}");
+                }
             }
             Err(error)
         }
+    }
+}
+
+/// How often a long [`Kubectl::wait_for`] says that it still waits.
+const STILL_WAITING_EVERY: Duration = Duration::from_secs(120);
+
+/// The last lines of every log of a failed cluster (control plane, each node's components).
+fn print_log_tails(logs: &Path) {
+    const LINES: usize = 15;
+    let Ok(entries) = fs::read_dir(logs) else { return };
+    let mut paths: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
+    paths.sort();
+    for path in paths {
+        let Ok(text) = fs::read(&path) else { continue };
+        let text = String::from_utf8_lossy(&text);
+        let lines: Vec<&str> = text.lines().collect();
+        let tail = lines[lines.len().saturating_sub(LINES)..].join("\n");
+        tracing::error!("last lines of {}:\n{tail}", path.display());
     }
 }
 
@@ -803,13 +826,25 @@ impl Kubectl {
 
     /// Polls `check` every 500 ms until it gives a value or `timeout` passes.
     pub fn wait_for<T>(&self, timeout: Duration, what: &str, mut check: impl FnMut() -> Option<T>) -> Result<T> {
-        let deadline = Instant::now() + timeout;
+        let began = Instant::now();
+        let deadline = began + timeout;
+        // A wait of many minutes (the guest's are eight times the host's) says that it is waiting.
+        let mut next_note = began + STILL_WAITING_EVERY;
         loop {
             if let Some(value) = check() {
                 return Ok(value);
             }
-            if Instant::now() > deadline {
+            let now = Instant::now();
+            if now > deadline {
                 bail!("timed out after {timeout:?} waiting for {what}");
+            }
+            if now > next_note {
+                tracing::info!(
+                    "still waiting for {what} ({:.0} s of {:.0} s)",
+                    (now - began).as_secs_f64(),
+                    timeout.as_secs_f64()
+                );
+                next_note = now + STILL_WAITING_EVERY;
             }
             std::thread::sleep(Duration::from_millis(500));
         }
