@@ -209,7 +209,7 @@ const STILL_WAITING_EVERY: Duration = Duration::from_secs(120);
 
 /// The last lines of every log of a failed cluster (control plane, each node's components).
 fn print_log_tails(logs: &Path) {
-    const LINES: usize = 15;
+    const LINES: usize = 20;
     let Ok(entries) = fs::read_dir(logs) else { return };
     let mut paths: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
     paths.sort();
@@ -372,10 +372,23 @@ fn up_inner(binaries: &Binaries, options: &ClusterOptions, ledger: &mut Ledger) 
         );
     }
     let mut infos = Vec::new();
+    // Nodes have always had their pod ranges and been Ready within a minute of starting (three
+    // in the guest); one that waits far longer shows every log once while still waiting: the
+    // wait's guard is long (40 min in the guest) and the logs vanish with the guest.
+    let nodes_started = Instant::now();
+    let logs_shown = std::cell::Cell::new(false);
+    let show_logs_once_slow = || {
+        if !logs_shown.get() && nodes_started.elapsed() > crate::startup_patience(Duration::from_secs(60)) {
+            logs_shown.set(true);
+            tracing::warn!("the nodes are slow to become Ready: every component's last log lines follow");
+            print_log_tails(&logs);
+        }
+    };
     for node in &nodes {
         // One pod range of each family, primary first (kube-controller-manager allocates them all
         // at once).
         let pod_cidrs = kubectl.wait_for(node_ready_timeout(), &format!("{}'s podCIDRs", node.name), || {
+            show_logs_once_slow();
             let out = kubectl.run(&["get", "node", &node.name, "-o", "jsonpath={.spec.podCIDRs[*]}"]).ok()?;
             let cidrs: Vec<String> = out.split_whitespace().map(str::to_owned).collect();
             (cidrs.len() == families.families().len()).then_some(cidrs)
@@ -395,6 +408,7 @@ fn up_inner(binaries: &Binaries, options: &ClusterOptions, ledger: &mut Ledger) 
     }
     for node in &nodes {
         kubectl.wait_for(node_ready_timeout(), &format!("{} Ready", node.name), || {
+            show_logs_once_slow();
             let out = kubectl
                 .run(&["get", "node", &node.name, "-o", "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}"])
                 .ok()?;
