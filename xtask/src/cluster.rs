@@ -240,6 +240,7 @@ fn run_in_guest(layout: &Layout, sub: &str, args: &[OsString], parsed: &Args, wo
         // Measured in the guest: the control plane ~0.6 GiB; a node's images, snapshots (tmpfs)
         // and processes ~1–1.3 GiB.
         memory_mib: Some(2048 + 2048 * nodes),
+        panic_on_soft_lockup: true,
     };
     let exe = std::env::current_exe().map_err(setup)?;
     let mut command = vec![exe.into_os_string(), "cluster".into(), sub.into()];

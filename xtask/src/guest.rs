@@ -31,6 +31,10 @@ pub struct Setup {
     pub cgroups_v1: bool,
     /// Guest memory (MiB) when `KPROXY_GUEST_MEM` does not say.
     pub memory_mib: Option<u32>,
+    /// A soft lockup panics the guest, every CPU's backtrace on the console, so the run ends
+    /// with the reason rather than hanging (seen under TCG: both vCPUs stuck in `runc` while a
+    /// pod started, nothing progressing for the 24 h guard).
+    pub panic_on_soft_lockup: bool,
 }
 
 /// The cgroup v1 controllers [`Setup::cgroups_v1`] mounts, one hierarchy each.
@@ -153,6 +157,11 @@ fn run_script(
         mount(&root.join("systemd"), "-t cgroup -o none,name=systemd cgroup");
         mount(&root.join("unified"), "-t cgroup2 cgroup2");
     }
+    if setup.panic_on_soft_lockup {
+        script.extend_from_slice(
+            b"echo 1 > /proc/sys/kernel/softlockup_all_cpu_backtrace && echo 1 > /proc/sys/kernel/softlockup_panic || exit 125\n",
+        );
+    }
     script.extend_from_slice(b"cd -- ");
     script.extend(shell::quote(cwd));
     script.extend_from_slice(b" || exit 126\n");
@@ -213,6 +222,7 @@ mod tests {
             tmpfs: vec![PathBuf::from("/work/target/kproxy-cluster-g")],
             cgroups_v1: true,
             memory_mib: None,
+            panic_on_soft_lockup: true,
         };
         let command = [OsString::from("true")];
         let script = String::from_utf8(run_script(Path::new("/"), std::iter::empty(), &setup, &command)).unwrap();
@@ -220,7 +230,8 @@ mod tests {
         let tmpfs = "mkdir -p '/work/target/kproxy-cluster-g' && mount -t tmpfs -o mode=0755 tmpfs '/work/target/kproxy-cluster-g' || exit 125\n";
         let memory = "mkdir -p '/sys/fs/cgroup/memory' && mount -t cgroup -o memory cgroup '/sys/fs/cgroup/memory' || exit 125\n";
         let unified = "mount -t cgroup2 cgroup2 '/sys/fs/cgroup/unified' || exit 125\n";
-        for line in [share, tmpfs, memory, unified] {
+        let lockup = "echo 1 > /proc/sys/kernel/softlockup_panic || exit 125\n";
+        for line in [share, tmpfs, memory, unified, lockup] {
             assert!(script.contains(line), "{line} missing from:\n{script}");
         }
         let exec = script.find("\nexec").unwrap();
