@@ -34,7 +34,7 @@ pub const USAGE: &str = "cargo xtask cluster up    [--name NAME] [--nodes N] [--
                                   (docs/migration.md; --direct-handback: from kproxy iptables to kube-proxy nftables
                                   without switching kproxy to nftables first, the known limit)
 every command takes --name NAME (default kpc): clusters of different names run side by side
---guest (smoke, e2e, workloads, migrate): the whole cluster runs inside Debian's kernel under qemu
+--guest (smoke, e2e, workloads, migrate, accel): the whole cluster runs inside Debian's kernel under qemu
 (cargo xtask guest-run), which has IPVS and flowtables; --mode ipvs and --from ipvs need it here
 --ip-family: ipv4 (default), ipv6 (no IPv4 on the wire) or dual (IPv4 primary); --zones Z labels the
 nodes topology.kubernetes.io/zone=zone-a, zone-b, ... round-robin
