@@ -372,9 +372,10 @@ fn up_inner(binaries: &Binaries, options: &ClusterOptions, ledger: &mut Ledger) 
         );
     }
     let mut infos = Vec::new();
-    // Nodes have always had their pod ranges and been Ready within a minute of starting (three
-    // in the guest); one that waits far longer shows every log once while still waiting: the
-    // wait's guard is long (40 min in the guest) and the logs vanish with the guest.
+    // Nodes get their pod ranges and become Ready within seconds of starting (about a minute in
+    // the guest); nodes still waiting after a minute (eight in the guest) show every log once,
+    // while the wait goes on: its guard is long (40 min in the guest) and the guest's logs vanish
+    // with it.
     let nodes_started = Instant::now();
     let logs_shown = std::cell::Cell::new(false);
     let show_logs_once_slow = || {
