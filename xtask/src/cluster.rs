@@ -166,6 +166,9 @@ pub fn run(layout: &Layout, args: &[OsString]) -> Result<i32> {
     let Some(sub) = args.first().and_then(|a| a.to_str()) else { return Err(Error::Usage(USAGE.into())) };
     let parsed = parse(&args[1..])?;
     let work = work_dir(layout, &parsed.name);
+    if parsed.e2e_timeout.is_some() && sub != "e2e" {
+        return Err(Error::Usage(format!("--e2e-timeout is e2e's (ginkgo's suite timeout), not {sub}'s\n{USAGE}")));
+    }
     if parsed.guest && !kproxy_testbed::kernel::in_guest() {
         return run_in_guest(layout, sub, &args[1..], &parsed, &work);
     }

@@ -930,6 +930,11 @@ mod tests {
         }
     }
 
+    /// kproxy's IPVS mode's NodePort service, without connections.
+    fn fwmark_service() -> VirtualService {
+        VirtualService { key: VirtualKey::Fwmark(0x1000_0001), real_servers: Vec::new(), connections: 0 }
+    }
+
     fn chains(names: &[&str]) -> Vec<String> {
         names.iter().map(|n| format!("nft ipv4 {n}")).collect()
     }
@@ -952,10 +957,7 @@ mod tests {
     fn kproxy_ipvs() -> ProxyRules {
         ProxyRules {
             kproxy_ipvs_tables: 1,
-            ipvs: vec![
-                addr_service("10.96.0.10", 80, 2),
-                VirtualService { key: VirtualKey::Fwmark(0x1000_0001), real_servers: Vec::new(), connections: 0 },
-            ],
+            ipvs: vec![addr_service("10.96.0.10", 80, 2), fwmark_service()],
             ipvs_dummy: Some(vec!["10.96.0.10".parse().unwrap()]),
             ..Default::default()
         }
@@ -1028,11 +1030,7 @@ mod tests {
         assert_eq!(left(m, Direction::OntoKproxy, &kproxy_ipvs()), [], "adopted: nothing of kube-proxy's");
         let mut both = kube_proxy_ipvs();
         both.kproxy_ipvs_tables = 1;
-        both.ipvs.push(VirtualService {
-            key: VirtualKey::Fwmark(0x1000_0001),
-            real_servers: Vec::new(),
-            connections: 0,
-        });
+        both.ipvs.push(fwmark_service());
         assert_eq!(
             what(&left(m, Direction::OntoKproxy, &both)),
             [
@@ -1064,11 +1062,7 @@ mod tests {
         assert_eq!(left(m, Direction::BackToKubeProxy, &kube_proxy_ipvs()), []);
         let mut both = kube_proxy_ipvs();
         both.kproxy_ipvs_tables = 2;
-        both.ipvs.push(VirtualService {
-            key: VirtualKey::Fwmark(0x1000_0001),
-            real_servers: Vec::new(),
-            connections: 0,
-        });
+        both.ipvs.push(fwmark_service());
         assert_eq!(
             what(&left(m, Direction::BackToKubeProxy, &both)),
             [("2 nftables table(s) of kproxy's", false), ("virtual services [FWM 0x10000001]", false)]

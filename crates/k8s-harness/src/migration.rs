@@ -195,14 +195,22 @@ impl ProxyRules {
 /// The IPVS virtual services of namespace `netns` (`/proc/net/ip_vs`); none where `ip_vs` is not
 /// loaded (the file exists in every namespace once it is, and only then).
 pub fn ipvs_services(netns: &str) -> Result<Vec<VirtualService>> {
+    let text = run_in(netns, &["sh", "-c", "if [ -e /proc/net/ip_vs ]; then cat /proc/net/ip_vs; fi"])?;
+    parse_ip_vs(&text).with_context(|| format!("/proc/net/ip_vs in {netns}"))
+}
+
+/// Runs `args` in namespace `netns`; its stdout, or an error with its stderr: an empty listing
+/// must mean "nothing there", never "could not look".
+fn run_in(netns: &str, args: &[&str]) -> Result<String> {
     let out = Command::new("ip")
-        .args(["netns", "exec", netns, "sh", "-c", "if [ -e /proc/net/ip_vs ]; then cat /proc/net/ip_vs; fi"])
+        .args(["netns", "exec", netns])
+        .args(args)
         .output()
-        .context("reading /proc/net/ip_vs")?;
+        .with_context(|| format!("running {}", args.join(" ")))?;
     if !out.status.success() {
-        anyhow::bail!("/proc/net/ip_vs in {netns}: {}", String::from_utf8_lossy(&out.stderr).trim());
+        anyhow::bail!("{} in {netns}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
     }
-    parse_ip_vs(&String::from_utf8_lossy(&out.stdout)).with_context(|| format!("/proc/net/ip_vs in {netns}"))
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// Reads [`ProxyRules`] in namespace `netns`: `nft list tables`, the four `*tables-save` of both
@@ -210,18 +218,7 @@ pub fn ipvs_services(netns: &str) -> Result<Vec<VirtualService>> {
 /// Reading creates nothing: IPVS and ip sets are looked at only where their kernel module is
 /// loaded (without it there is nothing of theirs; `ipset` would load it).
 pub fn proxy_rules(netns: &str) -> Result<ProxyRules> {
-    let run = |args: &[&str]| -> Result<String> {
-        let out = Command::new("ip")
-            .args(["netns", "exec", netns])
-            .args(args)
-            .output()
-            .with_context(|| format!("running {}", args.join(" ")))?;
-        // An empty listing must mean "nothing there", never "could not look".
-        if !out.status.success() {
-            anyhow::bail!("{} in {netns}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    };
+    let run = |args: &[&str]| run_in(netns, args);
     let tables = run(&["nft", "list", "tables"])?;
     let named = |name: &str| tables.lines().filter(|l| l.split_whitespace().nth(2) == Some(name)).count();
     let mut kube_chains = Vec::new();
