@@ -118,7 +118,7 @@ impl NodePortScope {
     pub fn of(node: &NodePlan, local_addresses: &[IpAddr]) -> Self {
         match &node.nodeport_addresses {
             NodePortAddresses::Only(addresses) => NodePortScope::Only(addresses.iter().copied().collect()),
-            NodePortAddresses::AllLocal => {
+            NodePortAddresses::AllLocal(_) => {
                 NodePortScope::AllLocal(local_addresses.iter().copied().chain(node.node_ip).collect())
             }
         }

@@ -105,7 +105,7 @@ impl Ctx {
         !self.v6()
             && self.localhost_nodeports
             && match &node.nodeport_addresses {
-                NodePortAddresses::AllLocal => true,
+                NodePortAddresses::AllLocal(_) => true,
                 NodePortAddresses::Only(ips) => ips.iter().any(IpAddr::is_loopback),
             }
     }
@@ -440,7 +440,7 @@ fn affinity_rules(p: &ServicePortPlan, chain: &str, name: &str, endpoints: &[End
 /// The destination matches NodePorts answer on (one rule each).
 fn nodeport_destinations(ctx: &Ctx, node: &NodePlan) -> Vec<String> {
     match &node.nodeport_addresses {
-        NodePortAddresses::AllLocal => {
+        NodePortAddresses::AllLocal(_) => {
             if ctx.localhost_nodeports_active(node) {
                 vec!["-m addrtype --dst-type LOCAL".to_owned()]
             } else {

@@ -171,7 +171,7 @@ pub fn skeleton(cfg: &Config, ctx: &Ctx, node: &NodePlan) -> Skeleton {
     let dest = ctx.destination();
     let port = vec![Field::L4Proto, Field::ThDport];
     let np: Vec<Stmt> = match &node.nodeport_addresses {
-        NodePortAddresses::AllLocal => vec![
+        NodePortAddresses::AllLocal(_) => vec![
             Stmt::FibLocal { saddr: false },
             Stmt::neq(ctx.daddr(), ctx.loopback()),
             Stmt::not_member(vec![ctx.daddr()], VIPS),
@@ -367,7 +367,7 @@ mod tests {
         NodePlan {
             node_ip: node_ip.map(|ip| ip.parse::<IpAddr>().unwrap()),
             local_traffic: LocalTraffic::SourceCidrs(vec!["198.18.16.0/20".parse().unwrap()]),
-            nodeport_addresses: NodePortAddresses::AllLocal,
+            nodeport_addresses: NodePortAddresses::AllLocal(Vec::new()),
             snat: SnatPolicy {
                 no_masquerade_cidrs: cidrs.iter().map(|c| c.parse().unwrap()).collect(),
                 source,

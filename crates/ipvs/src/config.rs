@@ -133,6 +133,10 @@ pub struct Config {
     pub graceful_period: Duration,
 }
 
+/// The dummy interface that holds IPVS's VIPs, kube-proxy's name for it (and kproxy's: taking a
+/// node over from kube-proxy's IPVS mode adopts it). Its addresses are Services', not the node's.
+pub const DUMMY_INTERFACE: &str = "kube-ipvs0";
+
 impl Default for Config {
     fn default() -> Self {
         Self {
@@ -142,7 +146,7 @@ impl Default for Config {
             tcp_fin_timeout: Duration::ZERO,
             udp_timeout: Duration::ZERO,
             exclude_cidrs: Vec::new(),
-            interface: "kube-ipvs0".to_owned(),
+            interface: DUMMY_INTERFACE.to_owned(),
             table: "kproxy-ipvs".to_owned(),
             masquerade_mark: 0x4000,
             local_pod_mark: 0x2000,

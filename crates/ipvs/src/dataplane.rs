@@ -138,10 +138,15 @@ impl<H: Host> IpvsDataplane<H> {
     /// settings or the set of families changed.
     pub fn sync(&mut self, plan: &Plan, delta: &PlanDelta) -> Result<SyncReport, Error> {
         // A node address that `nodePortAddresses` selects came or went: the auxiliary table's
-        // `nodeport-ips` elements (NodePorts are firewall-mark services), not a full reconcile.
+        // `nodeport-ips` elements (NodePorts are firewall-mark services), not a full reconcile;
+        // unless a NodePort is address services on those addresses (ClientIP affinity).
         let addresses_only = delta.families.iter().all(|(family, fd)| {
             fd.node.as_ref().is_none_or(|node| {
-                self.families.get(family).is_some_and(|s| s.node.nodeport_addresses_change(node).is_some())
+                self.families.get(family).is_some_and(|s| {
+                    s.node.nodeport_addresses_change(node).is_some()
+                        && (s.node.nodeport_addresses.addresses() == node.nodeport_addresses.addresses()
+                            || !s.ports.values().any(|o| o.on_node_addresses))
+                })
             })
         });
         let families_changed = !plan.families.keys().eq(self.families.keys());

@@ -29,7 +29,7 @@ pub mod proc_table;
 pub mod render;
 pub mod rtnl;
 
-pub use config::{Config, Scheduler, UnknownScheduler};
+pub use config::{Config, DUMMY_INTERFACE, Scheduler, UnknownScheduler};
 pub use dataplane::{
     IpvsDataplane, SyncReport, cleanup, cleanup_kproxy_only, ensure_node_sysctls, is_proxy_service, node_sysctls,
 };

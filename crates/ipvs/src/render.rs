@@ -11,10 +11,16 @@
 //!   auxiliary table marks packets to `nodeport` on any NodePort address (as `nodePortAddresses`
 //!   says, including addresses added later) with its mark. One service instead of one per node
 //!   address, and no resync when addresses change.
+//! - NodePorts under ClientIP affinity — an address service on each NodePort address (the
+//!   node's addresses as last read, under `nodePortAddresses` unset), as upstream: a persistent
+//!   firewall-mark service keeps the client's destination port for its real server (the
+//!   kernel's `ip_vs_sched_persist` maps only a destination port equal to the service's, and a
+//!   firewall-mark service has port 0), so the endpoint would be asked for the NodePort.
 //! - `externalTrafficPolicy: Local` short-circuit — traffic from local pods and from the node to
 //!   the external addresses or the NodePort goes to the cluster endpoints: the auxiliary table
 //!   marks it with the port's *cluster* mark, and IPVS looks firewall-mark services up before
-//!   address services.
+//!   address services. Under ClientIP affinity this firewall-mark service is not persistent
+//!   (same reason): short-circuited connections are balanced without stickiness.
 //!
 //! Accelerated service ports (KEP-4963 opt-in, acceleration on, no session affinity: see
 //! [`dnat_in_nftables`]) keep all their virtual services, but their connections are DNATed in
@@ -68,6 +74,9 @@ pub struct PortObjects {
     pub vips: Vec<IpAddr>,
     /// Elements of the auxiliary table's sets and maps.
     pub elements: Vec<Element>,
+    /// Its NodePort is address services on the node's addresses (ClientIP affinity): they
+    /// change with the node's addresses.
+    pub on_node_addresses: bool,
 }
 
 fn verdict(v: NoEndpointsVerdict) -> Option<MapData> {
@@ -124,14 +133,17 @@ pub fn render_port(
         k.0.push(Value::Prefix(range));
         k
     };
-    let (flags, timeout) = match p.affinity_timeout {
-        Some(t) => (cfg.scheduler.flags() | F_PERSISTENT, t),
-        None => (cfg.scheduler.flags(), 0),
-    };
-    let vs = |key: ServiceKey, eps: &[Endpoint]| DesiredVs {
-        spec: ServiceSpec { key, scheduler: cfg.scheduler.name().to_owned(), flags, timeout },
-        protocol: p.protocol,
-        dests: dests(eps),
+    // Only address services can be persistent: see the module's doc.
+    let vs = |key: ServiceKey, eps: &[Endpoint]| {
+        let (flags, timeout) = match (p.affinity_timeout, key) {
+            (Some(t), ServiceKey::Addr { .. }) => (cfg.scheduler.flags() | F_PERSISTENT, t),
+            _ => (cfg.scheduler.flags(), 0),
+        };
+        DesiredVs {
+            spec: ServiceSpec { key, scheduler: cfg.scheduler.name().to_owned(), flags, timeout },
+            protocol: p.protocol,
+            dests: dests(eps),
+        }
     };
     let family = ctx.family;
     let dnat = dnat_in_nftables(p);
@@ -192,7 +204,12 @@ pub fn render_port(
                 let np_key = nodeport(np);
                 // Without local endpoints (the plan's Drop) external NodePort traffic stays
                 // unmarked and the auxiliary table drops it; only the short-circuit is marked.
-                if ext.no_endpoints.is_none() {
+                if ext.no_endpoints.is_none() && p.affinity_timeout.is_some() {
+                    out.on_node_addresses = true;
+                    for &addr in node.nodeport_addresses.addresses() {
+                        out.services.push(vs(ServiceKey::Addr { addr, protocol: p.protocol, port: np }, external_eps));
+                    }
+                } else if ext.no_endpoints.is_none() {
                     let external_mark = if local { mark(MarkClass::Local) } else { cluster_mark };
                     out.services.push(vs(ServiceKey::Fwmark { family, mark: external_mark }, external_eps));
                     if !dnat {

@@ -134,26 +134,102 @@ fn removed_tcp_endpoints_drain_at_weight_zero_and_go_when_idle() {
     assert_eq!(dp.host().services[&cip("198.18.128.10")].dests[&dest("198.18.17.10")].spec.weight, 1);
 }
 
-#[test]
-fn affinity_is_persistence_and_nodeports_are_firewall_mark_services() {
-    let world = World::new(svc(
+fn affinity_nodeport(policy: &str) -> World {
+    World::new(svc(
         "web",
         "198.18.128.10",
-        &[("198.18.16.10", NODE_A)],
-        json!({"type": "NodePort", "sessionAffinity": "ClientIP",
+        &[("198.18.16.10", NODE_A), ("198.18.17.10", NODE_B)],
+        json!({"type": "NodePort", "sessionAffinity": "ClientIP", "externalTrafficPolicy": policy,
             "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 30}},
             "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP", "nodePort": 30080}]}),
-    ));
+    ))
+}
+
+fn node_port(addr: &str) -> ServiceKey {
+    ServiceKey::Addr { addr: addr.parse().unwrap(), protocol: Protocol::Tcp, port: 30080 }
+}
+
+/// A persistent firewall-mark service would send the connection to the endpoint's NodePort
+/// (the kernel keeps a destination port other than the service's, and a firewall-mark service
+/// has none), so under ClientIP affinity a NodePort is a persistent address service on each
+/// node address, as upstream's, and gets no firewall mark.
+#[test]
+fn affinity_is_persistence_and_nodeports_under_it_are_address_services_on_the_node_addresses() {
+    let world = affinity_nodeport("Cluster");
     let mut dp = IpvsDataplane::new(FakeHost::new(), Config::default());
     dp.sync(&world.plan, &world.full()).unwrap();
     let host = dp.host();
     let web = &host.services[&cip("198.18.128.10")];
     assert_eq!((web.spec.flags & 1, web.spec.timeout), (1, 30));
+    let np = &host.services[&node_port("198.18.0.2")];
+    assert_eq!((np.spec.flags & 1, np.spec.timeout), (1, 30));
+    assert_eq!(np.dests.keys().copied().collect::<Vec<_>>(), vec![dest("198.18.16.10"), dest("198.18.17.10")]);
+    let fw: Vec<_> = host.services.keys().filter(|k| matches!(k, ServiceKey::Fwmark { .. })).collect();
+    assert!(fw.is_empty(), "{fw:?}");
+    let text = host.nft.last().unwrap().render();
+    assert!(text.contains("tcp . 30080"), "still a NodePort to masquerade: {text}");
+    assert!(!text.contains("tcp . 30080 : 0x"), "no firewall mark: {text}");
+}
+
+#[test]
+fn nodeports_without_affinity_are_one_firewall_mark_service() {
+    let world = World::new(svc(
+        "web",
+        "198.18.128.10",
+        &[("198.18.16.10", NODE_A)],
+        json!({"type": "NodePort",
+            "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP", "nodePort": 30080}]}),
+    ));
+    let mut dp = IpvsDataplane::new(FakeHost::new(), Config::default());
+    dp.sync(&world.plan, &world.full()).unwrap();
+    let host = dp.host();
+    assert!(!host.services.contains_key(&node_port("198.18.0.2")));
     let fw: Vec<_> = host.services.keys().filter(|k| matches!(k, ServiceKey::Fwmark { .. })).collect();
     assert_eq!(fw.len(), 1, "{fw:?}");
     let ServiceKey::Fwmark { mark, .. } = fw[0] else { unreachable!() };
     let text = host.nft.last().unwrap().render();
     assert!(text.contains(&format!("tcp . 30080 : {mark:#x}")), "{text}");
+}
+
+/// Under `externalTrafficPolicy: Local` the NodePort's address service has the local endpoints;
+/// the short-circuit (local pods and the node to the cluster endpoints) stays a firewall-mark
+/// service, not persistent, so its connections reach the endpoints' target port.
+#[test]
+fn affinity_under_local_policy_keeps_a_short_circuit_that_is_not_persistent() {
+    let world = affinity_nodeport("Local");
+    let mut dp = IpvsDataplane::new(FakeHost::new(), Config::default());
+    dp.sync(&world.plan, &world.full()).unwrap();
+    let host = dp.host();
+    let np = &host.services[&node_port("198.18.0.2")];
+    assert_eq!(np.dests.keys().copied().collect::<Vec<_>>(), vec![dest("198.18.16.10")], "the local endpoint");
+    let fw: Vec<_> = host.services.iter().filter(|(k, _)| matches!(k, ServiceKey::Fwmark { .. })).collect();
+    assert_eq!(fw.len(), 1, "the short-circuit: {fw:?}");
+    let (_, short_circuit) = fw[0];
+    assert_eq!((short_circuit.spec.flags & 1, short_circuit.spec.timeout), (0, 0));
+    assert_eq!(short_circuit.dests.len(), 2, "the cluster endpoints");
+}
+
+/// A node address came: with a NodePort under ClientIP affinity its address service follows
+/// (a full reconcile, as the set of services changes); and the address going takes it away.
+#[test]
+fn a_node_address_change_moves_the_address_services_of_affinity_nodeports() {
+    use kproxy_plan::{NodePortAddresses, PlanDelta};
+    let world = affinity_nodeport("Cluster");
+    let with = |ips: &[&str]| {
+        let mut plan = world.plan.clone();
+        let v4 = plan.families.get_mut(&IpFamily::V4).unwrap();
+        v4.node.nodeport_addresses = NodePortAddresses::AllLocal(ips.iter().map(|ip| ip.parse().unwrap()).collect());
+        plan
+    };
+    let (one, two) = (with(&["198.18.0.2"]), with(&["198.18.0.2", "198.18.0.4"]));
+    let mut dp = IpvsDataplane::new(FakeHost::new(), Config::default());
+    dp.sync(&one, &PlanDelta::between(&kproxy_plan::Plan::default(), &one)).unwrap();
+    assert!(!dp.host().services.contains_key(&node_port("198.18.0.4")));
+    dp.sync(&two, &PlanDelta::between(&one, &two)).unwrap();
+    assert!(dp.host().services.contains_key(&node_port("198.18.0.4")));
+    assert!(dp.host().services.contains_key(&node_port("198.18.0.2")));
+    dp.sync(&one, &PlanDelta::between(&two, &one)).unwrap();
+    assert!(!dp.host().services.contains_key(&node_port("198.18.0.4")));
 }
 
 #[test]

@@ -17,10 +17,12 @@ pub fn node_name(config: &ProxyConfig) -> String {
         .unwrap_or_default()
 }
 
-/// Addresses of every interface in this network namespace (for `nodePortAddresses` CIDRs).
+/// Addresses of every interface in this network namespace (for `nodePortAddresses`) but the
+/// Service VIPs on IPVS's dummy interface, which are not the node's (as upstream's IPVS mode).
 pub fn local_addresses() -> Vec<IpAddr> {
     let Ok(addrs) = nix::ifaddrs::getifaddrs() else { return Vec::new() };
     let mut out: Vec<IpAddr> = addrs
+        .filter(|a| a.interface_name != kproxy_ipvs::DUMMY_INTERFACE)
         .filter_map(|a| a.address)
         .filter_map(|sa| {
             if let Some(v4) = sa.as_sockaddr_in() {

@@ -28,7 +28,7 @@ fn health_check_bind(plan: &kproxy_plan::Plan) -> HealthCheckBind {
     let mut addresses = Vec::new();
     for family in plan.families.values() {
         match &family.node.nodeport_addresses {
-            NodePortAddresses::AllLocal => return HealthCheckBind::AllAddresses,
+            NodePortAddresses::AllLocal(_) => return HealthCheckBind::AllAddresses,
             NodePortAddresses::Only(only) => addresses.extend(only.iter().copied()),
         }
     }
@@ -461,7 +461,7 @@ mod tests {
         NodePlan {
             node_ip: None,
             local_traffic: LocalTraffic::Undetectable,
-            nodeport_addresses: NodePortAddresses::AllLocal,
+            nodeport_addresses: NodePortAddresses::AllLocal(Vec::new()),
             snat: SnatPolicy::masquerade(),
             service_cidrs: Vec::new(),
             acceleration: false,

@@ -15,7 +15,7 @@ pub fn render(plan: &Plan) -> String {
             "node ip: {}   nodePort addresses: {}   pod traffic: {}   snat: {}{}",
             node.node_ip.map_or("unknown".into(), |ip| ip.to_string()),
             match &node.nodeport_addresses {
-                kproxy_plan::NodePortAddresses::AllLocal => "all local".to_string(),
+                kproxy_plan::NodePortAddresses::AllLocal(_) => "all local".to_string(),
                 kproxy_plan::NodePortAddresses::Only(ips) => join(ips.iter()),
             },
             match &node.local_traffic {

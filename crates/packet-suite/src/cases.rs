@@ -375,6 +375,27 @@ pub fn all_cases() -> Vec<Case> {
             ],
         ),
         case(
+            "client_ip_affinity_on_a_nodeport",
+            |env| {
+                web(
+                    env,
+                    json!({"type": "NodePort", "sessionAffinity": "ClientIP",
+                "ports": [{"name": "http", "port": 80, "targetPort": 8080, "nodePort": 30080}]}),
+                    json!({}),
+                    &["a", "b"],
+                )
+            },
+            vec![Step::Probe(
+                Check::tcp(
+                    Client::Pod("client"),
+                    Dest::NodePort(sa("198.18.0.2:30080")),
+                    Expect::OneOf(vec!["a", "b"]),
+                    Source::NodeIp,
+                )
+                .count(5),
+            )],
+        ),
+        case(
             "no_endpoints_rejects",
             |env| {
                 web(

@@ -36,6 +36,7 @@ macro_rules! packet_tests {
             etp_local_short_circuits_pods_and_host,
             itp_local,
             client_ip_affinity_sticks_and_expires,
+            client_ip_affinity_on_a_nodeport,
             no_endpoints_rejects,
             local_policy_without_local_endpoints_drops,
             load_balancer_source_ranges,

@@ -197,7 +197,7 @@ fn resolve<'a>(fam: &'a FamilyPlan, host: &Host, packet: &Packet) -> Option<(&'a
 fn accepts_node_ports(fam: &FamilyPlan, host: &Host, ip: IpAddr) -> bool {
     match &fam.node.nodeport_addresses {
         NodePortAddresses::Only(ips) => ips.contains(&ip),
-        NodePortAddresses::AllLocal => {
+        NodePortAddresses::AllLocal(_) => {
             !ip.is_loopback() && (fam.node.node_ip == Some(ip) || host.local_addresses.contains(&ip))
         }
     }

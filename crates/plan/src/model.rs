@@ -49,21 +49,24 @@ pub struct NodePlan {
 
 impl NodePlan {
     /// The addresses that go from these settings' node-port addresses to `new`'s, `(gone, added)`,
-    /// when `new` differs from these in `nodePortAddresses` alone, both lists of addresses (a node
-    /// address they select came or went): a dataplane then updates its set of node-port addresses
-    /// and nothing else, as no service port depends on them. `None` for any other change.
+    /// when `new` differs from these in the node's addresses alone: a dataplane then updates its
+    /// set of node-port addresses and nothing else, as no service port depends on them (but
+    /// IPVS's under ClientIP affinity, see `NodePortAddresses::addresses`). Both lists of
+    /// addresses: the addresses they select came or went; both "all local": nothing to update
+    /// where any local address matches. `None` for any other change.
     pub fn nodeport_addresses_change(&self, new: &NodePlan) -> Option<(Vec<IpAddr>, Vec<IpAddr>)> {
-        let (NodePortAddresses::Only(before), NodePortAddresses::Only(after)) =
-            (&self.nodeport_addresses, &new.nodeport_addresses)
-        else {
-            return None;
-        };
         if (NodePlan { nodeport_addresses: self.nodeport_addresses.clone(), ..new.clone() }) != *self {
             return None;
         }
-        let gone = before.iter().filter(|ip| !after.contains(ip)).copied().collect();
-        let added = after.iter().filter(|ip| !before.contains(ip)).copied().collect();
-        Some((gone, added))
+        match (&self.nodeport_addresses, &new.nodeport_addresses) {
+            (NodePortAddresses::Only(before), NodePortAddresses::Only(after)) => {
+                let gone = before.iter().filter(|ip| !after.contains(ip)).copied().collect();
+                let added = after.iter().filter(|ip| !before.contains(ip)).copied().collect();
+                Some((gone, added))
+            }
+            (NodePortAddresses::AllLocal(_), NodePortAddresses::AllLocal(_)) => Some((Vec::new(), Vec::new())),
+            _ => None,
+        }
     }
 
     /// The sources whose traffic skips masquerading to `snat.no_masquerade_cidrs` (KEP-6246):

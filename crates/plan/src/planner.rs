@@ -53,8 +53,8 @@ impl Planner {
     /// What the node's addresses (as last set) change in `plan`, which was planned with the
     /// addresses before: the node-wide settings of each family whose `nodePortAddresses` now
     /// resolve differently. Empty when no address they select came or went (a pod's link-local
-    /// address, an address outside the CIDRs, any address under `all` or `primary`). Service
-    /// ports never depend on the node's addresses, so this costs O(addresses), not O(plan).
+    /// address, an address outside the CIDRs, any address under `primary`). Service ports never
+    /// depend on the node's addresses, so this costs O(addresses), not O(plan).
     pub fn node_addresses_delta(&self, plan: &Plan) -> PlanDelta {
         let mut delta = PlanDelta::default();
         for (&family, fam) in &plan.families {
@@ -152,7 +152,15 @@ impl Planner {
         let mut ips = Vec::new();
         for entry in &self.policy.nodeport_addresses {
             match entry {
-                NodePortAddress::All => return NodePortAddresses::AllLocal,
+                NodePortAddress::All => {
+                    // A pod's veth brings an IPv6 link-local address at every pod start: not
+                    // an address a NodePort is reached at, and not a reason to resync.
+                    let link_local = |ip: &IpAddr| matches!(ip, IpAddr::V6(v6) if v6.is_unicast_link_local());
+                    let mut known: Vec<IpAddr> = local().filter(|ip| !ip.is_loopback() && !link_local(ip)).collect();
+                    known.sort();
+                    known.dedup();
+                    return NodePortAddresses::AllLocal(known);
+                }
                 NodePortAddress::Primary => ips.extend(node_ip),
                 NodePortAddress::Localhost => ips.push(match family {
                     IpFamily::V4 => IpAddr::V4(Ipv4Addr::LOCALHOST),

@@ -107,10 +107,22 @@ impl LocalTraffic {
 /// Where NodePorts listen, resolved for one family.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub enum NodePortAddresses {
-    /// Every local address of the family (except loopback, which needs `Localhost`).
-    AllLocal,
+    /// Every local address of the family (except loopback, which needs `Localhost`), matched
+    /// as such where a dataplane can (`fib daddr type local`); with the ones the node has now
+    /// (not loopback, not IPv6 link-local, not the VIPs of IPVS's dummy interface), for what
+    /// must name each address (IPVS address services).
+    AllLocal(Vec<IpAddr>),
     /// Only these addresses.
     Only(Vec<IpAddr>),
+}
+
+impl NodePortAddresses {
+    /// The addresses NodePorts answer on, as known now.
+    pub fn addresses(&self) -> &[IpAddr] {
+        match self {
+            NodePortAddresses::AllLocal(known) | NodePortAddresses::Only(known) => known,
+        }
+    }
 }
 
 /// What address masqueraded packets get.

@@ -272,7 +272,8 @@ fn with_node_ports_on_every_local_address() {
         ),
         ("an unknown address, DNATed to a serving endpoint", flow(Udp, "192.0.2.99:30053", "198.18.5.2:8053"), false),
     ];
-    let frontends = Frontends::from_plan(&plan(&cluster(), NodePortAddresses::AllLocal), &[ip("192.0.2.11")]);
+    let frontends =
+        Frontends::from_plan(&plan(&cluster(), NodePortAddresses::AllLocal(Vec::new())), &[ip("192.0.2.11")]);
     for (name, flow, stale) in cases {
         assert_eq!(frontends.is_stale(flow), *stale, "{name}");
     }
@@ -289,7 +290,7 @@ fn a_service_address_wins_over_a_node_port_with_the_same_number() {
         cluster_endpoints: &["198.18.7.2:30053"],
         ..SERVICE
     });
-    let frontends = Frontends::from_plan(&plan(&services, NodePortAddresses::AllLocal), &[]);
+    let frontends = Frontends::from_plan(&plan(&services, NodePortAddresses::AllLocal(Vec::new())), &[]);
     // DNATed to its own endpoint: not stale although that is no endpoint of "dns".
     assert!(!frontends.is_stale(&flow(Udp, "198.18.128.60:30053", "198.18.7.2:30053")));
     assert!(frontends.is_stale(&flow(Udp, "198.18.128.60:30053", "198.18.2.2:8053")));
@@ -329,10 +330,10 @@ fn stale_entries_keeps_input_order_and_skips_fresh_flows() {
 
 #[test]
 fn reports_which_protocols_are_in_use() {
-    let frontends = Frontends::from_plan(&plan(&cluster(), NodePortAddresses::AllLocal), &[]);
+    let frontends = Frontends::from_plan(&plan(&cluster(), NodePortAddresses::AllLocal(Vec::new())), &[]);
     assert!(frontends.uses(Udp) && frontends.uses(Sctp));
     assert!(!frontends.uses(Tcp), "TCP services are not managed");
-    let only_tcp = Frontends::from_plan(&plan(&cluster()[2..3], NodePortAddresses::AllLocal), &[]);
+    let only_tcp = Frontends::from_plan(&plan(&cluster()[2..3], NodePortAddresses::AllLocal(Vec::new())), &[]);
     assert_eq!(only_tcp.frontends().count(), 0);
 }
 
@@ -349,7 +350,7 @@ fn flows_to_serving_endpoints_outside_the_used_sets_drain() {
         other_serving: &["198.18.5.2:8053"],
         ..SERVICE
     };
-    let frontends = Frontends::from_plan(&plan(&[drain], NodePortAddresses::AllLocal), &[ip(NODE_IP)]);
+    let frontends = Frontends::from_plan(&plan(&[drain], NodePortAddresses::AllLocal(Vec::new())), &[ip(NODE_IP)]);
     let cases = [
         ("to the used endpoint", flow(Udp, "198.18.128.60:53", "198.18.2.2:8053"), false),
         ("to the terminating serving endpoint", flow(Udp, "198.18.128.60:53", "198.18.5.2:8053"), false),

@@ -402,7 +402,7 @@ pub fn plan_draining(endpoints: Option<&[&str]>, draining: &[&str]) -> FamilyPla
         node: NodePlan {
             node_ip: Some(IpAddr::from([198, 18, 1, 1])),
             local_traffic: LocalTraffic::Undetectable,
-            nodeport_addresses: NodePortAddresses::AllLocal,
+            nodeport_addresses: NodePortAddresses::AllLocal(Vec::new()),
             snat: SnatPolicy::masquerade(),
             service_cidrs: Vec::new(),
             acceleration: false,

@@ -104,7 +104,7 @@ fn no_masquerade_rules(ctx: &Ctx, node: &NodePlan) -> Vec<Rule> {
 /// The match for addresses that accept NodePort traffic.
 fn nodeport_match(ctx: &Ctx, node: &NodePlan) -> Vec<Stmt> {
     match &node.nodeport_addresses {
-        NodePortAddresses::AllLocal => vec![Stmt::FibLocal { saddr: false }, Stmt::neq(ctx.daddr(), ctx.loopback())],
+        NodePortAddresses::AllLocal(_) => vec![Stmt::FibLocal { saddr: false }, Stmt::neq(ctx.daddr(), ctx.loopback())],
         NodePortAddresses::Only(_) => vec![Stmt::member(vec![ctx.daddr()], NODEPORT_IPS)],
     }
 }
@@ -385,7 +385,7 @@ mod tests {
             (chains, sets)
         };
         let mut ctx = Ctx::new(kproxy_state::IpFamily::V4, "kproxy", 0x4000);
-        let (off, off_sets) = text(&ctx, NodePortAddresses::AllLocal);
+        let (off, off_sets) = text(&ctx, NodePortAddresses::AllLocal(Vec::new()));
         assert!(
             off.iter().all(|(name, rules)| name != COUNT_SERVICE_TRAFFIC
                 && rules.iter().all(|r| !r.contains(COUNT_SERVICE_TRAFFIC)))
@@ -393,7 +393,7 @@ mod tests {
         assert!(off_sets.is_empty(), "{off_sets:?}");
 
         ctx.service_counters = true;
-        let (on, sets) = text(&ctx, NodePortAddresses::AllLocal);
+        let (on, sets) = text(&ctx, NodePortAddresses::AllLocal(Vec::new()));
         assert!(sets.contains(&SERVICE_TRAFFIC.to_owned()) && sets.contains(&NODEPORT_TRAFFIC.to_owned()), "{sets:?}");
         let rules = |chain: &str| on.iter().find(|(n, _)| n == chain).map(|(_, r)| r.clone()).unwrap();
         let jump = "ct status dnat jump count-service-traffic";

@@ -249,7 +249,7 @@ fn nodeport_addresses_resolve_keywords_and_cidrs() {
     };
     let cases = [
         (vec![NodePortAddress::Primary], NodePortAddresses::Only(vec![ip("198.18.0.2")])),
-        (vec![NodePortAddress::All], NodePortAddresses::AllLocal),
+        (vec![NodePortAddress::All], NodePortAddresses::AllLocal(vec![ip("192.0.2.7"), ip("198.18.0.2")])),
         (
             vec![NodePortAddress::Primary, NodePortAddress::Localhost],
             NodePortAddresses::Only(vec![ip("127.0.0.1"), ip("198.18.0.2")]),
