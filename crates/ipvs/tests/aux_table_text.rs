@@ -59,7 +59,7 @@ fn cluster() -> Vec<Object> {
         "np",
         ["198.18.128.11", "fd00:96::11"],
         [["198.18.16.11", "198.18.17.11"], ["fd00:16::b", "fd00:17::b"]],
-        json!({"type": "NodePort", "sessionAffinity": "ClientIP"}),
+        json!({"type": "NodePort"}),
     ));
     o.extend(svc(
         "lb",

@@ -185,7 +185,8 @@ impl ProxyRules {
 
     /// Address virtual services on an address [`IPVS_DUMMY`] does not hold: kube-proxy's IPVS
     /// NodePorts (one per node address and port). Every address service of kproxy's IPVS mode
-    /// is on a VIP it binds there (its NodePorts are firewall-mark services).
+    /// is on a VIP it binds there (its NodePorts are firewall-mark services), but for NodePorts
+    /// under ClientIP affinity, which the migration's workload does not have.
     pub fn off_dummy_services(&self) -> impl Iterator<Item = &VirtualService> {
         let vips = self.ipvs_dummy.clone().unwrap_or_default();
         self.address_services().filter(move |s| matches!(s.key, VirtualKey::Addr { addr, .. } if !vips.contains(&addr)))
