@@ -18,22 +18,27 @@ use kproxy_testbed::kernel::KernelFeature;
 use kproxy_testbed::{ProbeResult, Proto, Testbed, UdpSession, Where, conntrack_list, probe};
 use serde_json::json;
 
-fn node_port_on_an_address_added_later_is_served(mode: &str) {
+/// The NodePort of `demo/web` (ClientIP affinity with `affinity`) is served on the node IP, then
+/// on an address added to the node inside `nodeport_addresses`.
+fn node_port_on_an_address_added_later_is_served_with(mode: &str, nodeport_addresses: &str, affinity: bool) {
     let tb = Testbed::new().unwrap();
     let pod = tb.add_pod("web-b", Where::Node2).unwrap();
     pod.serve(&[(Proto::Tcp, 8080)]).unwrap();
     let api = support::api_in(tb.node());
     support::apply_node_a(&api.server);
+    let mut spec = json!({"type": "NodePort", "clusterIP": "198.18.128.10", "clusterIPs": ["198.18.128.10"],
+        "ports": [{"name": "p", "port": 80, "protocol": "TCP", "targetPort": 8080, "nodePort": 30080}]});
+    if affinity {
+        spec["sessionAffinity"] = json!("ClientIP");
+    }
     api.server.apply(
         Kind::Service,
-        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"namespace": "demo", "name": "web"},
-               "spec": {"type": "NodePort", "clusterIP": "198.18.128.10", "clusterIPs": ["198.18.128.10"],
-                        "ports": [{"name": "p", "port": 80, "protocol": "TCP", "targetPort": 8080, "nodePort": 30080}]}}),
+        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"namespace": "demo", "name": "web"}, "spec": spec}),
     );
     support::apply_one_endpoint_slice(&api.server, "web", "p", &pod.ipv4().to_string(), "node-b");
     let args: Vec<String> = [
         format!("--proxy-mode={mode}"),
-        "--nodeport-addresses=198.18.0.0/24".into(),
+        format!("--nodeport-addresses={nodeport_addresses}"),
         "--hostname-override=node-a".into(),
         "--detect-local-mode=NodeCIDR".into(),
         "--conntrack-max-per-core=0".into(),
@@ -53,6 +58,10 @@ fn node_port_on_an_address_added_later_is_served(mode: &str) {
     let got = support::answered_by(tb.external(), added, "web-b", support::CHANGE);
     assert!(answered(&got), "{mode}: the address added inside nodePortAddresses serves it: {got:?}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn node_port_on_an_address_added_later_is_served(mode: &str) {
+    node_port_on_an_address_added_later_is_served_with(mode, "198.18.0.0/24", false);
 }
 
 #[test]
@@ -79,6 +88,19 @@ fn ipvs_mode_serves_node_ports_on_an_address_added_later() {
         return;
     }
     node_port_on_an_address_added_later_is_served("ipvs");
+}
+
+/// Under ClientIP affinity an IPVS NodePort is an address service on each node address (see
+/// kproxy_ipvs::render), so here the node's addresses themselves are followed: `all` (every
+/// local address, kube-ipvs0's VIPs not among them), and one added later gets its service.
+#[test]
+fn ipvs_mode_serves_an_affinity_node_port_on_every_address_even_one_added_later() {
+    if !kproxy_testbed::kernel::require_root()
+        || !kproxy_testbed::kernel::require(&[KernelFeature::Ipvs, KernelFeature::Dummy])
+    {
+        return;
+    }
+    node_port_on_an_address_added_later_is_served_with("ipvs", "all", true);
 }
 
 /// Service `demo/dns`: NodePort 30053/UDP → 8053, its one endpoint `pod` (named `backend`).
