@@ -351,7 +351,7 @@ fn up_inner(binaries: &Binaries, options: &ClusterOptions, ledger: &mut Ledger) 
         Ok(())
     })?;
     tracing::info!("images imported into {} node(s) ({:.1} s)", nodes.len(), began.elapsed().as_secs_f64());
-    for node in &nodes {
+    for (i, node) in nodes.iter().enumerate() {
         let (program, lead) = &options.dns_command;
         let mut args = lead.clone();
         args.extend([
@@ -363,7 +363,17 @@ fn up_inner(binaries: &Binaries, options: &ClusterOptions, ledger: &mut Ledger) 
         ]);
         node.spawn(ledger, "dns", program, &args, &logs)?;
         let kubeconfig = plane.kubeconfig(&Identity::node(&node.name))?;
+        let kubelet_started = std::time::SystemTime::now();
         node.start_kubelet(ledger, &kubelet, &kubeconfig, &plane.pki().ca_cert_file(), &logs)?;
+        if i + 1 < nodes.len()
+            && !node::wait_for_device_plugin_socket(kubelet_started, crate::startup_patience(Duration::from_secs(60)))
+        {
+            tracing::warn!(
+                "{}: the kubelet has not bound {} yet; starting the next",
+                node.name,
+                node::DEVICE_PLUGIN_SOCKET
+            );
+        }
         node.start_sshd(ledger, &ssh, &logs)?;
         tracing::info!(
             "{}: containerd, images, DNS, kubelet and sshd started ({:.1} s)",

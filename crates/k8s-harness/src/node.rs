@@ -9,6 +9,7 @@ use std::net::IpAddr;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, Result, bail};
 
@@ -312,4 +313,26 @@ pub(crate) fn run(cmd: &mut Command) -> Result<String> {
         );
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Where every kubelet binds its device-plugin registration socket: the kubelet's constant, not
+/// under `--root-dir`, so the nodes of one machine share it.
+pub const DEVICE_PLUGIN_SOCKET: &str = "/var/lib/kubelet/device-plugins/kubelet.sock";
+
+/// Waits (at most `patience`) until a kubelet started at `started` has bound
+/// [`DEVICE_PLUGIN_SOCKET`]; whether it did. Two kubelets starting together race for it: each
+/// empties the directory, then binds, and the loser fails with "address already in use" and exits
+/// ("Failed to start ContainerManager"; its node never gets a pod range). Seen under TCG in the
+/// guest, where the window is wide; so kubelets start one after another past this point.
+pub fn wait_for_device_plugin_socket(started: SystemTime, patience: Duration) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    let deadline = Instant::now() + patience;
+    loop {
+        let bound = fs::symlink_metadata(DEVICE_PLUGIN_SOCKET)
+            .is_ok_and(|m| m.file_type().is_socket() && m.modified().is_ok_and(|t| t >= started));
+        if bound || Instant::now() >= deadline {
+            return bound;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
