@@ -826,7 +826,8 @@ impl std::fmt::Display for Counts {
 
 impl Load {
     /// Starts the client's loop (until `/tmp/stop` exists in the pod). Requests are `curl`s of
-    /// `/hostname` with a 2 s limit, one try each; the long-lived connections are bash's
+    /// `/hostname` with a 2 s limit, one try each (a failure's line says curl's exit status: 28
+    /// timed out, 7 refused, 52 empty reply, 56 reset); the long-lived connections are bash's
     /// `/dev/tcp` with one HTTP/1.1 keep-alive request a second, its answer read with a 5 s
     /// limit (a failed exchange counts as a broken connection, which is then opened anew). While
     /// `/tmp/reconnect` exists in the pod, both are closed and opened again, counted apart.
@@ -845,8 +846,10 @@ stamp() {{ t=$EPOCHREALTIME; printf '%s %(%T)T.%s UTC %s\n' "$1" "${{t%.*}}" "${
 counts() {{ echo "COUNTS $ok1 $f1 $ok2 $f2 $ex $br $re" > /tmp/load.counts.new && mv /tmp/load.counts.new /tmp/load.counts; }}
 open 3 {steady_ip} 80; open 4 {node2} {steady_port}
 while [ ! -e /tmp/stop ]; do
-  if [ "$(curl -s -o /dev/null -w '%{{http_code}}' --max-time 2 http://{web_ip}/hostname)" = 200 ]; then ok1=$((ok1+1)); else f1=$((f1+1)); stamp FAIL ClusterIP; fi
-  if [ "$(curl -s -o /dev/null -w '%{{http_code}}' --max-time 2 http://{node2}:{web_port}/hostname)" = 200 ]; then ok2=$((ok2+1)); else f2=$((f2+1)); stamp FAIL NodePort; fi
+  code=$(curl -s -o /dev/null -w '%{{http_code}}' --max-time 2 http://{web_ip}/hostname); rc=$?
+  if [ "$code" = 200 ]; then ok1=$((ok1+1)); else f1=$((f1+1)); stamp FAIL ClusterIP "(curl exit $rc, HTTP $code)"; fi
+  code=$(curl -s -o /dev/null -w '%{{http_code}}' --max-time 2 http://{node2}:{web_port}/hostname); rc=$?
+  if [ "$code" = 200 ]; then ok2=$((ok2+1)); else f2=$((f2+1)); stamp FAIL NodePort "(curl exit $rc, HTTP $code)"; fi
   if [ $SECONDS -ne $last ]; then last=$SECONDS
     if [ -e /tmp/reconnect ]; then exec 3>&- 4>&-; open 3 {steady_ip} 80; open 4 {node2} {steady_port}; re=$((re+1)); rm -f /tmp/reconnect; fi
     if ask 3; then ex=$((ex+1)); else br=$((br+1)); stamp BROKEN ClusterIP connection; exec 3>&-; open 3 {steady_ip} 80; fi
