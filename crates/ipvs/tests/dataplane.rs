@@ -149,6 +149,17 @@ fn node_port(addr: &str) -> ServiceKey {
     ServiceKey::Addr { addr: addr.parse().unwrap(), protocol: Protocol::Tcp, port: 30080 }
 }
 
+fn addrs(ips: &[&str]) -> Vec<std::net::IpAddr> {
+    ips.iter().map(|ip| ip.parse().unwrap()).collect()
+}
+
+/// `world`'s plan with the IPv4 node-port addresses `addresses`.
+fn with_nodeport_addresses(world: &World, addresses: kproxy_plan::NodePortAddresses) -> kproxy_plan::Plan {
+    let mut plan = world.plan.clone();
+    plan.families.get_mut(&IpFamily::V4).unwrap().node.nodeport_addresses = addresses;
+    plan
+}
+
 /// A persistent firewall-mark service would send the connection to the endpoint's NodePort
 /// (the kernel keeps a destination port other than the service's, and a firewall-mark service
 /// has none), so under ClientIP affinity a NodePort is a persistent address service on each
@@ -215,12 +226,7 @@ fn affinity_under_local_policy_keeps_a_short_circuit_that_is_not_persistent() {
 fn a_node_address_change_moves_the_address_services_of_affinity_nodeports() {
     use kproxy_plan::{NodePortAddresses, PlanDelta};
     let world = affinity_nodeport("Cluster");
-    let with = |ips: &[&str]| {
-        let mut plan = world.plan.clone();
-        let v4 = plan.families.get_mut(&IpFamily::V4).unwrap();
-        v4.node.nodeport_addresses = NodePortAddresses::AllLocal(ips.iter().map(|ip| ip.parse().unwrap()).collect());
-        plan
-    };
+    let with = |ips: &[&str]| with_nodeport_addresses(&world, NodePortAddresses::AllLocal(addrs(ips)));
     let (one, two) = (with(&["198.18.0.2"]), with(&["198.18.0.2", "198.18.0.4"]));
     let mut dp = IpvsDataplane::new(FakeHost::new(), Config::default());
     dp.sync(&one, &PlanDelta::between(&kproxy_plan::Plan::default(), &one)).unwrap();
@@ -262,12 +268,7 @@ use kproxy_ipvs::Host as _;
 fn a_node_port_address_change_costs_its_element_alone() {
     use kproxy_plan::{NodePortAddresses, PlanDelta};
     let world = World::new(two_services());
-    let with = |ips: &[&str]| {
-        let mut plan = world.plan.clone();
-        let v4 = plan.families.get_mut(&IpFamily::V4).unwrap();
-        v4.node.nodeport_addresses = NodePortAddresses::Only(ips.iter().map(|ip| ip.parse().unwrap()).collect());
-        plan
-    };
+    let with = |ips: &[&str]| with_nodeport_addresses(&world, NodePortAddresses::Only(addrs(ips)));
     let (one, two) = (with(&["198.18.0.2"]), with(&["198.18.0.2", "198.18.0.4"]));
     let mut dp = IpvsDataplane::new(FakeHost::new(), Config::default());
     dp.sync(&one, &PlanDelta::between(&kproxy_plan::Plan::default(), &one)).unwrap();
