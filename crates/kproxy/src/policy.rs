@@ -34,5 +34,6 @@ pub fn proxy_policy_for(config: &ProxyConfig, families: Vec<IpFamily>) -> ProxyP
         no_masquerade_cidrs: config.no_masquerade_cidrs.clone(),
         snat_to_node_ip: config.snat_to_node_ip,
         acceleration: config.acceleration.active(),
+        list_local_addresses: config.mode == kproxy_config::ProxyMode::Ipvs,
     }
 }

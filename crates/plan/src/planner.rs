@@ -152,6 +152,9 @@ impl Planner {
         let mut ips = Vec::new();
         for entry in &self.policy.nodeport_addresses {
             match entry {
+                NodePortAddress::All if !self.policy.list_local_addresses => {
+                    return NodePortAddresses::AllLocal(Vec::new());
+                }
                 NodePortAddress::All => {
                     // A pod's veth brings an IPv6 link-local address at every pod start: not
                     // an address a NodePort is reached at, and not a reason to resync.

@@ -56,6 +56,10 @@ pub struct ProxyPolicy {
     pub snat_to_node_ip: bool,
     /// KEP-4963: offload established connections of opted-in Services.
     pub acceleration: bool,
+    /// List the node's addresses in [`NodePortAddresses::AllLocal`]: IPVS mode, whose NodePorts
+    /// under ClientIP affinity are address services on each. Other modes match any local address
+    /// by rule, and an address coming or going must cost them no sync.
+    pub list_local_addresses: bool,
 }
 
 impl Default for ProxyPolicy {
@@ -68,6 +72,7 @@ impl Default for ProxyPolicy {
             no_masquerade_cidrs: Vec::new(),
             snat_to_node_ip: false,
             acceleration: true,
+            list_local_addresses: false,
         }
     }
 }
@@ -109,8 +114,9 @@ impl LocalTraffic {
 pub enum NodePortAddresses {
     /// Every local address of the family (except loopback, which needs `Localhost`), matched
     /// as such where a dataplane can (`fib daddr type local`); with the ones the node has now
-    /// (not loopback, not IPv6 link-local, not the VIPs of IPVS's dummy interface), for what
-    /// must name each address (IPVS address services).
+    /// (not loopback, not IPv6 link-local, not the VIPs of IPVS's dummy interface) when the
+    /// policy lists them (`ProxyPolicy::list_local_addresses`), for what must name each address
+    /// (IPVS address services), else none.
     AllLocal(Vec<IpAddr>),
     /// Only these addresses.
     Only(Vec<IpAddr>),

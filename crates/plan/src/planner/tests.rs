@@ -257,10 +257,15 @@ fn nodeport_addresses_resolve_keywords_and_cidrs() {
         (vec![NodePortAddress::Cidr("192.0.2.0/24".parse().unwrap())], NodePortAddresses::Only(vec![ip("192.0.2.7")])),
     ];
     for (addresses, want) in cases {
-        let policy = ProxyPolicy { nodeport_addresses: addresses.clone(), ..Default::default() };
+        let policy =
+            ProxyPolicy { nodeport_addresses: addresses.clone(), list_local_addresses: true, ..Default::default() };
         let plan = Planner::new(policy, node_ctx.clone()).build(&st);
         assert_eq!(plan.families[&IpFamily::V4].node.nodeport_addresses, want, "{addresses:?}");
     }
+    // Unlisted (every mode but IPVS): an address coming or going changes nothing in the plan.
+    let policy = ProxyPolicy { nodeport_addresses: vec![NodePortAddress::All], ..Default::default() };
+    let plan = Planner::new(policy, node_ctx).build(&st);
+    assert_eq!(plan.families[&IpFamily::V4].node.nodeport_addresses, NodePortAddresses::AllLocal(Vec::new()));
 }
 
 #[test]
