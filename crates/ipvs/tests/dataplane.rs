@@ -149,6 +149,18 @@ fn node_port(addr: &str) -> ServiceKey {
     ServiceKey::Addr { addr: addr.parse().unwrap(), protocol: Protocol::Tcp, port: 30080 }
 }
 
+/// A dataplane over the in-memory kernel after a full sync of `world`.
+fn synced(world: &World) -> IpvsDataplane<FakeHost> {
+    let mut dp = IpvsDataplane::new(FakeHost::new(), Config::default());
+    dp.sync(&world.plan, &world.full()).unwrap();
+    dp
+}
+
+/// The firewall-mark services `host` has.
+fn fwmark_services(host: &FakeHost) -> Vec<ServiceKey> {
+    host.services.keys().filter(|k| matches!(k, ServiceKey::Fwmark { .. })).copied().collect()
+}
+
 fn addrs(ips: &[&str]) -> Vec<std::net::IpAddr> {
     ips.iter().map(|ip| ip.parse().unwrap()).collect()
 }
@@ -167,15 +179,14 @@ fn with_nodeport_addresses(world: &World, addresses: kproxy_plan::NodePortAddres
 #[test]
 fn affinity_is_persistence_and_nodeports_under_it_are_address_services_on_the_node_addresses() {
     let world = affinity_nodeport("Cluster");
-    let mut dp = IpvsDataplane::new(FakeHost::new(), Config::default());
-    dp.sync(&world.plan, &world.full()).unwrap();
+    let dp = synced(&world);
     let host = dp.host();
     let web = &host.services[&cip("198.18.128.10")];
     assert_eq!((web.spec.flags & 1, web.spec.timeout), (1, 30));
     let np = &host.services[&node_port("198.18.0.2")];
     assert_eq!((np.spec.flags & 1, np.spec.timeout), (1, 30));
     assert_eq!(np.dests.keys().copied().collect::<Vec<_>>(), vec![dest("198.18.16.10"), dest("198.18.17.10")]);
-    let fw: Vec<_> = host.services.keys().filter(|k| matches!(k, ServiceKey::Fwmark { .. })).collect();
+    let fw = fwmark_services(host);
     assert!(fw.is_empty(), "{fw:?}");
     let text = host.nft.last().unwrap().render();
     assert!(text.contains("tcp . 30080"), "still a NodePort to masquerade: {text}");
@@ -191,11 +202,10 @@ fn nodeports_without_affinity_are_one_firewall_mark_service() {
         json!({"type": "NodePort",
             "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP", "nodePort": 30080}]}),
     ));
-    let mut dp = IpvsDataplane::new(FakeHost::new(), Config::default());
-    dp.sync(&world.plan, &world.full()).unwrap();
+    let dp = synced(&world);
     let host = dp.host();
     assert!(!host.services.contains_key(&node_port("198.18.0.2")));
-    let fw: Vec<_> = host.services.keys().filter(|k| matches!(k, ServiceKey::Fwmark { .. })).collect();
+    let fw = fwmark_services(host);
     assert_eq!(fw.len(), 1, "{fw:?}");
     let ServiceKey::Fwmark { mark, .. } = fw[0] else { unreachable!() };
     let text = host.nft.last().unwrap().render();
@@ -208,14 +218,13 @@ fn nodeports_without_affinity_are_one_firewall_mark_service() {
 #[test]
 fn affinity_under_local_policy_keeps_a_short_circuit_that_is_not_persistent() {
     let world = affinity_nodeport("Local");
-    let mut dp = IpvsDataplane::new(FakeHost::new(), Config::default());
-    dp.sync(&world.plan, &world.full()).unwrap();
+    let dp = synced(&world);
     let host = dp.host();
     let np = &host.services[&node_port("198.18.0.2")];
     assert_eq!(np.dests.keys().copied().collect::<Vec<_>>(), vec![dest("198.18.16.10")], "the local endpoint");
-    let fw: Vec<_> = host.services.iter().filter(|(k, _)| matches!(k, ServiceKey::Fwmark { .. })).collect();
+    let fw = fwmark_services(host);
     assert_eq!(fw.len(), 1, "the short-circuit: {fw:?}");
-    let (_, short_circuit) = fw[0];
+    let short_circuit = &host.services[&fw[0]];
     assert_eq!((short_circuit.spec.flags & 1, short_circuit.spec.timeout), (0, 0));
     assert_eq!(short_circuit.dests.len(), 2, "the cluster endpoints");
 }
