@@ -156,10 +156,13 @@ pub fn probe_until(
 pub struct KillOnDrop(pub Child);
 
 /// The real `kproxy` in namespace `ns`, against the API server at `url` (a kubeconfig written to
-/// a directory of its own, named by `tag`, returned for the caller to remove), with `args`;
-/// killed when dropped.
+/// a directory of its own, named by `tag` and unique to this call, returned for the caller to
+/// remove), with `args`; killed when dropped. Unique: two tests running side by side with one
+/// tag once shared a kubeconfig, and one kproxy dialled the other's API server.
 pub fn kproxy_in(ns: &str, url: &str, tag: &str, args: &[String]) -> (KillOnDrop, PathBuf) {
-    let dir = std::env::temp_dir().join(format!("kproxy-{tag}-{}", std::process::id()));
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("kproxy-{tag}-{}-{call}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let kubeconfig = write_kubeconfig(&dir, url);
     let child = KillOnDrop(
