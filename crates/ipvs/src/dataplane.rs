@@ -249,10 +249,14 @@ impl<H: Host> IpvsDataplane<H> {
             let Some(state) = self.families.get_mut(family) else { continue };
             let mut before: BTreeMap<ElementKey, Option<Option<MapData>>> = BTreeMap::new();
             let mut changes: Vec<(ServicePortName, Option<PortObjects>)> = Vec::new();
+            // Ports are rendered with the node settings this delta brings, if any: a port added
+            // together with a change of the node's addresses gets its NodePort services on the
+            // new addresses (`sync` made it a full reconcile if a port already had them).
+            let node = fd.node.as_ref().unwrap_or(&state.node);
             for p in fd.added.iter().chain(fd.changed.iter().map(|c| &c.new)) {
                 let fwmarks = &mut self.fwmarks;
                 let slots = slots_following(p, state.ports.get(&p.name));
-                let objects = render_port(&self.config, &state.ctx, &state.node, p, &slots, &mut |class| {
+                let objects = render_port(&self.config, &state.ctx, node, p, &slots, &mut |class| {
                     fwmarks.get(*family, &p.name, class)
                 });
                 changes.push((p.name.clone(), Some(objects)));

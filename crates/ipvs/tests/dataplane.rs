@@ -247,6 +247,23 @@ fn a_node_address_change_moves_the_address_services_of_affinity_nodeports() {
     assert!(!dp.host().services.contains_key(&node_port("198.18.0.4")));
 }
 
+/// A delta that adds an affinity NodePort together with a node address (one sync after both
+/// changed) gives the new port its address services on every address, the new one included.
+#[test]
+fn a_port_added_with_a_node_address_change_gets_services_on_the_new_addresses() {
+    use kproxy_plan::{NodePortAddresses, PlanDelta};
+    let world = affinity_nodeport("Cluster");
+    let mut before = with_nodeport_addresses(&world, NodePortAddresses::AllLocal(addrs(&["198.18.0.2"])));
+    before.families.values_mut().for_each(|family| family.services.clear());
+    let after = with_nodeport_addresses(&world, NodePortAddresses::AllLocal(addrs(&["198.18.0.2", "198.18.0.4"])));
+    let mut dp = IpvsDataplane::new(FakeHost::new(), Config::default());
+    dp.sync(&before, &PlanDelta::between(&kproxy_plan::Plan::default(), &before)).unwrap();
+    dp.sync(&after, &PlanDelta::between(&before, &after)).unwrap();
+    for addr in ["198.18.0.2", "198.18.0.4"] {
+        assert!(dp.host().services.contains_key(&node_port(addr)), "{addr}: {:?}", dp.host().services.keys());
+    }
+}
+
 #[test]
 fn cleanup_spares_excluded_and_foreign_services() {
     let world = World::new(two_services());
