@@ -19,8 +19,9 @@ pub fn node_name(config: &ProxyConfig) -> String {
 
 /// Addresses of every interface in this network namespace (for `nodePortAddresses`) but the
 /// Service VIPs on IPVS's dummy interface, which are not the node's (as upstream's IPVS mode).
-pub fn local_addresses() -> Vec<IpAddr> {
-    let Ok(addrs) = nix::ifaddrs::getifaddrs() else { return Vec::new() };
+/// A failed read is an error, never "no addresses": that would take every NodePort away.
+pub fn local_addresses() -> nix::Result<Vec<IpAddr>> {
+    let addrs = nix::ifaddrs::getifaddrs()?;
     let mut out: Vec<IpAddr> = addrs
         .filter(|a| a.interface_name != kproxy_ipvs::DUMMY_INTERFACE)
         .filter_map(|a| a.address)
@@ -34,7 +35,7 @@ pub fn local_addresses() -> Vec<IpAddr> {
         .collect();
     out.sort();
     out.dedup();
-    out
+    Ok(out)
 }
 
 /// The node context the planner needs.
@@ -43,6 +44,9 @@ pub fn context(config: &ProxyConfig, name: String) -> NodeContext {
         name,
         // bindAddress overrides kube-proxy's idea of the node IP (0.0.0.0 / :: mean "not set").
         node_ip_override: Some(config.bind_address).filter(|ip| !ip.is_unspecified()).into_iter().collect(),
-        local_addresses: local_addresses(),
+        local_addresses: local_addresses().unwrap_or_else(|error| {
+            tracing::warn!(%error, "cannot read the node's addresses: none known until the next read");
+            Vec::new()
+        }),
     }
 }

@@ -23,7 +23,14 @@ const MIN_INTERVAL: Duration = Duration::from_millis(200);
 /// holds the current list (sorted, deduplicated). Without rtnetlink, the addresses read now
 /// are all there will be, and a warning says so.
 pub fn follow() -> watch::Receiver<Vec<IpAddr>> {
-    let (tx, rx) = watch::channel(crate::node::local_addresses());
+    let (first, mut dirty) = match crate::node::local_addresses() {
+        Ok(addresses) => (addresses, false),
+        Err(error) => {
+            warn!(%error, "cannot read the node's addresses; trying again");
+            (Vec::new(), true)
+        }
+    };
+    let (tx, rx) = watch::channel(first);
     let socket = match subscribe() {
         Ok(socket) => socket,
         Err(error) => {
@@ -33,13 +40,20 @@ pub fn follow() -> watch::Receiver<Vec<IpAddr>> {
     };
     let spawned = std::thread::Builder::new().name("kproxy-node-addresses".into()).spawn(move || {
         let mut last_read = Instant::now();
-        let mut dirty = false;
         while !tx.is_closed() {
             dirty |= wait_for_events(&socket, MIN_INTERVAL);
             if (dirty && last_read.elapsed() >= MIN_INTERVAL) || last_read.elapsed() >= RESYNC {
-                dirty = false;
                 last_read = Instant::now();
-                let addresses = crate::node::local_addresses();
+                // A failed read keeps the addresses known and tries again after MIN_INTERVAL.
+                let addresses = match crate::node::local_addresses() {
+                    Ok(addresses) => addresses,
+                    Err(error) => {
+                        warn!(%error, "cannot read the node's addresses; keeping the last ones known");
+                        dirty = true;
+                        continue;
+                    }
+                };
+                dirty = false;
                 tx.send_if_modified(|current| {
                     let changed = *current != addresses;
                     if changed {
