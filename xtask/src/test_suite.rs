@@ -42,26 +42,28 @@ pub struct TestBinary {
     pub package_dir: PathBuf,
 }
 
-/// `cargo test --no-run` for [`PACKAGES`]; returns the test executables it produced.
+/// `cargo test --no-run` with the host phase's own arguments (`--workspace --all-targets`, see
+/// `scripts/test`), so that after it nothing is compiled again: built per package, cargo unifies
+/// features differently and rebuilt much of the tree (140-160 s of CI). Returns the test
+/// executables of [`PACKAGES`] and [`GUEST_ONLY_TARGETS`] (libraries, binaries and integration
+/// tests; never benches or examples, which hold no kernel tests).
 pub fn build(workspace: &Path) -> Result<Vec<TestBinary>> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| OsString::from("cargo"));
     let mut command = Command::new(cargo);
-    command.current_dir(workspace).args(["test", "--no-run", "--message-format=json-render-diagnostics"]);
-    for package in PACKAGES {
-        command.args(["--package", package]);
-    }
-    tracing::info!("building test binaries of {}", PACKAGES.join(", "));
+    command.current_dir(workspace).args([
+        "test",
+        "--workspace",
+        "--all-targets",
+        "--no-run",
+        "--message-format=json-render-diagnostics",
+    ]);
+    tracing::info!("building the workspace's test binaries (those of {} run in the guest)", PACKAGES.join(", "));
     let stdout = process::output(command.stderr(Stdio::inherit()), BUILD_TIMEOUT)?;
-    let mut binaries = parse_artifacts(&String::from_utf8_lossy(&stdout));
-    for (package, target) in GUEST_ONLY_TARGETS {
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| OsString::from("cargo"));
-        let mut command = Command::new(cargo);
-        command.current_dir(workspace).args(["test", "--no-run", "--message-format=json-render-diagnostics"]);
-        command.args(["--package", package, "--test", target]);
-        tracing::info!("building test binary {package}/{target}");
-        let stdout = process::output(command.stderr(Stdio::inherit()), BUILD_TIMEOUT)?;
-        binaries.extend(parse_artifacts(&String::from_utf8_lossy(&stdout)));
-    }
+    let mut binaries: Vec<TestBinary> = parse_artifacts(&String::from_utf8_lossy(&stdout))
+        .into_iter()
+        .filter(runs_in_the_guest)
+        .map(|a| a.binary)
+        .collect();
     binaries.sort_by(|a, b| a.label.cmp(&b.label));
     binaries.dedup();
     if binaries.is_empty() {
@@ -70,8 +72,35 @@ pub fn build(workspace: &Path) -> Result<Vec<TestBinary>> {
     Ok(binaries)
 }
 
+/// One test executable and where it comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Artifact {
+    package: String,
+    target: String,
+    kind: String,
+    binary: TestBinary,
+}
+
+/// Whether the guest suite runs `artifact`: any test target of [`PACKAGES`] but benches and
+/// examples, and the targets [`GUEST_ONLY_TARGETS`] names.
+fn runs_in_the_guest(artifact: &Artifact) -> bool {
+    let Artifact { package, target, kind, .. } = artifact;
+    (PACKAGES.contains(&package.as_str()) && !matches!(kind.as_str(), "bench" | "example"))
+        || GUEST_ONLY_TARGETS.iter().any(|(p, t)| p == package && t == target && kind == "test")
+}
+
+/// The package name in a cargo package id: `path+file:///w/crates/iptables#kproxy-iptables@0.1.0`,
+/// or `path+file:///w/crates/kproxy#0.1.0` when the name is the directory's.
+fn package_name(package_id: &str) -> Option<String> {
+    let (url, fragment) = package_id.rsplit_once('#')?;
+    match fragment.split_once('@') {
+        Some((name, _)) => Some(name.to_owned()),
+        None => url.rsplit('/').next().map(str::to_owned),
+    }
+}
+
 /// Test executables from cargo's JSON messages.
-fn parse_artifacts(messages: &str) -> Vec<TestBinary> {
+fn parse_artifacts(messages: &str) -> Vec<Artifact> {
     messages
         .lines()
         .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
@@ -79,10 +108,12 @@ fn parse_artifacts(messages: &str) -> Vec<TestBinary> {
         .filter_map(|message| {
             let executable = PathBuf::from(message["executable"].as_str()?);
             let package_dir = Path::new(message["manifest_path"].as_str()?).parent()?.to_path_buf();
-            let package = package_dir.file_name()?.to_string_lossy().into_owned();
-            let target = message["target"]["name"].as_str()?;
-            let kind = message["target"]["kind"][0].as_str().unwrap_or("test");
-            Some(TestBinary { label: format!("{package}: {target} ({kind})"), executable, package_dir })
+            let dir_name = package_dir.file_name()?.to_string_lossy().into_owned();
+            let package = package_name(message["package_id"].as_str()?)?;
+            let target = message["target"]["name"].as_str()?.to_owned();
+            let kind = message["target"]["kind"][0].as_str().unwrap_or("test").to_owned();
+            let label = format!("{dir_name}: {target} ({kind})");
+            Some(Artifact { package, target, kind, binary: TestBinary { label, executable, package_dir } })
         })
         .collect()
 }
@@ -284,11 +315,11 @@ mod tests {
 
     #[test]
     fn keeps_only_test_executables() {
-        let messages = r#"{"reason":"compiler-artifact","manifest_path":"/w/crates/testbed/Cargo.toml","target":{"name":"guest_smoke","kind":["test"]},"profile":{"test":true},"executable":"/w/target/debug/deps/guest_smoke-1"}
-{"reason":"compiler-artifact","manifest_path":"/w/crates/testbed/Cargo.toml","target":{"name":"kproxy_testbed","kind":["lib"]},"profile":{"test":false},"executable":null}
+        let messages = r#"{"reason":"compiler-artifact","package_id":"path+file:///w/crates/testbed#kproxy-testbed@0.1.0","manifest_path":"/w/crates/testbed/Cargo.toml","target":{"name":"guest_smoke","kind":["test"]},"profile":{"test":true},"executable":"/w/target/debug/deps/guest_smoke-1"}
+{"reason":"compiler-artifact","package_id":"path+file:///w/crates/testbed#kproxy-testbed@0.1.0","manifest_path":"/w/crates/testbed/Cargo.toml","target":{"name":"kproxy_testbed","kind":["lib"]},"profile":{"test":false},"executable":null}
 {"reason":"build-finished","success":true}
 not json"#;
-        let binaries = parse_artifacts(messages);
+        let binaries: Vec<TestBinary> = parse_artifacts(messages).into_iter().map(|a| a.binary).collect();
         assert_eq!(
             binaries,
             vec![TestBinary {
@@ -297,6 +328,23 @@ not json"#;
                 package_dir: "/w/crates/testbed".into(),
             }]
         );
+    }
+
+    #[test]
+    fn the_guest_runs_its_packages_tests_and_the_guest_only_targets_of_others() {
+        let artifact = |package_id: &str, target: &str, kind: &str| {
+            let message = serde_json::json!({"reason": "compiler-artifact", "package_id": package_id,
+                "manifest_path": "/w/crates/x/Cargo.toml", "target": {"name": target, "kind": [kind]},
+                "profile": {"test": true}, "executable": format!("/w/target/debug/deps/{target}-1")});
+            parse_artifacts(&message.to_string()).pop().unwrap()
+        };
+        let runs = |id: &str, target: &str, kind: &str| runs_in_the_guest(&artifact(id, target, kind));
+        assert!(runs("path+file:///w/crates/kproxy#0.1.0", "node_addresses", "test"), "name from the directory");
+        assert!(runs("path+file:///w/crates/ipvs#kproxy-ipvs@0.1.0", "kproxy_ipvs", "lib"));
+        assert!(runs("path+file:///w/crates/iptables#kproxy-iptables@0.1.0", "sctp", "test"));
+        assert!(!runs("path+file:///w/crates/iptables#kproxy-iptables@0.1.0", "packets", "test"), "runs on the host");
+        assert!(!runs("path+file:///w/crates/kproxy#0.1.0", "sync", "bench"));
+        assert!(!runs("path+file:///w/xtask#0.1.0", "xtask", "bin"));
     }
 
     #[test]
