@@ -799,10 +799,10 @@ fn workload_checks(info: &ClusterInfo) -> anyhow::Result<Vec<String>> {
     let node_port = get(&["-n", WORKLOADS_NS, "get", "svc", "web", "-o", "jsonpath={.spec.ports[0].nodePort}"])?;
     let mut lines = Vec::new();
 
-    // 1. Rolling update under load.
-    let seconds = 60;
+    // 1. Rolling update under load: requests from before the rollout starts until 10 s after it
+    // ends (in the guest kernel a rollout takes minutes), at most an hour.
     let script = format!(
-        "ok1=0; f1=0; ok2=0; f2=0; end=$((SECONDS+{seconds})); while [ $SECONDS -lt $end ]; do \
+        "rm -f /tmp/stop-load; ok1=0; f1=0; ok2=0; f2=0; end=$((SECONDS+3600)); while [ $SECONDS -lt $end ] && [ ! -e /tmp/stop-load ]; do \
          if [ \"$(curl -s -o /dev/null -w '%{{http_code}}' --max-time 2 http://{}/hostname)\" = 200 ]; then ok1=$((ok1+1)); else f1=$((f1+1)); fi; \
          if [ \"$(curl -s -o /dev/null -w '%{{http_code}}' --max-time 2 http://{}/hostname)\" = 200 ]; then ok2=$((ok2+1)); else f2=$((f2+1)); fi; \
          done; echo $ok1 $f1 $ok2 $f2",
@@ -815,12 +815,16 @@ fn workload_checks(info: &ClusterInfo) -> anyhow::Result<Vec<String>> {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .context("starting the client's load")?;
+    let load_started = Instant::now();
     std::thread::sleep(Duration::from_secs(5));
     let roll_started = Instant::now();
     kubectl.run(&["-n", WORKLOADS_NS, "rollout", "restart", "deployment/web"])?;
     kubectl.run(&["-n", WORKLOADS_NS, "rollout", "status", "deployment/web", &kubectl_timeout(180)])?;
     let rolled_in = roll_started.elapsed().as_secs_f64();
+    std::thread::sleep(Duration::from_secs(10));
+    kubectl.run(&["-n", WORKLOADS_NS, "exec", "client", "--", "touch", "/tmp/stop-load"])?;
     let out = load.wait_with_output()?;
+    let seconds = load_started.elapsed().as_secs();
     let counts: Vec<u64> =
         String::from_utf8_lossy(&out.stdout).split_whitespace().filter_map(|w| w.parse().ok()).collect();
     let [ok1, f1, ok2, f2] = counts[..] else {
