@@ -1032,8 +1032,12 @@ fn apiserver_restart_check(cluster: &mut Cluster) -> anyhow::Result<String> {
             ])
             .is_ok_and(|out| out.starts_with("web-"))
     };
+    // 30 s on the host (client-go's watch backoff is about 20 s); in the guest kernel every wait
+    // is eight times longer, as each `kubectl exec` there takes seconds.
     let new_served = kubectl
-        .wait_for(Duration::from_secs(30), "the new Service served", || from_client(&new_ip).then_some(()))
+        .wait_for(startup_patience(Duration::from_secs(30)), "the new Service served", || {
+            from_client(&new_ip).then_some(())
+        })
         .is_ok();
     let new_after = began.elapsed().as_secs_f64();
     let old_served = from_client(&cluster_ip);
