@@ -924,8 +924,10 @@ fn workload_checks(info: &ClusterInfo) -> anyhow::Result<Vec<String>> {
     ])
     .unwrap_or_default();
     let headless_ok = got == want && !want.is_empty() && by_name.starts_with("web-");
+    // A failure says what nslookup printed (its error, or the server's answer).
+    let lookup = if headless_ok { String::new() } else { format!("; nslookup said: {:?}", resolved.trim()) };
     lines.push(format!(
-        "{} headless Service: resolves to the {} ready pod IPs {:?} (got {:?}); by name -> {by_name}",
+        "{} headless Service: resolves to the {} ready pod IPs {:?} (got {:?}); by name -> {by_name}{lookup}",
         if headless_ok { "ok  " } else { "FAIL" },
         want.len(),
         want,
