@@ -358,6 +358,9 @@ pub fn run(m: &Migration, cluster: &cluster::Cluster) -> anyhow::Result<bool> {
         println!("migrate:   {failure}");
     }
     result?;
+    if let Some(why) = &counts.unfinished {
+        bail!("the client's loop did not stop: {why}");
+    }
     Ok(counts.failed() == 0)
 }
 
@@ -790,6 +793,9 @@ struct Counts {
     /// ([`Load::reconnect`]); not broken.
     reopened: u64,
     failures: Vec<String>,
+    /// The client's loop did not stop when told to (why, and what it last did): these are its
+    /// last counts.
+    unfinished: Option<String>,
 }
 
 impl Counts {
@@ -806,7 +812,15 @@ impl Counts {
             .collect::<Result<_, _>>()
             .ok()?;
         let [ok1, f1, ok2, f2, exchanges, broken, reopened] = numbers[..] else { return None };
-        Some(Counts { cluster_ip: (ok1, f1), node_port: (ok2, f2), exchanges, broken, reopened, failures: Vec::new() })
+        Some(Counts {
+            cluster_ip: (ok1, f1),
+            node_port: (ok2, f2),
+            exchanges,
+            broken,
+            reopened,
+            failures: Vec::new(),
+            unfinished: None,
+        })
     }
 }
 
@@ -843,7 +857,7 @@ ask() {{ printf 'GET /hostname HTTP/1.1\r\nHost: x\r\n\r\n' >&$1 2>/dev/null || 
     case "${{line,,}}" in content-length:*) len=${{line#*: }};; esac; done
   [ "$len" -gt 0 ] && read -r -t 5 -u $1 -N "$len" body; }}
 stamp() {{ t=$EPOCHREALTIME; printf '%s %(%T)T.%s UTC %s\n' "$1" "${{t%.*}}" "${{t#*.}}" "${{*:2}}" >&2; }}
-counts() {{ echo "COUNTS $ok1 $f1 $ok2 $f2 $ex $br $re" > /tmp/load.counts.new && mv /tmp/load.counts.new /tmp/load.counts; }}
+counts() {{ printf 'COUNTS %s\nAT %(%T)T UTC\n' "$ok1 $f1 $ok2 $f2 $ex $br $re" -1 > /tmp/load.counts.new && mv /tmp/load.counts.new /tmp/load.counts; }}
 open 3 {steady_ip} 80; open 4 {node2} {steady_port}
 while [ ! -e /tmp/stop ]; do
   code=$(curl -s -o /dev/null -w '%{{http_code}}' --max-time 2 http://{web_ip}/hostname); rc=$?
@@ -903,19 +917,25 @@ counts; touch /tmp/load.done"#
         Ok(())
     }
 
-    /// Stops the loop and reads what it counted and each failure's line.
+    /// Stops the loop and reads what it counted and each failure's line. A loop that does not
+    /// stop still has its counts read (it writes them once a second, with the time): the run then
+    /// fails with them, and says when the loop last wrote and how its error output ends.
     fn finish(self, kubectl: &Kubectl) -> anyhow::Result<Counts> {
         kubectl.run(&["-n", NS, "exec", "client", "--", "touch", "/tmp/stop"])?;
-        kubectl.wait_for(startup_patience(Duration::from_secs(30)), "the client's load to stop", || {
+        let stopped = kubectl.wait_for(startup_patience(Duration::from_secs(30)), "the client's load to stop", || {
             kubectl.run(&["-n", NS, "exec", "client", "--", "test", "-e", "/tmp/load.done"]).ok()
-        })?;
-        let mut counts = Load::read(kubectl).context("the client's counts")?;
-        counts.failures = kubectl
-            .run(&["-n", NS, "exec", "client", "--", "cat", "/tmp/load.err"])?
-            .lines()
-            .filter(|l| l.starts_with("FAIL") || l.starts_with("BROKEN"))
-            .map(str::to_owned)
-            .collect();
+        });
+        let text = kubectl.run(&["-n", NS, "exec", "client", "--", "cat", "/tmp/load.counts"])?;
+        let mut counts = Counts::parse(&text).context("the client's counts")?;
+        let errors = kubectl.run(&["-n", NS, "exec", "client", "--", "cat", "/tmp/load.err"])?;
+        counts.failures =
+            errors.lines().filter(|l| l.starts_with("FAIL") || l.starts_with("BROKEN")).map(str::to_owned).collect();
+        if let Err(e) = stopped {
+            let written = text.lines().find_map(|l| l.strip_prefix("AT ")).unwrap_or("never");
+            let tail: Vec<&str> = errors.lines().rev().take(3).collect();
+            counts.unfinished =
+                Some(format!("{e:#}; its counts were last written at {written}; its error output ends {tail:?}"));
+        }
         Ok(counts)
     }
 }
