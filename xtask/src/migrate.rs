@@ -793,6 +793,8 @@ struct Counts {
     /// ([`Load::reconnect`]); not broken.
     reopened: u64,
     failures: Vec<String>,
+    /// When the loop wrote these counts (time of day, UTC), if it said.
+    written_at: Option<String>,
     /// The client's loop did not stop when told to (why, and what it last did): these are its
     /// last counts.
     unfinished: Option<String>,
@@ -819,6 +821,7 @@ impl Counts {
             broken,
             reopened,
             failures: Vec::new(),
+            written_at: text.lines().find_map(|l| l.strip_prefix("AT ")).map(str::to_owned),
             unfinished: None,
         })
     }
@@ -925,14 +928,14 @@ counts; touch /tmp/load.done"#
         let stopped = kubectl.wait_for(startup_patience(Duration::from_secs(30)), "the client's load to stop", || {
             kubectl.run(&["-n", NS, "exec", "client", "--", "test", "-e", "/tmp/load.done"]).ok()
         });
-        let text = kubectl.run(&["-n", NS, "exec", "client", "--", "cat", "/tmp/load.counts"])?;
-        let mut counts = Counts::parse(&text).context("the client's counts")?;
+        let mut counts = Load::read(kubectl).context("the client's counts")?;
         let errors = kubectl.run(&["-n", NS, "exec", "client", "--", "cat", "/tmp/load.err"])?;
         counts.failures =
             errors.lines().filter(|l| l.starts_with("FAIL") || l.starts_with("BROKEN")).map(str::to_owned).collect();
         if let Err(e) = stopped {
-            let written = text.lines().find_map(|l| l.strip_prefix("AT ")).unwrap_or("never");
-            let tail: Vec<&str> = errors.lines().rev().take(3).collect();
+            let written = counts.written_at.as_deref().unwrap_or("an unknown time");
+            let lines: Vec<&str> = errors.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(3)..];
             counts.unfinished =
                 Some(format!("{e:#}; its counts were last written at {written}; its error output ends {tail:?}"));
         }
@@ -1137,5 +1140,7 @@ mod tests {
         assert_eq!((counts.reopened, counts.failed()), (1, 3));
         assert!(counts.to_string().ends_with("closed and opened again on purpose 1 time(s)"));
         assert!(Counts::parse("COUNTS 10 1 9 2 30 0\n").is_none());
+        let written = Counts::parse("COUNTS 10 1 9 2 30 0 1\nAT 07:55:55 UTC\n").unwrap().written_at;
+        assert_eq!(written.as_deref(), Some("07:55:55 UTC"));
     }
 }
