@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use netlink_sys::{Socket, protocols::NETLINK_ROUTE};
 use tokio::sync::watch;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 /// `RTNLGRP_IPV4_IFADDR` and `RTNLGRP_IPV6_IFADDR` (linux/rtnetlink.h).
 const ADDRESS_GROUPS: [u32; 2] = [5, 9];
@@ -40,6 +40,8 @@ pub fn follow() -> watch::Receiver<Vec<IpAddr>> {
     };
     let spawned = std::thread::Builder::new().name("kproxy-node-addresses".into()).spawn(move || {
         let mut last_read = Instant::now();
+        // Failed reads are retried every MIN_INTERVAL: warn at the first, not at each.
+        let mut failing = dirty;
         while !tx.is_closed() {
             dirty |= wait_for_events(&socket, MIN_INTERVAL);
             if (dirty && last_read.elapsed() >= MIN_INTERVAL) || last_read.elapsed() >= RESYNC {
@@ -48,11 +50,16 @@ pub fn follow() -> watch::Receiver<Vec<IpAddr>> {
                 let addresses = match crate::node::local_addresses() {
                     Ok(addresses) => addresses,
                     Err(error) => {
-                        warn!(%error, "cannot read the node's addresses; keeping the last ones known");
-                        dirty = true;
+                        if !failing {
+                            warn!(%error, "cannot read the node's addresses; keeping the last ones known");
+                        }
+                        (failing, dirty) = (true, true);
                         continue;
                     }
                 };
+                if std::mem::take(&mut failing) {
+                    info!("the node's addresses can be read again");
+                }
                 dirty = false;
                 tx.send_if_modified(|current| {
                     let changed = *current != addresses;
