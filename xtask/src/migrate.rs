@@ -159,7 +159,8 @@ struct Leftover {
 ///   every virtual service and `kube-ipvs0` (those that carry connections drain first). kproxy's
 ///   IPVS mode adopts the virtual services and the dummy interface (the takeover leaves them,
 ///   `Own::Ipvs`), and its syncs delete the address services it does not want: kube-proxy's
-///   NodePorts, on addresses off the dummy interface, are left if still there.
+///   NodePorts, on addresses off the dummy interface, once they carry no connection (while
+///   they do they drain, as in nftables mode).
 /// - back to kube-proxy: kproxy's nftables tables (`kproxy`, `kproxy-accel`, `kproxy-ipvs`),
 ///   whatever its mode; from its iptables mode its chains, except where kube-proxy's mode writes
 ///   the same names (iptables mode: all; IPVS mode: `KUBE_PROXY_IPVS_CHAINS`, which kproxy's
@@ -190,9 +191,13 @@ fn left(modes: Modes, direction: Direction, rules: &ProxyRules) -> Vec<Leftover>
                     add(format!("ip sets [{}]", rules.kube_ipsets.join(", ")), false);
                 }
                 if new == "ipvs" {
-                    let nodeports: Vec<String> = rules.off_dummy_services().map(|s| s.key.to_string()).collect();
-                    if !nodeports.is_empty() {
-                        add(format!("kube-proxy's NodePort virtual services [{}]", nodeports.join(", ")), false);
+                    // Each stays while it carries connections (kproxy's IPVS dataplane keeps it).
+                    for service in rules.off_dummy_services() {
+                        let what = format!(
+                            "kube-proxy's NodePort virtual service {} ({} connections)",
+                            service.key, service.connections
+                        );
+                        add(what, service.connections > 0);
                     }
                 } else {
                     let mut draining = false;
@@ -271,6 +276,7 @@ pub fn run(m: &Migration, cluster: &cluster::Cluster) -> anyhow::Result<bool> {
     let load = Load::start(&kubectl, &info.nodes[1].ips[0].to_string(), &services)?;
     let started = Instant::now();
     let mut steps = Steps { started, lines: Vec::new() };
+    let mut timeline = Timeline::default();
     let mut reports: Vec<NodeReport> =
         info.nodes.iter().map(|n| NodeReport { name: n.name.clone(), ..Default::default() }).collect();
     let result = (|| -> anyhow::Result<()> {
@@ -279,8 +285,10 @@ pub fn run(m: &Migration, cluster: &cluster::Cluster) -> anyhow::Result<bool> {
         prepare(m, &kubectl, info)?;
         steps.note("prepared: nodes labelled kube-proxy, kube-proxy's DaemonSet patched, kproxy's applied");
         let mut modes = Modes { kube_proxy: m.from, kproxy: m.to };
-        for (node, report) in info.nodes.iter().zip(&mut reports) {
+        for (i, (node, report)) in info.nodes.iter().zip(&mut reports).enumerate() {
+            timeline.set(i, Serving::Both);
             onto_kproxy(m, modes, &kubectl, node, report)?;
+            timeline.set(i, Serving::Kproxy);
             steps.note(&format!("{} on kproxy", node.name));
             roll(&kubectl)?;
             steps.note("web rolled");
@@ -312,8 +320,10 @@ pub fn run(m: &Migration, cluster: &cluster::Cluster) -> anyhow::Result<bool> {
             roll(&kubectl)?;
             steps.note("web rolled");
         }
-        for (node, report) in info.nodes.iter().zip(&mut reports) {
+        for (i, (node, report)) in info.nodes.iter().zip(&mut reports).enumerate() {
+            timeline.set(i, Serving::Both);
             back_to_kube_proxy(m, modes, &mut steps, &kubectl, node, report)?;
+            timeline.set(i, Serving::KubeProxy);
             steps.note(&format!("{} back on kube-proxy", node.name));
             roll(&kubectl)?;
             steps.note("web rolled");
@@ -357,6 +367,9 @@ pub fn run(m: &Migration, cluster: &cluster::Cluster) -> anyhow::Result<bool> {
     for failure in &counts.failures {
         println!("migrate:   {failure}");
     }
+    if !counts.failures.is_empty() {
+        println!("migrate:   {}", timeline.attribute(&counts.failures));
+    }
     result?;
     if let Some(why) = &counts.unfinished {
         bail!("the client's loop did not stop: {why}");
@@ -377,6 +390,72 @@ impl Steps {
         tracing::info!("migrate: {line}");
         self.lines.push(line);
     }
+}
+
+/// Which proxy a node ran: kube-proxy alone, both (from the node's label asking for the other
+/// proxy until that node's step ended: the old proxy gone and what it left checked), kproxy
+/// alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Serving {
+    KubeProxy,
+    Both,
+    Kproxy,
+}
+
+/// When each node changed proxy (seconds of the UTC day, as the client's lines are stamped):
+/// whose stretch each failed request or broken connection fell in. ClusterIP requests are
+/// served by the client's node (node 1), NodePort requests by node 2.
+#[derive(Debug, Default)]
+struct Timeline {
+    changes: Vec<(usize, f64, Serving)>,
+}
+
+impl Timeline {
+    fn set(&mut self, node: usize, serving: Serving) {
+        let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
+        self.changes.push((node, now % 86_400.0, serving));
+    }
+
+    fn at(&self, node: usize, seconds: f64) -> Serving {
+        let mut changes = self.changes.iter().filter(|(n, at, _)| *n == node && *at <= seconds);
+        changes.next_back().map_or(Serving::KubeProxy, |(_, _, serving)| *serving)
+    }
+
+    /// One line: the client's `FAIL`/`BROKEN` lines counted by what served them.
+    fn attribute(&self, lines: &[String]) -> String {
+        let mut counts: std::collections::BTreeMap<Serving, usize> = std::collections::BTreeMap::new();
+        let mut unknown = 0;
+        for line in lines {
+            let mut words = line.split_whitespace().skip(1);
+            let (Some(time), Some(_utc), Some(kind)) = (words.next(), words.next(), words.next()) else {
+                unknown += 1;
+                continue;
+            };
+            let node = usize::from(kind == "NodePort");
+            match seconds_of_day(time) {
+                Some(t) => *counts.entry(self.at(node, t)).or_default() += 1,
+                None => unknown += 1,
+            }
+        }
+        let n = |s: Serving| counts.get(&s).copied().unwrap_or(0);
+        let mut out = format!(
+            "failed or broken by what served them (ClusterIP: node 1's proxy, NodePort: node 2's): kube-proxy alone {}, both {}, kproxy alone {}",
+            n(Serving::KubeProxy),
+            n(Serving::Both),
+            n(Serving::Kproxy)
+        );
+        if unknown > 0 {
+            out.push_str(&format!(", unreadable {unknown}"));
+        }
+        out
+    }
+}
+
+/// `HH:MM:SS[.frac]` as seconds of the day.
+fn seconds_of_day(time: &str) -> Option<f64> {
+    let mut parts = time.splitn(3, ':');
+    let (h, m, s) = (parts.next()?, parts.next()?, parts.next()?);
+    Some(h.parse::<f64>().ok()? * 3600.0 + m.parse::<f64>().ok()? * 60.0 + s.parse::<f64>().ok()?)
 }
 
 /// HH:MM:SS (UTC) now.
@@ -848,11 +927,15 @@ impl Load {
     /// `/dev/tcp` with one HTTP/1.1 keep-alive request a second, its answer read with a 5 s
     /// limit (a failed exchange counts as a broken connection, which is then opened anew). While
     /// `/tmp/reconnect` exists in the pod, both are closed and opened again, counted apart.
+    /// SIGPIPE is ignored, so a write to a connection the peer reset fails (and is counted)
+    /// instead of killing the loop; each opening is stamped (a connect has the kernel's SYN
+    /// limit, not ours), and the loop's end is written with its status (`EXITED`).
     fn start(kubectl: &Kubectl, node2: &str, s: &Services) -> anyhow::Result<Load> {
         let Services { web_ip, web_port, steady_ip, steady_port } = s;
         let script = format!(
             r#"rm -f /tmp/stop /tmp/load.done /tmp/reconnect; ok1=0; f1=0; ok2=0; f2=0; ex=0; br=0; re=0; last=0
-open() {{ eval "exec $1<>/dev/tcp/$2/$3" 2>/dev/null; }}
+trap '' PIPE
+open() {{ stamp OPEN "$2:$3"; eval "exec $1<>/dev/tcp/$2/$3" 2>/dev/null || stamp UNOPENED "$2:$3"; }}
 ask() {{ printf 'GET /hostname HTTP/1.1\r\nHost: x\r\n\r\n' >&$1 2>/dev/null || return 1
   IFS= read -r -t 5 -u $1 status || return 1
   case "$status" in *" 200 "*) ;; *) return 1;; esac
@@ -885,7 +968,7 @@ counts; touch /tmp/load.done"#
                 "--",
                 "bash",
                 "-c",
-                r#"printf '%s\n' "$1" > /tmp/load.sh && { setsid bash /tmp/load.sh </dev/null >/tmp/load.out 2>/tmp/load.err & }"#,
+                r#"printf '%s\n' "$1" > /tmp/load.sh && { setsid bash -c 'bash /tmp/load.sh; echo "EXITED status $?" >&2' </dev/null >/tmp/load.out 2>/tmp/load.err & }"#,
                 "load",
                 &script,
             ])
@@ -920,6 +1003,15 @@ counts; touch /tmp/load.done"#
         Ok(())
     }
 
+    /// What runs in the client pod, from /proc: where a loop that does not stop waits.
+    fn processes(kubectl: &Kubectl) -> String {
+        const LIST: &str = r#"for d in /proc/[0-9]*; do read -r _ _ state _ < "$d/stat" 2>/dev/null || continue
+  printf '%s %s %s %s\n' "${d#/proc/}" "$state" "$(cat "$d/wchan" 2>/dev/null)" "$(tr '\0' ' ' < "$d/cmdline" 2>/dev/null)"; done"#;
+        kubectl
+            .run(&["-n", NS, "exec", "client", "--", "bash", "-c", LIST])
+            .unwrap_or_else(|e| format!("(not read: {e:#})"))
+    }
+
     /// Stops the loop and reads what it counted and each failure's line. A loop that does not
     /// stop still has its counts read (it writes them once a second, with the time): the run then
     /// fails with them, and says when the loop last wrote and how its error output ends.
@@ -936,8 +1028,11 @@ counts; touch /tmp/load.done"#
             let written = counts.written_at.as_deref().unwrap_or("an unknown time");
             let lines: Vec<&str> = errors.lines().collect();
             let tail = &lines[lines.len().saturating_sub(3)..];
-            counts.unfinished =
-                Some(format!("{e:#}; its counts were last written at {written}; its error output ends {tail:?}"));
+            counts.unfinished = Some(format!(
+                "{e:#}; its counts were last written at {written}; its error output ends {tail:?}; \
+                 the pod's processes (pid, state, kernel wait, command):\n{}",
+                Load::processes(kubectl)
+            ));
         }
         Ok(counts)
     }
@@ -1057,6 +1152,7 @@ mod tests {
         let mut both = kube_proxy_ipvs();
         both.kproxy_ipvs_tables = 1;
         both.ipvs.push(fwmark_service());
+        both.ipvs.push(addr_service("198.18.0.2", 31001, 3));
         assert_eq!(
             what(&left(m, Direction::OntoKproxy, &both)),
             [
@@ -1065,8 +1161,34 @@ mod tests {
                     false
                 ),
                 ("ip sets [KUBE-CLUSTER-IP, KUBE-NODE-PORT-TCP]", false),
-                ("kube-proxy's NodePort virtual services [TCP 198.18.0.2:31000]", false),
+                ("kube-proxy's NodePort virtual service TCP 198.18.0.2:31000 (0 connections)", false),
+                ("kube-proxy's NodePort virtual service TCP 198.18.0.2:31001 (3 connections)", true),
             ]
+        );
+    }
+
+    #[test]
+    fn failures_are_counted_by_the_proxy_that_served_them() {
+        let timeline = Timeline {
+            changes: vec![
+                (0, 100.0, Serving::Both),
+                (0, 130.0, Serving::Kproxy),
+                (1, 200.0, Serving::Both),
+                (1, 230.0, Serving::Kproxy),
+            ],
+        };
+        let lines: Vec<String> = [
+            "FAIL 00:01:39.5 UTC ClusterIP (curl exit 28, HTTP 000)", // node 1 on kube-proxy
+            "FAIL 00:01:45.0 UTC NodePort (curl exit 7, HTTP 000)",   // node 2 on kube-proxy
+            "BROKEN 00:03:30.0 UTC NodePort connection",              // node 2: both
+            "FAIL 00:03:00.0 UTC ClusterIP (curl exit 7, HTTP 000)",  // node 1 on kproxy
+            "FAIL garbage",
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        assert_eq!(
+            timeline.attribute(&lines),
+            "failed or broken by what served them (ClusterIP: node 1's proxy, NodePort: node 2's): kube-proxy alone 2, both 1, kproxy alone 1, unreadable 1"
         );
     }
 

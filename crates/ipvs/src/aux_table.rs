@@ -11,6 +11,9 @@
 //!    the masquerade conntrack mark per the plan (`masquerade-marks-*`), and, when KEP-6246
 //!    CIDRs are set, the local-pod conntrack mark. Conntrack marks are used rather than packet
 //!    marks because IPVS looks firewall-mark services up by the whole packet mark.
+//!    The same marks are set again for a new connection in `remark-input` (priority 90) and
+//!    `remark-output` (-99), just before IPVS: other programs' nat rules in between may OR bits
+//!    into the mark (kube-proxy's masquerade bit, during a migration), and IPVS matches it whole.
 //! 2. `service-checks` (input priority 0 and output priority -110: both before IPVS, which hooks
 //!    `LOCAL_IN` at 98 and `LOCAL_OUT` at -98): loadBalancerSourceRanges, then marked traffic
 //!    passes, then the plan's no-endpoint verdicts, then the guard: VIPs are local addresses, so
@@ -44,6 +47,11 @@ use kproxy_plan::{LocalTraffic, NoMasqueradeSource, NodePlan, NodePortAddresses,
 use kproxy_state::Protocol;
 
 use crate::config::Config;
+
+/// Between the nat hooks of other programs (-100; none at input) and IPVS (`LOCAL_IN` at 98,
+/// `LOCAL_OUT` at -98): where the firewall marks are set again ([`skeleton`]).
+const REMARK_INPUT_PRIORITY: i32 = 90;
+const REMARK_OUTPUT_PRIORITY: i32 = -99;
 
 /// Addresses on the dummy interface.
 pub const VIPS: &str = "vips";
@@ -185,20 +193,35 @@ pub fn skeleton(cfg: &Config, ctx: &Ctx, node: &NodePlan) -> Skeleton {
     let mark_map = |key: &[Field], map: &str| Stmt::MarkSetMap { key: key.to_vec(), map: map.to_owned() };
     let new = || Stmt::CtState(kproxy_nft_model::CtState::New);
 
-    let mut classify_pre = vec![with(&np, [mark_map(&port, NODEPORT_MARKS)])];
-    if let Some(pod) = &pod {
-        classify_pre.push(Rule::new([pod.clone(), mark_map(&dest, SHORTCIRCUIT_DESTS)]));
-        let mut r = Rule::new([pod.clone()]);
-        r.0.extend(np.iter().cloned());
-        classify_pre.push(r.then(mark_map(&port, SHORTCIRCUIT_NODEPORTS)));
-    }
-    classify_pre.push(Rule::new([new(), Stmt::jump("masquerade-marks-prerouting")]));
-    let classify_out = vec![
+    // The firewall marks, in the order in which a later one wins: from outside (prerouting),
+    // short-circuits only from local pods; from the node (output), always.
+    let marks_in = {
+        let mut rules = vec![with(&np, [mark_map(&port, NODEPORT_MARKS)])];
+        if let Some(pod) = &pod {
+            rules.push(Rule::new([pod.clone(), mark_map(&dest, SHORTCIRCUIT_DESTS)]));
+            let mut r = Rule::new([pod.clone()]);
+            r.0.extend(np.iter().cloned());
+            rules.push(r.then(mark_map(&port, SHORTCIRCUIT_NODEPORTS)));
+        }
+        rules
+    };
+    let marks_out = vec![
         with(&np, [mark_map(&port, NODEPORT_MARKS)]),
         Rule::from(mark_map(&dest, SHORTCIRCUIT_DESTS)),
         with(&np, [mark_map(&port, SHORTCIRCUIT_NODEPORTS)]),
-        Rule::new([new(), Stmt::jump("masquerade-marks-output")]),
     ];
+    let mut classify_pre = marks_in.clone();
+    classify_pre.push(Rule::new([new(), Stmt::jump("masquerade-marks-prerouting")]));
+    let mut classify_out = marks_out.clone();
+    classify_out.push(Rule::new([new(), Stmt::jump("masquerade-marks-output")]));
+    // Set again just before IPVS looks the service up, for a new connection: rules of other
+    // programs between here and IPVS may OR bits into the packet mark (kube-proxy's
+    // KUBE-MARK-MASQ in nat PREROUTING and OUTPUT, while both run during a migration), and IPVS
+    // matches the whole mark.
+    let only_new = |rules: Vec<Rule>| -> Vec<Rule> {
+        rules.into_iter().map(|r| Rule::new(std::iter::once(new()).chain(r.0))).collect()
+    };
+    let (remark_in, remark_out) = (only_new(marks_in), only_new(marks_out));
     let mut marks_pre = vec![Rule::new([Stmt::member(dest.clone(), MASQ_ALWAYS), set_masq()])];
     if let Some(not_pod) = &not_pod {
         marks_pre.push(Rule::new([not_pod.clone(), Stmt::member(dest.clone(), MASQ_NOT_LOCAL), set_masq()]));
@@ -208,7 +231,7 @@ pub fn skeleton(cfg: &Config, ctx: &Ctx, node: &NodePlan) -> Skeleton {
     if let (Some(pod), true) = (&pod, sources.contains(&NoMasqueradeSource::LocalPods)) {
         marks_pre.push(Rule::new([pod.clone(), Stmt::CtMarkOr(p)]));
     }
-    let marks_out = vec![
+    let masq_marks_out = vec![
         Rule::new([Stmt::member(dest.clone(), MASQ_ALWAYS), set_masq()]),
         Rule::new([Stmt::member(dest.clone(), MASQ_NOT_LOCAL), set_masq()]),
         Rule::new([Stmt::member(dest.clone(), EXTERNAL_DESTS), set_masq()]),
@@ -285,9 +308,11 @@ pub fn skeleton(cfg: &Config, ctx: &Ctx, node: &NodePlan) -> Skeleton {
         (Chain::base("classify-output", Filter, Output, -150), classify_out),
         (Chain::base("service-checks-input", Filter, Input, 0), checks_entry()),
         (Chain::base("service-checks-output", Filter, Output, -110), checks_entry()),
+        (Chain::base("remark-input", Filter, Input, REMARK_INPUT_PRIORITY), remark_in),
+        (Chain::base("remark-output", Filter, Output, REMARK_OUTPUT_PRIORITY), remark_out),
         (Chain::base("nat-postrouting", Nat, Postrouting, 100), postrouting),
         (Chain::regular("masquerade-marks-prerouting"), marks_pre),
-        (Chain::regular("masquerade-marks-output"), marks_out),
+        (Chain::regular("masquerade-marks-output"), masq_marks_out),
         (Chain::regular("service-checks"), checks),
         (Chain::regular("masquerade-now"), vec![Rule::from(snat)]),
         (

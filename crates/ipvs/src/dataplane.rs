@@ -15,6 +15,10 @@
 //! weight 0 (no new ones) until it has none or [`Config::graceful_period`] passed; UDP ones go at
 //! once (IPVS would otherwise keep sending a flow's datagrams to a dead pod). The kernel's
 //! `expire_quiescent_template` stops persistence templates from pinning new connections to it.
+//! A virtual service kproxy does not want on an address off the dummy interface (kube-proxy's
+//! NodePort address services, on a node taken over from kube-proxy's IPVS mode; kproxy serves
+//! NodePorts with firewall-mark services) is deleted only once it carries no connection or that
+//! period passed: deleting it would break the connections IPVS scheduled through it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -47,7 +51,7 @@ pub struct SyncReport {
     pub address_ops: usize,
     /// nftables operations in the auxiliary table's transaction.
     pub nft_ops: usize,
-    /// Real servers deleted after draining.
+    /// Real servers (and unwanted virtual services) deleted after draining.
     pub drained: usize,
 }
 
@@ -84,6 +88,8 @@ pub struct IpvsDataplane<H> {
     vs_owners: BTreeMap<ServiceKey, BTreeMap<ServicePortName, DesiredVs>>,
     applied: BTreeMap<ServiceKey, AppliedVs>,
     draining: BTreeMap<(ServiceKey, DestKey), Instant>,
+    /// Unwanted address services off the dummy interface kept while they carry connections.
+    draining_services: BTreeMap<ServiceKey, Instant>,
     addr_owners: BTreeMap<IpAddr, BTreeSet<ServicePortName>>,
     applied_addrs: BTreeSet<IpAddr>,
     link: Option<u32>,
@@ -105,6 +111,7 @@ impl<H: Host> IpvsDataplane<H> {
             vs_owners: BTreeMap::new(),
             applied: BTreeMap::new(),
             draining: BTreeMap::new(),
+            draining_services: BTreeMap::new(),
             addr_owners: BTreeMap::new(),
             applied_addrs: BTreeSet::new(),
             link: None,
@@ -131,6 +138,11 @@ impl<H: Host> IpvsDataplane<H> {
     /// Real servers kept at weight 0 until they drain.
     pub fn draining(&self) -> impl Iterator<Item = (&ServiceKey, &DestKey)> {
         self.draining.keys().map(|(s, d)| (s, d))
+    }
+
+    /// Virtual services kproxy does not want, kept until their connections end.
+    pub fn draining_services(&self) -> impl Iterator<Item = &ServiceKey> {
+        self.draining_services.keys()
     }
 
     /// Brings the kernel in line with `plan`; `delta` is what changed since the last sync.
@@ -205,15 +217,17 @@ impl<H: Host> IpvsDataplane<H> {
             self.applied.insert(spec.key, AppliedVs { spec, protocol, dests });
         }
         self.draining.retain(|(s, _), _| self.applied.contains_key(s));
+        self.draining_services.retain(|s, _| self.applied.contains_key(s));
+        // The interface's addresses before the services: which unwanted services are on a VIP.
+        let link = self.link.ok_or(Error::NotDummy(self.config.interface.clone()))?;
+        // IPv6 link-local addresses are the kernel's own (the interface is up), not VIPs.
+        self.applied_addrs = self.host.addresses(link)?.into_iter().filter(|a| !is_link_local(a)).collect();
         let keys: BTreeSet<ServiceKey> = self.vs_owners.keys().chain(self.applied.keys()).copied().collect();
         for key in keys {
             report.ipvs_ops += self.reconcile_service(key)?;
         }
 
         // Addresses.
-        let link = self.link.ok_or(Error::NotDummy(self.config.interface.clone()))?;
-        // IPv6 link-local addresses are the kernel's own (the interface is up), not VIPs.
-        self.applied_addrs = self.host.addresses(link)?.into_iter().filter(|a| !is_link_local(a)).collect();
         let addrs: BTreeSet<IpAddr> = self.addr_owners.keys().chain(self.applied_addrs.iter()).copied().collect();
         for addr in addrs {
             report.address_ops += self.reconcile_address(addr)?;
@@ -370,9 +384,13 @@ impl<H: Host> IpvsDataplane<H> {
         match (desired, self.applied.get_mut(&key)) {
             (None, None) => {}
             (None, Some(_)) => {
+                if self.keeps_while_connected(&key, now)? {
+                    return Ok(0);
+                }
                 ops.push(IpvsOp::DeleteService(key));
                 self.applied.remove(&key);
                 self.draining.retain(|(s, _), _| *s != key);
+                self.draining_services.remove(&key);
             }
             (Some(d), None) => {
                 ops.push(IpvsOp::AddService(d.spec.clone()));
@@ -381,6 +399,7 @@ impl<H: Host> IpvsDataplane<H> {
                 self.applied.insert(key, AppliedVs { spec: d.spec, protocol: d.protocol, dests });
             }
             (Some(d), Some(a)) => {
+                self.draining_services.remove(&key);
                 if a.spec != d.spec {
                     ops.push(IpvsOp::UpdateService(d.spec.clone()));
                     a.spec = d.spec.clone();
@@ -418,6 +437,32 @@ impl<H: Host> IpvsDataplane<H> {
         Ok(ops.len())
     }
 
+    /// Whether an unwanted virtual service stays for now: an address service off the dummy
+    /// interface (no VIP of kproxy's: a node address) that still carries TCP or SCTP
+    /// connections, within the graceful period. Such a service takes no new connection once
+    /// kproxy serves its NodePort (the firewall mark is looked up first); a VIP's service goes at
+    /// once, as upstream's does (its address leaves the interface with it).
+    fn keeps_while_connected(&mut self, key: &ServiceKey, now: Instant) -> Result<bool, Error> {
+        let ServiceKey::Addr { addr, protocol, .. } = key else { return Ok(false) };
+        if *protocol == Protocol::Udp || self.addr_owners.contains_key(addr) || self.applied_addrs.contains(addr) {
+            return Ok(false);
+        }
+        let since = *self.draining_services.get(key).unwrap_or(&now);
+        if since.elapsed() >= self.config.graceful_period {
+            return Ok(false);
+        }
+        let connections: u64 =
+            self.host.ipvs_dests(key)?.iter().map(|d| u64::from(d.active_conns) + u64::from(d.inactive_conns)).sum();
+        if connections == 0 {
+            return Ok(false);
+        }
+        if !self.draining_services.contains_key(key) {
+            tracing::info!(service = %key, connections, "an unwanted IPVS virtual service stays until its connections end");
+            self.draining_services.insert(*key, now);
+        }
+        Ok(true)
+    }
+
     fn reconcile_address(&mut self, addr: IpAddr) -> Result<usize, Error> {
         let Some(link) = self.link else { return Ok(0) };
         let wanted = self.addr_owners.contains_key(&addr);
@@ -438,11 +483,20 @@ impl<H: Host> IpvsDataplane<H> {
         Ok(1)
     }
 
-    /// Deletes draining real servers that have no connections left or whose grace period is
-    /// over; returns how many. Runs with every sync; call it between syncs to reap sooner.
+    /// Deletes draining real servers, and unwanted virtual services kept for their connections,
+    /// that have no connections left or whose grace period is over; returns how many. Runs with every sync; call it between syncs to reap sooner.
     pub fn reap_drained(&mut self) -> Result<usize, Error> {
-        let services: BTreeSet<ServiceKey> = self.draining.keys().map(|(s, _)| *s).collect();
         let mut deleted = 0;
+        let unwanted: Vec<ServiceKey> = self.draining_services.keys().copied().collect();
+        for key in unwanted {
+            if self.vs_owners.contains_key(&key) {
+                // Wanted again: the sync that wants it reconciles it.
+                self.draining_services.remove(&key);
+            } else {
+                deleted += self.reconcile_service(key)?;
+            }
+        }
+        let services: BTreeSet<ServiceKey> = self.draining.keys().map(|(s, _)| *s).collect();
         for key in services {
             let current = self.host.ipvs_dests(&key)?;
             let candidates: Vec<(DestKey, Instant)> =
@@ -474,6 +528,7 @@ impl<H: Host> IpvsDataplane<H> {
         self.vs_owners.clear();
         self.applied.clear();
         self.draining.clear();
+        self.draining_services.clear();
         self.addr_owners.clear();
         self.applied_addrs.clear();
         self.link = None;

@@ -312,3 +312,53 @@ fn a_node_port_address_change_costs_its_element_alone() {
         assert_eq!(dp.host().nft_tables, fresh.host().nft_tables, "as a full sync builds it");
     }
 }
+
+/// Adds an address service with one real server (weight 1) to `host`.
+fn add_foreign_service(host: &mut FakeHost, key: ServiceKey) {
+    let spec = kproxy_ipvs::ServiceSpec { key, scheduler: "rr".into(), flags: 0, timeout: 0 };
+    host.ipvs(&IpvsOp::AddService(spec)).unwrap();
+    let real = kproxy_ipvs::DestSpec { key: dest("198.18.16.10"), weight: 1 };
+    host.ipvs(&IpvsOp::AddDest(key, real)).unwrap();
+}
+
+/// kube-proxy's NodePort address services on a node kproxy's IPVS mode takes over: one that
+/// carries a connection stays (deleting it would break the connection) until the connection
+/// ends, untouched and not reported as drift; one without, a UDP one and one on an address of
+/// the dummy interface's kind (a VIP) go at once, as upstream deletes what it does not want.
+#[test]
+fn an_unwanted_service_on_a_node_address_stays_while_it_carries_connections() {
+    let world = World::new(two_services());
+    let kept = node_port("198.18.0.2");
+    let idle = ServiceKey::Addr { addr: "198.18.0.2".parse().unwrap(), protocol: Protocol::Tcp, port: 30081 };
+    let udp = ServiceKey::Addr { addr: "198.18.0.2".parse().unwrap(), protocol: Protocol::Udp, port: 30082 };
+    let vip_addr: std::net::IpAddr = "198.18.128.99".parse().unwrap();
+    let vip = cip("198.18.128.99");
+    let mut host = FakeHost::new();
+    for key in [kept, idle, udp, vip] {
+        add_foreign_service(&mut host, key);
+        host.set_active(&key, &dest("198.18.16.10"), 1);
+    }
+    host.set_active(&idle, &dest("198.18.16.10"), 0);
+    // kube-proxy's dummy interface, with its ClusterIP.
+    host.links.insert(
+        "kube-ipvs0".into(),
+        kproxy_ipvs::FakeLink { index: 9, kind: Some("dummy".into()), up: true, addresses: [vip_addr].into() },
+    );
+    let mut dp = IpvsDataplane::new(host, Config::default());
+    dp.sync(&world.plan, &world.full()).unwrap();
+    let services = &dp.host().services;
+    assert!(services.contains_key(&kept), "kept while it carries a connection");
+    assert_eq!(services[&kept].dests[&dest("198.18.16.10")].spec.weight, 1, "its real server untouched");
+    for gone in [idle, udp, vip] {
+        assert!(!services.contains_key(&gone), "{gone} goes at once");
+    }
+    assert_eq!(dp.draining_services().collect::<Vec<_>>(), [&kept]);
+    assert_eq!(dp.verify(&world.plan).unwrap(), kproxy_plan::Verified::Clean, "kept is not drift");
+    assert_eq!(dp.reap_drained().unwrap(), 0, "still connected");
+
+    dp.host_mut().set_active(&kept, &dest("198.18.16.10"), 0);
+    assert_eq!(dp.reap_drained().unwrap(), 1);
+    assert!(!dp.host().services.contains_key(&kept));
+    assert_eq!(dp.draining_services().count(), 0);
+    assert_eq!(dp.verify(&world.plan).unwrap(), kproxy_plan::Verified::Clean);
+}

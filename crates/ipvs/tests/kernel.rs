@@ -553,3 +553,86 @@ fn the_periodic_check_restores_an_aux_chain_set_and_table_deleted_from_outside()
     assert_eq!(verify(&tb, &mut dp, &cluster.plan), Verified::Clean);
     tb.node().run_in(|| dp.cleanup()).unwrap().unwrap();
 }
+
+/// Another program's nat rules OR a bit into the packet mark between kproxy's classification
+/// and IPVS (kube-proxy's KUBE-MARK-MASQ, while both run on a node during a migration): IPVS
+/// matches the whole mark, so kproxy sets it again just before IPVS (`remark-*`). Without
+/// that, the NodePort is refused (shown by emptying the chains), and the periodic check puts
+/// them back.
+#[test]
+fn a_nodeport_is_served_when_other_nat_rules_or_a_bit_into_the_packet_mark() {
+    if !ready() {
+        return;
+    }
+    let tb = Testbed::new().unwrap();
+    let (ps, cluster, mut dp) = web_synced(&tb);
+    let client = ps[2].netns();
+    let node_port = format!("{}:30080", kproxy_testbed::topology::NODE_IP_V4);
+    // kube-proxy's masquerade bit, or the next one if the service's mark has it already.
+    let table = ipvsadm(tb.node());
+    let mark: u32 = table
+        .lines()
+        .find_map(|l| l.strip_prefix("FWM").and_then(|rest| rest.split_whitespace().next()?.parse().ok()))
+        .unwrap_or_else(|| panic!("no firewall-mark service:\n{table}"));
+    let bit = [0x4000u32, 0x8000, 0x2000].into_iter().find(|b| mark & b == 0).unwrap();
+    tb.node()
+        .nft(&format!(
+            "table ip masq-bit {{
+               chain pre {{ type nat hook prerouting priority -100; meta mark set meta mark | {bit:#x}; }}
+               chain out {{ type nat hook output priority -100; meta mark set meta mark | {bit:#x}; }}
+             }}"
+        ))
+        .unwrap();
+    assert_eq!(answering(client, &node_port), ["a", "b"], "from a pod (prerouting)");
+    assert_eq!(answering(tb.node(), &node_port), ["a", "b"], "from the node (output)");
+
+    for chain in ["remark-input", "remark-output"] {
+        tb.node().exec_ok("nft", &["flush", "chain", "ip", "kproxy-ipvs", chain]).unwrap();
+    }
+    let t = Duration::from_secs(1);
+    let got = probe(client, Proto::Tcp, sa(&node_port), t).unwrap();
+    assert_eq!(got, ProbeResult::Refused, "the ORed mark matches no firewall-mark service");
+    let got = probe(tb.node(), Proto::Tcp, sa(&node_port), t).unwrap();
+    assert_eq!(got.backend(), None, "nor from the node ({got:?})");
+    assert!(matches!(verify(&tb, &mut dp, &cluster.plan), Verified::Repaired(_)));
+    assert_eq!(answering(client, &node_port), ["a", "b"]);
+    assert_eq!(answering(tb.node(), &node_port), ["a", "b"]);
+    tb.node().exec_ok("nft", &["delete", "table", "ip", "masq-bit"]).unwrap();
+    tb.node().run_in(|| dp.cleanup()).unwrap().unwrap();
+}
+
+/// A virtual service kproxy does not want on a node address (kube-proxy's NodePort address
+/// service, when kproxy's IPVS mode takes a node over) keeps the connections IPVS scheduled
+/// through it: kproxy's syncs leave it while it carries one, and delete it once it carries none
+/// or the graceful period passed.
+#[test]
+fn another_proxys_service_on_a_node_address_keeps_its_connections_until_they_end() {
+    if !ready() {
+        return;
+    }
+    let tb = Testbed::new().unwrap();
+    let a = tb.add_pod("a", Where::Node).unwrap();
+    let client = tb.add_pod("client", Where::Node).unwrap();
+    line_server(a.netns(), "a", 9000);
+    let theirs = format!("{}:31000", kproxy_testbed::topology::NODE_IP_V4);
+    let real = format!("{}:9000", a.ipv4());
+    tb.node().exec_ok("ipvsadm", &["-A", "-t", &theirs, "-s", "rr"]).unwrap();
+    tb.node().exec_ok("ipvsadm", &["-a", "-t", &theirs, "-r", &real, "-m"]).unwrap();
+    let mut conn = Conn::open(client.netns(), sa(&theirs));
+    assert_eq!(conn.ask().unwrap(), "a");
+
+    let cluster = Cluster::new(web(&[(&a, NODE_A)], 9000, json!({})));
+    let config = Config { graceful_period: Duration::from_secs(3), ..Config::default() };
+    let mut dp = dataplane(&tb, config);
+    sync(&tb, &mut dp, &cluster.plan, &cluster.full());
+    assert!(ipvsadm(tb.node()).contains(&theirs), "kept while it carries a connection");
+    assert_eq!(conn.ask().unwrap(), "a", "the connection survives kproxy's sync");
+    assert_eq!(verify(&tb, &mut dp, &cluster.plan), Verified::Clean, "a kept service is not drift");
+    assert_eq!(conn.ask().unwrap(), "a");
+
+    std::thread::sleep(Duration::from_secs(4));
+    let deleted = tb.node().run_in(|| dp.reap_drained()).unwrap().unwrap();
+    assert_eq!(deleted, 1, "the graceful period is over");
+    assert!(!ipvsadm(tb.node()).contains(&theirs), "{}", ipvsadm(tb.node()));
+    tb.node().run_in(|| dp.cleanup()).unwrap().unwrap();
+}

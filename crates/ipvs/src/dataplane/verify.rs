@@ -120,6 +120,21 @@ impl<H: Host> IpvsDataplane<H> {
         let keys: BTreeSet<ServiceKey> = self.applied.keys().chain(live.keys()).copied().collect();
         let mut differing = Vec::new();
         for key in keys {
+            if self.draining_services.contains_key(&key) {
+                // Not kproxy's to keep in line (kube-proxy may still write it): only followed,
+                // and deleted once its connections end.
+                match live.remove(&key) {
+                    Some((spec, dests)) => {
+                        let protocol = self.protocol_of(&key);
+                        self.applied.insert(key, AppliedVs { spec, protocol, dests });
+                    }
+                    None => {
+                        self.applied.remove(&key);
+                        self.draining_services.remove(&key);
+                    }
+                }
+                continue;
+            }
             let lines = match (self.applied.get(&key), live.get(&key)) {
                 (Some(applied), Some(live)) => service_drift(&key, applied, live),
                 (Some(_), None) => vec![format!("IPVS virtual service {key} is missing")],
