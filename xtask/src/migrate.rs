@@ -286,8 +286,7 @@ pub fn run(m: &Migration, cluster: &cluster::Cluster) -> anyhow::Result<bool> {
         steps.note("prepared: nodes labelled kube-proxy, kube-proxy's DaemonSet patched, kproxy's applied");
         let mut modes = Modes { kube_proxy: m.from, kproxy: m.to };
         for (i, (node, report)) in info.nodes.iter().zip(&mut reports).enumerate() {
-            timeline.set(i, Serving::Both);
-            onto_kproxy(m, modes, &kubectl, node, report)?;
+            onto_kproxy(m, modes, &kubectl, node, report, &mut |serving| timeline.set(i, serving))?;
             timeline.set(i, Serving::Kproxy);
             steps.note(&format!("{} on kproxy", node.name));
             roll(&kubectl)?;
@@ -321,8 +320,7 @@ pub fn run(m: &Migration, cluster: &cluster::Cluster) -> anyhow::Result<bool> {
             steps.note("web rolled");
         }
         for (i, (node, report)) in info.nodes.iter().zip(&mut reports).enumerate() {
-            timeline.set(i, Serving::Both);
-            back_to_kube_proxy(m, modes, &mut steps, &kubectl, node, report)?;
+            back_to_kube_proxy(m, modes, &mut steps, &kubectl, node, report, &mut |serving| timeline.set(i, serving))?;
             timeline.set(i, Serving::KubeProxy);
             steps.note(&format!("{} back on kube-proxy", node.name));
             roll(&kubectl)?;
@@ -392,9 +390,8 @@ impl Steps {
     }
 }
 
-/// Which proxy a node ran: kube-proxy alone, both (from the node's label asking for the other
-/// proxy until that node's step ended: the old proxy gone and what it left checked), kproxy
-/// alone.
+/// Which proxy served a node: kube-proxy alone, both (from the other proxy's first sync beside
+/// it until that node's step ended: the old proxy gone and what it left checked), kproxy alone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Serving {
     KubeProxy,
@@ -678,11 +675,13 @@ fn onto_kproxy(
     kubectl: &Kubectl,
     node: &NodeInfo,
     report: &mut NodeReport,
+    serving: &mut dyn FnMut(Serving),
 ) -> anyhow::Result<()> {
     let both = label(kubectl, node, ON_BOTH)?;
     let pod = wait_running(kubectl, KPROXY_APP, &node.name)?;
     let log = FollowedLog::start(kubectl, &pod, "kproxy", m.work.join(format!("migrate-{}-{pod}.log", node.name)))?;
     report.kproxy_synced = log.wait_for("full sync done").context("kproxy's first sync beside kube-proxy")? - both;
+    serving(Serving::Both);
     let rules = proxy_rules(&node.netns)?;
     if !serves(Proxy::Kproxy, modes.kproxy, &rules) {
         bail!("kproxy synced but its rules are not in {}'s kernel: {}", node.name, describe(&rules));
@@ -724,6 +723,7 @@ fn back_to_kube_proxy(
     kubectl: &Kubectl,
     node: &NodeInfo,
     report: &mut NodeReport,
+    serving: &mut dyn FnMut(Serving),
 ) -> anyhow::Result<()> {
     let (pod, _) = daemon_pod(kubectl, KPROXY_APP, &node.name).context("no kproxy pod")?;
     let log =
@@ -744,6 +744,7 @@ fn back_to_kube_proxy(
     } else {
         upstream_log.wait_for("SyncProxyRules complete").context("kube-proxy's first sync beside kproxy")?
     } - both;
+    serving(Serving::Both);
     let rules = proxy_rules(&node.netns)?;
     if !serves(Proxy::KubeProxy, modes.kube_proxy, &rules) {
         bail!("kube-proxy synced but its rules are not in {}'s kernel: {}", node.name, describe(&rules));
