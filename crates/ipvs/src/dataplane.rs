@@ -484,7 +484,8 @@ impl<H: Host> IpvsDataplane<H> {
     }
 
     /// Deletes draining real servers, and unwanted virtual services kept for their connections,
-    /// that have no connections left or whose grace period is over; returns how many. Runs with every sync; call it between syncs to reap sooner.
+    /// that have no connections left or whose grace period is over; returns how many. Runs with
+    /// every sync; call it between syncs to reap sooner.
     pub fn reap_drained(&mut self) -> Result<usize, Error> {
         let mut deleted = 0;
         let unwanted: Vec<ServiceKey> = self.draining_services.keys().copied().collect();
