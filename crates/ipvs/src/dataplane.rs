@@ -34,7 +34,7 @@ use crate::aux_table;
 use crate::config::Config;
 use crate::error::Error;
 use crate::fwmark::Fwmarks;
-use crate::genl::{DestKey, DestSpec, IpvsOp, ServiceKey, ServiceSpec};
+use crate::genl::{DestKey, DestSpec, DestState, IpvsOp, ServiceKey, ServiceSpec};
 use crate::host::{EEXIST, ENOENT, ESRCH, Host, HostNft};
 use crate::render::{DesiredVs, PortObjects, render_port, slots_following};
 
@@ -451,8 +451,7 @@ impl<H: Host> IpvsDataplane<H> {
         if since.elapsed() >= self.config.graceful_period {
             return Ok(false);
         }
-        let connections: u64 =
-            self.host.ipvs_dests(key)?.iter().map(|d| u64::from(d.active_conns) + u64::from(d.inactive_conns)).sum();
+        let connections: u64 = self.host.ipvs_dests(key)?.iter().map(DestState::connections).sum();
         if connections == 0 {
             return Ok(false);
         }
@@ -503,7 +502,7 @@ impl<H: Host> IpvsDataplane<H> {
             let candidates: Vec<(DestKey, Instant)> =
                 self.draining.iter().filter(|((s, _), _)| *s == key).map(|((_, d), t)| (*d, *t)).collect();
             for (dest, since) in candidates {
-                let conns = current.iter().find(|d| d.spec.key == dest).map(|d| d.active_conns + d.inactive_conns);
+                let conns = current.iter().find(|d| d.spec.key == dest).map(DestState::connections);
                 let expired = since.elapsed() >= self.config.graceful_period;
                 if conns.is_some_and(|c| c > 0) && !expired {
                     continue;

@@ -156,6 +156,13 @@ pub struct DestState {
     pub inactive_conns: u32,
 }
 
+impl DestState {
+    /// Every connection IPVS tracks through it: what keeps it (or its service) draining.
+    pub fn connections(&self) -> u64 {
+        u64::from(self.active_conns) + u64::from(self.inactive_conns)
+    }
+}
+
 /// One change to the kernel's IPVS table.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum IpvsOp {

@@ -234,7 +234,7 @@ pub async fn take_over(
             tokio::time::sleep(REMOVAL_RETRY).await;
             continue;
         }
-        let connections: u32 = removal.draining.iter().map(|(_, n)| n).sum();
+        let connections: u64 = removal.draining.iter().map(|(_, n)| n).sum();
         info!(
             services = removal.draining.len(),
             connections, "kube-proxy's IPVS services still carry connections: each goes once its connections end"

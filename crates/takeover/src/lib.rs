@@ -74,7 +74,7 @@ pub struct IptablesLeftovers {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct IpvsLeftovers {
     /// Its virtual services, each with the connections IPVS still tracks through it.
-    pub services: Vec<(ServiceKey, u32)>,
+    pub services: Vec<(ServiceKey, u64)>,
 }
 
 /// What kube-proxy left on the node that kproxy's mode does not own.
@@ -280,7 +280,7 @@ fn find_ipvs(config: &kproxy_ipvs::Config) -> Result<Option<IpvsLeftovers>, Erro
     let services = table
         .into_iter()
         .filter(|(spec, _)| kproxy_ipvs::is_proxy_service(config, &spec.key))
-        .map(|(spec, dests)| (spec.key, dests.iter().map(|d| d.active_conns + d.inactive_conns).sum()))
+        .map(|(spec, dests)| (spec.key, dests.iter().map(|d| d.connections()).sum()))
         .collect();
     Ok(Some(IpvsLeftovers { services }))
 }
@@ -292,7 +292,7 @@ pub struct Removal {
     pub removed: Vec<String>,
     /// kube-proxy's virtual services kept because IPVS still tracks connections through them:
     /// call [`remove`] again later.
-    pub draining: Vec<(ServiceKey, u32)>,
+    pub draining: Vec<(ServiceKey, u64)>,
     /// What could not be removed, and why.
     pub failed: Vec<String>,
 }
