@@ -123,16 +123,7 @@ impl<H: Host> IpvsDataplane<H> {
             if self.draining_services.contains_key(&key) {
                 // Not kproxy's to keep in line (kube-proxy may still write it): only followed,
                 // and deleted once its connections end.
-                match live.remove(&key) {
-                    Some((spec, dests)) => {
-                        let protocol = self.protocol_of(&key);
-                        self.applied.insert(key, AppliedVs { spec, protocol, dests });
-                    }
-                    None => {
-                        self.applied.remove(&key);
-                        self.draining_services.remove(&key);
-                    }
-                }
+                self.follow_kernel(key, live.remove(&key));
                 continue;
             }
             let lines = match (self.applied.get(&key), live.get(&key)) {
@@ -144,21 +135,27 @@ impl<H: Host> IpvsDataplane<H> {
                 continue;
             }
             drift.extend(lines);
-            match live.remove(&key) {
-                Some((spec, dests)) => {
-                    // Draining real servers the kernel no longer has need no more draining.
-                    self.draining.retain(|(s, d), _| *s != key || dests.contains_key(d));
-                    let protocol = self.applied.get(&key).map_or_else(|| self.protocol_of(&key), |a| a.protocol);
-                    self.applied.insert(key, AppliedVs { spec, protocol, dests });
-                }
-                None => {
-                    self.applied.remove(&key);
-                    self.draining.retain(|(s, _), _| *s != key);
-                }
-            }
+            self.follow_kernel(key, live.remove(&key));
             differing.push(key);
         }
         Ok(differing)
+    }
+
+    /// Sets the applied state of `key` to what the kernel has (`None`: no such service).
+    fn follow_kernel(&mut self, key: ServiceKey, live: Option<LiveVs>) {
+        match live {
+            Some((spec, dests)) => {
+                // Draining real servers the kernel no longer has need no more draining.
+                self.draining.retain(|(s, d), _| *s != key || dests.contains_key(d));
+                let protocol = self.applied.get(&key).map_or_else(|| self.protocol_of(&key), |a| a.protocol);
+                self.applied.insert(key, AppliedVs { spec, protocol, dests });
+            }
+            None => {
+                self.applied.remove(&key);
+                self.draining.retain(|(s, _), _| *s != key);
+                self.draining_services.remove(&key);
+            }
+        }
     }
 
     /// Lists the auxiliary tables if anyone committed to nf_tables since kproxy's last commit;
