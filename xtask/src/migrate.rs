@@ -468,7 +468,7 @@ fn time_of_day() -> String {
 fn prepare(m: &Migration, kubectl: &Kubectl, info: &ClusterInfo) -> anyhow::Result<()> {
     kubectl.run(&["label", "nodes", "--all", &format!("{NODE_LABEL}={ON_KUBE_PROXY}"), "--overwrite"])?;
     kubectl.run(&["-n", "kube-system", "patch", "ds", "kube-proxy", "-p", &kube_proxy_affinity_patch()])?;
-    kubectl.run(&["-n", "kube-system", "rollout", "status", "ds/kube-proxy", &timeout_flag()])?;
+    rollout_status(kubectl, "kube-system", "ds/kube-proxy")?;
     let manifest = fs::read_to_string(m.layout.workspace.join("deploy/kproxy.yaml"))?;
     let manifest = cluster::substitute_manifest_beside_kube_proxy(
         &manifest,
@@ -534,7 +534,7 @@ fn deploy_workload(kubectl: &Kubectl, info: &ClusterInfo) -> anyhow::Result<Serv
     ]});
     kubectl.apply(&manifest.to_string())?;
     for deployment in ["web", "steady"] {
-        kubectl.run(&["-n", NS, "rollout", "status", &format!("deployment/{deployment}"), &timeout_flag()])?;
+        rollout_status(kubectl, NS, &format!("deployment/{deployment}"))?;
     }
     kubectl.run(&["-n", NS, "wait", "--for=condition=Ready", "pod/client", &timeout_flag()])?;
     let get = |svc: &str, path: &str| {
@@ -565,7 +565,7 @@ fn kproxy_to_nftables(m: &Migration, kubectl: &Kubectl, info: &ClusterInfo) -> a
     fs::write(&applied, &manifest)?;
     kubectl.run(&["apply", "-f", &applied.display().to_string()])?;
     kubectl.run(&["-n", "kube-system", "rollout", "restart", "ds/kproxy"])?;
-    kubectl.run(&["-n", "kube-system", "rollout", "status", "ds/kproxy", &timeout_flag()])?;
+    rollout_status(kubectl, "kube-system", "ds/kproxy")?;
     for node in &info.nodes {
         kubectl.wait_for(
             step(),
@@ -588,8 +588,56 @@ fn kproxy_to_nftables(m: &Migration, kubectl: &Kubectl, info: &ClusterInfo) -> a
 /// `kubectl rollout restart` of `web`, waited for.
 fn roll(kubectl: &Kubectl) -> anyhow::Result<()> {
     kubectl.run(&["-n", NS, "rollout", "restart", "deployment/web"])?;
-    kubectl.run(&["-n", NS, "rollout", "status", "deployment/web", &timeout_flag()])?;
-    Ok(())
+    rollout_status(kubectl, NS, "deployment/web")
+}
+
+/// `kubectl rollout status` of `what` in `namespace`, for up to [`step`]. A rollout still going
+/// after an eighth of that prints, once, the pods and recent events of both namespaces it
+/// involves: in the guest the cluster cannot be reached from the host while the run lasts, and a
+/// hang guard that strikes half an hour later is too late to see why a rollout stalled.
+fn rollout_status(kubectl: &Kubectl, namespace: &str, what: &str) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let mut reported = false;
+    loop {
+        let waited = started.elapsed();
+        let left = step().saturating_sub(waited);
+        let slice = left.min(step() / 8).max(Duration::from_secs(1));
+        let timeout = format!("--timeout={}s", slice.as_secs());
+        match kubectl.run(&["-n", namespace, "rollout", "status", what, &timeout]) {
+            Ok(_) => return Ok(()),
+            Err(e) if started.elapsed() >= step() => {
+                print_cluster_context(kubectl, namespace);
+                return Err(e).with_context(|| format!("{what} in {namespace} did not roll out in {:?}", step()));
+            }
+            Err(_) if !reported => {
+                println!("{what} in {namespace} still rolling out after {:.0} s:", started.elapsed().as_secs_f64());
+                print_cluster_context(kubectl, namespace);
+                reported = true;
+            }
+            Err(_) => {}
+        }
+    }
+}
+
+/// The pods (with their nodes) and the latest events of `namespace` and of kube-system.
+fn print_cluster_context(kubectl: &Kubectl, namespace: &str) {
+    let mut namespaces = vec![namespace];
+    if namespace != "kube-system" {
+        namespaces.push("kube-system");
+    }
+    for ns in namespaces {
+        for args in
+            [&["-n", ns, "get", "pods", "-o", "wide"][..], &["-n", ns, "get", "events", "--sort-by=.lastTimestamp"][..]]
+        {
+            println!("== kubectl {}", args.join(" "));
+            let text = kubectl.run(args).unwrap_or_else(|e| format!("{e:#}"));
+            let lines: Vec<&str> = text.lines().collect();
+            // Events pile up over a run: the latest say what is happening now.
+            for line in &lines[lines.len().saturating_sub(30)..] {
+                println!("{line}");
+            }
+        }
+    }
 }
 
 /// `kubectl label node NODE kproxy.io/proxy=VALUE --overwrite`; returns when it was done.
