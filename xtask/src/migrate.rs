@@ -84,8 +84,8 @@ impl Modes<'_> {
     /// Both proxies in iptables mode of one backend write the same chains: there is nothing of
     /// the other's to remove, only rules to rewrite. (Both in IPVS mode share the virtual
     /// services and `kube-ipvs0`, but not the rest: kproxy removes kube-proxy's ip sets and
-    /// chains when it takes over, and its firewall-mark services and auxiliary table when it
-    /// hands back, and says so.)
+    /// chains when it takes over, and its firewall-mark services (short-circuits) and
+    /// auxiliary table when it hands back, and says so.)
     fn shared_chains(&self) -> bool {
         self.kube_proxy == "iptables" && self.kproxy == "iptables"
     }
@@ -97,9 +97,9 @@ impl Modes<'_> {
     /// "iptables-based"), never kproxy's tables; the IPVS proxier's start
     /// (`CanUseIPVSProxier`, `NewProxier`) flushes nothing, and its syncs delete only address
     /// virtual services of its own family that its Services do not want (`cleanLegacyService`):
-    /// kproxy's address services are the same Services' addresses, and its firewall-mark
-    /// services are listed to kube-proxy as `0.0.0.0:0` (upstream's `toVirtualServer`), whose
-    /// delete finds no such address service.
+    /// kproxy's address services are the same Services' addresses and NodePorts, and its
+    /// firewall-mark services are listed to kube-proxy as `0.0.0.0:0` (upstream's
+    /// `toVirtualServer`), whose delete finds no such address service.
     fn handback_has_a_window(&self) -> bool {
         self.kube_proxy == "nftables" && self.kproxy == "iptables"
     }
@@ -124,18 +124,18 @@ fn serves(proxy: Proxy, mode: &str, rules: &ProxyRules) -> bool {
         // ip sets, and rules in `KUBE-IPVS-FILTER`, a chain only its IPVS mode has, whose rules
         // its sync writes last (upstream's `syncProxyRules`: the chains are created first, their
         // rules go in one iptables-restore after every virtual service and ip set): they say a
-        // sync reached the kernel. (Not its NodePorts' address services: kproxy's IPVS sync,
-        // beside it, deletes those it does not want until kube-proxy adds them back.)
+        // sync reached the kernel.
         (Proxy::KubeProxy, "ipvs") => {
             rules.ipvs_dummy.is_some()
                 && rules.kube_ipsets.iter().any(|s| s == "KUBE-CLUSTER-IP" || s == "KUBE-6-CLUSTER-IP")
                 && rules.ipvs_filter_rules > 0
                 && rules.address_services().next().is_some()
         }
-        // kproxy's IPVS mode: its auxiliary table, and its firewall-mark services (the
-        // workload's NodePorts; kube-proxy makes none), beside the dummy interface.
+        // kproxy's IPVS mode: its auxiliary table (which its sync writes after the virtual
+        // services and the dummy interface's addresses), beside them. The virtual services
+        // alone can not tell: kube-proxy's IPVS mode makes the same ones.
         (Proxy::Kproxy, "ipvs") => {
-            rules.kproxy_ipvs_tables > 0 && rules.ipvs_dummy.is_some() && rules.fwmark_services().next().is_some()
+            rules.kproxy_ipvs_tables > 0 && rules.ipvs_dummy.is_some() && rules.address_services().next().is_some()
         }
         _ => false,
     }
@@ -158,9 +158,7 @@ struct Leftover {
 ///   from kube-proxy's IPVS mode also its `KUBE-` ip sets and, unless kproxy is in IPVS mode,
 ///   every virtual service and `kube-ipvs0` (those that carry connections drain first). kproxy's
 ///   IPVS mode adopts the virtual services and the dummy interface (the takeover leaves them,
-///   `Own::Ipvs`), and its syncs delete the address services it does not want: kube-proxy's
-///   NodePorts, on addresses off the dummy interface, once they carry no connection (while
-///   they do they drain, as in nftables mode).
+///   `Own::Ipvs`): they are the same Services' ClusterIPs and NodePorts on the node's addresses.
 /// - back to kube-proxy: kproxy's nftables tables (`kproxy`, `kproxy-accel`, `kproxy-ipvs`),
 ///   whatever its mode; from its iptables mode its chains, except where kube-proxy's mode writes
 ///   the same names (iptables mode: all; IPVS mode: `KUBE_PROXY_IPVS_CHAINS`, which kproxy's
@@ -190,16 +188,7 @@ fn left(modes: Modes, direction: Direction, rules: &ProxyRules) -> Vec<Leftover>
                 if !rules.kube_ipsets.is_empty() {
                     add(format!("ip sets [{}]", rules.kube_ipsets.join(", ")), false);
                 }
-                if new == "ipvs" {
-                    // Each stays while it carries connections (kproxy's IPVS dataplane keeps it).
-                    for service in rules.off_dummy_services() {
-                        let what = format!(
-                            "kube-proxy's NodePort virtual service {} ({} connections)",
-                            service.key, service.connections
-                        );
-                        add(what, service.connections > 0);
-                    }
-                } else {
+                if new != "ipvs" {
                     let mut draining = false;
                     for service in &rules.ipvs {
                         let carries = service.connections > 0;
@@ -1100,7 +1089,8 @@ mod tests {
         }
     }
 
-    /// kproxy's IPVS mode's NodePort service, without connections.
+    /// A firewall-mark service of kproxy's IPVS mode (a Local-policy port's short-circuit),
+    /// without connections.
     fn fwmark_service() -> VirtualService {
         VirtualService { key: VirtualKey::Fwmark(0x1000_0001), real_servers: Vec::new(), connections: 0 }
     }
@@ -1122,12 +1112,13 @@ mod tests {
         }
     }
 
-    /// A node as kproxy's IPVS mode keeps it: the ClusterIP, the NodePort as a firewall-mark
-    /// service, the dummy interface and the auxiliary table.
+    /// A node as kproxy's IPVS mode keeps it: the ClusterIP and the NodePort on the node's
+    /// address (the virtual services kube-proxy's IPVS mode makes), the dummy interface and the
+    /// auxiliary table.
     fn kproxy_ipvs() -> ProxyRules {
         ProxyRules {
             kproxy_ipvs_tables: 1,
-            ipvs: vec![addr_service("10.96.0.10", 80, 2), fwmark_service()],
+            ipvs: vec![addr_service("10.96.0.10", 80, 2), addr_service("198.18.0.2", 31000, 0)],
             ipvs_dummy: Some(vec!["10.96.0.10".parse().unwrap()]),
             ..Default::default()
         }
@@ -1148,7 +1139,7 @@ mod tests {
     #[test]
     fn each_proxys_ipvs_mode_is_told_by_what_only_it_has() {
         assert!(serves(Proxy::KubeProxy, "ipvs", &kube_proxy_ipvs()));
-        assert!(!serves(Proxy::Kproxy, "ipvs", &kube_proxy_ipvs()), "kube-proxy makes no firewall-mark service");
+        assert!(!serves(Proxy::Kproxy, "ipvs", &kube_proxy_ipvs()), "kube-proxy has no auxiliary table");
         assert!(serves(Proxy::Kproxy, "ipvs", &kproxy_ipvs()));
         assert!(!serves(Proxy::KubeProxy, "ipvs", &kproxy_ipvs()), "kproxy makes no ip sets nor chains");
         let without_sets = ProxyRules { kube_ipsets: Vec::new(), ..kube_proxy_ipvs() };
@@ -1194,13 +1185,11 @@ mod tests {
     }
 
     #[test]
-    fn onto_kproxys_ipvs_mode_the_virtual_services_and_dummy_are_kproxys_but_kube_proxys_nodeports_sets_and_chains_go()
-    {
+    fn onto_kproxys_ipvs_mode_the_virtual_services_and_dummy_are_shared_but_kube_proxys_sets_and_chains_go() {
         let m = modes("ipvs", "ipvs");
         assert_eq!(left(m, Direction::OntoKproxy, &kproxy_ipvs()), [], "adopted: nothing of kube-proxy's");
         let mut both = kube_proxy_ipvs();
         both.kproxy_ipvs_tables = 1;
-        both.ipvs.push(fwmark_service());
         both.ipvs.push(addr_service("198.18.0.2", 31001, 3));
         assert_eq!(
             what(&left(m, Direction::OntoKproxy, &both)),
@@ -1210,8 +1199,6 @@ mod tests {
                     false
                 ),
                 ("ip sets [KUBE-CLUSTER-IP, KUBE-NODE-PORT-TCP]", false),
-                ("kube-proxy's NodePort virtual service TCP 198.18.0.2:31000 (0 connections)", false),
-                ("kube-proxy's NodePort virtual service TCP 198.18.0.2:31001 (3 connections)", true),
             ]
         );
     }
@@ -1288,7 +1275,7 @@ mod tests {
             what(&left(modes("nftables", "ipvs"), Direction::BackToKubeProxy, &rules)),
             [
                 ("1 nftables table(s) of kproxy's", false),
-                ("virtual services [TCP 10.96.0.10:80, FWM 0x10000001]", false),
+                ("virtual services [TCP 10.96.0.10:80, TCP 198.18.0.2:31000]", false),
                 ("kube-ipvs0", false),
             ]
         );

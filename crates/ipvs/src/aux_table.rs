@@ -76,8 +76,6 @@ pub const MASQ_NODEPORTS: &str = "masquerade-nodeports";
 pub const EXTERNAL_DESTS: &str = "external-dests";
 /// Every NodePort with a virtual service.
 pub const NODEPORTS: &str = "nodeports";
-/// `proto . port : mark` of NodePort traffic.
-pub const NODEPORT_MARKS: &str = "nodeport-marks";
 /// `addr . proto . port : mark`: Local-policy external destinations, short-circuited.
 pub const SHORTCIRCUIT_DESTS: &str = "shortcircuit-dests";
 /// `proto . port : mark`: Local-policy NodePorts, short-circuited.
@@ -193,23 +191,21 @@ pub fn skeleton(cfg: &Config, ctx: &Ctx, node: &NodePlan) -> Skeleton {
     let mark_map = |key: &[Field], map: &str| Stmt::MarkSetMap { key: key.to_vec(), map: map.to_owned() };
     let new = || Stmt::CtState(kproxy_nft_model::CtState::New);
 
-    // The firewall marks, in the order in which a later one wins: from outside (prerouting),
-    // short-circuits only from local pods; from the node (output), always.
-    let marks_in = {
-        let mut rules = vec![with(&np, [mark_map(&port, NODEPORT_MARKS)])];
-        if let Some(pod) = &pod {
-            rules.push(Rule::new([pod.clone(), mark_map(&dest, SHORTCIRCUIT_DESTS)]));
-            let mut r = Rule::new([pod.clone()]);
-            r.0.extend(np.iter().cloned());
-            rules.push(r.then(mark_map(&port, SHORTCIRCUIT_NODEPORTS)));
+    // The firewall marks, of the short-circuits of Local-policy ports to their cluster
+    // endpoints: from outside (prerouting) only for local pods; from the node (output), always.
+    let marks_in = match &pod {
+        Some(pod) => {
+            let mut nodeport = Rule::new([pod.clone()]);
+            nodeport.0.extend(np.iter().cloned());
+            vec![
+                Rule::new([pod.clone(), mark_map(&dest, SHORTCIRCUIT_DESTS)]),
+                nodeport.then(mark_map(&port, SHORTCIRCUIT_NODEPORTS)),
+            ]
         }
-        rules
+        None => Vec::new(),
     };
-    let marks_out = vec![
-        with(&np, [mark_map(&port, NODEPORT_MARKS)]),
-        Rule::from(mark_map(&dest, SHORTCIRCUIT_DESTS)),
-        with(&np, [mark_map(&port, SHORTCIRCUIT_NODEPORTS)]),
-    ];
+    let marks_out =
+        vec![Rule::from(mark_map(&dest, SHORTCIRCUIT_DESTS)), with(&np, [mark_map(&port, SHORTCIRCUIT_NODEPORTS)])];
     let mut classify_pre = marks_in.clone();
     classify_pre.push(Rule::new([new(), Stmt::jump("masquerade-marks-prerouting")]));
     let mut classify_out = marks_out.clone();
@@ -359,7 +355,6 @@ pub fn skeleton(cfg: &Config, ctx: &Ctx, node: &NodePlan) -> Skeleton {
         set(MASQ_NODEPORTS, port_key.clone(), None, vec![]),
         set(EXTERNAL_DESTS, dest_key.clone(), None, vec![]),
         set(NODEPORTS, port_key.clone(), None, vec![]),
-        set(NODEPORT_MARKS, port_key.clone(), Some(Mark), vec![]),
         set(SHORTCIRCUIT_DESTS, dest_key.clone(), Some(Mark), vec![]),
         set(SHORTCIRCUIT_NODEPORTS, port_key.clone(), Some(Mark), vec![]),
         set(NO_ENDPOINT_SERVICES, dest_key.clone(), verdict, vec![]),

@@ -15,19 +15,21 @@
 //! weight 0 (no new ones) until it has none or [`Config::graceful_period`] passed; UDP ones go at
 //! once (IPVS would otherwise keep sending a flow's datagrams to a dead pod). The kernel's
 //! `expire_quiescent_template` stops persistence templates from pinning new connections to it.
-//! A virtual service kproxy does not want on an address off the dummy interface (kube-proxy's
-//! NodePort address services, on a node taken over from kube-proxy's IPVS mode; kproxy serves
-//! NodePorts with firewall-mark services) is deleted only once it carries no connection or that
-//! period passed: deleting it would break the connections IPVS scheduled through it.
+//! A virtual service kproxy does not want on an address off the dummy interface (a NodePort's
+//! on a node address: of a deleted Service, of an address `nodePortAddresses` no longer selects,
+//! or kube-proxy's on a node taken over from its IPVS mode) takes no new connection and is
+//! deleted only once it carries none or that period passed: deleting it would break the
+//! connections IPVS scheduled through it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::Instant;
 
 use kproxy_nft_model::{Element, Key, Listings, MapData, Op, TableFamily, TableRef, Transaction};
 use kproxy_nftables::kernel::Applied;
 use kproxy_nftables::ruleset::Ctx;
-use kproxy_plan::{NodePlan, Plan, PlanDelta, ServicePortName};
+use kproxy_plan::{NodePlan, Plan, PlanDelta, ServicePortName, ServicePortPlan};
 use kproxy_state::{IpFamily, Protocol};
 
 use crate::aux_table;
@@ -150,22 +152,18 @@ impl<H: Host> IpvsDataplane<H> {
     /// settings or the set of families changed.
     pub fn sync(&mut self, plan: &Plan, delta: &PlanDelta) -> Result<SyncReport, Error> {
         // A node address that `nodePortAddresses` selects came or went: the auxiliary table's
-        // `nodeport-ips` elements (NodePorts are firewall-mark services), not a full reconcile;
-        // unless a NodePort is address services on those addresses (ClientIP affinity).
+        // `nodeport-ips` elements and the NodePorts' address services on it, not a full
+        // reconcile.
         let addresses_only = delta.families.iter().all(|(family, fd)| {
             fd.node.as_ref().is_none_or(|node| {
-                self.families.get(family).is_some_and(|s| {
-                    s.node.nodeport_addresses_change(node).is_some()
-                        && (s.node.nodeport_addresses.addresses() == node.nodeport_addresses.addresses()
-                            || !s.ports.values().any(|o| o.on_node_addresses))
-                })
+                self.families.get(family).is_some_and(|s| s.node.nodeport_addresses_change(node).is_some())
             })
         });
         let families_changed = !plan.families.keys().eq(self.families.keys());
         let result = if !self.in_sync || !addresses_only || families_changed {
             self.full_sync(plan)
         } else {
-            self.partial_sync(delta)
+            self.partial_sync(plan, delta)
         };
         match result {
             Ok(report) => Ok(report),
@@ -195,9 +193,8 @@ impl<H: Host> IpvsDataplane<H> {
             for (name, p) in &fam.services {
                 let old = self.families.get(&family).and_then(|s| s.ports.get(name));
                 let slots = slots_following(p, old);
-                let objects = render_port(&self.config, &state.ctx, &fam.node, p, &slots, &mut |class| {
-                    fwmarks.get(family, name, class)
-                });
+                let objects =
+                    render_port(&self.config, &state.ctx, &fam.node, p, &slots, &mut || fwmarks.get(family, name));
                 own(&mut self.vs_owners, &mut self.addr_owners, &mut state.elements, name, &objects, true);
                 state.ports.insert(name.clone(), objects);
             }
@@ -254,7 +251,7 @@ impl<H: Host> IpvsDataplane<H> {
         Ok(report)
     }
 
-    fn partial_sync(&mut self, delta: &PlanDelta) -> Result<SyncReport, Error> {
+    fn partial_sync(&mut self, plan: &Plan, delta: &PlanDelta) -> Result<SyncReport, Error> {
         let mut report = SyncReport::default();
         let mut touched_vs = BTreeSet::new();
         let mut touched_addrs = BTreeSet::new();
@@ -264,15 +261,24 @@ impl<H: Host> IpvsDataplane<H> {
             let mut before: BTreeMap<ElementKey, Option<Option<MapData>>> = BTreeMap::new();
             let mut changes: Vec<(ServicePortName, Option<PortObjects>)> = Vec::new();
             // Ports are rendered with the node settings this delta brings, if any: a port added
-            // together with a change of the node's addresses gets its NodePort services on the
-            // new addresses (`sync` made it a full reconcile if a port already had them).
+            // or changed together with a change of the node's addresses gets its NodePort
+            // services on the new addresses, and so does every other port that has them.
             let node = fd.node.as_ref().unwrap_or(&state.node);
-            for p in fd.added.iter().chain(fd.changed.iter().map(|c| &c.new)) {
+            let moved: Vec<&Arc<ServicePortPlan>> = match plan.families.get(family) {
+                Some(fam) if node.nodeport_addresses.addresses() != state.node.nodeport_addresses.addresses() => {
+                    let in_delta: BTreeSet<&ServicePortName> =
+                        fd.added.iter().chain(fd.changed.iter().map(|c| &c.new)).map(|p| &p.name).collect();
+                    let on_addresses =
+                        state.ports.iter().filter(|(name, o)| o.on_node_addresses && !in_delta.contains(name));
+                    on_addresses.filter_map(|(name, _)| fam.services.get(name)).collect()
+                }
+                _ => Vec::new(),
+            };
+            for p in fd.added.iter().chain(fd.changed.iter().map(|c| &c.new)).chain(moved) {
                 let fwmarks = &mut self.fwmarks;
                 let slots = slots_following(p, state.ports.get(&p.name));
-                let objects = render_port(&self.config, &state.ctx, node, p, &slots, &mut |class| {
-                    fwmarks.get(*family, &p.name, class)
-                });
+                let objects =
+                    render_port(&self.config, &state.ctx, node, p, &slots, &mut || fwmarks.get(*family, &p.name));
                 changes.push((p.name.clone(), Some(objects)));
             }
             for p in &fd.removed {
@@ -381,12 +387,17 @@ impl<H: Host> IpvsDataplane<H> {
         let desired = self.vs_owners.get(&key).and_then(|o| o.values().next()).cloned();
         let now = Instant::now();
         let mut ops = Vec::new();
+        let kept = desired.is_none() && self.applied.contains_key(&key) && self.keeps_while_connected(&key, now)?;
         match (desired, self.applied.get_mut(&key)) {
             (None, None) => {}
-            (None, Some(_)) => {
-                if self.keeps_while_connected(&key, now)? {
-                    return Ok(0);
+            (None, Some(a)) if kept => {
+                // Its connections go on; new ones are refused, as by a deleted service.
+                for (dest, weight) in a.dests.iter_mut().filter(|(_, w)| **w != 0) {
+                    ops.push(IpvsOp::UpdateDest(key, DestSpec { key: *dest, weight: 0 }));
+                    *weight = 0;
                 }
+            }
+            (None, Some(_)) => {
                 ops.push(IpvsOp::DeleteService(key));
                 self.applied.remove(&key);
                 self.draining.retain(|(s, _), _| *s != key);
@@ -439,9 +450,9 @@ impl<H: Host> IpvsDataplane<H> {
 
     /// Whether an unwanted virtual service stays for now: an address service off the dummy
     /// interface (no VIP of kproxy's: a node address) that still carries TCP or SCTP
-    /// connections, within the graceful period. Such a service takes no new connection once
-    /// kproxy serves its NodePort (the firewall mark is looked up first); a VIP's service goes at
-    /// once, as upstream's does (its address leaves the interface with it).
+    /// connections, within the graceful period; its real servers are set to weight 0 meanwhile
+    /// (no new connection). A VIP's service goes at once, as upstream's does (its address
+    /// leaves the interface with it).
     fn keeps_while_connected(&mut self, key: &ServiceKey, now: Instant) -> Result<bool, Error> {
         let ServiceKey::Addr { addr, protocol, .. } = key else { return Ok(false) };
         if *protocol == Protocol::Udp || self.addr_owners.contains_key(addr) || self.applied_addrs.contains(addr) {

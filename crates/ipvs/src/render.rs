@@ -7,20 +7,21 @@
 //! - `ClusterIP:port` — an address service with the internal endpoints (`internalTrafficPolicy`).
 //! - `ExternalIP:port`, `LoadBalancerIP:port` — address services with the external endpoints
 //!   (cluster ones under `externalTrafficPolicy: Cluster`, local ones under `Local`).
-//! - NodePorts — a firewall-mark service per service port with the external endpoints; the
-//!   auxiliary table marks packets to `nodeport` on any NodePort address (as `nodePortAddresses`
-//!   says, including addresses added later) with its mark. One service instead of one per node
-//!   address, and no resync when addresses change.
-//! - NodePorts under ClientIP affinity — an address service on each NodePort address (the
-//!   node's addresses as last read, under `nodePortAddresses` unset), as upstream: a persistent
-//!   firewall-mark service keeps the client's destination port for its real server (the
+//! - NodePorts — an address service on each NodePort address (the node's addresses, followed,
+//!   under `nodePortAddresses` unset) with the external endpoints, as upstream's. These are the
+//!   very services kube-proxy's IPVS mode makes, so a node moving between the two proxies keeps
+//!   its NodePort connections: IPVS drops the packets of a connection whose service is deleted,
+//!   and each proxy adopts the other's services instead. (A firewall-mark service per port,
+//!   matched on any local address, was one service instead of one per address, but kube-proxy
+//!   never deletes it nor serves through it, so handing a node back broke its connections; and
+//!   under ClientIP affinity it kept the client's destination port for its real server: the
 //!   kernel's `ip_vs_sched_persist` maps only a destination port equal to the service's, and a
-//!   firewall-mark service has port 0), so the endpoint would be asked for the NodePort.
+//!   firewall-mark service has port 0.)
 //! - `externalTrafficPolicy: Local` short-circuit — traffic from local pods and from the node to
 //!   the external addresses or the NodePort goes to the cluster endpoints: the auxiliary table
-//!   marks it with the port's *cluster* mark, and IPVS looks firewall-mark services up before
+//!   marks it with the port's firewall mark, and IPVS looks firewall-mark services up before
 //!   address services. Under ClientIP affinity this firewall-mark service is not persistent
-//!   (same reason): short-circuited connections are balanced without stickiness.
+//!   (the port reason above): short-circuited connections are balanced without stickiness.
 //!
 //! Accelerated service ports (KEP-4963 opt-in, acceleration on, no session affinity: see
 //! [`dnat_in_nftables`]) keep all their virtual services, but their connections are DNATed in
@@ -56,15 +57,6 @@ pub struct DesiredVs {
     pub dests: BTreeSet<DestKey>,
 }
 
-/// A firewall-mark class of a service port.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum MarkClass {
-    /// Cluster endpoints (NodePorts under Cluster policy, short-circuited traffic under Local).
-    Cluster,
-    /// Local endpoints (NodePorts under Local policy).
-    Local,
-}
-
 /// Everything one service port puts in the kernel.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct PortObjects {
@@ -74,8 +66,8 @@ pub struct PortObjects {
     pub vips: Vec<IpAddr>,
     /// Elements of the auxiliary table's sets and maps.
     pub elements: Vec<Element>,
-    /// Its NodePort is address services on the node's addresses (ClientIP affinity): they
-    /// change with the node's addresses.
+    /// Its NodePort is address services on the node's addresses: they change with the node's
+    /// addresses.
     pub on_node_addresses: bool,
 }
 
@@ -112,15 +104,16 @@ pub fn slots_following(p: &ServicePortPlan, old: Option<&PortObjects>) -> Slots 
     }
 }
 
-/// Renders one service port; `mark` hands out the firewall mark of a class; `slots` says which
-/// slot of the pick each endpoint of an accelerated port takes (see [`slots_following`]).
+/// Renders one service port; `mark` hands out the port's firewall mark (its short-circuit to
+/// the cluster endpoints); `slots` says which slot of the pick each endpoint of an accelerated
+/// port takes (see [`slots_following`]).
 pub fn render_port(
     cfg: &Config,
     ctx: &Ctx,
     node: &NodePlan,
     p: &ServicePortPlan,
     slots: &Slots,
-    mark: &mut dyn FnMut(MarkClass) -> u32,
+    mark: &mut dyn FnMut() -> u32,
 ) -> PortObjects {
     let mut out = PortObjects::default();
     let proto = p.protocol;
@@ -199,21 +192,14 @@ pub fn render_port(
                     out.elements.push(elem(t::MASQ_EXTERNAL, dest(vip, p.port), None));
                 }
             }
-            let cluster_mark = mark(MarkClass::Cluster);
             if let Some(np) = p.node_port {
                 let np_key = nodeport(np);
-                // Without local endpoints (the plan's Drop) external NodePort traffic stays
-                // unmarked and the auxiliary table drops it; only the short-circuit is marked.
-                if ext.no_endpoints.is_none() && p.affinity_timeout.is_some() {
+                // Without local endpoints (the plan's Drop) there is no service for external
+                // NodePort traffic: the auxiliary table drops it; only the short-circuit is served.
+                if ext.no_endpoints.is_none() {
                     out.on_node_addresses = true;
                     for &addr in node.nodeport_addresses.addresses() {
                         out.services.push(vs(ServiceKey::Addr { addr, protocol: p.protocol, port: np }, external_eps));
-                    }
-                } else if ext.no_endpoints.is_none() {
-                    let external_mark = if local { mark(MarkClass::Local) } else { cluster_mark };
-                    out.services.push(vs(ServiceKey::Fwmark { family, mark: external_mark }, external_eps));
-                    if !dnat {
-                        out.elements.push(elem(t::NODEPORT_MARKS, np_key.clone(), mark_data(external_mark)));
                     }
                 }
                 out.elements.push(elem(t::NODEPORTS, np_key.clone(), None));
@@ -223,18 +209,16 @@ pub fn render_port(
                 }
                 if local {
                     if !dnat {
-                        out.elements.push(elem(t::SHORTCIRCUIT_NODEPORTS, np_key, mark_data(cluster_mark)));
+                        out.elements.push(elem(t::SHORTCIRCUIT_NODEPORTS, np_key, mark_data(mark())));
                     }
                 } else {
                     out.elements.push(elem(t::MASQ_NODEPORTS, np_key, None));
                 }
             }
             if local {
-                if !out.services.iter().any(|s| s.spec.key == (ServiceKey::Fwmark { family, mark: cluster_mark })) {
-                    out.services.push(vs(ServiceKey::Fwmark { family, mark: cluster_mark }, &p.cluster_endpoints));
-                }
+                out.services.push(vs(ServiceKey::Fwmark { family, mark: mark() }, &p.cluster_endpoints));
                 for vip in p.external_vips().filter(|_| !dnat) {
-                    out.elements.push(elem(t::SHORTCIRCUIT_DESTS, dest(vip, p.port), mark_data(cluster_mark)));
+                    out.elements.push(elem(t::SHORTCIRCUIT_DESTS, dest(vip, p.port), mark_data(mark())));
                 }
             }
         }

@@ -213,8 +213,8 @@ fn rules_of(text: &str, chain: &str) -> Vec<String> {
 }
 
 /// The opted-in service ports are DNATed by the auxiliary table ahead of IPVS, with the
-/// nftables dataplane's endpoint pick; the others (no hint, or ClientIP affinity) keep IPVS's
-/// firewall marks; every virtual service stays in IPVS.
+/// nftables dataplane's endpoint pick; the others (no hint, or ClientIP affinity) are IPVS's
+/// alone; every virtual service stays in IPVS.
 #[test]
 fn opted_in_services_are_dnated_in_the_auxiliary_table_ahead_of_ipvs() {
     let world = World::new(accel_cluster());
@@ -283,12 +283,10 @@ fn opted_in_services_are_dnated_in_the_auxiliary_table_ahead_of_ipvs() {
         "cluster-tcp-endpoints { 203.0.113.22 . tcp . 80 . 0x0 : 198.18.17.22 . 8080 }",
         "cluster-nodeport-cap-1 { tcp . 30022 }",
         "no-endpoint-services { 203.0.113.22 . tcp . 80 : drop }",
-        // slow: IPVS's firewall mark.
-        "nodeport-marks { tcp . 30021 : 0x",
     ] {
         assert!(elements.iter().any(|e| e.starts_with(wanted)), "{wanted:?} not in {elements:#?}");
     }
-    for unwanted in ["nodeport-marks { tcp . 30020", "nodeport-marks { tcp . 30022", "shortcircuit-", "local-cap-"] {
+    for unwanted in ["shortcircuit-", "local-cap-"] {
         assert!(!elements.iter().any(|e| e.starts_with(unwanted)), "{unwanted:?} in {elements:#?}");
     }
     // Neither the service without the hint nor the one with affinity is DNATed here.
@@ -304,11 +302,18 @@ fn opted_in_services_are_dnated_in_the_auxiliary_table_ahead_of_ipvs() {
         assert!(dp.host().services.contains_key(&key(ip)), "no virtual service for {ip}");
     }
     assert_eq!(dp.host().services[&key("198.18.128.20")].dests.len(), 3);
+    // slow: its NodePort is IPVS's alone, address services on the NodePort addresses.
+    let addresses = world.plan.families[&IpFamily::V4].node.nodeport_addresses.addresses();
+    assert!(!addresses.is_empty());
+    for &addr in addresses {
+        let key = kproxy_ipvs::ServiceKey::Addr { addr, protocol: Protocol::Tcp, port: 30021 };
+        assert_eq!(dp.host().services[&key].dests.len(), 1, "{key}");
+    }
 }
 
 /// The accelerated path keeps IPVS's O(change) partial syncs: an endpoint of an opted-in
-/// service is map elements; removing the hint swaps its elements for the firewall marks, and
-/// adding it again swaps them back; no rule or chain is touched.
+/// service is map elements; removing the hint deletes its elements, and adding it again adds
+/// them back; no rule or chain is touched.
 #[test]
 fn opted_in_services_change_by_elements_only() {
     let mut world = World::new(accel_cluster());
@@ -340,10 +345,11 @@ fn opted_in_services_change_by_elements_only() {
         assert!(endpoint.contains(wanted), "{wanted:?} not in\n{endpoint}");
     }
     assert_eq!(endpoint.lines().count(), 3, "{endpoint}");
-    for (text, adds, deletes) in [(unhinted, "nodeport-marks", "accel-"), (hinted, "accel-", "nodeport-marks")] {
-        assert!(text.contains(&format!("add element ip kproxy-ipvs {adds}")), "{text}");
-        assert!(text.contains(&format!("delete element ip kproxy-ipvs {deletes}")), "{text}");
-    }
+    // Without the hint the NodePort is IPVS's alone (address services): no element replaces them.
+    assert!(unhinted.contains("delete element ip kproxy-ipvs accel-nodeports"), "{unhinted}");
+    assert!(!unhinted.contains("add element"), "{unhinted}");
+    assert!(hinted.contains("add element ip kproxy-ipvs accel-nodeports"), "{hinted}");
+    assert!(!hinted.contains("delete element"), "{hinted}");
     assert!(unhinted.contains("delete element ip kproxy-ipvs cluster-tcp-endpoints"), "{unhinted}");
     assert!(hinted.contains("add element ip kproxy-ipvs cluster-tcp-endpoints"), "{hinted}");
 }

@@ -193,23 +193,31 @@ fn affinity_is_persistence_and_nodeports_under_it_are_address_services_on_the_no
     assert!(!text.contains("tcp . 30080 : 0x"), "no firewall mark: {text}");
 }
 
-#[test]
-fn nodeports_without_affinity_are_one_firewall_mark_service() {
-    let world = World::new(svc(
+fn plain_nodeport() -> World {
+    World::new(svc(
         "web",
         "198.18.128.10",
         &[("198.18.16.10", NODE_A)],
         json!({"type": "NodePort",
             "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP", "nodePort": 30080}]}),
-    ));
-    let dp = synced(&world);
+    ))
+}
+
+/// A NodePort is an address service on each node address, as upstream's (the services
+/// kube-proxy's IPVS mode makes, so a node moving between the two keeps its NodePort
+/// connections), and its packets get no firewall mark.
+#[test]
+fn nodeports_are_address_services_on_the_node_addresses_as_upstreams() {
+    let dp = synced(&plain_nodeport());
     let host = dp.host();
-    assert!(!host.services.contains_key(&node_port("198.18.0.2")));
+    let np = &host.services[&node_port("198.18.0.2")];
+    assert_eq!((np.spec.flags & 1, np.spec.scheduler.as_str()), (0, "rr"));
+    assert_eq!(np.dests.keys().copied().collect::<Vec<_>>(), vec![dest("198.18.16.10")]);
     let fw = fwmark_services(host);
-    assert_eq!(fw.len(), 1, "{fw:?}");
-    let ServiceKey::Fwmark { mark, .. } = fw[0] else { unreachable!() };
+    assert!(fw.is_empty(), "{fw:?}");
     let text = host.nft.last().unwrap().render();
-    assert!(text.contains(&format!("tcp . 30080 : {mark:#x}")), "{text}");
+    assert!(text.contains("masquerade-nodeports { tcp . 30080 }"), "still a NodePort to masquerade: {text}");
+    assert!(!text.contains(" : 0x"), "no firewall mark: {text}");
 }
 
 /// Under `externalTrafficPolicy: Local` the NodePort's address service has the local endpoints;
@@ -229,22 +237,43 @@ fn affinity_under_local_policy_keeps_a_short_circuit_that_is_not_persistent() {
     assert_eq!(short_circuit.dests.len(), 2, "the cluster endpoints");
 }
 
-/// A node address came: with a NodePort under ClientIP affinity its address service follows
-/// (a full reconcile, as the set of services changes); and the address going takes it away.
+/// A node address came: each NodePort's address services follow (with or without ClientIP
+/// affinity), in a partial sync that touches those services and the `nodeport-ips` element
+/// alone; and the address going takes them away.
 #[test]
-fn a_node_address_change_moves_the_address_services_of_affinity_nodeports() {
+fn a_node_address_change_moves_the_address_services_of_nodeports() {
     use kproxy_plan::{NodePortAddresses, PlanDelta};
-    let world = affinity_nodeport("Cluster");
-    let with = |ips: &[&str]| with_nodeport_addresses(&world, NodePortAddresses::AllLocal(addrs(ips)));
-    let (one, two) = (with(&["198.18.0.2"]), with(&["198.18.0.2", "198.18.0.4"]));
-    let mut dp = IpvsDataplane::new(FakeHost::new(), Config::default());
-    dp.sync(&one, &PlanDelta::between(&kproxy_plan::Plan::default(), &one)).unwrap();
-    assert!(!dp.host().services.contains_key(&node_port("198.18.0.4")));
-    dp.sync(&two, &PlanDelta::between(&one, &two)).unwrap();
-    assert!(dp.host().services.contains_key(&node_port("198.18.0.4")));
-    assert!(dp.host().services.contains_key(&node_port("198.18.0.2")));
-    dp.sync(&one, &PlanDelta::between(&two, &one)).unwrap();
-    assert!(!dp.host().services.contains_key(&node_port("198.18.0.4")));
+    for world in [plain_nodeport(), affinity_nodeport("Cluster")] {
+        let with = |ips: &[&str]| with_nodeport_addresses(&world, NodePortAddresses::AllLocal(addrs(ips)));
+        let (one, two) = (with(&["198.18.0.2"]), with(&["198.18.0.2", "198.18.0.4"]));
+        let mut dp = IpvsDataplane::new(FakeHost::new(), Config::default());
+        dp.sync(&one, &PlanDelta::between(&kproxy_plan::Plan::default(), &one)).unwrap();
+        assert!(!dp.host().services.contains_key(&node_port("198.18.0.4")));
+        dp.host_mut().clear_log();
+        let report = dp.sync(&two, &PlanDelta::between(&one, &two)).unwrap();
+        assert!(!report.full, "not a full reconcile");
+        assert!(dp.host().services.contains_key(&node_port("198.18.0.4")));
+        assert!(dp.host().services.contains_key(&node_port("198.18.0.2")));
+        let touched: std::collections::BTreeSet<Option<ServiceKey>> =
+            dp.host().ipvs_ops.iter().map(op_service).collect();
+        assert_eq!(touched, [Some(node_port("198.18.0.4"))].into(), "{:?}", dp.host().ipvs_ops);
+        assert_eq!(dp.host().dumps, 0, "no listing");
+        dp.sync(&one, &PlanDelta::between(&two, &one)).unwrap();
+        assert!(!dp.host().services.contains_key(&node_port("198.18.0.4")));
+        assert!(dp.host().services.contains_key(&node_port("198.18.0.2")));
+    }
+}
+
+/// The virtual service an IPVS change is about (none for the global timeouts).
+fn op_service(op: &IpvsOp) -> Option<ServiceKey> {
+    match op {
+        IpvsOp::AddService(spec) | IpvsOp::UpdateService(spec) => Some(spec.key),
+        IpvsOp::DeleteService(key)
+        | IpvsOp::AddDest(key, _)
+        | IpvsOp::UpdateDest(key, _)
+        | IpvsOp::DeleteDest(key, _) => Some(*key),
+        IpvsOp::SetTimeouts { .. } => None,
+    }
 }
 
 /// A delta that adds an affinity NodePort together with a node address (one sync after both
@@ -287,9 +316,9 @@ fn cleanup_spares_excluded_and_foreign_services() {
 
 use kproxy_ipvs::Host as _;
 
-/// A node address that `nodePortAddresses` selects came, then went: one `nodeport-ips` element
-/// of the auxiliary table each (NodePorts are firewall-mark services), no IPVS change, no
-/// listing, and the table ends as a full sync of the new plan builds it.
+/// A node address that `nodePortAddresses` selects came, then went, with no NodePort: one
+/// `nodeport-ips` element of the auxiliary table each, no IPVS change, no listing, and the
+/// table ends as a full sync of the new plan builds it.
 #[test]
 fn a_node_port_address_change_costs_its_element_alone() {
     use kproxy_plan::{NodePortAddresses, PlanDelta};
@@ -321,10 +350,12 @@ fn add_foreign_service(host: &mut FakeHost, key: ServiceKey) {
     host.ipvs(&IpvsOp::AddDest(key, real)).unwrap();
 }
 
-/// kube-proxy's NodePort address services on a node kproxy's IPVS mode takes over: one that
-/// carries a connection stays (deleting it would break the connection) until the connection
-/// ends, untouched and not reported as drift; one without, a UDP one and one on an address of
-/// the dummy interface's kind (a VIP) go at once, as upstream deletes what it does not want.
+/// Address services kproxy does not want on a node address (kube-proxy's, on a node kproxy's
+/// IPVS mode takes over; a deleted Service's NodePort): one that carries a connection stays
+/// (deleting it would break the connection) until the connection ends, its real servers at
+/// weight 0 (no new connection), not reported as drift; one without, a UDP one and one on an
+/// address of the dummy interface's kind (a VIP) go at once, as upstream deletes what it does
+/// not want.
 #[test]
 fn an_unwanted_service_on_a_node_address_stays_while_it_carries_connections() {
     let world = World::new(two_services());
@@ -348,7 +379,7 @@ fn an_unwanted_service_on_a_node_address_stays_while_it_carries_connections() {
     dp.sync(&world.plan, &world.full()).unwrap();
     let services = &dp.host().services;
     assert!(services.contains_key(&kept), "kept while it carries a connection");
-    assert_eq!(services[&kept].dests[&dest("198.18.16.10")].spec.weight, 1, "its real server untouched");
+    assert_eq!(services[&kept].dests[&dest("198.18.16.10")].spec.weight, 0, "no new connection");
     for gone in [idle, udp, vip] {
         assert!(!services.contains_key(&gone), "{gone} goes at once");
     }

@@ -5,7 +5,7 @@
 //! `CANNOT_APPLY_TO_IPVS` with the kernel's reason, and that list is printed on every run.
 
 use kproxy_ipvs::{Config, IpvsDataplane, KernelHost};
-use kproxy_packet_suite::{all_cases, run_named};
+use kproxy_packet_suite::{all_cases, run_named_in_mode};
 use kproxy_plan::{Dataplane, DataplaneError, Plan, PlanDelta};
 use kproxy_testbed::kernel::{self, KernelFeature};
 
@@ -77,7 +77,9 @@ fn run(name: &str) {
     if !kernel::require_root() || !kernel::require(&[KernelFeature::Ipvs, KernelFeature::Dummy]) {
         return;
     }
-    run_named(name, || Ipvs(IpvsDataplane::new(KernelHost::new(), Config::default())));
+    // IPVS mode lists the node's addresses: its NodePorts are address services on each.
+    let ipvs_mode = |p: &mut kproxy_plan::ProxyPolicy| p.list_local_addresses = true;
+    run_named_in_mode(name, ipvs_mode, || Ipvs(IpvsDataplane::new(KernelHost::new(), Config::default())));
 }
 
 kproxy_packet_suite::packet_tests!(run);

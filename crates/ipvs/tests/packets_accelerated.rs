@@ -7,7 +7,7 @@
 //! is never accelerated. Needs IPVS and dummy devices: runs in the guest kernel.
 
 use kproxy_ipvs::{Config, IpvsDataplane, KernelHost};
-use kproxy_packet_suite::run_named;
+use kproxy_packet_suite::run_named_in_mode;
 use kproxy_plan::{Dataplane, DataplaneError, Plan, PlanDelta, ServicePortPlan};
 use kproxy_state::Protocol;
 use kproxy_testbed::kernel::{self, KernelFeature};
@@ -73,7 +73,9 @@ fn run(name: &str) {
     if !kernel::require_root() || !kernel::require(&[KernelFeature::Ipvs, KernelFeature::Dummy]) {
         return;
     }
-    run_named(name, || Accelerated(IpvsDataplane::new(KernelHost::new(), Config::default())));
+    // IPVS mode lists the node's addresses: its NodePorts are address services on each.
+    let ipvs_mode = |p: &mut kproxy_plan::ProxyPolicy| p.list_local_addresses = true;
+    run_named_in_mode(name, ipvs_mode, || Accelerated(IpvsDataplane::new(KernelHost::new(), Config::default())));
 }
 
 kproxy_packet_suite::packet_tests!(run);

@@ -102,7 +102,8 @@ pub const KPROXY_IPVS_TABLE: &str = "kproxy-ipvs";
 pub enum VirtualKey {
     /// An address service: `TCP 10.96.0.1:443`.
     Addr { protocol: &'static str, addr: IpAddr, port: u16 },
-    /// A firewall-mark service (kproxy's IPVS mode's NodePorts; kube-proxy makes none).
+    /// A firewall-mark service (kproxy's IPVS mode's short-circuits of Local-policy ports;
+    /// kube-proxy makes none).
     Fwmark(u32),
     /// A protocol neither proxy uses (`AH`, `ESP`).
     Other,
@@ -181,15 +182,6 @@ impl ProxyRules {
     /// Address virtual services.
     pub fn address_services(&self) -> impl Iterator<Item = &VirtualService> {
         self.ipvs.iter().filter(|s| matches!(s.key, VirtualKey::Addr { .. }))
-    }
-
-    /// Address virtual services on an address [`IPVS_DUMMY`] does not hold: kube-proxy's IPVS
-    /// NodePorts (one per node address and port). Every address service of kproxy's IPVS mode
-    /// is on a VIP it binds there (its NodePorts are firewall-mark services), but for NodePorts
-    /// under ClientIP affinity, which the migration's workload does not have.
-    pub fn off_dummy_services(&self) -> impl Iterator<Item = &VirtualService> {
-        let vips = self.ipvs_dummy.clone().unwrap_or_default();
-        self.address_services().filter(move |s| matches!(s.key, VirtualKey::Addr { addr, .. } if !vips.contains(&addr)))
     }
 }
 
@@ -424,12 +416,10 @@ FWM  10000001 rr
     }
 
     #[test]
-    fn services_off_the_dummy_interface_are_kube_proxys_nodeports() {
-        let vip: IpAddr = "10.96.0.1".parse().unwrap();
-        let rules = ProxyRules { ipvs: parse_ip_vs(IP_VS).unwrap(), ipvs_dummy: Some(vec![vip]), ..Default::default() };
-        let off: Vec<String> = rules.off_dummy_services().map(|s| s.key.to_string()).collect();
-        assert_eq!(off, ["TCP 198.18.1.1:31000", "TCP [fd00::a]:80"]);
-        assert_eq!(rules.fwmark_services().count(), 1);
+    fn virtual_services_are_told_apart_by_kind() {
+        let rules = ProxyRules { ipvs: parse_ip_vs(IP_VS).unwrap(), ..Default::default() };
+        let fwmark: Vec<String> = rules.fwmark_services().map(|s| s.key.to_string()).collect();
+        assert_eq!(fwmark, ["FWM 0x10000001"]);
         assert_eq!(rules.address_services().count(), 3);
     }
 

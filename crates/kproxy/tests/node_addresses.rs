@@ -90,9 +90,10 @@ fn ipvs_mode_serves_node_ports_on_an_address_added_later() {
     node_port_on_an_address_added_later_is_served("ipvs");
 }
 
-/// Under ClientIP affinity an IPVS NodePort is an address service on each node address (see
-/// kproxy_ipvs::render), so here the node's addresses themselves are followed: `all` (every
-/// local address, kube-ipvs0's VIPs not among them), and one added later gets its service.
+/// An IPVS NodePort is an address service on each node address (see kproxy_ipvs::render;
+/// here a persistent one, under ClientIP affinity), so the node's addresses themselves are
+/// followed: `all` (every local address, kube-ipvs0's VIPs not among them), and one added
+/// later gets its service.
 #[test]
 fn ipvs_mode_serves_an_affinity_node_port_on_every_address_even_one_added_later() {
     if !kproxy_testbed::kernel::require_root()

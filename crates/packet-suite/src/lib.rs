@@ -23,4 +23,4 @@ pub use cases::all_cases;
 pub use cluster::{Env, NODE_A, NODE_B, endpoint, node_a_with_ips, node_objects, service, slice};
 pub use kproxy_plan::Dataplane;
 pub use runner::{Case, Check, Client, Dest, Expect, PodSpec, Setup, Source, Step, run_case};
-pub use tests_macro::run_named;
+pub use tests_macro::{run_named, run_named_in_mode};

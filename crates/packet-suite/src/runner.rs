@@ -395,7 +395,13 @@ fn ruleset(tb: &Testbed) -> Result<String, String> {
 /// Runs `case` against the dataplane `make` creates (called inside the node's namespace).
 /// `Ok(None)` means the case was skipped (kernel feature missing on the host); `Ok(Some(log))`
 /// passed with a log of expected vs observed; `Err` failed with the log.
-pub fn run_case<D: Dataplane, F: FnOnce() -> D + Send>(case: &Case, make: F) -> Result<Option<String>, String> {
+/// `mode_policy` sets what the daemon sets for the dataplane's mode (`kproxy::policy`), before
+/// the case's own policy.
+pub fn run_case<D: Dataplane, F: FnOnce() -> D + Send>(
+    case: &Case,
+    mode_policy: fn(&mut ProxyPolicy),
+    make: F,
+) -> Result<Option<String>, String> {
     if !kproxy_testbed::kernel::require_root() || !kproxy_testbed::kernel::require(&case.requires) {
         return Ok(None);
     }
@@ -408,13 +414,14 @@ pub fn run_case<D: Dataplane, F: FnOnce() -> D + Send>(case: &Case, make: F) -> 
     let before = ruleset(&tb)?;
     let env = Env { testbed: &tb };
     let mut policy = default_policy();
+    mode_policy(&mut policy);
     (case.policy)(&mut policy);
     let node = NodeContext {
         name: NODE_A.to_owned(),
         node_ip_override: Vec::new(),
         local_addresses: vec![NODE_IP_V4.into(), NODE_IP_V6.into()],
     };
-    let planner = Planner::new(policy, node);
+    let mut planner = Planner::new(policy, node);
     let mut state = ClusterState::new();
     for o in node_objects().into_iter().chain((case.cluster)(&env)) {
         state.apply(Change::Applied(o));
@@ -452,6 +459,16 @@ pub fn run_case<D: Dataplane, F: FnOnce() -> D + Send>(case: &Case, make: F) -> 
                 Step::AddNodeAddress(cidr) => {
                     let net: ipnet::IpNet = cidr.parse().map_err(|e| format!("{cidr}: {e}"))?;
                     tb.add_node_interface("extra0", &[net]).map_err(|e| e.to_string())?;
+                    // What the daemon's address watcher does with it.
+                    let mut addresses = planner.node().local_addresses.clone();
+                    addresses.push(net.addr());
+                    if planner.set_local_addresses(addresses) {
+                        let delta = planner.node_addresses_delta(&plan);
+                        if !delta.is_empty() {
+                            plan.apply(&delta);
+                            sync(&tb, &mut dp, &plan, &delta)?;
+                        }
+                    }
                 }
                 Step::AffinityExpires { check: c, timeout, rounds } => {
                     let mut chosen = BTreeSet::new();

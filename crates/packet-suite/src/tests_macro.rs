@@ -3,9 +3,19 @@
 /// Runs the case called `name` with dataplanes from `make`, printing its log; panics with the
 /// report when it fails. What a generated test calls.
 pub fn run_named<D: crate::Dataplane, F: FnOnce() -> D + Send>(name: &str, make: F) {
+    run_named_in_mode(name, |_| {}, make);
+}
+
+/// [`run_named`] with the policy the daemon sets for the dataplane's mode (see
+/// [`crate::run_case`]).
+pub fn run_named_in_mode<D: crate::Dataplane, F: FnOnce() -> D + Send>(
+    name: &str,
+    mode_policy: fn(&mut kproxy_plan::ProxyPolicy),
+    make: F,
+) {
     let cases = crate::all_cases();
     let Some(case) = cases.iter().find(|c| c.name == name) else { panic!("no packet case named {name}") };
-    match crate::run_case(case, make) {
+    match crate::run_case(case, mode_policy, make) {
         Ok(Some(log)) => println!("{log}"),
         Ok(None) => println!("case {name} skipped"),
         Err(report) => panic!("{report}"),

@@ -57,8 +57,8 @@ pub struct ProxyPolicy {
     /// KEP-4963: offload established connections of opted-in Services.
     pub acceleration: bool,
     /// List the node's addresses in [`NodePortAddresses::AllLocal`]: IPVS mode, whose NodePorts
-    /// under ClientIP affinity are address services on each. Other modes match any local address
-    /// by rule, and an address coming or going must cost them no sync.
+    /// are address services on each. Other modes match any local address by rule, and an
+    /// address coming or going must cost them no sync.
     pub list_local_addresses: bool,
 }
 
