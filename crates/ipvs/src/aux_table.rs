@@ -5,9 +5,9 @@
 //!
 //! Packet path, for a packet to a VIP or NodePort:
 //!
-//! 1. `classify-*` (prerouting and output, priority -150): NodePort traffic gets its service
-//!    port's firewall mark; traffic from local pods or the node to an `externalTrafficPolicy:
-//!    Local` destination gets the port's cluster mark (the short-circuit). New connections get
+//! 1. `classify-*` (prerouting and output, priority -150): traffic from local pods or the node
+//!    to an `externalTrafficPolicy: Local` destination or NodePort gets the port's firewall
+//!    mark (the short-circuit to its cluster endpoints). New connections get
 //!    the masquerade conntrack mark per the plan (`masquerade-marks-*`), and, when KEP-6246
 //!    CIDRs are set, the local-pod conntrack mark. Conntrack marks are used rather than packet
 //!    marks because IPVS looks firewall-mark services up by the whole packet mark.
@@ -16,9 +16,9 @@
 //!    into the mark (kube-proxy's masquerade bit, during a migration), and IPVS matches it whole.
 //! 2. `service-checks` (input priority 0 and output priority -110: both before IPVS, which hooks
 //!    `LOCAL_IN` at 98 and `LOCAL_OUT` at -98): loadBalancerSourceRanges, then marked traffic
-//!    passes, then the plan's no-endpoint verdicts, then the guard: VIPs are local addresses, so
-//!    a new connection to a VIP on a port no service has is rejected — host services listening
-//!    on a wildcard address never leak on ClusterIPs (kubernetes#72236).
+//!    passes, then the plan's no-endpoint verdicts, then NodePorts pass, then the guard: VIPs
+//!    are local addresses, so a new connection to a VIP on a port no service has is rejected —
+//!    host services listening on a wildcard address never leak on ClusterIPs (kubernetes#72236).
 //! 3. IPVS schedules and NATs.
 //!
 //! Services acceleration (KEP-4963) needs conntrack to carry the NAT, which IPVS does not do
@@ -263,6 +263,8 @@ pub fn skeleton(cfg: &Config, ctx: &Ctx, node: &NodePlan) -> Skeleton {
     checks.extend([
         Rule::from(Stmt::vmap(dest.clone(), NO_ENDPOINT_SERVICES)),
         with(&np, [Stmt::vmap(port.clone(), NO_ENDPOINT_NODEPORTS)]),
+        // A NodePort on a node address that is a VIP too (an external IP set to the node's).
+        with(&np, [Stmt::member(port.clone(), NODEPORTS), Stmt::Verdict(Verdict::Accept)]),
         Rule::new([
             Stmt::member(vec![ctx.daddr()], VIPS),
             Stmt::L4ProtoIn(vec![Protocol::Tcp, Protocol::Udp, Protocol::Sctp]),
@@ -407,6 +409,23 @@ mod tests {
 
     fn position(rules: &[String], needle: &str) -> usize {
         rules.iter().position(|r| r.contains(needle)).unwrap_or_else(|| panic!("no rule with {needle:?} in {rules:#?}"))
+    }
+
+    /// A NodePort on a node address that is a VIP too (an external IP set to the node's) passes
+    /// the guard that rejects a VIP's ports no service has.
+    #[test]
+    fn nodeports_pass_the_checks_before_the_vip_guard() {
+        let ctx = Ctx::new(IpFamily::V4, "kproxy-ipvs", 0);
+        let mut only = node(Some("198.18.0.2"), &[], SnatSource::Masquerade);
+        only.nodeport_addresses = NodePortAddresses::Only(vec!["198.18.0.2".parse().unwrap()]);
+        for node in [node(Some("198.18.0.2"), &[], SnatSource::Masquerade), only] {
+            let skel = skeleton(&Config::default(), &ctx, &node);
+            let checks = &skel.chains.iter().find(|(c, _)| c.name == "service-checks").unwrap().1;
+            let rules: Vec<String> = checks.iter().map(ToString::to_string).collect();
+            let pass = position(&rules, "th dport @nodeports accept");
+            assert!(pass > position(&rules, "@no-endpoint-nodeports"), "{rules:#?}");
+            assert!(pass < position(&rules, "@vip-ports"), "{rules:#?}");
+        }
     }
 
     #[test]

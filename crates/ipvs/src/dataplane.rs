@@ -206,7 +206,7 @@ impl<H: Host> IpvsDataplane<H> {
         // check reads it), not one dump per virtual service.
         self.applied.clear();
         for (spec, dests) in self.host.ipvs_table()? {
-            if !owned(&self.config, &spec.key) {
+            if !self.is_ours(&spec.key) {
                 continue;
             }
             let protocol = self.protocol_of(&spec.key);
@@ -448,14 +448,23 @@ impl<H: Host> IpvsDataplane<H> {
         Ok(ops.len())
     }
 
-    /// Whether an unwanted virtual service stays for now: an address service off the dummy
-    /// interface (no VIP of kproxy's: a node address) that still carries TCP or SCTP
-    /// connections, within the graceful period; its real servers are set to weight 0 meanwhile
-    /// (no new connection). A VIP's service goes at once, as upstream's does (its address
-    /// leaves the interface with it).
+    /// Whether an unwanted virtual service stays for now, while it carries connections within
+    /// the graceful period, its real servers at weight 0 meanwhile (no new connection): a TCP or
+    /// SCTP address service off the dummy interface (no VIP of kproxy's: a node address), and a
+    /// firewall-mark service in kproxy's range (an earlier kproxy's NodePort: until 2026-12-07
+    /// NodePorts were firewall-mark services; no rule marks packets for it any more). A VIP's
+    /// service goes at once, as upstream's does (its address leaves the interface with it).
+    /// Whether a kernel virtual service is kproxy's to keep in line: one it wants (a NodePort on
+    /// a node address inside `excludeCIDRs` too: the exclusion spares services kproxy does not
+    /// want, as upstream's), or one in its ranges ([`owned`]).
+    fn is_ours(&self, key: &ServiceKey) -> bool {
+        self.vs_owners.contains_key(key) || owned(&self.config, key)
+    }
+
     fn keeps_while_connected(&mut self, key: &ServiceKey, now: Instant) -> Result<bool, Error> {
-        let ServiceKey::Addr { addr, protocol, .. } = key else { return Ok(false) };
-        if *protocol == Protocol::Udp || self.addr_owners.contains_key(addr) || self.applied_addrs.contains(addr) {
+        if let ServiceKey::Addr { addr, protocol, .. } = key
+            && (*protocol == Protocol::Udp || self.addr_owners.contains_key(addr) || self.applied_addrs.contains(addr))
+        {
             return Ok(false);
         }
         let since = *self.draining_services.get(key).unwrap_or(&now);

@@ -37,8 +37,9 @@ impl Fwmarks {
         if let Some(id) = self.by_owner.get(&owner) {
             return self.base | id;
         }
-        // "/Cluster": the text the marks of earlier releases hashed (their short-circuit class),
-        // so an upgraded kproxy adopts the kernel's services as a restarted one does.
+        // "/Cluster": the text the marks of earlier releases hashed for their short-circuit
+        // class, so an upgraded kproxy adopts the kernel's short-circuit services as a restarted
+        // one does (their NodePort services, marked otherwise, drain: `keeps_while_connected`).
         let text = format!("{}/{}/{}/{}/Cluster", name.namespace, name.service, name.port, name.protocol);
         let mut id = 1 + fnv1a(text.bytes()) % self.space;
         while self.by_mark.contains_key(&(family, id)) {

@@ -4,8 +4,9 @@
 //! Upstream deprecated its IPVS mode because the IPVS API is "a bad match for the Kubernetes
 //! Services API" (one real-server set per virtual service, no reject, no source filtering) and
 //! its edge cases were never finished. Here every class of traffic gets its own virtual service
-//! (firewall-mark services for NodePorts and the `externalTrafficPolicy: Local` short-circuit,
-//! see [`render`]), and what IPVS can not do lives in the auxiliary table ([`aux_table`]):
+//! (address services for NodePorts on each node address, as upstream's; firewall-mark services
+//! for the `externalTrafficPolicy: Local` short-circuit, see [`render`]), and what IPVS can not
+//! do lives in the auxiliary table ([`aux_table`]):
 //! masquerading, no-endpoint verdicts, source ranges, and the guard that keeps host services off
 //! the VIPs.
 //!

@@ -29,8 +29,9 @@
 //! their endpoints in the nftables dataplane's pick maps, and they get no firewall marks.
 //!
 //! No service is created for traffic the plan rejects (no endpoints at all): the auxiliary table
-//! rejects it before IPVS sees it. A service whose local set is empty (the plan's `Drop`) exists
-//! with no real servers, and the auxiliary table drops its traffic first.
+//! rejects it before IPVS sees it. An external address's service whose local set is empty (the
+//! plan's `Drop`) exists with no real servers, and the auxiliary table drops its traffic first;
+//! such a NodePort has no service on the node's addresses (its short-circuit is served).
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;

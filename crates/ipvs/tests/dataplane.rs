@@ -393,3 +393,40 @@ fn an_unwanted_service_on_a_node_address_stays_while_it_carries_connections() {
     assert_eq!(dp.draining_services().count(), 0);
     assert_eq!(dp.verify(&world.plan).unwrap(), kproxy_plan::Verified::Clean);
 }
+
+/// An earlier kproxy's NodePort (until 2026-12-07 a firewall-mark service in kproxy's range,
+/// which nothing marks packets for any more) keeps the connections it carries after an
+/// upgrade: it stays, taking no new connection, until they end.
+#[test]
+fn an_earlier_kproxys_firewall_mark_nodeport_drains_after_an_upgrade() {
+    let config = Config::default();
+    let old = ServiceKey::Fwmark { family: IpFamily::V4, mark: config.fwmark_base | 0x123 };
+    let mut host = FakeHost::new();
+    add_foreign_service(&mut host, old);
+    host.set_active(&old, &dest("198.18.16.10"), 1);
+    let world = plain_nodeport();
+    let mut dp = IpvsDataplane::new(host, config);
+    dp.sync(&world.plan, &world.full()).unwrap();
+    assert_eq!(dp.host().services[&old].dests[&dest("198.18.16.10")].spec.weight, 0, "no new connection");
+    assert_eq!(dp.verify(&world.plan).unwrap(), kproxy_plan::Verified::Clean, "draining is not drift");
+    assert_eq!(dp.reap_drained().unwrap(), 0, "still connected");
+    dp.host_mut().set_active(&old, &dest("198.18.16.10"), 0);
+    assert_eq!(dp.reap_drained().unwrap(), 1);
+    assert!(!dp.host().services.contains_key(&old));
+    assert!(dp.host().services.contains_key(&node_port("198.18.0.2")), "the NodePort's address service serves");
+}
+
+/// `excludeCIDRs` spares the services kproxy does not want (as upstream's): a NodePort on a
+/// node address inside them is still kproxy's, kept in line and not drift at every check.
+#[test]
+fn a_nodeport_on_a_node_address_inside_exclude_cidrs_is_kept_in_line() {
+    let config = Config { exclude_cidrs: vec!["198.18.0.0/24".parse().unwrap()], ..Config::default() };
+    let world = plain_nodeport();
+    let mut dp = IpvsDataplane::new(FakeHost::new(), config);
+    dp.sync(&world.plan, &world.full()).unwrap();
+    assert!(dp.host().services.contains_key(&node_port("198.18.0.2")));
+    assert_eq!(dp.verify(&world.plan).unwrap(), kproxy_plan::Verified::Clean);
+    dp.host_mut().ipvs(&IpvsOp::DeleteService(node_port("198.18.0.2"))).unwrap();
+    assert!(matches!(dp.verify(&world.plan).unwrap(), kproxy_plan::Verified::Repaired(_)));
+    assert!(dp.host().services.contains_key(&node_port("198.18.0.2")), "repaired");
+}

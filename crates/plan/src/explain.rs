@@ -197,6 +197,8 @@ fn resolve<'a>(fam: &'a FamilyPlan, host: &Host, packet: &Packet) -> Option<(&'a
 fn accepts_node_ports(fam: &FamilyPlan, host: &Host, ip: IpAddr) -> bool {
     match &fam.node.nodeport_addresses {
         NodePortAddresses::Only(ips) => ips.contains(&ip),
+        // Listed (IPVS mode: an address service on each): those alone.
+        NodePortAddresses::AllLocal(listed) if !listed.is_empty() => listed.contains(&ip),
         NodePortAddresses::AllLocal(_) => {
             !ip.is_loopback() && (fam.node.node_ip == Some(ip) || host.local_addresses.contains(&ip))
         }

@@ -51,7 +51,7 @@ impl NodePlan {
     /// The addresses that go from these settings' node-port addresses to `new`'s, `(gone, added)`,
     /// when `new` differs from these in the node's addresses alone: a dataplane then updates its
     /// set of node-port addresses and nothing else, as no service port depends on them (but
-    /// IPVS's under ClientIP affinity, see `NodePortAddresses::addresses`). Both lists of
+    /// IPVS's NodePorts, address services on each, see `NodePortAddresses::addresses`). Both lists of
     /// addresses: the addresses they select came or went; both "all local": nothing to update
     /// where any local address matches. `None` for any other change.
     pub fn nodeport_addresses_change(&self, new: &NodePlan) -> Option<(Vec<IpAddr>, Vec<IpAddr>)> {

@@ -23,7 +23,7 @@ use kproxy_nftables::ExecError;
 use kproxy_nftables::kernel::{Desired, Drift, list_all, repair_ops};
 use kproxy_plan::{Plan, Verified};
 
-use super::{AppliedVs, IpvsDataplane, full_table, is_link_local, owned};
+use super::{AppliedVs, IpvsDataplane, full_table, is_link_local};
 use crate::error::Error;
 use crate::genl::{DestKey, ServiceKey, ServiceSpec};
 use crate::host::{Host, HostNft};
@@ -112,7 +112,7 @@ impl<H: Host> IpvsDataplane<H> {
     fn ipvs_drift(&mut self, drift: &mut Vec<String>) -> Result<Vec<ServiceKey>, Error> {
         let mut live: BTreeMap<ServiceKey, LiveVs> = BTreeMap::new();
         for (spec, dests) in self.host.ipvs_table()? {
-            if owned(&self.config, &spec.key) {
+            if self.is_ours(&spec.key) {
                 let weights = dests.into_iter().map(|d| (d.spec.key, d.spec.weight)).collect();
                 live.insert(spec.key, (spec, weights));
             }

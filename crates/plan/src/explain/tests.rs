@@ -419,3 +419,30 @@ fn a_bounded_answer_lists_at_most_the_limit_and_counts_the_rest() {
         "absent when nothing is left out"
     );
 }
+
+/// Under `nodePortAddresses: all`, IPVS mode (the addresses listed: an address service on each)
+/// serves a NodePort on the addresses it planned for alone; a mode matching any local address
+/// by rule serves it on every local address the host has.
+#[test]
+fn nodeport_under_all_addresses_is_served_where_the_mode_serves_it() {
+    let spec =
+        json!({"type": "NodePort", "ports": [{"name": "http", "port": 80, "targetPort": 8080, "nodePort": 30080}]});
+    let mut state = ClusterState::new();
+    for change in web(spec, json!({}), &both()) {
+        state.apply(change);
+    }
+    let host = Host { local_addresses: vec![ip(NODE_IP), ip("198.18.0.9")], ..Host::default() };
+    let packet = |to: &str| Packet { from: ip(EXTERNAL_CLIENT), to: to.parse().unwrap(), protocol: Protocol::Tcp };
+    for listed in [true, false] {
+        let policy = ProxyPolicy {
+            nodeport_addresses: vec![crate::policy::NodePortAddress::All],
+            list_local_addresses: listed,
+            ..cluster_cidr()
+        };
+        let node = NodeContext { name: NODE.into(), local_addresses: vec![ip(NODE_IP)], ..Default::default() };
+        let p = Planner::new(policy, node).build(&state);
+        let served = |to: &str| explain(&p, &host, &packet(to)).destination == Some(DestinationKind::NodePort);
+        assert!(served("198.18.0.2:30080"), "listed {listed}");
+        assert_eq!(served("198.18.0.9:30080"), !listed, "an address the listing did not have");
+    }
+}
