@@ -1136,9 +1136,25 @@ fn e2e(layout: &Layout, work: &Path, args: &Args) -> Result<i32> {
     Ok(if status.success() { 0 } else { 1 })
 }
 
+/// What each node's kernel holds at the end of a run, for a failure to be understood afterwards:
+/// in the guest the cluster is gone with the machine.
+const NODE_KERNEL_DUMP: &str = "ip -o addr; ip route; nft list ruleset; iptables-save; \
+    if [ -e /proc/net/ip_vs ]; then cat /proc/net/ip_vs; cat /proc/net/ip_vs_conn | head -200; fi; \
+    conntrack -L 2>/dev/null | head -300";
+
 fn copy_logs(info: &ClusterInfo, report: &Path) {
     let dir = report.join("logs");
     let _ = fs::create_dir_all(&dir);
+    for node in &info.nodes {
+        let out = std::process::Command::new("ip")
+            .args(["netns", "exec", &node.netns, "sh", "-c", NODE_KERNEL_DUMP])
+            .output();
+        let text = match out {
+            Ok(out) => format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)),
+            Err(e) => format!("could not read the node's kernel state: {e}"),
+        };
+        let _ = fs::write(dir.join(format!("{}-kernel.txt", node.name)), text);
+    }
     if let Ok(entries) = fs::read_dir(&info.logs) {
         for entry in entries.flatten() {
             let _ = fs::copy(entry.path(), dir.join(entry.file_name()));
