@@ -237,7 +237,8 @@ pub fn main(args: &DaemonArgs) -> anyhow::Result<bool> {
                 "kproxy-bench daemon: --total-changes, --burst-per-second and --rate-phase are not used with --api real"
             );
         }
-        args.check_sizes(proxies.len() * args.modes.len() * args.repeat as usize)?;
+        // Each proxy's runs, and the API server's alone (`real::bare::big_service_trips`).
+        args.check_sizes(proxies.len() * args.modes.len() * args.repeat as usize + 1)?;
         return real::main(args, &proxies);
     }
     anyhow::ensure!(

@@ -93,6 +93,10 @@ pub struct BigResult {
     /// One endpoint replaced, one change at a time.
     pub changes: Vec<Change>,
     pub rollout: Option<Rollout>,
+    /// The same changes through the API server alone, timed to a bare client's watch event
+    /// rather than to a kernel: no commits, CPU or RSS to report.
+    #[serde(default)]
+    pub api_server_alone: bool,
 }
 
 impl BigResult {
@@ -135,9 +139,14 @@ impl BigState {
         BigState { service, endpoints: objects::big_initial_endpoints(m), next: m }
     }
 
+    /// Endpoints of the big Service.
+    pub(super) fn endpoint_count(&self) -> usize {
+        self.endpoints.len()
+    }
+
     /// Replaces endpoints `range` with addresses the Service never had; returns the slices to
     /// write and the new addresses.
-    fn replace(&mut self, range: std::ops::Range<usize>) -> (Vec<usize>, Vec<IpAddr>) {
+    pub(super) fn replace(&mut self, range: std::ops::Range<usize>) -> (Vec<usize>, Vec<IpAddr>) {
         let mut slices = Vec::new();
         let mut fresh = Vec::new();
         for j in range {
@@ -153,13 +162,14 @@ impl BigState {
     }
 
     /// Slice `s` as it stands.
-    fn slice(&self, s: usize) -> Endpoints {
+    pub(super) fn slice(&self, s: usize) -> Endpoints {
         let end = ((s + 1) * BIG_SLICE).min(self.endpoints.len());
         self.endpoints[s * BIG_SLICE..end].to_vec()
     }
 }
 
-/// Addresses the big Service's pool must have left for `runs` proxies' changes.
+/// Addresses the big Service's pool must have left for `runs` runs of its changes (each proxy's,
+/// and with a real API server the API server's alone).
 pub fn addresses_needed(m: usize, args: &DaemonArgs, runs: usize) -> usize {
     m + runs * (args.big_changes + if args.rollout_step > 0 { m } else { 0 })
 }
@@ -332,7 +342,7 @@ pub fn measure(
     node.run_in(|| -> anyhow::Result<BigResult> {
         let mut witness = Witness::open(proxy, mode, state.service)?;
         let mut monitor = witness.monitor()?;
-        let mut result = BigResult { endpoints: m, changes: Vec::new(), rollout: None };
+        let mut result = BigResult { endpoints: m, changes: Vec::new(), rollout: None, api_server_alone: false };
         // Every write of the big Service comes at least one change interval after the writes
         // before it (the other changes' too): one sooner would find the proxy's `minSyncPeriod`
         // bucket empty and time the wait for it instead of the change; and with writes exactly
@@ -464,6 +474,8 @@ pub fn write_table(s: &mut String, rows: &[(String, &BigResult)]) -> std::fmt::R
             a => ms(pct(&a, 0.5)),
         };
         let lost: usize = r.changes.iter().chain(r.rollout.iter().flat_map(|o| &o.done)).map(|c| c.cost.overruns).sum();
+        // The API server alone: timed to a watch, so nothing of a kernel or a proxy to count.
+        let kernel = |counted: String| if r.api_server_alone { "–".to_owned() } else { counted };
         let rollout = match &r.rollout {
             None => "| – | – | – | – | – | – | – ".to_owned(),
             Some(o) => {
@@ -475,29 +487,30 @@ pub fn write_table(s: &mut String, rows: &[(String, &BigResult)]) -> std::fmt::R
                     format!("> {:.0} s ({seen} of {} steps)", o.total_s, o.steps)
                 };
                 format!(
-                    "| {} × {} ({} ms) | {total} | {} / {} | {} | {} | {:.2} s | {:.0} MiB ",
+                    "| {} × {} ({} ms) | {total} | {} / {} | {} | {} | {} | {} ",
                     o.steps,
                     o.step,
                     o.interval_ms,
                     ms(pct(&steps, 0.5)),
                     ms(pct(&steps, 0.99)),
-                    median_max(&o.step_elements()),
-                    max_objects(&o.done),
-                    o.cpu_s,
-                    o.rss_mib,
+                    kernel(median_max(&o.step_elements())),
+                    kernel(max_objects(&o.done).to_string()),
+                    kernel(format!("{:.2} s", o.cpu_s)),
+                    kernel(format!("{:.0} MiB", o.rss_mib)),
                 )
             }
         };
         writeln!(
             s,
-            "| {label} | {} / {} ({} of {}) | {} | {} | {} {rollout}| {lost} |",
+            "| {label} | {} / {} ({} of {}) | {} | {} | {} {rollout}| {} |",
             ms(pct(&changes, 0.5)),
             ms(pct(&changes, 0.99)),
             changes.len(),
             r.changes.len(),
             answered,
-            median_max(&r.change_elements()),
-            max_objects(&r.changes),
+            kernel(median_max(&r.change_elements())),
+            kernel(max_objects(&r.changes).to_string()),
+            kernel(lost.to_string()),
         )?;
     }
     Ok(())
@@ -575,6 +588,7 @@ mod tests {
         BigResult {
             endpoints: 5000,
             changes: (0..20).map(|_| change(5.0, change_elements)).collect(),
+            api_server_alone: false,
             rollout: Some(Rollout {
                 step: 25,
                 interval_ms: 1000,
@@ -611,5 +625,16 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("> 900 s (40 of 200 steps)"), "{text}");
+
+        // The API server alone has no kernel: its counts are not zeros but absent.
+        let alone = BigResult { api_server_alone: true, ..result(0, 4.0, 0.0, true) };
+        let mut text = String::new();
+        write_table(&mut text, &[("the API server alone".into(), &alone)]).unwrap();
+        assert!(
+            text.contains(
+                "| the API server alone | 5.00 ms / 5.00 ms (20 of 20) | 2.50 ms | – | – | 200 × 25 (1000 ms) | 1.50 s | 4.00 ms / 4.00 ms | – | – | – | – | – |"
+            ),
+            "{text}"
+        );
     }
 }

@@ -94,6 +94,9 @@ pub struct SizeResult {
     pub endpoints: usize,
     pub created: Created,
     pub bare: BareLists,
+    /// With `--big-service`: the big Service's changes and rollout through the API server alone.
+    #[serde(default)]
+    pub bare_big: Option<BigResult>,
     pub unsafe_no_fsync: bool,
     pub proxies: Vec<ProxyResult>,
     /// 1-minute load average at the start and at the end of the size.
@@ -236,6 +239,21 @@ fn measure(n: usize, args: &DaemonArgs, proxies: &[Proxy], bins: &Bins, dir: &Pa
 
     let mut current: HashMap<usize, objects::Endpoints> = HashMap::new();
     let mut big_state = (args.big_service > 0).then(|| BigState::new(n, args.big_service));
+    let bare_big = match big_state.as_mut() {
+        Some(state) => {
+            let alone = in_node(node, &runtime, bare::big_service_trips(&client, state, args))?;
+            let (changes, steps) = (alone.change_ms(), alone.rollout.as_ref().map(|r| r.step_ms()).unwrap_or_default());
+            let ms = |v: &[f64], p| super::report::ms(super::report::pct(v, p));
+            eprintln!(
+                "  bare client, the big Service: one endpoint replaced, PATCH → watch p50 {}; a rollout step p50 {} p99 {}",
+                ms(&changes, 0.5),
+                ms(&steps, 0.5),
+                ms(&steps, 0.99),
+            );
+            Some(alone)
+        }
+        None => None,
+    };
     let mut results = Vec::new();
     let runs = proxies
         .iter()
@@ -259,6 +277,7 @@ fn measure(n: usize, args: &DaemonArgs, proxies: &[Proxy], bins: &Bins, dir: &Pa
         endpoints: args.layout().endpoint_count(n),
         created,
         bare,
+        bare_big,
         unsafe_no_fsync: !args.etcd_fsync,
         proxies: results,
         load: (load_before, load_average()),

@@ -1,7 +1,8 @@
 //! What the API server itself takes to serve the cluster: the lists a proxy starts with, read
 //! by a bare client that decodes nothing, in JSON and in protobuf (what kproxy and kube-proxy
-//! ask for by default), and a change's trip from a PATCH to a watch. The daemon's start is
-//! judged against the first; the second is the part of a change's latency no proxy can shorten.
+//! ask for by default), and a change's trip from a PATCH to a watch (a small change's, and with
+//! `--big-service` the big Service's own changes and rollout). The daemon's start is judged
+//! against the first; the second is the part of a change's latency no proxy can shorten.
 
 use std::time::{Duration, Instant};
 
@@ -12,6 +13,8 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
+use super::super::DaemonArgs;
+use super::super::big::{BigResult, BigState, Change, Rollout};
 use super::super::objects;
 
 /// The collections a proxy lists: Services and EndpointSlices (the node and ServiceCIDRs are a
@@ -117,6 +120,90 @@ async fn watch_latency(client: &kube::Client, samples: usize, interval: Duration
     }
     timings.sort_by(f64::total_cmp);
     Ok(timings)
+}
+
+/// The big Service's changes through the API server alone, before any proxy runs: as many
+/// single changes and the same rollout as each proxy gets, written the same way and paced the
+/// same, each timed from its PATCH leaving to the watch event (of the big Service's namespace,
+/// read without decoding) that carries every new address. What no proxy can shorten of the
+/// big Service's figures, measured on the machine and API server of the run.
+pub async fn big_service_trips(
+    client: &kube::Client,
+    state: &mut BigState,
+    args: &DaemonArgs,
+) -> anyhow::Result<BigResult> {
+    let path = format!("/apis/discovery.k8s.io/v1/namespaces/{}/endpointslices", objects::BIG.0);
+    let list: serde_json::Value = client.request(get(&format!("{path}?limit=1"))?).await?;
+    let version = list["metadata"]["resourceVersion"].as_str().context("a list's resourceVersion")?.to_owned();
+    let uri = format!("{path}?watch=true&resourceVersion={version}&timeoutSeconds=3600");
+    let mut events = client.request_stream(get(&uri)?).await?;
+    let m = state.endpoint_count();
+    let mut result = BigResult { endpoints: m, changes: Vec::new(), rollout: None, api_server_alone: true };
+    for k in 0..args.big_changes {
+        tokio::time::sleep(args.change_interval()).await;
+        let j = (k * 7919 + 13) % m;
+        result.changes.push(trip(client, state, &mut events, j..j + 1).await?);
+    }
+    if args.rollout_step == 0 {
+        return Ok(result);
+    }
+    let step = args.rollout_step;
+    let steps = m.div_ceil(step);
+    let deadline = Instant::now() + Duration::from_secs(args.rollout_timeout);
+    let started = Instant::now();
+    let mut done = Vec::with_capacity(steps);
+    for r in 0..steps {
+        let next_write = Instant::now() + args.rollout_interval();
+        if Instant::now() >= deadline {
+            break;
+        }
+        done.push(trip(client, state, &mut events, r * step..((r + 1) * step).min(m)).await?);
+        tokio::time::sleep_until(next_write.into()).await;
+    }
+    let finished = done.len() == steps;
+    result.rollout = Some(Rollout {
+        step,
+        interval_ms: args.rollout_interval_ms,
+        steps,
+        done,
+        finished,
+        total_s: started.elapsed().as_secs_f64(),
+        timeout_s: args.rollout_timeout,
+        cpu_s: 0.0,
+        rss_mib: f64::NAN,
+    });
+    Ok(result)
+}
+
+/// Endpoints `range` of the big Service replaced: the PATCHes' answer and the watch event with
+/// every new address, ms after the first PATCH left.
+async fn trip(
+    client: &kube::Client,
+    state: &mut BigState,
+    events: &mut (impl futures::AsyncBufRead + Unpin),
+    range: std::ops::Range<usize>,
+) -> anyhow::Result<Change> {
+    let (slices, fresh) = state.replace(range);
+    let mut wanted: Vec<Vec<u8>> = fresh.iter().map(|ip| format!("\"{ip}\"").into_bytes()).collect();
+    let (service, written): (usize, Vec<_>) = (state.service, slices.iter().map(|&s| (s, state.slice(s))).collect());
+    let started = Instant::now();
+    let writes = futures::future::try_join_all(written.into_iter().map(|(s, endpoints)| async move {
+        super::create::set_big_slice(client, service, s, &endpoints).await?;
+        anyhow::Ok(started.elapsed().as_secs_f64() * 1e3)
+    }));
+    let seen = async {
+        let mut line = Vec::with_capacity(1 << 16);
+        while !wanted.is_empty() {
+            line.clear();
+            let read = events.read_until(b'\n', &mut line).await.context("reading the watch")?;
+            anyhow::ensure!(read > 0, "the watch ended before the change's event");
+            wanted.retain(|needle| !contains(&line, needle));
+        }
+        anyhow::Ok(started.elapsed().as_secs_f64() * 1e3)
+    };
+    let (answered, seen) = futures::join!(writes, seen);
+    let answered = answered?.into_iter().fold(0.0, f64::max);
+    Ok(Change { ms: Some(seen?), cost: Default::default(), answered_ms: Some(answered) })
 }
 
 const PROBE_ANNOTATION: &str = "kproxy-bench/probe";

@@ -228,14 +228,22 @@ fn write_report(
         writeln!(s, "\\* timed by full listings of the maps or chains (resolution: one listing).")?;
     }
     for size in results {
-        let rows: Vec<(String, &crate::daemon::big::BigResult)> = size
-            .proxies
-            .iter()
-            .filter_map(|r| {
+        let alone = size.bare_big.iter().map(|b| ("the API server alone: a bare client's watch".to_owned(), b));
+        let rows: Vec<(String, &crate::daemon::big::BigResult)> = alone
+            .chain(size.proxies.iter().filter_map(|r| {
                 r.big.as_ref().map(|b| (format!("{} ({} Services)", name(r, args.repeat), size.services), b))
-            })
+            }))
             .collect();
         crate::daemon::big::write_table(s, &rows)?;
+        if size.bare_big.is_some() {
+            writeln!(s)?;
+            writeln!(
+                s,
+                "The API server alone: the same PATCHes, as many, paced the same and before any proxy ran, each timed \
+                 to the watch event carrying every new address, read by a client that decodes nothing: what no proxy \
+                 can shorten of the rows below it."
+            )?;
+        }
         let runs = |proxy: Proxy| size.proxies.iter().filter(move |r| r.proxy == proxy && r.mode == Mode::Nftables);
         for k in runs(Proxy::Kproxy) {
             let Some(big) = &k.big else { continue };
@@ -327,6 +335,7 @@ mod tests {
                 stored_directly: true,
             },
             bare: BareLists { list_s: 5.0, streaming_s: 6.0, list_bytes: 1, protobuf: None, watch_ms: vec![5.0] },
+            bare_big: None,
             unsafe_no_fsync: true,
             proxies,
             load: (0.0, 0.0),
