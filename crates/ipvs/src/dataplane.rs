@@ -256,6 +256,9 @@ impl<H: Host> IpvsDataplane<H> {
         let mut touched_vs = BTreeSet::new();
         let mut touched_addrs = BTreeSet::new();
         let mut tx = Transaction::new();
+        // A node address added to `nodePortAddresses`: its element goes in before the address's
+        // NodePort services, so that no connection reaches one unmarked for masquerading.
+        let mut nodeport_ips_first = Transaction::new();
         for (family, fd) in &delta.families {
             let Some(state) = self.families.get_mut(family) else { continue };
             let mut before: BTreeMap<ElementKey, Option<Option<MapData>>> = BTreeMap::new();
@@ -317,7 +320,7 @@ impl<H: Host> IpvsDataplane<H> {
             {
                 let element = |ip: IpAddr| Element::new(aux_table::NODEPORT_IPS, kproxy_nft_model::Value::Addr(ip));
                 gone.into_iter().for_each(|ip| tx.push(Op::DeleteElement(table.clone(), element(ip))));
-                adds.extend(added.into_iter().map(|ip| Op::AddElement(table.clone(), element(ip))));
+                added.into_iter().for_each(|ip| nodeport_ips_first.push(Op::AddElement(table.clone(), element(ip))));
                 // A failure below makes the next sync a full reconcile, from the plan.
                 state.node = node.clone();
             }
@@ -327,13 +330,16 @@ impl<H: Host> IpvsDataplane<H> {
         // the order in which nothing is briefly unreachable.
         let (new_addrs, old_addrs): (Vec<IpAddr>, Vec<IpAddr>) =
             touched_addrs.into_iter().partition(|a| self.addr_owners.contains_key(a));
+        report.nft_ops = nodeport_ips_first.len() + tx.len();
+        if !nodeport_ips_first.is_empty() {
+            self.aux.apply(&mut HostNft(&mut self.host), &nodeport_ips_first)?;
+        }
         for addr in new_addrs {
             report.address_ops += self.reconcile_address(addr)?;
         }
         for key in touched_vs {
             report.ipvs_ops += self.reconcile_service(key)?;
         }
-        report.nft_ops = tx.len();
         self.aux.apply(&mut HostNft(&mut self.host), &tx)?;
         for addr in old_addrs {
             report.address_ops += self.reconcile_address(addr)?;

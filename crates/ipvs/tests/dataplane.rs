@@ -264,6 +264,30 @@ fn a_node_address_change_moves_the_address_services_of_nodeports() {
     }
 }
 
+/// With `nodePortAddresses` CIDRs, packets to a NodePort are marked for masquerading by the
+/// address's `nodeport-ips` element: an address that comes gets its element before its NodePort
+/// services, so that no connection reaches one of them unmarked; the rest of the auxiliary
+/// table's changes still follow the services.
+#[test]
+fn a_new_nodeport_address_is_in_nodeport_ips_before_its_services() {
+    use kproxy_plan::{NodePortAddresses, PlanDelta};
+    let world = plain_nodeport();
+    let with = |ips: &[&str]| with_nodeport_addresses(&world, NodePortAddresses::Only(addrs(ips)));
+    let (one, two) = (with(&["198.18.0.2"]), with(&["198.18.0.2", "198.18.0.4"]));
+    let mut dp = IpvsDataplane::new(FakeHost::new(), Config::default());
+    dp.sync(&one, &PlanDelta::between(&kproxy_plan::Plan::default(), &one)).unwrap();
+    dp.host_mut().clear_log();
+    let report = dp.sync(&two, &PlanDelta::between(&one, &two)).unwrap();
+    assert!(!report.full, "not a full reconcile");
+    let log = &dp.host().log;
+    let element_at = log.iter().position(|l| l.starts_with("nft ")).expect("an nftables transaction");
+    let service_at = log.iter().position(|l| l.starts_with("ipvs AddService")).expect("the new address's service");
+    assert!(element_at < service_at, "{log:#?}");
+    let added = format!("{:?}", dp.host().nft.first().expect("the sync's first transaction"));
+    assert!(added.contains("nodeport-ips") && added.contains("198.18.0.4"), "{added}");
+    assert!(dp.host().services.contains_key(&node_port("198.18.0.4")));
+}
+
 /// The virtual service an IPVS change is about (none for the global timeouts).
 fn op_service(op: &IpvsOp) -> Option<ServiceKey> {
     match op {
