@@ -109,6 +109,10 @@ pub struct DaemonArgs {
     /// The kproxy binary (default: `kproxy` next to this executable, e.g. target/release/kproxy).
     #[arg(long)]
     pub kproxy: Option<PathBuf>,
+    /// One more flag for kproxy (not kube-proxy), after the benchmark's own; repeatable, e.g.
+    /// `--kproxy-arg=--kube-api-content-type=application/json` to have it ask for JSON.
+    #[arg(long = "kproxy-arg", value_name = "FLAG", allow_hyphen_values = true)]
+    pub kproxy_args: Vec<String>,
     /// Seconds of the idle window whose CPU use is reported.
     #[arg(long, default_value_t = 300)]
     pub idle: u64,

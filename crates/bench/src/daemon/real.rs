@@ -331,7 +331,11 @@ impl Run<'_> {
     ) -> anyhow::Result<ProxyResult> {
         let Turn { proxy, mode, repeat, index: run } = turn;
         let (binary, flags, timeout) = match proxy {
-            Proxy::Kproxy => (bins.kproxy, kproxy::args(kubeconfig, NODE_NAME, mode), self.args.start_timeout),
+            Proxy::Kproxy => {
+                let mut flags = kproxy::args(kubeconfig, NODE_NAME, mode);
+                flags.extend(self.args.kproxy_args.iter().cloned());
+                (bins.kproxy, flags, self.args.start_timeout)
+            }
             // The same command line as kproxy's: kube-proxy reads every one of its flags alike.
             Proxy::Upstream => (bins.upstream, kproxy::args(kubeconfig, NODE_NAME, mode), self.args.upstream_timeout),
         };

@@ -119,7 +119,8 @@ pub fn measure(n: usize, mode: Mode, args: &DaemonArgs, binary: &Path, log_dir: 
     std::fs::create_dir_all(&run_dir)?;
     let kubeconfig = run_dir.join("kubeconfig");
     sandbox.api.write_kubeconfig(&kubeconfig)?;
-    let kproxy_args = kproxy::args(&kubeconfig, NODE_NAME, mode);
+    let mut kproxy_args = kproxy::args(&kubeconfig, NODE_NAME, mode);
+    kproxy_args.extend(args.kproxy_args.iter().cloned());
     let log = run_dir.join("kproxy.log");
     eprintln!("  kproxy log: {}", log.display());
 

@@ -1,4 +1,4 @@
-//! The side-by-side table, and the targets of #27 judged on it.
+//! The side-by-side table, and the targets of #27 and #37 judged on it.
 
 use crate::daemon::report::{ms, pct};
 use std::fmt::Write as _;
@@ -56,6 +56,20 @@ fn kproxy_targets(size: &SizeResult, r: &ProxyResult) -> Vec<Target> {
             p50 <= 10.0 && p99 <= 50.0 && all_seen(r),
         ),
         ("RSS steady ≤ 300 MiB".into(), format!("{:.0} MiB", r.rss_steady_mib), r.rss_steady_mib <= 300.0),
+    ]
+}
+
+/// #37's targets at 100k Services (kproxy speaks protobuf, as kube-proxy does).
+fn protobuf_targets(r: &ProxyResult) -> Vec<Target> {
+    let p50 = pct(&r.change_ms, 0.5);
+    vec![
+        (
+            "start → programmed ≤ 7 s".into(),
+            r.start_s.map_or_else(|| "not within the bound".into(), |s| format!("{s:.2} s")),
+            r.start_s.is_some_and(|s| s <= 7.0),
+        ),
+        ("RSS steady ≤ 300 MiB".into(), format!("{:.0} MiB", r.rss_steady_mib), r.rss_steady_mib <= 300.0),
+        ("change p50 ≤ 10 ms (every change seen)".into(), ms(p50), p50 <= 10.0 && all_seen(r)),
     ]
 }
 
@@ -123,7 +137,7 @@ fn write_report(
         s,
         "Real kube-apiserver v1.36.2 + etcd 3.6.13{} in the node's network namespace, on the node's cores. \
          kproxy: {}; upstream: kube-proxy v1.36.2 (KPROXY_K8S_DIR); both with their defaults but --proxy-mode, \
-         --kubeconfig (user system:kube-proxy), --hostname-override, --cluster-cidr and --conntrack-*=0, \
+         --kubeconfig (user system:kube-proxy), --hostname-override, --cluster-cidr and --conntrack-*=0{}, \
          one after the other on the same objects, watched by the same netlink probe. Each Service: one TCP port, \
          an EndpointSlice of {} endpoints; 10% NodePort, 2% LoadBalancer (half eTP Local), 1% ClientIP affinity, \
          10% dual-stack{}. Idle window {} s; {} changes at one per {} ms (the next once the last is seen), each one \
@@ -131,6 +145,11 @@ fn write_report(
          upstream's start bounded at {} s.",
         if fsync { " (etcd --unsafe-no-fsync)" } else { "" },
         kproxy.display(),
+        if args.kproxy_args.is_empty() {
+            String::new()
+        } else {
+            format!(" (kproxy also {})", args.kproxy_args.join(" "))
+        },
         args.endpoints,
         if args.big_service > 0 {
             format!(
@@ -266,6 +285,12 @@ fn write_report(
                     kproxy_targets(size, k),
                     met,
                 )?;
+                write_targets(
+                    s,
+                    &format!("Targets of #37 at {} Services ({}):", size.services, name(k, args.repeat)),
+                    protobuf_targets(k),
+                    met,
+                )?;
             }
         }
         if size.services == SIDE_BY_SIDE_SIZE {
@@ -352,8 +377,15 @@ mod tests {
         assert!(text.contains("(kproxy, nftables, run 2 of 2):"), "{text}");
         assert!(text.contains("| 16.00 s | NO |"), "{text}");
 
+        // 9 s meets #27's 15 s and misses #37's 7 s.
         let (text, met) =
-            render("cmd", &cli.args, Path::new("kproxy"), &[size(vec![kproxy_run(1, 9.0), kproxy_run(2, 14.0)])]);
+            render("cmd", &cli.args, Path::new("kproxy"), &[size(vec![kproxy_run(1, 6.0), kproxy_run(2, 9.0)])]);
+        assert!(!met, "{text}");
+        assert!(text.contains("Targets of #37 at 100000 Services (kproxy, nftables, run 2 of 2):"), "{text}");
+        assert!(text.contains("| start → programmed ≤ 7 s | 9.00 s | NO |"), "{text}");
+
+        let (text, met) =
+            render("cmd", &cli.args, Path::new("kproxy"), &[size(vec![kproxy_run(1, 6.0), kproxy_run(2, 6.5)])]);
         assert!(met, "{text}");
     }
 }
