@@ -170,8 +170,8 @@ pub struct Changes {
 /// change: the write, and the watch event encoded and sent to every watcher, are done well
 /// within it, and it is the same for every fleet whatever its proxies' programming latency (the
 /// whole changes window of a slow fleet is longer and holds more idle work, which subtracting
-/// an idle rate measured over a few seconds takes out only roughly). `/proc`'s CPU clock ticks
-/// every 10 ms: summed over `--changes` windows the rounding averages out.
+/// an idle rate measured over a few seconds takes out only roughly). Read to the nanosecond
+/// ([`server::plane_cpu_seconds`]), not in `/proc/<pid>/stat`'s 10 ms ticks.
 pub const FAN_OUT: Duration = Duration::from_millis(500);
 
 /// CPU of the API server and etcd in a [`FAN_OUT`] window, read at both ends (the far end by
@@ -204,7 +204,11 @@ impl FanOut {
 }
 
 fn plane_cpu((apiserver, etcd): (u32, u32)) -> anyhow::Result<PlaneCpu> {
-    Ok(PlaneCpu { apiserver: server::cpu_seconds(apiserver)?, etcd: server::cpu_seconds(etcd)?, at: Instant::now() })
+    Ok(PlaneCpu {
+        apiserver: server::plane_cpu_seconds(apiserver)?,
+        etcd: server::plane_cpu_seconds(etcd)?,
+        at: Instant::now(),
+    })
 }
 
 /// The API server stopped and started again under the running fleet, then one change.
@@ -434,8 +438,8 @@ impl Size<'_> {
 
     fn cpu(&self) -> anyhow::Result<PlaneCpu> {
         Ok(PlaneCpu {
-            apiserver: server::cpu_seconds(self.apiserver_pid()?)?,
-            etcd: server::cpu_seconds(self.etcd_pid()?)?,
+            apiserver: server::plane_cpu_seconds(self.apiserver_pid()?)?,
+            etcd: server::plane_cpu_seconds(self.etcd_pid()?)?,
             at: Instant::now(),
         })
     }
@@ -738,7 +742,7 @@ impl Size<'_> {
         let load = Load::now();
         let audit_offset = self.audit.offset();
         let bytes = self.bytes()?;
-        let etcd_cpu = server::cpu_seconds(self.etcd_pid()?)?;
+        let etcd_cpu = server::plane_cpu_seconds(self.etcd_pid()?)?;
         let stop = Instant::now();
         self.plane.stop_apiserver();
         self.plane.start_apiserver().context("starting the API server again")?;
@@ -776,8 +780,8 @@ impl Size<'_> {
             ready_to_proxy_s: sorted(ready_to_proxy_s),
             ready_to_patch_s: sent.duration_since(ready).as_secs_f64(),
             apiserver_peak_rss_mib: peak.max(hwm),
-            apiserver_cpu_s: server::cpu_seconds(apiserver)?,
-            etcd_cpu_s: server::cpu_seconds(self.etcd_pid()?)? - etcd_cpu,
+            apiserver_cpu_s: server::plane_cpu_seconds(apiserver)?,
+            etcd_cpu_s: server::plane_cpu_seconds(self.etcd_pid()?)? - etcd_cpu,
             window_s: stop.elapsed().as_secs_f64(),
             bytes_sent: self.bytes()?.sent_since(&bytes, nodes),
             requests: self.audit.since(audit_offset, &self.node_ips[..nodes])?,
