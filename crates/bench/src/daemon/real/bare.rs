@@ -111,7 +111,7 @@ async fn watch_latency(client: &kube::Client, samples: usize, interval: Duration
         let send = slices.patch(&slice, &params, &patch);
         // Timed to the event, whether or not the PATCH's answer came first.
         let seen = async {
-            next_event_with(&mut events, needle.as_bytes()).await?;
+            next_events_with(&mut events, vec![needle.into_bytes()]).await?;
             anyhow::Ok(started.elapsed().as_secs_f64() * 1e3)
         };
         let (sent, seen) = futures::join!(send, seen);
@@ -184,7 +184,7 @@ async fn trip(
     range: std::ops::Range<usize>,
 ) -> anyhow::Result<Change> {
     let (slices, fresh) = state.replace(range);
-    let mut wanted: Vec<Vec<u8>> = fresh.iter().map(|ip| format!("\"{ip}\"").into_bytes()).collect();
+    let wanted: Vec<Vec<u8>> = fresh.iter().map(|ip| format!("\"{ip}\"").into_bytes()).collect();
     let (service, written): (usize, Vec<_>) = (state.service, slices.iter().map(|&s| (s, state.slice(s))).collect());
     let started = Instant::now();
     let writes = futures::future::try_join_all(written.into_iter().map(|(s, endpoints)| async move {
@@ -192,13 +192,7 @@ async fn trip(
         anyhow::Ok(started.elapsed().as_secs_f64() * 1e3)
     }));
     let seen = async {
-        let mut line = Vec::with_capacity(1 << 16);
-        while !wanted.is_empty() {
-            line.clear();
-            let read = events.read_until(b'\n', &mut line).await.context("reading the watch")?;
-            anyhow::ensure!(read > 0, "the watch ended before the change's event");
-            wanted.retain(|needle| !contains(&line, needle));
-        }
+        next_events_with(events, wanted).await?;
         anyhow::Ok(started.elapsed().as_secs_f64() * 1e3)
     };
     let (answered, seen) = futures::join!(writes, seen);
@@ -208,17 +202,19 @@ async fn trip(
 
 const PROBE_ANNOTATION: &str = "kproxy-bench/probe";
 
-/// Reads watch events until one contains `needle`.
-async fn next_event_with(events: &mut (impl futures::AsyncBufRead + Unpin), needle: &[u8]) -> anyhow::Result<()> {
+/// Reads watch events until every one of `needles` has been in one of them.
+async fn next_events_with(
+    events: &mut (impl futures::AsyncBufRead + Unpin),
+    mut needles: Vec<Vec<u8>>,
+) -> anyhow::Result<()> {
     let mut line = Vec::with_capacity(1 << 14);
-    loop {
+    while !needles.is_empty() {
         line.clear();
         let read = events.read_until(b'\n', &mut line).await.context("reading the watch")?;
         anyhow::ensure!(read > 0, "the watch ended before the change's event");
-        if contains(&line, needle) {
-            return Ok(());
-        }
+        needles.retain(|needle| !contains(&line, needle));
     }
+    Ok(())
 }
 
 fn get(uri: &str) -> anyhow::Result<http::Request<Vec<u8>>> {
