@@ -13,7 +13,7 @@ use kproxy_state::Kind;
 use kproxy_testbed::Netns;
 
 use crate::daemon::api::NODE_NAME;
-use crate::daemon::kernel::{self, KernelProbe};
+use crate::daemon::kernel::{self, KernelProbe, MapKey};
 use crate::daemon::objects::{self, DEFAULT_ENDPOINTS, Shape, TARGET_PORT};
 
 /// Slots looked at for a changed endpoint (a Service has 5).
@@ -117,7 +117,7 @@ impl Churn {
         node: &Netns,
         since: Instant,
         timeout: Duration,
-        present: &[(IpAddr, Vec<u8>)],
+        present: &[MapKey],
     ) -> anyhow::Result<Option<f64>> {
         let pending = std::mem::take(&mut self.pending);
         node.run_in(move || -> anyhow::Result<Option<f64>> {
@@ -132,8 +132,8 @@ impl Churn {
                 }
                 left = still;
                 let mut all_present = true;
-                for (ip, key) in present {
-                    if probe.element_data(*ip, kernel::CLUSTER_TCP_ENDPOINTS, key)?.is_none() {
+                for k in present {
+                    if probe.key_data(k)?.is_none() {
                         all_present = false;
                         break;
                     }
@@ -148,16 +148,20 @@ impl Churn {
     }
 
     /// Slot-0 keys of up to `count` Services no change touches, spread over the cluster.
-    pub fn untouched_keys(&self, n: usize, count: usize) -> Vec<(IpAddr, Vec<u8>)> {
+    pub fn untouched_keys(&self, n: usize, count: usize) -> Vec<MapKey> {
         let untouched: Vec<usize> = (0..n).filter(|i| i % 4 == 0).collect();
         let step = (untouched.len() / count).max(1);
-        untouched.into_iter().step_by(step).map(|i| slot_key(i, 0)).collect()
+        untouched
+            .into_iter()
+            .step_by(step)
+            .map(|i| first_slot(i, objects::initial_endpoint_count(i, DEFAULT_ENDPOINTS)))
+            .collect()
     }
 }
 
-fn slot_key(i: usize, slot: u32) -> (IpAddr, Vec<u8>) {
-    let ip: IpAddr = objects::cluster_ip_v4(i).into();
-    (ip, kernel::endpoint_key(ip, objects::service_port(i), slot))
+/// Slot 0 of Service `i`'s ClusterIP, when it has `endpoints` endpoints.
+fn first_slot(i: usize, endpoints: usize) -> MapKey {
+    MapKey::endpoint(objects::cluster_ip_v4(i).into(), objects::service_port(i), 0, endpoints)
 }
 
 fn shown(probe: &mut KernelProbe, expect: Expect) -> anyhow::Result<bool> {
@@ -167,8 +171,7 @@ fn shown(probe: &mut KernelProbe, expect: Expect) -> anyhow::Result<bool> {
             probe.endpoint_in_slots(objects::cluster_ip_v4(i).into(), objects::service_port(i), SLOTS, &want)?
         }
         Expect::Created(i) | Expect::Deleted(i) => {
-            let (ip, key) = slot_key(i, 0);
-            let present = probe.element_data(ip, kernel::CLUSTER_TCP_ENDPOINTS, &key)?.is_some();
+            let present = probe.key_data(&first_slot(i, DEFAULT_ENDPOINTS))?.is_some();
             present == matches!(expect, Expect::Created(_))
         }
     })

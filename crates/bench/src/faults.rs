@@ -306,7 +306,7 @@ struct Sampler {
 }
 
 impl Sampler {
-    fn start(sandbox: &Sandbox, keys: Vec<(std::net::IpAddr, Vec<u8>)>) -> anyhow::Result<Sampler> {
+    fn start(sandbox: &Sandbox, keys: Vec<kernel::MapKey>) -> anyhow::Result<Sampler> {
         let stop = Arc::new(AtomicBool::new(false));
         let lookups = Arc::new(AtomicUsize::new(0));
         let (flag, count) = (stop.clone(), lookups.clone());
@@ -314,9 +314,9 @@ impl Sampler {
             let mut probe = kernel::KernelProbe::open()?;
             let mut missing = 0;
             while !flag.load(Ordering::Relaxed) {
-                for (ip, key) in &keys {
+                for k in &keys {
                     count.fetch_add(1, Ordering::Relaxed);
-                    if probe.element_data(*ip, kernel::CLUSTER_TCP_ENDPOINTS, key)?.is_none() {
+                    if probe.key_data(k)?.is_none() {
                         missing += 1;
                     }
                 }

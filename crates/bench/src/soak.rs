@@ -177,7 +177,12 @@ fn threads(pid: u32) -> anyhow::Result<usize> {
 fn elements(tb: &Testbed) -> anyhow::Result<usize> {
     let v4: IpAddr = objects::cluster_ip_v4(0).into();
     tb.node().run_in(|| -> anyhow::Result<usize> {
-        Ok(KernelProbe::open()?.map_keys(v4, kernel::CLUSTER_TCP_ENDPOINTS)?.len())
+        let mut probe = KernelProbe::open()?;
+        let mut count = 0;
+        for map in kernel::all_cluster_tcp_endpoints() {
+            count += probe.map_keys(v4, &map)?.len();
+        }
+        Ok(count)
     })?
 }
 

@@ -269,9 +269,9 @@ fn opted_in_services_are_dnated_in_the_auxiliary_table_ahead_of_ipvs() {
         "accel-nodeports { tcp . 30020 }",
         "cluster-cap-4 { 198.18.128.20 . tcp . 80 }",
         "cluster-nodeport-cap-4 { tcp . 30020 }",
-        "cluster-tcp-endpoints { 198.18.128.20 . tcp . 80 . 0x0 : 198.18.16.20 . 8080 }",
-        "cluster-tcp-endpoints { 198.18.128.20 . tcp . 80 . 0x2 : 198.18.17.21 . 8080 }",
-        "cluster-nodeport-tcp-endpoints { tcp . 30020 . 0x1 : 198.18.17.20 . 8080 }",
+        "cluster-tcp-endpoints-4 { 198.18.128.20 . tcp . 80 . 0x0 : 198.18.16.20 . 8080 }",
+        "cluster-tcp-endpoints-4 { 198.18.128.20 . tcp . 80 . 0x2 : 198.18.17.21 . 8080 }",
+        "cluster-nodeport-tcp-endpoints-4 { tcp . 30020 . 0x1 : 198.18.17.20 . 8080 }",
         // Masquerading is decided as for every IPVS service.
         "masquerade-not-local { 198.18.128.20 . tcp . 80 }",
         "masquerade-nodeports { tcp . 30020 }",
@@ -280,7 +280,7 @@ fn opted_in_services_are_dnated_in_the_auxiliary_table_ahead_of_ipvs() {
         "accel-cluster { 198.18.128.22 . tcp . 80 }",
         "accel-external-local { 203.0.113.22 . tcp . 80 }",
         "accel-nodeports-local { tcp . 30022 }",
-        "cluster-tcp-endpoints { 203.0.113.22 . tcp . 80 . 0x0 : 198.18.17.22 . 8080 }",
+        "cluster-tcp-endpoints-1 { 203.0.113.22 . tcp . 80 . 0x0 : 198.18.17.22 . 8080 }",
         "cluster-nodeport-cap-1 { tcp . 30022 }",
         "no-endpoint-services { 203.0.113.22 . tcp . 80 : drop }",
     ] {
@@ -338,8 +338,8 @@ fn opted_in_services_change_by_elements_only() {
     }
     let [endpoint, unhinted, hinted] = [&syncs[0], &syncs[1], &syncs[2]];
     for wanted in [
-        "add element ip kproxy-ipvs cluster-tcp-endpoints { 198.18.128.20 . tcp . 80 . 0x3 : 198.18.17.25 . 8080 }",
-        "add element ip kproxy-ipvs cluster-nodeport-tcp-endpoints { tcp . 30020 . 0x3 : 198.18.17.25 . 8080 }",
+        "add element ip kproxy-ipvs cluster-tcp-endpoints-4 { 198.18.128.20 . tcp . 80 . 0x3 : 198.18.17.25 . 8080 }",
+        "add element ip kproxy-ipvs cluster-nodeport-tcp-endpoints-4 { tcp . 30020 . 0x3 : 198.18.17.25 . 8080 }",
         "add element ip kproxy-ipvs hairpin-endpoints { 198.18.17.25 . 198.18.17.25 }",
     ] {
         assert!(endpoint.contains(wanted), "{wanted:?} not in\n{endpoint}");
@@ -350,8 +350,8 @@ fn opted_in_services_change_by_elements_only() {
     assert!(!unhinted.contains("add element"), "{unhinted}");
     assert!(hinted.contains("add element ip kproxy-ipvs accel-nodeports"), "{hinted}");
     assert!(!hinted.contains("delete element"), "{hinted}");
-    assert!(unhinted.contains("delete element ip kproxy-ipvs cluster-tcp-endpoints"), "{unhinted}");
-    assert!(hinted.contains("add element ip kproxy-ipvs cluster-tcp-endpoints"), "{hinted}");
+    assert!(unhinted.contains("delete element ip kproxy-ipvs cluster-tcp-endpoints-4 "), "{unhinted}");
+    assert!(hinted.contains("add element ip kproxy-ipvs cluster-tcp-endpoints-4 "), "{hinted}");
 }
 
 /// An endpoint of an accelerated port keeps its pick slot while it stays, as in the nftables

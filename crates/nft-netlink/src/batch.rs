@@ -1,8 +1,11 @@
 //! Encodes a [`Transaction`] as one nfnetlink batch (`NFNL_MSG_BATCH_BEGIN` … `END`).
 //!
 //! Every operation becomes one message (an element of an interval set carries its range end in
-//! the same message), numbered by a sequence number from which [`Batch::op_for_seq`] recovers
-//! the operation the kernel complained about. Sets created in the batch get an id that later
+//! the same message), numbered by a sequence number from which [`Batch::ops_for_seq`] recovers
+//! the operation the kernel complained about; except that a run of element operations on one
+//! set shares a message (up to [`ELEMENTS_PER_MESSAGE_BYTES`]), as nft sends them: the kernel
+//! looks a set up by name, walking the table's list of sets, once per message, and at a cold
+//! start of 100k Services one message per element made that walk a tenth of the kernel's work. Sets created in the batch get an id that later
 //! references in the same batch carry, as `nft` does.
 
 use std::collections::{HashMap, HashSet};
@@ -14,13 +17,29 @@ use crate::lower::{self, DataType, KeyType, LowerError, MapData, SetInfo, Typeof
 use crate::sys::*;
 use crate::wire::MsgBuf;
 
+/// The most bytes of elements one message's element list carries (its length is 16 bits).
+pub const ELEMENTS_PER_MESSAGE_BYTES: usize = 32 * 1024;
+
 /// An encoded batch.
 #[derive(Debug)]
 pub struct Batch {
     buf: MsgBuf,
     first_seq: u32,
-    /// For message `first_seq + 1 + i`, the index of its operation.
+    /// For message `first_seq + 1 + i`, the index of its (first) operation.
     msg_ops: Vec<u32>,
+    /// Operations in the batch.
+    ops: usize,
+}
+
+/// The element message being written, which later elements of the same set and kind join.
+struct OpenElements {
+    table: TableRef,
+    set: String,
+    add: bool,
+    /// Where its element list begins.
+    list_at: usize,
+    /// Elements in it.
+    count: u16,
 }
 
 /// An operation that could not be encoded.
@@ -109,6 +128,8 @@ struct Encoder {
     intervals: HashMap<(TableRef, String), Vec<Key>>,
     /// Sets of concatenated ranges created in this batch.
     range_sets: HashSet<(TableRef, String)>,
+    /// The last message, when it is a list of elements that the next may join.
+    open_elements: Option<OpenElements>,
 }
 
 /// What a rule's lowering needs to know of the sets declared earlier in the batch.
@@ -129,6 +150,7 @@ impl SetInfo for BatchSets<'_> {
 
 impl Encoder {
     fn begin(&mut self, msg: u16, flags: u16, family: u8) {
+        self.open_elements = None;
         self.seq = self.seq.wrapping_add(1);
         self.msg_ops.push(self.index);
         self.last_msg_start = self.buf.len();
@@ -463,19 +485,44 @@ impl Encoder {
             (Some(v), true) => Some(lower::map_data(v)?),
             _ => None,
         };
+        // Ranges keep a message of their own.
+        let single = key.key_end.is_none() && key.interval_end.is_none();
+        if single && let Some(open) = self.open_elements.as_mut().filter(|o| o.joins(t, &e.set, add, self.buf.len())) {
+            open.count += 1;
+            let (n, list) = (open.count, self.buf.reopen_nest(open.list_at));
+            self.elem_range(n, &key.start, None, data.as_ref(), false);
+            self.buf.end_nest(list);
+            return Ok(());
+        }
         if add {
             self.begin(NFT_MSG_NEWSETELEM, NLM_F_CREATE, nfproto(t.family));
         } else {
             self.begin(NFT_MSG_DELSETELEM, 0, nfproto(t.family));
         }
         self.elem_header(t, &e.set, add);
+        let list_at = self.buf.len();
         let list = self.buf.begin_nest(NFTA_SET_ELEM_LIST_ELEMENTS);
         self.elem_range(1, &key.start, key.key_end.as_deref(), data.as_ref(), false);
         if let Some(Some(end)) = &key.interval_end {
             self.elem(2, end, None, true);
         }
         self.buf.end_nest(list);
+        if single {
+            self.open_elements = Some(OpenElements { table: t.clone(), set: e.set.clone(), add, list_at, count: 1 });
+        }
         Ok(())
+    }
+}
+
+impl OpenElements {
+    /// Whether an element of `set` in `table` (`add`: an addition) joins this message, whose
+    /// buffer is `len` bytes long so far.
+    fn joins(&self, table: &TableRef, set: &str, add: bool, len: usize) -> bool {
+        self.add == add
+            && self.set == set
+            && self.table == *table
+            && len - self.list_at < ELEMENTS_PER_MESSAGE_BYTES
+            && self.count < u16::MAX
     }
 }
 
@@ -503,6 +550,7 @@ impl Batch {
             intervals: HashMap::new(),
             range_sets: HashSet::new(),
             map_deps: HashMap::new(),
+            open_elements: None,
         };
         for op in tx.ops() {
             // Single-field ranges of a set created in this batch go into its creation (as nft);
@@ -528,7 +576,7 @@ impl Batch {
         enc.seq = enc.seq.wrapping_add(1);
         enc.buf.begin(NFNL_MSG_BATCH_END, NLM_F_REQUEST, enc.seq, NFPROTO_UNSPEC, NFNL_SUBSYS_NFTABLES);
         enc.buf.end();
-        Ok(Batch { buf: enc.buf, first_seq, msg_ops: enc.msg_ops })
+        Ok(Batch { buf: enc.buf, first_seq, msg_ops: enc.msg_ops, ops: tx.len() })
     }
 
     /// The bytes to send.
@@ -556,10 +604,14 @@ impl Batch {
         self.msg_ops.len()
     }
 
-    /// The index of the operation that message `seq` encodes.
-    pub fn op_for_seq(&self, seq: u32) -> Option<usize> {
-        let i = seq.wrapping_sub(self.first_seq).checked_sub(1)?;
-        self.msg_ops.get(i as usize).map(|&i| i as usize)
+    /// The indexes of the operations that message `seq` encodes: one, or a run of elements of
+    /// one set.
+    pub fn ops_for_seq(&self, seq: u32) -> Option<std::ops::Range<usize>> {
+        let i = seq.wrapping_sub(self.first_seq).checked_sub(1)? as usize;
+        let first = *self.msg_ops.get(i)? as usize;
+        // An operation may also take several messages (a rule's anonymous sets).
+        let end = self.msg_ops.get(i + 1).map_or(self.ops, |&next| next as usize);
+        Some(first..end.max(first + 1))
     }
 }
 

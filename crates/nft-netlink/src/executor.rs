@@ -67,8 +67,15 @@ impl Executor for NetlinkExecutor {
             return Ok(());
         };
         let source = io::Error::from_raw_os_error(-first_err.error);
-        Err(match batch.op_for_seq(first_err.seq) {
-            Some(index) => ExecError::Kernel { index, op: op_text(&tx.ops()[index]), source },
+        Err(match batch.ops_for_seq(first_err.seq) {
+            Some(ops) if ops.len() == 1 => {
+                ExecError::Kernel { index: ops.start, op: op_text(&tx.ops()[ops.start]), source }
+            }
+            Some(ops) => {
+                let (first, last) = (op_text(&tx.ops()[ops.start]), op_text(&tx.ops()[ops.end - 1]));
+                let op = format!("one of the {} element operations of one message, from {first} to {last}", ops.len());
+                ExecError::Kernel { index: ops.start, op, source }
+            }
             None => ExecError::Netlink(io::Error::other(format!("the kernel refused the batch: {source}"))),
         })
     }

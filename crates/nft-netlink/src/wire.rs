@@ -121,6 +121,12 @@ impl MsgBuf {
         Nest(at)
     }
 
+    /// Reopens the nested attribute that begins at byte `at` and is the last thing written, to
+    /// append to it; close it again with [`MsgBuf::end_nest`].
+    pub fn reopen_nest(&self, at: usize) -> Nest {
+        Nest(at)
+    }
+
     /// Closes a nested attribute.
     pub fn end_nest(&mut self, nest: Nest) {
         let len = (self.buf.len() - nest.0) as u16;

@@ -41,7 +41,7 @@ fn every_message_matches_what_nft_sends() {
 #[test]
 fn the_ipvs_auxiliary_table_statements_match_what_nft_sends() {
     let (compared, elems) = compare(IPVS, IPVS_MNL);
-    assert_eq!((compared, elems), (30, 5));
+    assert_eq!((compared, elems), (30, 9));
 }
 
 /// The acceleration table: an `inet` table (an address match first matches `meta nfproto`),
@@ -135,7 +135,7 @@ fn unhex(s: &str) -> Vec<u8> {
 }
 
 /// Encodes `commands` as one batch and compares it with nft's messages; returns how many
-/// messages were compared in order and how many element messages as a multiset.
+/// messages were compared in order and how many elements as a multiset.
 fn compare(commands: &str, mnl: &str) -> (usize, usize) {
     let mut tx = Transaction::new();
     for line in commands.lines().filter(|l| !l.trim().is_empty()) {
@@ -153,26 +153,59 @@ fn compare(commands: &str, mnl: &str) -> (usize, usize) {
             (kind, family, p.next().unwrap_or("").to_owned())
         })
         .collect();
-    assert_eq!(ours.len(), theirs.len(), "message count");
     // BATCH_BEGIN and END carry no payload to compare. nft sends the elements of one set in
-    // an order of its own, so element messages are compared as a multiset, the rest in order.
-    let is_elem = |m: &&(u16, u8, String)| m.0 == (10 << 8 | 12);
-    let (mut our_elems, mut their_elems) = (Vec::new(), Vec::new());
-    let mut compared = 0;
-    for (i, (o, t)) in ours.iter().zip(&theirs).enumerate().skip(1).take(ours.len() - 2) {
-        if is_elem(&o) || is_elem(&t) {
-            our_elems.push(o.clone());
-            their_elems.push(t.clone());
+    // an order of its own, and a message per command where kproxy sends a run of elements of
+    // one set in one message: elements are compared one by one, as a multiset, with the
+    // table and set their message names; the rest in order.
+    let is_elem = |m: &(u16, u8, String)| m.0 == (10 << 8 | 12);
+    let split = |msgs: &[(u16, u8, String)]| {
+        let inner = &msgs[1..msgs.len() - 1];
+        let rest: Vec<(u16, u8, String)> = inner.iter().filter(|m| !is_elem(m)).cloned().collect();
+        let mut elems: Vec<String> = inner.iter().filter(|m| is_elem(m)).flat_map(elements_of).collect();
+        elems.sort();
+        (rest, elems)
+    };
+    let ((our_rest, our_elems), (their_rest, their_elems)) = (split(&ours), split(&theirs));
+    assert_eq!(our_rest.len(), their_rest.len(), "message count besides elements");
+    let first_ops: Vec<usize> = (1..=batch.last_seq())
+        .filter(|&seq| !is_elem(&ours[seq as usize]))
+        .filter_map(|seq| batch.ops_for_seq(seq).map(|ops| ops.start))
+        .collect();
+    for (i, (o, t)) in our_rest.iter().zip(&their_rest).enumerate() {
+        let op = first_ops.get(i).map(|&i| kproxy_nft_netlink::batch::op_text(&tx.ops()[i]));
+        assert_eq!(o, t, "message {i} besides elements: {}", op.unwrap_or_default());
+    }
+    assert_eq!(our_elems, their_elems);
+    (our_rest.len(), our_elems.len())
+}
+
+/// The elements of an element message, each with the message's family and other attributes
+/// (table, set), its list number made 1 (libnftnl numbers a message's elements from 1).
+fn elements_of((_, family, payload): &(u16, u8, String)) -> Vec<String> {
+    let attrs = unhex(payload);
+    let (mut header, mut elements) = (format!("{family:02x} "), Vec::new());
+    let mut rest = attrs.as_slice();
+    while rest.len() >= 4 {
+        let len = u16::from_ne_bytes([rest[0], rest[1]]) as usize;
+        let kind = u16::from_ne_bytes([rest[2], rest[3]]);
+        let (attr, data) = (&rest[..len], &rest[4..len]);
+        rest = &rest[(len.div_ceil(4) * 4).min(rest.len())..];
+        // NFTA_SET_ELEM_LIST_ELEMENTS (3, nested): one list element after another.
+        if kind & 0x3fff != 3 {
+            header.push_str(&hex(attr));
             continue;
         }
-        let op = batch.op_for_seq(i as u32).map(|i| kproxy_nft_netlink::batch::op_text(&tx.ops()[i]));
-        assert_eq!(o, t, "message {i}: {}", op.unwrap_or_default());
-        compared += 1;
+        let mut list = data;
+        while list.len() >= 4 {
+            let len = u16::from_ne_bytes([list[0], list[1]]) as usize;
+            let mut element = list[..len].to_vec();
+            let numbered = u16::from_ne_bytes([element[2], element[3]]);
+            element[2..4].copy_from_slice(&((numbered & !0x3fff) | 1).to_ne_bytes());
+            elements.push(hex(&element));
+            list = &list[(len.div_ceil(4) * 4).min(list.len())..];
+        }
     }
-    our_elems.sort();
-    their_elems.sort();
-    assert_eq!(our_elems, their_elems);
-    (compared, our_elems.len())
+    elements.into_iter().map(|e| format!("{header} {e}")).collect()
 }
 
 #[test]
@@ -184,11 +217,11 @@ fn kernel_errors_map_back_to_operations() {
     let batch = Batch::encode(&tx, 100).unwrap();
     assert_eq!(batch.first_seq(), 100);
     // Every operation is found from its message's sequence number, in order.
-    let mut seen: Vec<usize> = (101..=batch.last_seq()).filter_map(|s| batch.op_for_seq(s)).collect();
+    let mut seen: Vec<usize> = (101..=batch.last_seq()).filter_map(|s| batch.ops_for_seq(s)).flatten().collect();
     seen.dedup();
     assert_eq!(seen, (0..tx.len()).collect::<Vec<_>>());
-    assert_eq!(batch.op_for_seq(100), None);
-    assert_eq!(batch.op_for_seq(batch.end_seq()), None);
+    assert_eq!(batch.ops_for_seq(100), None);
+    assert_eq!(batch.ops_for_seq(batch.end_seq()), None);
     // Only the last operation's message asks for an acknowledgement.
     let acked: Vec<u32> = messages(batch.bytes()).filter(|m| m.flags & 0x4 != 0).map(|m| m.seq).collect();
     assert_eq!(acked, vec![batch.last_seq()]);

@@ -271,18 +271,23 @@ fn plain(name: &str) -> Chain {
 }
 
 /// Collects operations into transactions of at most `max` operations and hands each full one
-/// to the thread that applies them: a cold start never exists in memory as a whole. Once that
-/// thread has stopped (a transaction failed), the rest is dropped unbuilt into transactions.
+/// to the thread that applies them: a cold start never exists in memory as a whole. The first
+/// is a tenth of that, so the kernel starts on it while the next is built. Once that thread has
+/// stopped (a transaction failed), the rest is dropped unbuilt into transactions.
 struct Chunks {
     tx: Transaction,
+    /// The bound of the transaction being collected.
     max: usize,
+    /// The bound of those after the first.
+    next_max: usize,
     ready: std::sync::mpsc::SyncSender<Transaction>,
     applier_stopped: bool,
 }
 
 impl Chunks {
     fn new(max: usize, ready: std::sync::mpsc::SyncSender<Transaction>) -> Self {
-        Chunks { tx: Transaction::new(), max: max.max(1), ready, applier_stopped: false }
+        let next_max = max.max(1);
+        Chunks { tx: Transaction::new(), max: (next_max / 10).max(1), next_max, ready, applier_stopped: false }
     }
 
     fn push(&mut self, op: Op) {
@@ -299,8 +304,35 @@ impl Chunks {
         if self.tx.is_empty() || self.applier_stopped {
             return;
         }
-        self.applier_stopped = self.ready.send(std::mem::take(&mut self.tx)).is_err();
+        self.max = self.next_max;
+        self.applier_stopped = self.ready.send(elements_last_by_set(std::mem::take(&mut self.tx))).is_err();
     }
+}
+
+/// `tx` with its element additions last, those of each set together (sets in the order they
+/// first appear there): the executor sends a run of one set's elements as one message, and the
+/// kernel looks the set up once per message. In a cold start's transaction nothing depends on
+/// an element being added before another operation, and the whole is applied at once.
+fn elements_last_by_set(tx: Transaction) -> Transaction {
+    let mut out = Transaction::new();
+    let mut sets: HashMap<(TableRef, String), usize> = HashMap::new();
+    let mut elements: Vec<Vec<Op>> = Vec::new();
+    for op in tx.into_ops() {
+        match &op {
+            Op::AddElement(table, e) => {
+                let at = *sets.entry((table.clone(), e.set.clone())).or_insert_with(|| {
+                    elements.push(Vec::new());
+                    elements.len() - 1
+                });
+                elements[at].push(op);
+            }
+            _ => out.push(op),
+        }
+    }
+    for op in elements.into_iter().flatten() {
+        out.push(op);
+    }
+    out
 }
 
 /// The nftables dataplane.

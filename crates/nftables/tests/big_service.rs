@@ -121,15 +121,26 @@ fn one_endpoint_added_or_removed_in_a_service_of_5000_is_at_most_three_element_o
 }
 
 /// The endpoint in each slot of the big Service's ClusterIP in the kernel's cluster TCP
-/// endpoints map, after checking the slots are `0..N` and hold `N` endpoints.
+/// endpoints maps, after checking the slots are `0..N`, hold `N` endpoints, and are all in the
+/// map of `N`'s cap.
 fn cluster_ip_slots(exec: &mut NetlinkExecutor) -> Vec<String> {
     let ctx = kproxy_nftables::ruleset::Ctx::new(kproxy_state::IpFamily::V4, "kproxy", 0x4000);
-    let (_, def) = kproxy_nftables::ruleset::pick::endpoints_maps(&ctx)
-        .into_iter()
-        .find(|(_, d)| d.name == "cluster-tcp-endpoints")
-        .unwrap();
-    let elements = exec.elements(&ctx.table, &def).unwrap().unwrap();
     let cluster_ip: std::net::IpAddr = "198.18.128.10".parse().unwrap();
+    let mut elements = Vec::new();
+    let mut maps = BTreeSet::new();
+    for (_, def) in kproxy_nftables::ruleset::pick::endpoints_maps(&ctx) {
+        if !def.name.starts_with("cluster-tcp-endpoints-") {
+            continue;
+        }
+        for e in exec.elements(&ctx.table, &def).unwrap().unwrap() {
+            if matches!(e.key.0.first(), Some(Value::Addr(a)) if *a == cluster_ip) {
+                maps.insert(def.name.clone());
+                elements.push(e);
+            }
+        }
+    }
+    let cap = elements.len().next_power_of_two();
+    assert_eq!(maps, BTreeSet::from([format!("cluster-tcp-endpoints-{cap}")]), "the map of the endpoint count's cap");
     let mut slots = Vec::new();
     for e in elements {
         let [Value::Addr(a), _, _, Value::Int(slot)] = e.key.0.as_slice() else { continue };

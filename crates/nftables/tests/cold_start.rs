@@ -33,7 +33,33 @@ fn a_cold_start_is_streamed_in_bounded_parts_that_never_dangle() {
     assert!(parts.len() > 2, "{} parts", parts.len());
     assert!(parts.iter().all(|p| !p.is_empty() && p.len() <= 10));
     let ops: Vec<&Op> = parts.iter().flat_map(|p| p.ops()).collect();
-    assert_eq!(ops, whole.ops().iter().collect::<Vec<_>>(), "the parts are the whole cold start, in order");
+    // The parts are the whole cold start: every operation once, all but the element additions
+    // in the same order; each part adds its elements last, one set's together (the executor
+    // sends them as one message).
+    let debug = |ops: &[&Op]| -> Vec<String> { ops.iter().map(|op| format!("{op:?}")).collect() };
+    let whole_ops: Vec<&Op> = whole.ops().iter().collect();
+    let (mut ours, mut wanted) = (debug(&ops), debug(&whole_ops));
+    ours.sort();
+    wanted.sort();
+    assert_eq!(ours, wanted, "every operation of the cold start once");
+    let not_elements = |ops: &[&Op]| -> Vec<String> {
+        debug(&ops.iter().copied().filter(|op| !matches!(op, Op::AddElement(..))).collect::<Vec<_>>())
+    };
+    assert_eq!(not_elements(&ops), not_elements(&whole_ops), "the rest in order");
+    for part in &parts {
+        let first_element = part.ops().iter().position(|op| matches!(op, Op::AddElement(..))).unwrap_or(part.len());
+        let sets: Vec<&str> = part.ops()[first_element..]
+            .iter()
+            .map(|op| match op {
+                Op::AddElement(_, e) => e.set.as_str(),
+                other => panic!("{other:?} after the part's elements"),
+            })
+            .collect();
+        let mut runs = sets.clone();
+        runs.dedup();
+        let distinct: BTreeSet<&str> = runs.iter().copied().collect();
+        assert_eq!(runs.len(), distinct.len(), "one run per set: {sets:?}");
+    }
 
     // Nothing is referenced before it exists (per table).
     let mut defined: BTreeSet<(String, String)> = BTreeSet::new();
@@ -84,8 +110,15 @@ fn a_cold_start_is_streamed_in_bounded_parts_that_never_dangle() {
         Op::AddRule { table, chain, .. } => base.contains(&format!("{table} {chain}")),
         _ => false,
     };
-    let first_base = ops.iter().position(|op| is_base_op(op)).unwrap();
-    assert!(ops[first_base..].iter().all(|op| is_base_op(op)), "only base chains after the first one");
+    // Only they follow the first, but for the elements of its own part (one transaction with
+    // it).
+    let hooked = parts.iter().position(|p| p.ops().iter().any(is_base_op)).unwrap();
+    let first_base = parts[hooked].ops().iter().position(is_base_op).unwrap();
+    assert!(
+        parts[hooked].ops()[first_base..].iter().all(|op| is_base_op(op) || matches!(op, Op::AddElement(..))),
+        "only base chains and their part's elements after the first one"
+    );
+    assert!(parts[hooked + 1..].iter().flat_map(|p| p.ops()).all(is_base_op), "only base chains in the parts after");
 
     // A later full sync of the same plan has nothing to change: it applies nothing.
     dp.full_sync(&plan).unwrap();

@@ -144,8 +144,8 @@ fn one_endpoint_change_costs_the_same_at_100_and_5000_services() {
     assert_eq!(
         small_tx.lines().collect::<Vec<_>>(),
         [
-            "delete element ip kproxy cluster-tcp-endpoints { 198.18.128.10 . tcp . 80 . 0x1 }",
-            "add element ip kproxy cluster-tcp-endpoints { 198.18.128.10 . tcp . 80 . 0x1 : 198.18.17.4 . 8080 }",
+            "delete element ip kproxy cluster-tcp-endpoints-2 { 198.18.128.10 . tcp . 80 . 0x1 }",
+            "add element ip kproxy cluster-tcp-endpoints-2 { 198.18.128.10 . tcp . 80 . 0x1 : 198.18.17.4 . 8080 }",
         ]
     );
 }
@@ -209,9 +209,14 @@ fn scaling_a_service_changes_only_elements_and_moves_it_between_caps() {
     assert_eq!(
         tx.lines().collect::<Vec<_>>(),
         [
+            // The count crosses a power of two: every endpoint moves to cap 4's map.
             "delete element ip kproxy cluster-cap-2 { 198.18.128.10 . tcp . 80 }",
+            "delete element ip kproxy cluster-tcp-endpoints-2 { 198.18.128.10 . tcp . 80 . 0x0 }",
+            "delete element ip kproxy cluster-tcp-endpoints-2 { 198.18.128.10 . tcp . 80 . 0x1 }",
             "add element ip kproxy cluster-cap-4 { 198.18.128.10 . tcp . 80 }",
-            "add element ip kproxy cluster-tcp-endpoints { 198.18.128.10 . tcp . 80 . 0x2 : 198.18.17.4 . 8080 }",
+            "add element ip kproxy cluster-tcp-endpoints-4 { 198.18.128.10 . tcp . 80 . 0x0 : 198.18.17.2 . 8080 }",
+            "add element ip kproxy cluster-tcp-endpoints-4 { 198.18.128.10 . tcp . 80 . 0x1 : 198.18.17.3 . 8080 }",
+            "add element ip kproxy cluster-tcp-endpoints-4 { 198.18.128.10 . tcp . 80 . 0x2 : 198.18.17.4 . 8080 }",
         ]
     );
     // And back down.
@@ -307,20 +312,20 @@ fn a_contested_destination_belongs_to_the_first_claimant_and_passes_on_when_it_g
     let mut dp = dataplane();
     dp.full_sync(&both).unwrap();
     let first = dp.executor().last().unwrap().render();
-    let slot = "cluster-tcp-endpoints { 203.0.113.50 . tcp . 80 . 0x0 : 198.18.17.60";
+    let slot = "cluster-tcp-endpoints-1 { 203.0.113.50 . tcp . 80 . 0x0 : 198.18.17.60";
     let claimed: Vec<&str> = first.lines().filter(|l| l.contains(slot)).collect();
     assert_eq!(
         claimed,
-        ["add element ip kproxy cluster-tcp-endpoints { 203.0.113.50 . tcp . 80 . 0x0 : 198.18.17.60 . 8080 }"]
+        ["add element ip kproxy cluster-tcp-endpoints-1 { 203.0.113.50 . tcp . 80 . 0x0 : 198.18.17.60 . 8080 }"]
     );
     assert_eq!(first.matches("hairpin-endpoints { 198.18.17.60 . 198.18.17.60 }").count(), 1);
 
     dp.partial_sync(&only_b, &PlanDelta::between(&both, &only_b)).unwrap();
     let tx = dp.executor().last().unwrap().render();
-    assert!(tx.contains("delete element ip kproxy cluster-tcp-endpoints { 203.0.113.50 . tcp . 80 . 0x0 }"), "{tx}");
+    assert!(tx.contains("delete element ip kproxy cluster-tcp-endpoints-1 { 203.0.113.50 . tcp . 80 . 0x0 }"), "{tx}");
     assert!(
         tx.contains(
-            "add element ip kproxy cluster-tcp-endpoints { 203.0.113.50 . tcp . 80 . 0x0 : 198.18.17.60 . 9090 }"
+            "add element ip kproxy cluster-tcp-endpoints-1 { 203.0.113.50 . tcp . 80 . 0x0 : 198.18.17.60 . 9090 }"
         ),
         "{tx}"
     );
@@ -335,7 +340,7 @@ fn a_contested_destination_belongs_to_the_first_claimant_and_passes_on_when_it_g
     let tx = dp.executor().last().unwrap().render();
     assert!(
         tx.contains(
-            "add element ip kproxy cluster-tcp-endpoints { 203.0.113.50 . tcp . 80 . 0x0 : 198.18.17.60 . 8080 }"
+            "add element ip kproxy cluster-tcp-endpoints-1 { 203.0.113.50 . tcp . 80 . 0x0 : 198.18.17.60 . 8080 }"
         ),
         "{tx}"
     );

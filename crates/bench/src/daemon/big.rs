@@ -276,7 +276,7 @@ impl Witness {
         match (self.proxy, self.mode) {
             (Proxy::Kproxy, Mode::Nftables) => {
                 for e in monitor.take_added() {
-                    if e.set != kernel::CLUSTER_TCP_ENDPOINTS || !e.key.starts_with(&self.key_prefix) {
+                    if !kernel::is_cluster_tcp_endpoints(&e.set) || !e.key.starts_with(&self.key_prefix) {
                         continue;
                     }
                     let Some(data) = e.data else { continue };

@@ -9,7 +9,7 @@ use kproxy_state::Kind;
 use kproxy_testbed::Netns;
 
 use super::api::NODE_NAME;
-use super::kernel::{self, KernelProbe};
+use super::kernel::{self, KernelProbe, MapKey};
 use super::kproxy::{Kproxy, full_syncs};
 use super::objects::{self, Shape, TARGET_PORT};
 use super::{DaemonArgs, Mode, commit};
@@ -82,9 +82,7 @@ impl Changer<'_> {
         let port = objects::service_port(i);
         let mut found = Vec::new();
         for slot in 0..self.per as u32 + SPARE_SLOTS {
-            if let Some(data) =
-                probe.element_data(ip, kernel::CLUSTER_TCP_ENDPOINTS, &kernel::endpoint_key(ip, port, slot))?
-            {
+            if let Some(data) = probe.key_data(&MapKey::endpoint(ip, port, slot, eps.len()))? {
                 found.push(data);
             }
         }

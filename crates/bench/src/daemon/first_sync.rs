@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use kproxy_testbed::Netns;
 
 use super::Mode;
-use super::kernel::{self, KernelProbe};
+use super::kernel::{self, KernelProbe, MapKey};
 use super::kproxy::Kproxy;
 use super::objects::{self, Layout, Shape};
 
@@ -21,29 +21,22 @@ const START_SAMPLES: usize = 64;
 /// The ClusterIP keys (`address . tcp . port . slot` for every slot) the first sync must have
 /// put in the endpoints maps: every Service but the affinity ones, whose endpoints are rules;
 /// the big Service's last.
-pub(crate) fn expected_keys(n: usize, layout: Layout) -> Vec<(IpAddr, Vec<u8>)> {
+pub(crate) fn expected_keys(n: usize, layout: Layout) -> Vec<MapKey> {
     let mut keys = Vec::new();
     for i in (0..n).filter(|i| !Shape::of(*i).affinity) {
         let port = objects::service_port(i);
-        let slots = if i == 0 { 1 } else { layout.endpoints as u32 };
+        let slots = objects::initial_endpoint_count(i, layout.endpoints);
         let mut ips: Vec<IpAddr> = vec![objects::cluster_ip_v4(i).into()];
         if Shape::of(i).dual_stack && i > 0 {
             ips.push(objects::cluster_ip_v6(i).into());
         }
         for ip in ips {
-            keys.extend((0..slots).map(|slot| (ip, kernel::endpoint_key(ip, port, slot))));
+            keys.extend((0..slots as u32).map(|slot| MapKey::endpoint(ip, port, slot, slots)));
         }
     }
     let big: IpAddr = objects::cluster_ip_v4(n).into();
-    keys.extend((0..layout.big as u32).map(|slot| (big, kernel::endpoint_key(big, 80, slot))));
+    keys.extend((0..layout.big as u32).map(|slot| MapKey::endpoint(big, 80, slot, layout.big)));
     keys
-}
-
-/// Whether every expected key is in the kernel (one dump of the map per family).
-fn all_programmed(probe: &mut KernelProbe, expected: &[(IpAddr, Vec<u8>)]) -> anyhow::Result<bool> {
-    let v4 = probe.map_keys(objects::cluster_ip_v4(0).into(), kernel::CLUSTER_TCP_ENDPOINTS)?;
-    let v6 = probe.map_keys(objects::cluster_ip_v6(0).into(), kernel::CLUSTER_TCP_ENDPOINTS)?;
-    Ok(expected.iter().all(|(ip, key)| if ip.is_ipv4() { v4.contains(key) } else { v6.contains(key) }))
 }
 
 /// Waits until the first sync is in the kernel; returns the seconds since kproxy was spawned
@@ -62,7 +55,7 @@ pub fn wait(
     let expected = expected_keys(n, layout);
     // Evenly spread samples, the last Service included.
     let step = (expected.len() / START_SAMPLES).max(1);
-    let mut samples: Vec<(IpAddr, Vec<u8>)> = expected.iter().step_by(step).cloned().collect();
+    let mut samples: Vec<MapKey> = expected.iter().step_by(step).cloned().collect();
     samples.extend(expected.last().cloned());
     let started = daemon.started;
     let deadline = started + Duration::from_secs(timeout_s);
@@ -74,8 +67,8 @@ pub fn wait(
             if !(probe.chain_exists(v4, kernel::HOOKED_CHAIN)? && probe.chain_exists(v6, kernel::HOOKED_CHAIN)?) {
                 return Ok(false);
             }
-            for (ip, key) in &samples {
-                if probe.element_data(*ip, kernel::CLUSTER_TCP_ENDPOINTS, key)?.is_none() {
+            for k in &samples {
+                if probe.key_data(k)?.is_none() {
                     return Ok(false);
                 }
             }
@@ -87,12 +80,12 @@ pub fn wait(
             anyhow::ensure!(Instant::now() < deadline, "no first sync in the kernel after {timeout_s} s");
             if !by_listing && live(&mut probe)? {
                 let at = started.elapsed().as_secs_f64();
-                if all_programmed(&mut probe, &expected)? {
+                if probe.has_all_keys(&expected)? {
                     return Ok((at, false));
                 }
                 by_listing = true;
             }
-            if by_listing && live(&mut probe)? && all_programmed(&mut probe, &expected)? {
+            if by_listing && live(&mut probe)? && probe.has_all_keys(&expected)? {
                 return Ok((started.elapsed().as_secs_f64(), true));
             }
             std::thread::sleep(START_POLL);

@@ -6,7 +6,7 @@
 //! what `nft get element` sends). Only the completeness check after the first sync dumps a
 //! whole map.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet, hash_map};
 use std::io;
 use std::net::IpAddr;
 
@@ -23,9 +23,40 @@ use netlink_sys::{Socket, SocketAddr};
 pub const TABLE: &str = "kproxy";
 /// A hooked base chain of kproxy's tables: it exists only once the ruleset is live.
 pub const HOOKED_CHAIN: &str = "nat-prerouting";
-/// The map holding the endpoints of ClusterIPs (cluster traffic policy, TCP), keyed by
-/// `address . proto . port . slot` (`crates/nftables/src/ruleset/pick.rs`).
-pub const CLUSTER_TCP_ENDPOINTS: &str = "cluster-tcp-endpoints";
+/// The largest cap of kproxy's endpoints maps (`crates/nftables/src/ruleset/pick.rs`).
+const MAX_CAP: usize = 1 << 16;
+
+/// The map holding the endpoints of a TCP ClusterIP of the cluster traffic policy with
+/// `endpoints` endpoints, keyed by `address . proto . port . slot`: each cap (the count rounded
+/// up to a power of two) has its own (`crates/nftables/src/ruleset/pick.rs`).
+pub fn cluster_tcp_endpoints(endpoints: usize) -> String {
+    format!("cluster-tcp-endpoints-{}", endpoints.clamp(1, MAX_CAP).next_power_of_two())
+}
+
+/// Whether `set` is one of the maps of [`cluster_tcp_endpoints`].
+pub fn is_cluster_tcp_endpoints(set: &str) -> bool {
+    set.strip_prefix("cluster-tcp-endpoints-").is_some_and(|cap| cap.parse::<u32>().is_ok())
+}
+
+/// Every cap's cluster TCP endpoints map, smallest cap first.
+pub fn all_cluster_tcp_endpoints() -> impl Iterator<Item = String> {
+    (0..=MAX_CAP.trailing_zeros()).map(|k| cluster_tcp_endpoints(1 << k))
+}
+
+/// A key of a named map in the probe's table of `ip`'s family.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MapKey {
+    pub ip: IpAddr,
+    pub map: String,
+    pub key: Vec<u8>,
+}
+
+impl MapKey {
+    /// Slot `slot` of the TCP ClusterIP `ip:port` of a Service with `endpoints` endpoints.
+    pub fn endpoint(ip: IpAddr, port: u16, slot: u32, endpoints: usize) -> MapKey {
+        MapKey { ip, map: cluster_tcp_endpoints(endpoints), key: endpoint_key(ip, port, slot) }
+    }
+}
 
 /// Whether some rule (a netlink payload) holds `needle`.
 pub fn mention(rules: &[Vec<u8>], needle: &[u8]) -> bool {
@@ -158,15 +189,43 @@ impl KernelProbe {
         Ok(self.element(family_of, set, key)?.is_some_and(|payload| element_of(&payload).is_some()))
     }
 
-    /// Whether some slot `0..slots` of `ip:port` in the cluster TCP endpoints map points at `want`.
+    /// Whether some slot `0..slots` of `ip:port` in the cluster TCP endpoints maps points at
+    /// `want`, for any endpoint count up to `slots` (the map of each cap up to `slots`').
     pub fn endpoint_in_slots(&mut self, ip: IpAddr, port: u16, slots: u32, want: &[u8]) -> io::Result<bool> {
-        for slot in 0..slots {
-            let data = self.element_data(ip, CLUSTER_TCP_ENDPOINTS, &endpoint_key(ip, port, slot))?;
-            if data.as_deref() == Some(want) {
-                return Ok(true);
+        for cap in (0..=slots.max(1).next_power_of_two().trailing_zeros()).map(|k| 1u32 << k) {
+            let map = cluster_tcp_endpoints(cap as usize);
+            for slot in 0..slots.min(cap) {
+                if self.element_data(ip, &map, &endpoint_key(ip, port, slot))?.as_deref() == Some(want) {
+                    return Ok(true);
+                }
             }
         }
         Ok(false)
+    }
+
+    /// The data of the element `k` (`None`: no such element, or a verdict).
+    pub fn key_data(&mut self, k: &MapKey) -> io::Result<Option<Vec<u8>>> {
+        self.element_data(k.ip, &k.map, &k.key)
+    }
+
+    /// Whether the element `k` exists, whatever its data.
+    pub fn has_key(&mut self, k: &MapKey) -> io::Result<bool> {
+        self.has_element(k.ip, &k.map, &k.key)
+    }
+
+    /// Whether every key of `keys` is in the kernel: one dump of each map they name, per family.
+    pub fn has_all_keys(&mut self, keys: &[MapKey]) -> io::Result<bool> {
+        let mut dumped: HashMap<(bool, &str), HashSet<Vec<u8>>> = HashMap::new();
+        for k in keys {
+            let held = match dumped.entry((k.ip.is_ipv4(), k.map.as_str())) {
+                hash_map::Entry::Occupied(e) => e.into_mut(),
+                hash_map::Entry::Vacant(e) => e.insert(self.map_keys(k.ip, &k.map)?),
+            };
+            if !held.contains(&k.key) {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
     /// The rules of `chain` in the iptables-nft table `table` of `family_of`'s family, each as

@@ -22,9 +22,9 @@ use anyhow::Context as _;
 use kproxy_nft_netlink::monitor::Monitor;
 use kproxy_testbed::{Netns, NsThread};
 
-use crate::daemon::kernel::{self, KernelProbe};
+use crate::daemon::kernel::{self, KernelProbe, MapKey};
 use crate::daemon::objects::{self, Layout, TARGET_PORT};
-use crate::daemon::real::upstream::{self, NFT_TABLE, SERVICE_IPS};
+use crate::daemon::real::upstream::{self, NFT_TABLE};
 use crate::daemon::{Mode, Proxy, commit};
 
 /// ClusterIPs looked up per poll of a proxy not yet synced (the last Service's among them).
@@ -37,8 +37,8 @@ const SLOTS: u32 = 8;
 /// What every proxy's first sync must have programmed: `(ClusterIP, map key)` of every
 /// Service, in kproxy's endpoints maps and in upstream's `service-ips` maps.
 pub struct Expected {
-    kproxy: Vec<(IpAddr, Vec<u8>)>,
-    upstream: Vec<(IpAddr, Vec<u8>)>,
+    kproxy: Vec<MapKey>,
+    upstream: Vec<MapKey>,
 }
 
 impl Expected {
@@ -49,7 +49,7 @@ impl Expected {
         })
     }
 
-    fn of_proxy(&self, proxy: Proxy) -> &[(IpAddr, Vec<u8>)] {
+    fn of_proxy(&self, proxy: Proxy) -> &[MapKey] {
         match proxy {
             Proxy::Kproxy => &self.kproxy,
             Proxy::Upstream => &self.upstream,
@@ -286,20 +286,18 @@ impl Probes {
     /// Polls until `proxy`'s first sync is complete.
     fn first_sync(
         &mut self,
-        expected: &[(IpAddr, Vec<u8>)],
+        expected: &[MapKey],
         proxy: Proxy,
         deadline: Instant,
         poll: Duration,
     ) -> anyhow::Result<Option<Instant>> {
         let step = (expected.len() / SAMPLES).max(1);
-        let mut samples: Vec<&(IpAddr, Vec<u8>)> = expected.iter().step_by(step).collect();
+        let mut samples: Vec<&MapKey> = expected.iter().step_by(step).collect();
         samples.extend(expected.last());
-        samples.extend(expected.iter().rfind(|(ip, _)| ip.is_ipv6()));
-        let v4: IpAddr = objects::cluster_ip_v4(0).into();
-        let v6: IpAddr = objects::cluster_ip_v6(0).into();
+        samples.extend(expected.iter().rfind(|k| k.ip.is_ipv6()));
         while Instant::now() < deadline {
             let looked = Instant::now();
-            if self.sampled(proxy, &samples, v4, v6)? && self.complete(proxy, expected, v4, v6)? {
+            if self.sampled(proxy, &samples)? && self.probe(proxy).has_all_keys(expected)? {
                 return Ok(Some(looked));
             }
             std::thread::sleep(poll.saturating_sub(looked.elapsed()));
@@ -307,51 +305,29 @@ impl Probes {
         Ok(None)
     }
 
-    fn sampled(
-        &mut self,
-        proxy: Proxy,
-        samples: &[&(IpAddr, Vec<u8>)],
-        v4: IpAddr,
-        v6: IpAddr,
-    ) -> anyhow::Result<bool> {
+    fn probe(&mut self, proxy: Proxy) -> &mut KernelProbe {
         match proxy {
-            Proxy::Kproxy => {
-                let probe = &mut self.kproxy;
-                if !(probe.chain_exists(v4, kernel::HOOKED_CHAIN)? && probe.chain_exists(v6, kernel::HOOKED_CHAIN)?) {
-                    return Ok(false);
-                }
-                for (ip, key) in samples {
-                    if probe.element_data(*ip, kernel::CLUSTER_TCP_ENDPOINTS, key)?.is_none() {
-                        return Ok(false);
-                    }
-                }
+            Proxy::Kproxy => &mut self.kproxy,
+            Proxy::Upstream => &mut self.upstream,
+        }
+    }
+
+    fn sampled(&mut self, proxy: Proxy, samples: &[&MapKey]) -> anyhow::Result<bool> {
+        if proxy == Proxy::Kproxy {
+            let v4: IpAddr = objects::cluster_ip_v4(0).into();
+            let v6: IpAddr = objects::cluster_ip_v6(0).into();
+            let probe = &mut self.kproxy;
+            if !(probe.chain_exists(v4, kernel::HOOKED_CHAIN)? && probe.chain_exists(v6, kernel::HOOKED_CHAIN)?) {
+                return Ok(false);
             }
-            Proxy::Upstream => {
-                for (ip, key) in samples {
-                    if !self.upstream.has_element(*ip, SERVICE_IPS, key)? {
-                        return Ok(false);
-                    }
-                }
+        }
+        let probe = self.probe(proxy);
+        for k in samples {
+            if !probe.has_key(k)? {
+                return Ok(false);
             }
         }
         Ok(true)
-    }
-
-    /// Every expected key in the kernel (one dump of the map per family).
-    fn complete(
-        &mut self,
-        proxy: Proxy,
-        expected: &[(IpAddr, Vec<u8>)],
-        v4: IpAddr,
-        v6: IpAddr,
-    ) -> anyhow::Result<bool> {
-        let (probe, map) = match proxy {
-            Proxy::Kproxy => (&mut self.kproxy, kernel::CLUSTER_TCP_ENDPOINTS),
-            Proxy::Upstream => (&mut self.upstream, SERVICE_IPS),
-        };
-        let keys4 = probe.map_keys(v4, map)?;
-        let keys6 = probe.map_keys(v6, map)?;
-        Ok(expected.iter().all(|(ip, key)| if ip.is_ipv4() { &keys4 } else { &keys6 }.contains(key)))
     }
 
     /// Whether the kernel shows `change` in `proxy`'s rules.

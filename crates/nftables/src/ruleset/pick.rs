@@ -6,14 +6,21 @@
 //! walk. Set elements, and map elements whose data is not a verdict, skip the validation; here
 //! an endpoint change touches nothing else, so its cost does not grow with the cluster.
 //!
-//! Every destination an endpoint class serves has its endpoints in slots `0..N` of the class's
-//! endpoints map, keyed by the destination and the slot: `daddr . proto . port . slot` for a
-//! ClusterIP, ExternalIP or LoadBalancer IP, `proto . port . slot` for a NodePort (whose
+//! Every destination an endpoint class serves has its endpoints in slots `0..N` of one of the
+//! class's endpoints maps, keyed by the destination and the slot: `daddr . proto . port . slot`
+//! for a ClusterIP, ExternalIP or LoadBalancer IP, `proto . port . slot` for a NodePort (whose
 //! address is any of the node's). The destination is also in the class's cap set for `P`, `N`
 //! rounded up to a power of two. A service chain ends in `goto pick-<class>`, which finds the
 //! cap; `pick-<class>-<P>` draws a slot uniformly in `0..P` and draws again when it hits an empty
 //! slot (`N < P`, at most half the slots), so the pick is uniform over the `N` endpoints. After
 //! [`DRAWS`] misses (probability below 2^-16) it takes slot 0.
+//!
+//! Each cap has endpoints maps of its own (`<class>-<proto>-endpoints-<P>`), read only by the
+//! draws of `pick-<class>-<P>`. Why: the kernel checks a new map element against every rule that
+//! reads the map, and one map read by every cap's draws (273 rules) made each endpoint element
+//! cost the kernel about 3 µs more: 1.6 s of a cold start at 100k Services. With a map per cap
+//! it is read by 17 rules. The price: when a destination's endpoint count crosses a power of
+//! two, its endpoints move to the next map, `N` elements once per doubling.
 //!
 //! Each protocol has its own endpoints maps, declared with its own port field, and the `dnat`
 //! rules match the protocol before reading them.
@@ -117,8 +124,13 @@ impl Keyspace {
 /// The protocols a service port can have: each has its own endpoints maps.
 const PROTOCOLS: [Protocol; 3] = [Protocol::Tcp, Protocol::Udp, Protocol::Sctp];
 
-fn endpoints_map(class: Class, ks: Keyspace, proto: Protocol) -> String {
-    format!("{}{}-{}-endpoints", class.name(), ks.infix(), proto.as_str())
+fn endpoints_map(class: Class, ks: Keyspace, proto: Protocol, cap: u32) -> String {
+    format!("{}{}-{}-endpoints-{cap}", class.name(), ks.infix(), proto.as_str())
+}
+
+/// The cap of a destination whose class has `count` endpoints (at least one).
+fn cap_of(count: usize) -> u32 {
+    (count as u32).next_power_of_two()
 }
 
 fn cap_set(class: Class, ks: Keyspace, cap: u32) -> String {
@@ -133,15 +145,15 @@ fn caps() -> impl Iterator<Item = u32> {
     (0..=MAX_CAP_LOG2).map(|k| 1 << k)
 }
 
-fn endpoints_map_def(ctx: &Ctx, class: Class, ks: Keyspace, proto: Protocol) -> SetDef {
+fn endpoints_map_def(ctx: &Ctx, class: Class, ks: Keyspace, proto: Protocol, cap: u32) -> SetDef {
     let mut key = ks.selector(ctx);
     key.push(Field::Numgen(2));
     // The data is `address . port`, named by the protocol's own port field: with `th dport`
     // nft 1.0.6 could not reload the ruleset.
     let data = Some(vec![ctx.daddr(), Field::Dport(proto)]);
     SetDef {
-        comment: Some(format!("{} {} endpoints by destination and slot", class.name(), proto.as_str())),
-        ..SetDef::new(endpoints_map(class, ks, proto), SetType::Typeof { key, data })
+        comment: Some(format!("{} {} endpoints by destination and slot, cap {cap}", class.name(), proto.as_str())),
+        ..SetDef::new(endpoints_map(class, ks, proto, cap), SetType::Typeof { key, data })
     }
 }
 
@@ -150,7 +162,9 @@ pub fn endpoints_maps(ctx: &Ctx) -> Vec<(Class, SetDef)> {
     let mut out = Vec::new();
     for class in Class::ALL {
         for ks in Keyspace::ALL {
-            out.extend(PROTOCOLS.map(|proto| (class, endpoints_map_def(ctx, class, ks, proto))));
+            for cap in caps() {
+                out.extend(PROTOCOLS.map(|proto| (class, endpoints_map_def(ctx, class, ks, proto, cap))));
+            }
         }
     }
     out
@@ -164,15 +178,15 @@ pub fn skeleton(ctx: &Ctx) -> (Vec<(Chain, Vec<Rule>)>, Vec<SetDef>) {
         let mut entry = Vec::new();
         for ks in Keyspace::ALL {
             let sel = ks.selector(ctx);
-            sets.extend(PROTOCOLS.map(|proto| endpoints_map_def(ctx, class, ks, proto)));
             for cap in caps() {
+                sets.extend(PROTOCOLS.map(|proto| endpoints_map_def(ctx, class, ks, proto, cap)));
                 let set = cap_set(class, ks, cap);
                 entry.push(Rule::new([Stmt::member(sel.clone(), set.as_str()), Stmt::goto(cap_chain(class, ks, cap))]));
                 // A map whose data names `tcp dport` only translates TCP: the match says so.
                 let draw = |proto: Protocol, modulus: u32| {
                     let mut key = sel.clone();
                     key.push(Field::Numgen(modulus));
-                    let map = endpoints_map(class, ks, proto);
+                    let map = endpoints_map(class, ks, proto, cap);
                     let nat = Stmt::NatMap { kind: NatKind::Dnat, family: ctx.family, key, map };
                     Rule::new([Stmt::l4proto(proto), nat])
                 };
@@ -248,8 +262,9 @@ fn destinations(p: &ServicePortPlan) -> Vec<(Class, Destination)> {
 pub fn elements(p: &ServicePortPlan, slots: &Slots) -> Vec<(Destination, Element)> {
     let mut out = cap_elements(p, slots);
     for (class, dest) in destinations(p) {
+        let cap = cap_of(picked(p, slots, class).count());
         let endpoints = picked(p, slots, class);
-        out.extend(endpoints.enumerate().map(|(slot, ep)| (dest, endpoint_element(class, dest, slot, ep))));
+        out.extend(endpoints.enumerate().map(|(slot, ep)| (dest, endpoint_element(class, dest, cap, slot, ep))));
     }
     out
 }
@@ -263,7 +278,7 @@ pub fn cap_elements(p: &ServicePortPlan, slots: &Slots) -> Vec<(Destination, Ele
         if count == 0 {
             continue;
         }
-        let cap = (count as u32).next_power_of_two();
+        let cap = cap_of(count);
         out.push((dest, Element::new(cap_set(class, Keyspace::of(&dest), cap), dest.key())));
     }
     out
@@ -274,8 +289,8 @@ fn picked<'a>(p: &'a ServicePortPlan, slots: &'a Slots, class: Class) -> impl It
     slots.endpoints(p, class).take(1 << MAX_CAP_LOG2)
 }
 
-/// The endpoints-map element of `class` that puts `ep` in `slot` of `dest`.
-fn endpoint_element(class: Class, dest: Destination, slot: usize, ep: &Endpoint) -> Element {
+/// The endpoints-map element of `class` that puts `ep` in `slot` of `dest`, whose cap is `cap`.
+fn endpoint_element(class: Class, dest: Destination, cap: u32, slot: usize, ep: &Endpoint) -> Element {
     let (protocol, ks) = match dest {
         Destination::Address(_, protocol, _) => (protocol, Keyspace::Address),
         Destination::NodePort(protocol, _) => (protocol, Keyspace::NodePort),
@@ -284,13 +299,14 @@ fn endpoint_element(class: Class, dest: Destination, slot: usize, ep: &Endpoint)
     // The slot is a host-order integer, as numgen leaves it (unlike ports).
     key.push(Value::Int(slot as u32));
     let value = MapData::Value(Key(vec![Value::Addr(ep.ip), Value::Port(ep.port)]));
-    Element::mapped(endpoints_map(class, ks, protocol), Key(key), value)
+    Element::mapped(endpoints_map(class, ks, protocol, cap), Key(key), value)
 }
 
 /// Moves the endpoints-map elements of `dest` that differ between two pickings (a service
 /// port's plan with its slots; `None`: no pick) into `gone` and `new`, comparing slot by slot:
 /// O(slots) comparisons and only the differing elements built, so one endpoint replaced in a
-/// Service of thousands costs two elements, not two renderings of thousands.
+/// Service of thousands costs two elements, not two renderings of thousands. (A change of the
+/// endpoint count across a power of two moves every endpoint to the other cap's maps.)
 pub fn endpoint_elements_difference(
     dest: Destination,
     before: Option<(&ServicePortPlan, &Slots)>,
@@ -307,14 +323,23 @@ pub fn endpoint_elements_difference(
     for class in Class::ALL {
         let was = before.filter(|_| classes_before.contains(&class)).map(|(p, slots)| picked(p, slots, class));
         let is = after.filter(|_| classes_after.contains(&class)).map(|(p, slots)| picked(p, slots, class));
-        let (mut was, mut is) = (was.into_iter().flatten().fuse(), is.into_iter().flatten().fuse());
+        let (was, is): (Vec<&Endpoint>, Vec<&Endpoint>) =
+            (was.into_iter().flatten().collect(), is.into_iter().flatten().collect());
+        let (cap_was, cap_is) = (cap_of(was.len()), cap_of(is.len()));
+        if cap_was != cap_is {
+            // Another cap's maps: every endpoint moves.
+            gone.extend(was.iter().enumerate().map(|(slot, ep)| endpoint_element(class, dest, cap_was, slot, ep)));
+            new.extend(is.iter().enumerate().map(|(slot, ep)| endpoint_element(class, dest, cap_is, slot, ep)));
+            continue;
+        }
+        let (mut was, mut is) = (was.into_iter().fuse(), is.into_iter().fuse());
         for slot in 0.. {
             match (was.next(), is.next()) {
                 (None, None) => break,
                 (Some(a), Some(b)) if address(a) == address(b) => {}
                 (a, b) => {
-                    gone.extend(a.map(|ep| endpoint_element(class, dest, slot, ep)));
-                    new.extend(b.map(|ep| endpoint_element(class, dest, slot, ep)));
+                    gone.extend(a.map(|ep| endpoint_element(class, dest, cap_was, slot, ep)));
+                    new.extend(b.map(|ep| endpoint_element(class, dest, cap_is, slot, ep)));
                 }
             }
         }
@@ -450,7 +475,7 @@ impl HeldSlots {
         let maps: HashMap<String, Class> = Class::ALL
             .iter()
             .flat_map(|&class| Keyspace::ALL.iter().flat_map(move |&ks| PROTOCOLS.map(|p| (class, ks, p))))
-            .map(|(class, ks, proto)| (endpoints_map(class, ks, proto), class))
+            .flat_map(|(class, ks, proto)| caps().map(move |cap| (endpoints_map(class, ks, proto, cap), class)))
             .collect();
         let mut held = HeldSlots::default();
         for e in elements {
@@ -658,7 +683,7 @@ mod tests {
             let new = port_plan(&after, &local, external_local);
             let old_slots = Slots::sorted();
             let new_slots = old_slots.follow(&old, &new);
-            let is_endpoint = |e: &Element| e.set.ends_with("-endpoints");
+            let is_endpoint = |e: &Element| e.set.contains("-endpoints-");
             for (_, dest) in destinations(&old).into_iter().chain(destinations(&new)) {
                 let whole = |p: &ServicePortPlan, slots: &Slots| -> std::collections::BTreeSet<Element> {
                     elements(p, slots).into_iter().filter(|(d, e)| *d == dest && is_endpoint(e)).map(|(_, e)| e).collect()

@@ -39,11 +39,14 @@ impl Kernel {
         let mut rest = self.clone();
         let mut by_destination = EndpointsByDestination::new();
         for (table_name, table) in &mut rest.0 {
-            // `cluster[-nodeport]-<proto>-endpoints`, `local[-nodeport]-<proto>-endpoints`.
-            let endpoints_map = |name: &str| {
-                (name.starts_with("cluster-") || name.starts_with("local-")) && name.ends_with("-endpoints")
+            // `cluster[-nodeport]-<proto>-endpoints-<cap>`, `local[-nodeport]-<proto>-endpoints-<cap>`.
+            let endpoints_map_cap = |name: &str| -> Option<usize> {
+                let (map, cap) = name.rsplit_once('-')?;
+                let ours = (map.starts_with("cluster-") || map.starts_with("local-")) && map.ends_with("-endpoints");
+                ours.then(|| cap.parse().ok()).flatten()
             };
-            for (set, elements) in table.sets.iter_mut().filter(|(name, _)| endpoints_map(name)) {
+            for (set, elements) in table.sets.iter_mut() {
+                let Some(cap) = endpoints_map_cap(set) else { continue };
                 let mut slots: BTreeMap<Vec<Value>, Vec<(u32, MapData)>> = BTreeMap::new();
                 for (key, value) in std::mem::take(elements) {
                     let Some((Value::Int(slot), dest)) = key.0.split_last() else {
@@ -56,6 +59,12 @@ impl Kernel {
                     let numbers: Vec<u32> = held.iter().map(|(slot, _)| *slot).collect();
                     if numbers != (0..held.len() as u32).collect::<Vec<_>>() {
                         return Err(format!("{table_name} {set} {dest:?}: slots {numbers:?} are not dense"));
+                    }
+                    if held.len().next_power_of_two() != cap {
+                        return Err(format!(
+                            "{table_name} {set} {dest:?}: {} endpoints in cap {cap}'s map",
+                            held.len()
+                        ));
                     }
                     let endpoints: BTreeSet<MapData> = held.into_iter().map(|(_, v)| v).collect();
                     if endpoints.len() != numbers.len() {

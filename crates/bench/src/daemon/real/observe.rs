@@ -11,7 +11,7 @@ use kproxy_nft_netlink::lower::element_key;
 use kproxy_state::Protocol;
 use kproxy_testbed::Netns;
 
-use super::super::kernel::KernelProbe;
+use super::super::kernel::{KernelProbe, MapKey};
 use super::super::kproxy::Kproxy;
 use super::super::objects::{self, Layout, Shape};
 use super::upstream::{NFT_TABLE, SERVICE_IPS};
@@ -22,26 +22,26 @@ const START_POLL: Duration = Duration::from_millis(5);
 const START_SAMPLES: usize = 64;
 
 /// The `service-ips` key of a ClusterIP: `address . tcp . port`.
-fn service_key(ip: IpAddr, port: u16) -> Vec<u8> {
+fn service_key(ip: IpAddr, port: u16) -> MapKey {
     let key = Key(vec![Value::Addr(ip), Value::Proto(Protocol::Tcp), Value::Port(port)]);
-    element_key(&key).map(|k| k.start).unwrap_or_default()
+    MapKey { ip, map: SERVICE_IPS.to_owned(), key: element_key(&key).map(|k| k.start).unwrap_or_default() }
 }
 
 /// Every Service's ClusterIP keys, both families (the big Service's, IPv4, last).
-pub(crate) fn expected(n: usize, layout: Layout) -> Vec<(IpAddr, Vec<u8>)> {
+pub(crate) fn expected(n: usize, layout: Layout) -> Vec<MapKey> {
     let mut keys = Vec::new();
     for i in 0..n {
         let port = objects::service_port(i);
         let v4: IpAddr = objects::cluster_ip_v4(i).into();
-        keys.push((v4, service_key(v4, port)));
+        keys.push(service_key(v4, port));
         if Shape::of(i).dual_stack && i > 0 {
             let v6: IpAddr = objects::cluster_ip_v6(i).into();
-            keys.push((v6, service_key(v6, port)));
+            keys.push(service_key(v6, port));
         }
     }
     if layout.big > 0 {
         let big: IpAddr = objects::cluster_ip_v4(n).into();
-        keys.push((big, service_key(big, 80)));
+        keys.push(service_key(big, 80));
     }
     keys
 }
@@ -58,13 +58,11 @@ pub fn wait_upstream_nft(
 ) -> anyhow::Result<(f64, bool)> {
     let expected = expected(n, layout);
     let step = (expected.len() / START_SAMPLES).max(1);
-    let mut samples: Vec<(IpAddr, Vec<u8>)> = expected.iter().step_by(step).cloned().collect();
-    samples.extend(expected.iter().rfind(|(ip, _)| ip.is_ipv6()).cloned());
+    let mut samples: Vec<MapKey> = expected.iter().step_by(step).cloned().collect();
+    samples.extend(expected.iter().rfind(|k| k.ip.is_ipv6()).cloned());
     samples.extend(expected.last().cloned());
     let started = daemon.started;
     let deadline = started + Duration::from_secs(timeout_s);
-    let v4: IpAddr = objects::cluster_ip_v4(0).into();
-    let v6: IpAddr = objects::cluster_ip_v6(0).into();
     node.run_in(|| -> anyhow::Result<(f64, bool)> {
         let mut probe = KernelProbe::open_table(NFT_TABLE)?;
         let mut by_listing = false;
@@ -72,18 +70,15 @@ pub fn wait_upstream_nft(
             anyhow::ensure!(daemon.alive(), "kube-proxy exited before its first sync");
             anyhow::ensure!(Instant::now() < deadline, "no first sync of kube-proxy in the kernel after {timeout_s} s");
             let mut sampled = true;
-            for (ip, key) in &samples {
-                if !probe.has_element(*ip, SERVICE_IPS, key)? {
+            for k in &samples {
+                if !probe.has_key(k)? {
                     sampled = false;
                     break;
                 }
             }
             if sampled {
                 let at = started.elapsed().as_secs_f64();
-                let keys4 = probe.map_keys(v4, SERVICE_IPS)?;
-                let keys6 = probe.map_keys(v6, SERVICE_IPS)?;
-                let all = expected.iter().all(|(ip, key)| if ip.is_ipv4() { &keys4 } else { &keys6 }.contains(key));
-                if all {
+                if probe.has_all_keys(&expected)? {
                     return Ok((if by_listing { started.elapsed().as_secs_f64() } else { at }, by_listing));
                 }
                 by_listing = true;
