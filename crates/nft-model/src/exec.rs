@@ -58,10 +58,39 @@ pub enum ExecError {
     Netlink(#[source] std::io::Error),
 }
 
+/// A transaction made ready to apply by [`Executor::prepare`], on any thread.
+pub struct Prepared {
+    /// The transaction.
+    pub tx: Transaction,
+    /// What the executor made of it ahead of time (the netlink executor: its encoded batch).
+    pub ready: Option<Box<dyn std::any::Any + Send>>,
+}
+
+impl std::fmt::Debug for Prepared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Prepared").field("ops", &self.tx.len()).field("ready", &self.ready.is_some()).finish()
+    }
+}
+
 /// Applies transactions atomically, and tells what the kernel holds where it can.
 pub trait Executor {
     /// Applies `tx` as one atomic batch.
     fn apply(&mut self, tx: &Transaction) -> Result<(), ExecError>;
+
+    /// Does ahead of time, without the executor and on any thread, what applying `tx` needs
+    /// before the kernel is asked: a cold start prepares the next transaction while the kernel
+    /// applies the current one. The default prepares nothing.
+    fn prepare(tx: Transaction) -> Prepared
+    where
+        Self: Sized,
+    {
+        Prepared { tx, ready: None }
+    }
+
+    /// Applies a transaction [`Executor::prepare`] made ready, as [`Executor::apply`].
+    fn apply_prepared(&mut self, prepared: &mut Prepared) -> Result<(), ExecError> {
+        self.apply(&prepared.tx)
+    }
 
     /// The nf_tables generation of the network namespace: every commit, by anyone, bumps it, so
     /// an unchanged generation proves nobody touched the tables. `None`: the executor cannot tell.
@@ -224,6 +253,9 @@ impl<E: Executor + ?Sized> Executor for &mut E {
     fn apply(&mut self, tx: &Transaction) -> Result<(), ExecError> {
         (**self).apply(tx)
     }
+    fn apply_prepared(&mut self, prepared: &mut Prepared) -> Result<(), ExecError> {
+        (**self).apply_prepared(prepared)
+    }
     fn generation(&mut self) -> Result<Option<u32>, ExecError> {
         (**self).generation()
     }
@@ -247,6 +279,9 @@ impl<E: Executor + ?Sized> Executor for &mut E {
 impl<E: Executor + ?Sized> Executor for Box<E> {
     fn apply(&mut self, tx: &Transaction) -> Result<(), ExecError> {
         (**self).apply(tx)
+    }
+    fn apply_prepared(&mut self, prepared: &mut Prepared) -> Result<(), ExecError> {
+        (**self).apply_prepared(prepared)
     }
     fn generation(&mut self) -> Result<Option<u32>, ExecError> {
         (**self).generation()

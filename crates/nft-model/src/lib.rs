@@ -21,7 +21,7 @@ pub mod set;
 pub mod table;
 pub mod transaction;
 
-pub use exec::{ExecError, Executor, NftCommand, Recording};
+pub use exec::{ExecError, Executor, NftCommand, Prepared, Recording};
 pub use expr::{CmpOp, CtState, CtStatus, Field, NatKind, Reject, Rule, Stmt, Value, Verdict};
 pub use listing::{Listings, TableListing};
 pub use set::{DataType, Element, ElementData, Key, MapData, SetDef, SetFlag, SetType};

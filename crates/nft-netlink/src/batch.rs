@@ -579,6 +579,14 @@ impl Batch {
         Ok(Batch { buf: enc.buf, first_seq, msg_ops: enc.msg_ops, ops: tx.len() })
     }
 
+    /// Renumbers the batch's messages from `first_seq` on (one encoded ahead of time, before
+    /// the socket's next sequence number was known).
+    pub fn resequence(&mut self, first_seq: u32) {
+        let shift = first_seq.wrapping_sub(self.first_seq);
+        self.buf.shift_seqs(shift);
+        self.first_seq = first_seq;
+    }
+
     /// The bytes to send.
     pub fn bytes(&self) -> &[u8] {
         self.buf.bytes()

@@ -2,7 +2,7 @@
 
 use std::io;
 
-use kproxy_nft_model::{ExecError, Executor, TableListing, TableRef, Transaction};
+use kproxy_nft_model::{ExecError, Executor, Prepared, TableListing, TableRef, Transaction};
 
 use crate::batch::{Batch, op_text};
 use crate::socket::NfSocket;
@@ -49,16 +49,19 @@ impl NetlinkExecutor {
     }
 }
 
-impl Executor for NetlinkExecutor {
-    fn apply(&mut self, tx: &Transaction) -> Result<(), ExecError> {
-        if tx.is_empty() {
-            return Ok(());
-        }
-        let batch = Batch::encode(tx, self.seq.wrapping_add(1)).map_err(|e| ExecError::Unsupported {
-            index: e.index,
-            op: e.op,
-            reason: e.source.to_string(),
-        })?;
+/// `tx` encoded as one batch numbered from `first_seq`.
+fn encode(tx: &Transaction, first_seq: u32) -> Result<Batch, ExecError> {
+    Batch::encode(tx, first_seq).map_err(|e| ExecError::Unsupported {
+        index: e.index,
+        op: e.op,
+        reason: e.source.to_string(),
+    })
+}
+
+impl NetlinkExecutor {
+    /// Sends `batch` (the encoding of `tx`), numbered from the socket's next sequence number.
+    fn send(&mut self, tx: &Transaction, mut batch: Batch) -> Result<(), ExecError> {
+        batch.resequence(self.seq.wrapping_add(1));
         // An operation may take several messages (interval elements, anonymous sets).
         self.seq = batch.end_seq();
         let replies = self.on_socket(|sock| sock.send_batch(&batch)).map_err(ExecError::Netlink)?;
@@ -78,6 +81,30 @@ impl Executor for NetlinkExecutor {
             }
             None => ExecError::Netlink(io::Error::other(format!("the kernel refused the batch: {source}"))),
         })
+    }
+}
+
+impl Executor for NetlinkExecutor {
+    fn apply(&mut self, tx: &Transaction) -> Result<(), ExecError> {
+        if tx.is_empty() {
+            return Ok(());
+        }
+        let batch = encode(tx, self.seq.wrapping_add(1))?;
+        self.send(tx, batch)
+    }
+
+    /// Encodes the batch (numbered from 0; [`Batch::resequence`] numbers it when it is sent).
+    fn prepare(tx: Transaction) -> Prepared {
+        let ready = (!tx.is_empty()).then(|| encode(&tx, 0)).and_then(Result::ok);
+        Prepared { tx, ready: ready.map(|batch| Box::new(batch) as Box<dyn std::any::Any + Send>) }
+    }
+
+    fn apply_prepared(&mut self, prepared: &mut Prepared) -> Result<(), ExecError> {
+        match prepared.ready.take().map(|ready| ready.downcast::<Batch>()) {
+            Some(Ok(batch)) => self.send(&prepared.tx, *batch),
+            // Not encoded ahead (empty, or an encoding error that applying reports).
+            _ => self.apply(&prepared.tx),
+        }
     }
 
     fn generation(&mut self) -> Result<Option<u32>, ExecError> {

@@ -76,6 +76,18 @@ impl MsgBuf {
         self.buf[self.msg_start..self.msg_start + 4].copy_from_slice(&len.to_ne_bytes());
     }
 
+    /// Adds `shift` to the sequence number of every message in the buffer.
+    pub fn shift_seqs(&mut self, shift: u32) {
+        let mut at = 0;
+        while let Some(header) = self.buf.get_mut(at..at + 16) {
+            let len = u32::from_ne_bytes([header[0], header[1], header[2], header[3]]) as usize;
+            let seq = u32::from_ne_bytes([header[8], header[9], header[10], header[11]]).wrapping_add(shift);
+            header[8..12].copy_from_slice(&seq.to_ne_bytes());
+            // Messages are 4-byte aligned; a zero length would never end.
+            at += len.max(16).div_ceil(4) * 4;
+        }
+    }
+
     /// ORs `flag` into the flags of the message starting at byte `at`.
     pub fn set_flag(&mut self, at: usize, flag: u16) {
         if let Some(f) = self.buf.get_mut(at + 6..at + 8) {

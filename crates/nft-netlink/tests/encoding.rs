@@ -209,6 +209,21 @@ fn elements_of((_, family, payload): &(u16, u8, String)) -> Vec<String> {
 }
 
 #[test]
+fn a_batch_encoded_ahead_and_renumbered_is_the_batch_encoded_with_those_numbers() {
+    let mut tx = Transaction::new();
+    for line in COMMANDS.lines().filter(|l| !l.trim().is_empty()) {
+        tx.push(op(line));
+    }
+    let mut ahead = Batch::encode(&tx, 0).unwrap();
+    ahead.resequence(u32::MAX - 10);
+    let direct = Batch::encode(&tx, u32::MAX - 10).unwrap();
+    assert_eq!(ahead.bytes(), direct.bytes());
+    assert_eq!((ahead.first_seq(), ahead.last_seq()), (direct.first_seq(), direct.last_seq()));
+    assert!(ahead.last_seq() < ahead.first_seq(), "the numbers wrapped");
+    assert_eq!(ahead.ops_for_seq(direct.last_seq()), direct.ops_for_seq(direct.last_seq()));
+}
+
+#[test]
 fn kernel_errors_map_back_to_operations() {
     let mut tx = Transaction::new();
     for line in COMMANDS.lines().take(40) {

@@ -18,7 +18,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use kproxy_nft_model::{
-    Chain, ExecError, Executor, Listings, Op, SetDef, SetFlag, TableListing, TableRef, Transaction,
+    Chain, ExecError, Executor, Listings, Op, Prepared, SetDef, SetFlag, TableListing, TableRef, Transaction,
 };
 
 /// What the last applied transactions left in the kernel, as far as kproxy knows.
@@ -37,8 +37,33 @@ impl Applied {
         if tx.is_empty() {
             return Ok(());
         }
+        self.commit(exec, |exec| exec.apply(tx))?;
+        self.listings.apply(tx);
+        Ok(())
+    }
+
+    /// [`Applied::apply`] of a transaction [`Executor::prepare`] made ready.
+    pub fn apply_prepared<E: Executor + ?Sized>(
+        &mut self,
+        exec: &mut E,
+        prepared: &mut Prepared,
+    ) -> Result<(), ExecError> {
+        if prepared.tx.is_empty() {
+            return Ok(());
+        }
+        self.commit(exec, |exec| exec.apply_prepared(prepared))?;
+        self.listings.apply(&prepared.tx);
+        Ok(())
+    }
+
+    /// Commits through `apply`, following the generation.
+    fn commit<E: Executor + ?Sized>(
+        &mut self,
+        exec: &mut E,
+        apply: impl FnOnce(&mut E) -> Result<(), ExecError>,
+    ) -> Result<(), ExecError> {
         let before = exec.generation().ok().flatten();
-        let result = exec.apply(tx);
+        let result = apply(exec);
         let after = exec.generation().ok().flatten();
         // Ours was the only commit in between only if the generation moved by exactly one
         // from where our previous commit left it.
@@ -46,9 +71,7 @@ impl Applied {
             (Some(b), Some(a)) if result.is_ok() && a == b.wrapping_add(1) && self.generation == Some(b) => Some(a),
             _ => None,
         };
-        result?;
-        self.listings.apply(tx);
-        Ok(())
+        result
     }
 }
 

@@ -36,7 +36,9 @@ use std::sync::Arc;
 use kproxy_plan::{NodePlan, Plan, PlanDelta, ServicePortName, ServicePortPlan};
 use kproxy_state::IpFamily;
 
-use kproxy_nft_model::{Chain, Element, ExecError, Executor, Op, OpCounts, Rule, SetDef, TableRef, Transaction};
+use kproxy_nft_model::{
+    Chain, Element, ExecError, Executor, Op, OpCounts, Prepared, Rule, SetDef, TableRef, Transaction,
+};
 
 use crate::kernel::{Applied, Desired, Drift, Verification};
 use crate::ruleset::pick::{self, Slots};
@@ -274,20 +276,36 @@ fn plain(name: &str) -> Chain {
 /// to the thread that applies them: a cold start never exists in memory as a whole. The first
 /// is a tenth of that, so the kernel starts on it while the next is built. Once that thread has
 /// stopped (a transaction failed), the rest is dropped unbuilt into transactions.
-struct Chunks {
+struct Chunks<E> {
     tx: Transaction,
     /// The bound of the transaction being collected.
     max: usize,
     /// The bound of those after the first.
     next_max: usize,
-    ready: std::sync::mpsc::SyncSender<Transaction>,
+    ready: std::sync::mpsc::SyncSender<Prepared>,
+    /// Transactions the applier is done with, dropped here: the thread that built them frees
+    /// them, off the applier's path.
+    applied: std::sync::mpsc::Receiver<Prepared>,
     applier_stopped: bool,
+    executor: std::marker::PhantomData<fn() -> E>,
 }
 
-impl Chunks {
-    fn new(max: usize, ready: std::sync::mpsc::SyncSender<Transaction>) -> Self {
+impl<E: Executor> Chunks<E> {
+    fn new(
+        max: usize,
+        ready: std::sync::mpsc::SyncSender<Prepared>,
+        applied: std::sync::mpsc::Receiver<Prepared>,
+    ) -> Self {
         let next_max = max.max(1);
-        Chunks { tx: Transaction::new(), max: (next_max / 10).max(1), next_max, ready, applier_stopped: false }
+        Chunks {
+            tx: Transaction::new(),
+            max: (next_max / 10).max(1),
+            next_max,
+            ready,
+            applied,
+            applier_stopped: false,
+            executor: std::marker::PhantomData,
+        }
     }
 
     fn push(&mut self, op: Op) {
@@ -305,7 +323,10 @@ impl Chunks {
             return;
         }
         self.max = self.next_max;
-        self.applier_stopped = self.ready.send(elements_last_by_set(std::mem::take(&mut self.tx))).is_err();
+        self.applied.try_iter().for_each(drop);
+        // Encoded here (for the netlink executor) while the kernel applies the one before.
+        let prepared = E::prepare(elements_last_by_set(std::mem::take(&mut self.tx)));
+        self.applier_stopped = self.ready.send(prepared).is_err();
     }
 }
 
@@ -545,9 +566,10 @@ impl<E: Executor> NftablesDataplane<E> {
         let (config, exec, applied) = (&self.config, &mut self.exec, &mut self.applied);
         let outcome = std::thread::scope(|scope| {
             // A rendezvous: at most one transaction waits while another is being applied.
-            let (ready, built) = std::sync::mpsc::sync_channel::<Transaction>(0);
+            let (ready, built) = std::sync::mpsc::sync_channel::<Prepared>(0);
+            let (done, applied_txs) = std::sync::mpsc::channel::<Prepared>();
             let builder = std::thread::Builder::new().name("kproxy-nft-build".into()).spawn_scoped(scope, move || {
-                let mut chunks = Chunks::new(config.cold_start_chunk_ops, ready);
+                let mut chunks = Chunks::<E>::new(config.cold_start_chunk_ops, ready, applied_txs);
                 let families = cold_start(config, plan, sorted_slots, &mut |op| chunks.push(op));
                 chunks.flush();
                 families
@@ -562,17 +584,19 @@ impl<E: Executor> NftablesDataplane<E> {
             let mut report = SyncReport { full: true, ops: 0, counts: OpCounts::default() };
             let mut parts = 0;
             let mut outcome = Ok(());
-            for tx in built.iter() {
+            for mut prepared in built.iter() {
                 parts += 1;
                 let started = std::time::Instant::now();
-                if let Err(e) = applied.apply(exec, &tx) {
+                if let Err(e) = applied.apply_prepared(exec, &mut prepared) {
                     outcome = Err(e);
                     break;
                 }
                 let apply_ms = started.elapsed().as_secs_f64() * 1e3;
-                tracing::debug!(part = parts, ops = tx.len(), apply_ms, "nftables cold start progress");
-                report.ops += tx.len();
-                report.counts += tx.counts();
+                tracing::debug!(part = parts, ops = prepared.tx.len(), apply_ms, "nftables cold start progress");
+                report.ops += prepared.tx.len();
+                report.counts += prepared.tx.counts();
+                // Dropped by the builder; here once it has finished.
+                let _ = done.send(prepared);
             }
             // Stops the builder at its next transaction if one failed.
             drop(built);
