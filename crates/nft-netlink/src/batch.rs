@@ -5,7 +5,8 @@
 //! the operation the kernel complained about; except that a run of element operations on one
 //! set shares a message (up to [`ELEMENTS_PER_MESSAGE_BYTES`]), as nft sends them: the kernel
 //! looks a set up by name, walking the table's list of sets, once per message, and at a cold
-//! start of 100k Services one message per element made that walk a tenth of the kernel's work. Sets created in the batch get an id that later
+//! start of 100k Services one message per element made that walk a tenth of the kernel's
+//! work. Sets created in the batch get an id that later
 //! references in the same batch carry, as `nft` does.
 
 use std::collections::{HashMap, HashSet};

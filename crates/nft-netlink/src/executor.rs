@@ -61,7 +61,9 @@ fn encode(tx: &Transaction, first_seq: u32) -> Result<Batch, ExecError> {
 impl NetlinkExecutor {
     /// Sends `batch` (the encoding of `tx`), numbered from the socket's next sequence number.
     fn send(&mut self, tx: &Transaction, mut batch: Batch) -> Result<(), ExecError> {
-        batch.resequence(self.seq.wrapping_add(1));
+        if batch.first_seq() != self.seq.wrapping_add(1) {
+            batch.resequence(self.seq.wrapping_add(1));
+        }
         // An operation may take several messages (interval elements, anonymous sets).
         self.seq = batch.end_seq();
         let replies = self.on_socket(|sock| sock.send_batch(&batch)).map_err(ExecError::Netlink)?;

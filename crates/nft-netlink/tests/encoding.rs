@@ -208,6 +208,31 @@ fn elements_of((_, family, payload): &(u16, u8, String)) -> Vec<String> {
     elements.into_iter().map(|e| format!("{header} {e}")).collect()
 }
 
+/// A run of one set's elements shares messages up to the bound, and a message names the run of
+/// operations it holds; another set, or a deletion, starts a message of its own.
+#[test]
+fn runs_of_one_sets_elements_share_bounded_messages_that_name_their_operations() {
+    let element = |set: &str, i: u32| op(&format!("add element ip kproxy {set} {{ 198.18.{}.{} }}", i / 250, i % 250));
+    let mut tx = Transaction::new();
+    for i in 0..3_000 {
+        tx.push(element("cluster-ips", i));
+    }
+    tx.push(element("nodeport-ips", 0));
+    tx.push(element("cluster-ips", 3_000));
+    tx.push(op("delete element ip kproxy cluster-ips { 198.18.0.1 }"));
+    let batch = Batch::encode(&tx, 0).unwrap();
+    let runs: Vec<std::ops::Range<usize>> = (1..=batch.last_seq()).map(|seq| batch.ops_for_seq(seq).unwrap()).collect();
+    // The 3,000 first elements take more than one bounded message, each run after the last.
+    let first_set: Vec<&std::ops::Range<usize>> = runs.iter().filter(|r| r.end <= 3_000).collect();
+    assert!(first_set.len() > 1 && first_set.iter().all(|r| r.len() > 1), "{runs:?}");
+    assert_eq!(runs.iter().flat_map(|r| r.clone()).collect::<Vec<_>>(), (0..tx.len()).collect::<Vec<_>>());
+    assert_eq!(runs[runs.len() - 3..], [3_000..3_001, 3_001..3_002, 3_002..3_003]);
+    for m in messages(batch.bytes()) {
+        // The element list's 16-bit length holds.
+        assert!(m.payload.len() < 64 * 1024, "{}", m.payload.len());
+    }
+}
+
 #[test]
 fn a_batch_encoded_ahead_and_renumbered_is_the_batch_encoded_with_those_numbers() {
     let mut tx = Transaction::new();

@@ -489,6 +489,39 @@ fn a_rejected_operation_is_named_and_nothing_is_applied() {
     assert!(!out.status.success());
 }
 
+/// A run of one set's elements is one message: the kernel's refusal of one of them names the
+/// run, and nothing is applied.
+#[test]
+fn a_rejected_element_of_a_run_names_the_run_and_nothing_is_applied() {
+    if !require_root() {
+        return;
+    }
+    let ns = Netns::new("nlrun").unwrap();
+    let mut tx = Transaction::new();
+    for line in [
+        "add table ip kproxy",
+        "add set ip kproxy s { type ipv4_addr; }",
+        "add element ip kproxy s { 198.18.0.1 }",
+        // An IPv6 address in a set of IPv4 addresses: a key of the wrong length.
+        "add element ip kproxy s { fd00::1 }",
+        "add element ip kproxy s { 198.18.0.2 }",
+    ] {
+        tx.push(parse::op(line).unwrap());
+    }
+    let err = ns.run_in(|| NetlinkExecutor::new().apply(&tx)).unwrap().unwrap_err();
+    match err {
+        ExecError::Kernel { index, op, source } => {
+            assert_eq!(index, 2, "{op}");
+            assert!(op.contains("one of the 3 element operations"), "{op}");
+            assert!(op.contains("198.18.0.1") && op.contains("198.18.0.2"), "{op}");
+            assert_eq!(source.raw_os_error(), Some(22), "{source}");
+        }
+        other => panic!("unexpected {other}"),
+    }
+    let out = ns.exec("nft", &["list", "table", "ip", "kproxy"]).unwrap();
+    assert!(!out.status.success(), "atomic: not even the table exists");
+}
+
 #[test]
 fn the_listing_matches_what_was_applied_and_sees_drift() {
     if !require_root() {

@@ -277,14 +277,14 @@ fn endpoint(address: IpAddr, node: &str, pod: &str, namespace: &str, i: usize, j
 /// The endpoints of a slice: `(address, node)` pairs.
 pub type Endpoints = Vec<(IpAddr, String)>;
 
-/// The initial endpoints of Service `i` in one family, `per` of them (`web_pod`: the real pod
-/// backing service 0, its only one).
 /// How many endpoints Service `i` starts with when the others have `per`: the web Service
 /// (`i == 0`) has one, its web pod.
 pub fn initial_endpoint_count(i: usize, per: usize) -> usize {
     if i == 0 { 1 } else { per }
 }
 
+/// The initial endpoints of Service `i` in one family, `per` of them (`web_pod`: the real pod
+/// backing service 0, its only one).
 pub fn initial_endpoints(i: usize, v6: bool, web_pod: (IpAddr, &str), per: usize) -> Endpoints {
     if i == 0 {
         return vec![(web_pod.0, web_pod.1.to_owned())];

@@ -15,7 +15,7 @@
 //! slot (`N < P`, at most half the slots), so the pick is uniform over the `N` endpoints. After
 //! [`DRAWS`] misses (probability below 2^-16) it takes slot 0.
 //!
-//! Each cap has endpoints maps of its own (`<class>-<proto>-endpoints-<P>`), read only by the
+//! Each cap has endpoints maps of its own (`<class>[-nodeport]-<proto>-endpoints-<P>`), read only by the
 //! draws of `pick-<class>-<P>`. Why: the kernel checks a new map element against every rule that
 //! reads the map, and one map read by every cap's draws (273 rules) made each endpoint element
 //! cost the kernel about 3 µs more: 1.6 s of a cold start at 100k Services. With a map per cap
