@@ -315,7 +315,7 @@ impl<E: Executor> Chunks<E> {
         self.tx.push(op);
         if self.tx.len() >= self.max {
             self.flush();
-        } else if self.tx.len() % 1024 == 0 {
+        } else if self.tx.len().is_multiple_of(1024) {
             // Frees what the applier is done with soon, not after a whole transaction more.
             self.applied.try_iter().for_each(drop);
         }
