@@ -2,12 +2,13 @@
 //!
 //! Every operation becomes one message (an element of an interval set carries its range end in
 //! the same message), numbered by a sequence number from which [`Batch::ops_for_seq`] recovers
-//! the operation the kernel complained about; except that a run of element operations on one
-//! set shares a message (up to [`ELEMENTS_PER_MESSAGE_BYTES`]), as nft sends them: the kernel
-//! looks a set up by name, walking the table's list of sets, once per message, and at a cold
-//! start of 100k Services one message per element made that walk a tenth of the kernel's
-//! work. Sets created in the batch get an id that later
-//! references in the same batch carry, as `nft` does.
+//! the operations the kernel complained about. A run of element operations on one set shares
+//! a message (up to [`ELEMENTS_PER_MESSAGE_BYTES`]), as nft sends them: the kernel looks a set
+//! up by name, walking the table's list of sets, once per message, and at a cold start of 100k
+//! Services one message per element made that walk a tenth of the kernel's work.
+//!
+//! Sets created in the batch get an id that later references in the same batch carry, as `nft`
+//! does.
 
 use std::collections::{HashMap, HashSet};
 

@@ -15,6 +15,7 @@ use kproxy_nft_netlink::lower::{MapData, element_key, map_data};
 use kproxy_nft_netlink::socket::{NfSocket, messages};
 use kproxy_nft_netlink::sys::*;
 use kproxy_nft_netlink::wire::{Attrs, MsgBuf};
+use kproxy_nftables::ruleset::pick;
 use kproxy_state::Protocol;
 use netlink_sys::protocols::NETLINK_NETFILTER;
 use netlink_sys::{Socket, SocketAddr};
@@ -23,24 +24,21 @@ use netlink_sys::{Socket, SocketAddr};
 pub const TABLE: &str = "kproxy";
 /// A hooked base chain of kproxy's tables: it exists only once the ruleset is live.
 pub const HOOKED_CHAIN: &str = "nat-prerouting";
-/// The largest cap of kproxy's endpoints maps (`crates/nftables/src/ruleset/pick.rs`).
-const MAX_CAP: usize = 1 << 16;
-
 /// The map holding the endpoints of a TCP ClusterIP of the cluster traffic policy with
 /// `endpoints` endpoints, keyed by `address . proto . port . slot`: each cap (the count rounded
-/// up to a power of two) has its own (`crates/nftables/src/ruleset/pick.rs`).
+/// up to a power of two) has its own (`kproxy_nftables::ruleset::pick`).
 pub fn cluster_tcp_endpoints(endpoints: usize) -> String {
-    format!("cluster-tcp-endpoints-{}", endpoints.clamp(1, MAX_CAP).next_power_of_two())
-}
-
-/// Whether `set` is one of the maps of [`cluster_tcp_endpoints`].
-pub fn is_cluster_tcp_endpoints(set: &str) -> bool {
-    set.strip_prefix("cluster-tcp-endpoints-").is_some_and(|cap| cap.parse::<u32>().is_ok())
+    pick::endpoints_map_of(pick::Class::Cluster, false, Protocol::Tcp, endpoints)
 }
 
 /// Every cap's cluster TCP endpoints map, smallest cap first.
 pub fn all_cluster_tcp_endpoints() -> impl Iterator<Item = String> {
-    (0..=MAX_CAP.trailing_zeros()).map(|k| cluster_tcp_endpoints(1 << k))
+    (0..=pick::MAX_CAP_LOG2).map(|k| cluster_tcp_endpoints(1 << k))
+}
+
+/// Whether `set` is one of the maps of [`cluster_tcp_endpoints`].
+pub fn is_cluster_tcp_endpoints(set: &str) -> bool {
+    all_cluster_tcp_endpoints().any(|map| map == set)
 }
 
 /// A key of a named map in the probe's table of `ip`'s family.

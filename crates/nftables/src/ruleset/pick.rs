@@ -128,9 +128,17 @@ fn endpoints_map(class: Class, ks: Keyspace, proto: Protocol, cap: u32) -> Strin
     format!("{}{}-{}-endpoints-{cap}", class.name(), ks.infix(), proto.as_str())
 }
 
-/// The cap of a destination whose class has `count` endpoints (at least one).
+/// The cap of a destination whose class has `count` endpoints (none counts as one; a class
+/// picks from at most the largest cap's).
 fn cap_of(count: usize) -> u32 {
-    (count as u32).next_power_of_two()
+    (count.clamp(1, 1 << MAX_CAP_LOG2) as u32).next_power_of_two()
+}
+
+/// The endpoints map that holds the endpoints of a destination of `class` with `count` of
+/// them: an address's (ClusterIP, external or load-balancer IP), or a NodePort's.
+pub fn endpoints_map_of(class: Class, nodeport: bool, proto: Protocol, count: usize) -> String {
+    let ks = if nodeport { Keyspace::NodePort } else { Keyspace::Address };
+    endpoints_map(class, ks, proto, cap_of(count))
 }
 
 fn cap_set(class: Class, ks: Keyspace, cap: u32) -> String {
