@@ -336,12 +336,15 @@ pub enum Stmt {
         /// The verdict map.
         map: String,
     },
-    /// `update @SET { KEY }`: adds the key to a dynamic set or refreshes its timeout.
+    /// `update @SET { KEY [timeout Ns] }`: adds the key to a dynamic set or refreshes its
+    /// timeout.
     Update {
         /// The set.
         set: String,
         /// The key's fields.
         key: Vec<Field>,
+        /// The element's timeout in seconds (`None`: the set's).
+        timeout: Option<u32>,
     },
     /// `dnat|snat to ADDR[:PORT] [fully-random]`.
     Nat {
@@ -467,7 +470,10 @@ impl fmt::Display for Stmt {
                 write!(f, "{} {}@{set}", Concat(key), if *negate { "!= " } else { "" })
             }
             Stmt::Vmap { key, map } => write!(f, "{} vmap @{map}", Concat(key)),
-            Stmt::Update { set, key } => write!(f, "update @{set} {{ {} }}", Concat(key)),
+            Stmt::Update { set, key, timeout: None } => write!(f, "update @{set} {{ {} }}", Concat(key)),
+            Stmt::Update { set, key, timeout: Some(t) } => {
+                write!(f, "update @{set} {{ {} timeout {t}s }}", Concat(key))
+            }
             Stmt::Nat { kind, addr, port, fully_random } => {
                 write!(f, "{} to ", kind.as_str())?;
                 match (addr, port) {

@@ -68,6 +68,12 @@ impl<'a> Tokens<'a> {
         v.map_err(|_| self.err(t))
     }
 
+    /// A duration in whole seconds, `Ns` (as kproxy writes them).
+    fn seconds(&mut self) -> Result<u32, ParseError> {
+        let t = self.next()?;
+        t.strip_suffix('s').and_then(|n| n.parse().ok()).ok_or_else(|| self.err(t))
+    }
+
     fn set_ref(&mut self) -> Result<String, ParseError> {
         let t = self.next()?;
         t.strip_prefix('@').map(str::to_owned).ok_or_else(|| self.err(t))
@@ -319,8 +325,9 @@ fn stmt(t: &mut Tokens<'_>) -> Result<Stmt, ParseError> {
             let set = t.set_ref()?;
             t.expect("{")?;
             let key = t.concat()?;
+            let timeout = if t.optional("timeout") { Some(t.seconds()?) } else { None };
             t.expect("}")?;
-            Stmt::Update { set, key }
+            Stmt::Update { set, key, timeout }
         }
         "mark" if t.optional("set") => {
             t.expect("mark")?;

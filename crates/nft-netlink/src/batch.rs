@@ -355,25 +355,26 @@ impl Encoder {
                 self.buf.put_be32(NFTA_SET_DATA_LEN, d.byte_len());
             }
         }
-        if let Some(size) = def.size {
-            let n = self.buf.begin_nest(NFTA_SET_DESC);
-            self.buf.put_be32(NFTA_SET_DESC_SIZE, size);
-            self.buf.end_nest(n);
-        }
+        // In libnftnl's order: the id, one description (size, concatenated fields), the timeout.
         self.buf.put_be32(NFTA_SET_ID, id);
+        if def.size.is_some() || concat_ranges {
+            let desc = self.buf.begin_nest(NFTA_SET_DESC);
+            if let Some(size) = def.size {
+                self.buf.put_be32(NFTA_SET_DESC_SIZE, size);
+            }
+            if concat_ranges {
+                let fields = self.buf.begin_nest(NFTA_SET_DESC_CONCAT);
+                for len in key.field_lens() {
+                    let f = self.buf.begin_nest(NFTA_LIST_ELEM);
+                    self.buf.put_be32(NFTA_SET_FIELD_LEN, len);
+                    self.buf.end_nest(f);
+                }
+                self.buf.end_nest(fields);
+            }
+            self.buf.end_nest(desc);
+        }
         if let Some(timeout) = def.timeout {
             self.buf.put_be64(NFTA_SET_TIMEOUT, u64::from(timeout) * 1000);
-        }
-        if concat_ranges {
-            let desc = self.buf.begin_nest(NFTA_SET_DESC);
-            let fields = self.buf.begin_nest(NFTA_SET_DESC_CONCAT);
-            for len in key.field_lens() {
-                let f = self.buf.begin_nest(NFTA_LIST_ELEM);
-                self.buf.put_be32(NFTA_SET_FIELD_LEN, len);
-                self.buf.end_nest(f);
-            }
-            self.buf.end_nest(fields);
-            self.buf.end_nest(desc);
         }
         self.buf.put(NFTA_SET_USERDATA, &set_userdata(&key, key_typeof.as_ref(), data.as_ref(), def));
         if def.counter {

@@ -211,7 +211,7 @@ pub enum Expr {
         /// Flowtable name.
         flowtable: String,
     },
-    /// `update @set { key }`.
+    /// `update @set { key [timeout T] }`.
     DynsetUpdate {
         /// Set name.
         set: String,
@@ -219,6 +219,8 @@ pub enum Expr {
         set_id: Option<u32>,
         /// Key register.
         sreg: u32,
+        /// The element's timeout in milliseconds (`None`: the set's).
+        timeout_ms: Option<u64>,
     },
 }
 
@@ -366,9 +368,12 @@ impl Expr {
             }
             Expr::Counter => {}
             Expr::FlowOffload { flowtable } => m.put_str(NFTA_FLOW_TABLE_NAME, flowtable),
-            Expr::DynsetUpdate { set, set_id, sreg } => {
+            Expr::DynsetUpdate { set, set_id, sreg, timeout_ms } => {
                 m.put_be32(NFTA_DYNSET_SREG_KEY, *sreg);
                 m.put_be32(NFTA_DYNSET_OP, NFT_DYNSET_OP_UPDATE);
+                if let Some(t) = timeout_ms {
+                    m.put_be64(NFTA_DYNSET_TIMEOUT, *t);
+                }
                 m.put_str(NFTA_DYNSET_SET_NAME, set);
                 if let Some(id) = set_id {
                     m.put_be32(NFTA_DYNSET_SET_ID, *id);

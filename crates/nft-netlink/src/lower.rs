@@ -704,9 +704,10 @@ impl Lowering<'_> {
                     invert: false,
                 });
             }
-            Stmt::Update { set, key } => {
+            Stmt::Update { set, key, timeout } => {
                 self.load_key(key, false)?;
-                self.out.push(Expr::DynsetUpdate { set: set.clone(), set_id: None, sreg: NFT_REG_1 });
+                let timeout_ms = timeout.map(|t| u64::from(t) * 1000);
+                self.out.push(Expr::DynsetUpdate { set: set.clone(), set_id: None, sreg: NFT_REG_1, timeout_ms });
             }
             Stmt::Nat { kind, addr, port, fully_random } => {
                 self.check_family(*addr)?;

@@ -239,6 +239,7 @@ pub const NFTA_DYNSET_SET_NAME: u16 = 1;
 pub const NFTA_DYNSET_SET_ID: u16 = 2;
 pub const NFTA_DYNSET_OP: u16 = 3;
 pub const NFTA_DYNSET_SREG_KEY: u16 = 4;
+pub const NFTA_DYNSET_TIMEOUT: u16 = 6;
 pub const NFT_DYNSET_OP_UPDATE: u32 = 1;
 
 /// `NFTA_BYTEORDER_SREG`.

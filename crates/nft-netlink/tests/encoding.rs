@@ -18,6 +18,8 @@ const ACCEL: &str = include_str!("fixtures/nft-commands-accel.nft");
 const ACCEL_MNL: &str = include_str!("fixtures/nft-commands-accel.mnl.hex");
 const COUNTERS: &str = include_str!("fixtures/nft-commands-counters.nft");
 const COUNTERS_MNL: &str = include_str!("fixtures/nft-commands-counters.mnl.hex");
+const AFFINITY: &str = include_str!("fixtures/nft-commands-affinity.nft");
+const AFFINITY_MNL: &str = include_str!("fixtures/nft-commands-affinity.mnl.hex");
 const COMMENTS: &str = include_str!("fixtures/nft-commands-comments.nft");
 const COMMENTS_MNL: &str = include_str!("fixtures/nft-commands-comments.mnl.hex");
 
@@ -62,6 +64,15 @@ fn the_acceleration_table_matches_what_nft_sends() {
 fn the_service_counter_statements_match_what_nft_sends() {
     let (compared, elems) = compare(COUNTERS, COUNTERS_MNL);
     assert_eq!((compared, elems), (20, 3));
+}
+
+/// ClientIP affinity: the table's one dynamic set with a size and no timeout of its own, keyed
+/// by the client and two constant halves of an id, and updates that give each entry its
+/// service's timeout (`NFTA_DYNSET_TIMEOUT`, in milliseconds), in both families.
+#[test]
+fn the_shared_affinity_set_and_its_timed_updates_match_what_nft_sends() {
+    let (compared, elems) = compare(AFFINITY, AFFINITY_MNL);
+    assert_eq!((compared, elems), (11, 0));
 }
 
 /// Rule comments (the digest kproxy puts on each chain's first rule), which nft sends as the

@@ -21,12 +21,14 @@ pub fn chain(prefix: &str, name: &ServicePortName) -> String {
     format!("{prefix}-{}-{base}", hash8(&base))
 }
 
-/// A stable 32-bit id of an endpoint (the first bytes of sha256 of `ip/port`): the key of its
-/// clients in its service port's affinity set. Two endpoints of one service port sharing an id
-/// (odds about n²/2^33) would share their sticky clients.
-pub fn endpoint_id(ip: IpAddr, port: u16) -> u32 {
-    let digest = Sha256::digest(format!("{ip}/{port}").as_bytes());
-    u32::from_be_bytes([digest[0], digest[1], digest[2], digest[3]])
+/// A stable 64-bit id of an endpoint of a service port (the first bytes of sha256 of
+/// `ns/svc/proto/port/ip/port`), as two 32-bit halves: with the client's address, the key of the
+/// shared affinity set. Two pairs sharing an id (odds about n²/2^65 for n pairs on the node)
+/// would share their sticky clients.
+pub fn affinity_id(name: &ServicePortName, ip: IpAddr, port: u16) -> [u32; 2] {
+    let digest = Sha256::digest(format!("{}/{ip}/{port}", base(name)).as_bytes());
+    let half = |i: usize| u32::from_be_bytes([digest[i], digest[i + 1], digest[i + 2], digest[i + 3]]);
+    [half(0), half(4)]
 }
 
 /// The first 8 characters of the RFC 4648 base32 encoding of sha256(`s`): exactly 40 bits.
@@ -59,10 +61,21 @@ mod tests {
             protocol: Protocol::Tcp,
         };
         assert_eq!(chain("service", &n), "service-ULMVA6XW-ns1/svc1/tcp/p80");
-        assert_eq!(chain("affinity", &n), "affinity-ULMVA6XW-ns1/svc1/tcp/p80");
+    }
+
+    #[test]
+    fn affinity_ids_differ_by_service_port_and_endpoint() {
+        let n = |port: &str| ServicePortName {
+            namespace: "ns1".into(),
+            service: "svc1".into(),
+            port: port.into(),
+            protocol: Protocol::Tcp,
+        };
         let (a, b) = ("198.18.16.2".parse().unwrap(), "fd00::1".parse().unwrap());
-        assert_eq!(endpoint_id(a, 80), endpoint_id(a, 80));
-        assert_ne!(endpoint_id(a, 80), endpoint_id(a, 81));
-        assert_ne!(endpoint_id(a, 80), endpoint_id(b, 80));
+        let (p80, p81) = (n("p80"), n("p81"));
+        assert_eq!(affinity_id(&p80, a, 80), affinity_id(&p80, a, 80));
+        assert_ne!(affinity_id(&p80, a, 80), affinity_id(&p80, a, 81));
+        assert_ne!(affinity_id(&p80, a, 80), affinity_id(&p80, b, 80));
+        assert_ne!(affinity_id(&p80, a, 80), affinity_id(&p81, a, 80));
     }
 }

@@ -23,7 +23,7 @@
 //! and repairs only the chains and sets that differ (see [`crate::kernel`]). A full sync of an
 //! in-sync dataplane applies the difference between the applied plan and the new one, and a
 //! change of node-wide settings reconciles in one transaction that rewrites every chain and
-//! static map in place but keeps the affinity sets. Chains that go away are flushed in one sync
+//! static map in place but keeps the affinity set. Chains that go away are flushed in one sync
 //! and deleted at the start of the next, in a transaction of their own (as upstream): older
 //! kernels refuse to delete a chain in the transaction that drops the last reference to it, and
 //! a failed deletion is a cleanup failure ([`NftablesDataplane::take_cleanup_failures`]) that the
@@ -37,7 +37,7 @@ use kproxy_plan::{NodePlan, Plan, PlanDelta, ServicePortName, ServicePortPlan};
 use kproxy_state::IpFamily;
 
 use kproxy_nft_model::{
-    Chain, Element, ExecError, Executor, Op, OpCounts, Prepared, Rule, SetDef, TableRef, Transaction,
+    Chain, Element, ExecError, Executor, Op, OpCounts, Prepared, Rule, SetDef, SetFlag, TableRef, Transaction,
 };
 
 use crate::kernel::{Applied, Desired, Drift, Verification};
@@ -206,7 +206,6 @@ impl FamilyState {
             b.add_chains.push(plain(&chain));
             b.rules.push((chain, rules));
         }
-        b.add_sets.extend(objects.sets.into_values());
         for (dest, elements) in objects.destinations {
             let claimants = self.claims.entry(dest).or_default();
             claim(claimants, name);
@@ -233,7 +232,6 @@ struct Batch {
     flush_chains: Vec<String>,
     delete_elements: Vec<Element>,
     flush_sets: Vec<(String, bool)>,
-    delete_sets: Vec<(String, bool)>,
     add_sets: Vec<SetDef>,
     rules: Vec<(String, Vec<Rule>)>,
     add_elements: Vec<Element>,
@@ -249,9 +247,6 @@ impl Batch {
         self.delete_elements.into_iter().for_each(|e| out(Op::DeleteElement(t(), e)));
         for (name, is_map) in self.flush_sets {
             out(Op::FlushSet { table: t(), name, is_map });
-        }
-        for (name, is_map) in self.delete_sets {
-            out(Op::DeleteSet { table: t(), name, is_map });
         }
         self.add_sets.into_iter().for_each(|s| out(Op::AddSet(t(), s)));
         for (chain, rules) in self.rules {
@@ -954,13 +949,10 @@ fn reconcile(
             fam.services.iter().map(|(name, p)| (name, p, state.render(p, &Slots::sorted()))).collect();
         let desired_chains: BTreeSet<&String> = objects.iter().flat_map(|(_, _, o)| o.chains.keys()).collect();
         let old_state = old.get(&family);
-        let mut old_sets: BTreeMap<String, SetDef> = BTreeMap::new();
         let mut old_chains: BTreeSet<String> = BTreeSet::new();
         if let Some(o) = old_state {
             for name in o.services.keys() {
-                let r = o.objects(name);
-                old_sets.extend(r.sets);
-                old_chains.extend(r.chains.into_keys());
+                old_chains.extend(o.objects(name).chains.into_keys());
             }
         }
 
@@ -968,7 +960,9 @@ fn reconcile(
         pre.pre.push(Op::AddTable { table: table.clone(), comment: Some(TABLE_COMMENT.to_owned()) });
         let skel = skeleton::render(&ctx, &fam.node);
         pre.flush_chains.extend(skel.chains.iter().map(|(c, _)| c.name.clone()));
-        pre.flush_sets.extend(skel.sets.iter().map(|s| (s.name.clone(), s.is_map())));
+        // The affinity set is left alone: it holds live entries.
+        pre.flush_sets
+            .extend(skel.sets.iter().filter(|s| !s.has(SetFlag::Dynamic)).map(|s| (s.name.clone(), s.is_map())));
         let mut new_stale = BTreeSet::new();
         if let Some(o) = old_state {
             pre.delete_chains.extend(o.stale_chains.iter().filter(|c| !desired_chains.contains(c)).cloned());
@@ -980,21 +974,13 @@ fn reconcile(
                 pre.flush_chains.push(chain);
             }
         }
-        let desired_sets: BTreeMap<&String, &SetDef> = objects.iter().flat_map(|(_, _, o)| o.sets.iter()).collect();
-        for (name, def) in &old_sets {
-            if desired_sets.get(name).is_none_or(|d| *d != def) {
-                pre.delete_sets.push((name.clone(), false));
-            }
-        }
         pre.flush_chains.sort();
         pre.flush_chains.dedup();
         pre.into_ops(&table, out);
 
         let (first, last) = skeleton_batches(&ctx, &fam.node);
         first.into_ops(&table, out);
-        for (name, p, mut o) in objects {
-            // An unchanged affinity set is left alone: it holds live entries.
-            o.sets.retain(|n, def| old_sets.get(n) != Some(def));
+        for (name, p, o) in objects {
             let mut b = Batch::default();
             state.add_in_order(name, p, Slots::sorted(), o, &mut b);
             b.into_ops(&table, out);
@@ -1119,19 +1105,6 @@ fn diff_services(
         for chain in old.chains.keys().filter(|c| !new.chains.contains_key(*c)) {
             b.flush_chains.push(chain.clone());
             commit.stale_chains.insert(chain.clone());
-        }
-        for (set, def) in &new.sets {
-            match old.sets.get(set) {
-                Some(d) if d == def => {}
-                Some(_) => {
-                    b.delete_sets.push((set.clone(), false));
-                    b.add_sets.push(def.clone());
-                }
-                None => b.add_sets.push(def.clone()),
-            }
-        }
-        for set in old.sets.keys().filter(|s| !new.sets.contains_key(*s)) {
-            b.delete_sets.push((set.clone(), false));
         }
         for dest in old.destinations.keys().chain(new.destinations.keys()) {
             let claimants =

@@ -97,3 +97,29 @@ fn a_restart_rewrites_exactly_the_chain_whose_rules_someone_replaced() {
     assert_eq!(adopted.counts.rules, 1, "only that chain's one rule is written again: {adopted:?}");
     assert_eq!(list(), before, "the restart restored it");
 }
+
+/// A table an older kproxy left, with an affinity set per service port (now one set per table):
+/// the restart rewrites the service port's chain, deletes the old set and ends as a fresh start.
+#[test]
+fn a_restart_over_per_service_affinity_sets_of_an_older_kproxy_ends_as_a_fresh_start() {
+    kproxy_testbed::require_kernel!();
+    let ns = Netns::new("nft-adopt-affinity").unwrap();
+    let list = || ns.exec_ok("nft", &["list", "ruleset"]).unwrap();
+    let plan = common::example_plan();
+    start(&ns, &plan);
+    let before = list();
+    let chain = "service-BPKTVXJ3-default/lb/tcp/https";
+    assert!(before.contains(&format!("chain {chain} {{")), "the example has an affinity service: {before}");
+    let old_set = "affinity-BPKTVXJ3-default/lb/tcp/https";
+    ns.nft(&format!(
+        "add set ip kproxy {old_set} {{ typeof ip saddr . numgen random mod 2; flags dynamic,timeout; timeout 30s; }}
+         flush chain ip kproxy {chain}
+         add rule ip kproxy {chain} update @{old_set} {{ ip saddr . numgen random mod 1 offset 7 }} meta l4proto tcp dnat to 198.18.16.3:8443"
+    ))
+    .unwrap();
+    assert!(list().contains(&format!("set {old_set} {{")));
+
+    let adopted = start(&ns, &plan);
+    assert!(adopted.counts.rules > 0, "the chain is written again: {adopted:?}");
+    assert_eq!(list(), before, "the old set is gone and the chain holds the new rules");
+}

@@ -41,9 +41,11 @@ fn a_full_sync_of_an_unchanged_plan_applies_nothing_and_a_node_change_reconciles
     let second = dp.executor().last().unwrap().render();
     assert!(!second.contains("delete table"), "{second}");
     assert!(second.contains("ip daddr 203.0.113.0/24 drop"), "{second}");
-    // The affinity sets keep their entries across a reconciling full sync.
-    assert!(first.contains("add set ip kproxy affinity-"));
-    assert!(!second.contains("add set ip kproxy affinity-") && !second.contains("delete set"), "{second}");
+    // The affinity set keeps its entries across a reconciling full sync: declared again (a
+    // no-op), never flushed nor deleted, while the static sets are flushed and refilled.
+    assert!(first.contains("add set ip kproxy client-affinity "), "{first}");
+    assert!(second.contains("flush set ip kproxy cluster-ips"), "{second}");
+    assert!(!second.contains("flush set ip kproxy client-affinity") && !second.contains("delete set"), "{second}");
 }
 
 /// A restart while another program commits without a pause: the first listings meet its
@@ -241,7 +243,9 @@ fn removed_service_chains_are_flushed_now_and_deleted_next_sync() {
         "{tx}"
     );
     assert!(tx.contains("delete element ip kproxy service-ips { 198.19.0.2 . tcp . 80 }"), "{tx}");
-    assert!(tx.contains("delete set ip kproxy affinity-"), "its affinity sets go at once: {tx}");
+    // Its sticky clients stay in the shared affinity set until they expire: nothing looks
+    // them up again.
+    assert!(!tx.contains("set ip kproxy client-affinity"), "{tx}");
     assert!(!tx.contains("delete chain"), "{tx}");
     dp.partial_sync(&after, &PlanDelta::default()).unwrap();
     let tx = dp.executor().last().unwrap().render();

@@ -11,25 +11,26 @@
 //! Only ClientIP affinity has chains of its own (`service-*` / `local-*` / `external-*`):
 //! affinity must know which endpoint was picked, so those services keep a cascade of `dnat`
 //! rules, one per endpoint, and an endpoint change there is a rule change (which costs the kernel
-//! a validation of the table). Each has one dynamic `affinity-*` set with the service's timeout,
-//! keyed by client and a stable endpoint id (a hash of the endpoint's address and port), where
-//! upstream has a set per endpoint: the kernel finds a set by walking the table's list of sets
-//! by name, so a set per endpoint made creating and referencing them quadratic. A removed
-//! endpoint's entries are never looked up again and expire. Shared affinity chains would need a
-//! map lookup as the data of a dynamic-set update, which nft 1.0.6 cannot express.
+//! a validation of the table). Their sticky clients are entries of one dynamic set per table,
+//! [`CLIENT_AFFINITY`], keyed by client and a stable id of the service port and endpoint
+//! ([`naming::affinity_id`]), each entry with its service's timeout. Upstream has a set per
+//! endpoint, and kproxy had one per service port: the kernel finds a set by walking the table's
+//! list of sets by name, once per rule that reads or updates it, so sets per service made
+//! creating them quadratic (at 100,000 Services, 1 % with affinity, that walk was a quarter of
+//! the cold start's kernel time). A removed endpoint's entries are never looked up again and
+//! expire. Shared affinity chains would need a map lookup as the data of a dynamic-set update,
+//! which nft 1.0.6 cannot express.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use ipnet::IpNet;
-use kproxy_nft_model::{
-    Chain, Element, Field, Key, MapData, NatKind, Rule, SetDef, SetFlag, SetType, Stmt, Value, Verdict,
-};
+use kproxy_nft_model::{Chain, Element, Field, Key, MapData, NatKind, Rule, Stmt, Value, Verdict};
 use kproxy_plan::{Endpoint, ExternalPolicy, MasqueradeWhen, NoEndpointsVerdict, NodePlan, ServicePortPlan};
 
 use super::pick::{self, Class};
 use super::skeleton::{
-    CLUSTER_IPS, FIREWALL_ALLOW, FIREWALL_DESTS, HAIRPIN, MARK_FOR_MASQUERADE, NO_ENDPOINT_NODEPORTS,
+    CLIENT_AFFINITY, CLUSTER_IPS, FIREWALL_ALLOW, FIREWALL_DESTS, HAIRPIN, MARK_FOR_MASQUERADE, NO_ENDPOINT_NODEPORTS,
     NO_ENDPOINT_SERVICES, NODEPORT_TRAFFIC, REJECT_CHAIN, SERVICE_IPS, SERVICE_NODEPORTS, SERVICE_TRAFFIC,
 };
 use super::{Ctx, Destination, local_match};
@@ -40,8 +41,6 @@ use crate::naming;
 pub struct ServiceObjects {
     /// Chains and their rules, by name.
     pub chains: BTreeMap<String, Vec<Rule>>,
-    /// Per-endpoint affinity sets, by name.
-    pub sets: BTreeMap<String, SetDef>,
     /// Elements of the shared maps and sets, by the destination they are keyed by.
     pub destinations: BTreeMap<Destination, Vec<Element>>,
     /// Elements other service ports may want too.
@@ -196,12 +195,12 @@ fn render_with(
         let masq = masquerade_rule(ctx, node, p.internal.masquerade, Some(p.cluster_ip));
         if p.uses_cluster_endpoints() {
             let mut rules: Vec<Rule> = masq.iter().filter(|_| !p.internal.local).cloned().collect();
-            rules.extend(affinity_dispatch(ctx, p, &p.cluster_endpoints, &mut out.sets));
+            rules.extend(affinity_dispatch(ctx, p, &p.cluster_endpoints));
             out.chains.insert(svc_chain.clone(), rules);
         }
         if p.uses_local_endpoints() {
             let mut rules: Vec<Rule> = masq.iter().filter(|_| p.internal.local).cloned().collect();
-            rules.extend(affinity_dispatch(ctx, p, &p.local_endpoints, &mut out.sets));
+            rules.extend(affinity_dispatch(ctx, p, &p.local_endpoints));
             out.chains.insert(local_chain.clone(), rules);
         }
         let external = entered.map(|e| {
@@ -292,23 +291,15 @@ fn render_with(
 }
 
 /// ClientIP affinity: the affinity hits first, then a uniform random cascade over `endpoints`.
-fn affinity_dispatch(
-    ctx: &Ctx,
-    p: &ServicePortPlan,
-    endpoints: &[Endpoint],
-    sets: &mut BTreeMap<String, SetDef>,
-) -> Vec<Rule> {
+fn affinity_dispatch(ctx: &Ctx, p: &ServicePortPlan, endpoints: &[Endpoint]) -> Vec<Rule> {
     let Some(timeout) = p.affinity_timeout else { return Vec::new() };
-    let set = naming::chain("affinity", &p.name);
-    let ty = SetType::Typeof { key: vec![ctx.saddr(), Field::Numgen(2)], data: None };
-    sets.insert(
-        set.clone(),
-        SetDef { flags: vec![SetFlag::Dynamic, SetFlag::Timeout], timeout: Some(timeout), ..SetDef::new(&set, ty) },
-    );
-    // `client . endpoint id`: the id is written as a constant-valued numgen, the one way nft
+    // `client . id`: the id's halves are written as constant-valued numgens, the one way nft
     // 1.0.6 accepts a constant inside a concatenation.
-    let key = |ep: &Endpoint| vec![ctx.saddr(), Field::Constant(naming::endpoint_id(ep.ip, ep.port))];
-    let update = |ep: &Endpoint| Stmt::Update { set: set.clone(), key: key(ep) };
+    let key = |ep: &Endpoint| {
+        let [high, low] = naming::affinity_id(&p.name, ep.ip, ep.port);
+        vec![ctx.saddr(), Field::Constant(high), Field::Constant(low)]
+    };
+    let update = |ep: &Endpoint| Stmt::Update { set: CLIENT_AFFINITY.to_owned(), key: key(ep), timeout: Some(timeout) };
     let dnat = |ep: &Endpoint| {
         [
             Stmt::l4proto(p.protocol),
@@ -318,7 +309,7 @@ fn affinity_dispatch(
     let mut rules: Vec<Rule> = endpoints
         .iter()
         .map(|ep| {
-            let mut r = Rule::new([Stmt::member(key(ep), set.as_str()), update(ep)]);
+            let mut r = Rule::new([Stmt::member(key(ep), CLIENT_AFFINITY), update(ep)]);
             r.0.extend(dnat(ep));
             r
         })

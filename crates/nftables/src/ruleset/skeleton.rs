@@ -2,7 +2,8 @@
 //! and the node-wide rules (node ports, masquerading, no-endpoint checks).
 
 use kproxy_nft_model::{
-    Chain, ChainType, CmpOp, DataType, Element, Field, HookPoint, Reject, Rule, SetDef, SetFlag, Stmt, Value, Verdict,
+    Chain, ChainType, CmpOp, DataType, Element, Field, HookPoint, Reject, Rule, SetDef, SetFlag, SetType, Stmt, Value,
+    Verdict,
 };
 use kproxy_plan::{LocalTraffic, NoMasqueradeSource, NodePlan, NodePortAddresses, SnatSource};
 use kproxy_state::Protocol;
@@ -30,6 +31,17 @@ pub const NO_ENDPOINT_NODEPORTS: &str = "no-endpoint-nodeports";
 pub const FIREWALL_DESTS: &str = "firewall-dests";
 /// `addr . proto . port . source range` (concatenated ranges): the sources each of them allows.
 pub const FIREWALL_ALLOW: &str = "firewall-allow";
+
+/// Dynamic `client . id-high . id-low` (the id of a service port's endpoint,
+/// `naming::affinity_id`): the sticky clients of every ClientIP-affinity service port, each entry
+/// with its service's timeout. Declared early, as the kernel finds a set by name by walking the
+/// table's sets in the order they were made.
+pub const CLIENT_AFFINITY: &str = "client-affinity";
+/// The most entries [`CLIENT_AFFINITY`] holds. A set without a size gets 65,535 from the kernel
+/// when a rule first updates it (upstream's per-endpoint sets each have that), and a full set
+/// fails the update, and with it the rule that would DNAT a new client: one set for every
+/// service needs room for all of them. The kernel allocates per entry, not per size.
+pub const CLIENT_AFFINITY_SIZE: u32 = 1 << 20;
 
 /// `addr . proto . port` of service addresses (counters on): each element counts the packets of
 /// the connections to it that were DNATed (served).
@@ -215,7 +227,14 @@ pub fn render(ctx: &Ctx, node: &NodePlan) -> Skeleton {
     let port_key = vec![InetProto, InetService];
     let mut allow_key = dest_key.clone();
     allow_key.push(a);
+    let affinity_key = vec![ctx.saddr(), Field::Numgen(2), Field::Numgen(2)];
     let mut sets = vec![
+        SetDef {
+            flags: vec![SetFlag::Dynamic, SetFlag::Timeout],
+            size: Some(CLIENT_AFFINITY_SIZE),
+            comment: Some("ClientIP affinity: client . service port's endpoint".to_owned()),
+            ..SetDef::new(CLIENT_AFFINITY, SetType::Typeof { key: affinity_key, data: None })
+        },
         set(CLUSTER_IPS, vec![a], false, vec![], "Active ClusterIPs"),
         set(NODEPORT_IPS, vec![a], false, vec![], "IPs that accept NodePort traffic"),
         set(POD_CIDRS, vec![a], false, vec![SetFlag::Interval], "Local pod CIDRs (detect-local)"),
