@@ -35,7 +35,9 @@ fn full_reconcile_partial_and_cleanup_apply_to_the_kernel() {
     ns.run_in(|| dp.partial_sync(&plan, &delta)).unwrap().unwrap();
     let after_remove = list();
     assert!(after_remove.contains("chain service-BPKTVXJ3-default/lb/tcp/https {\n\t}"), "{after_remove}");
-    assert!(!after_remove.contains("affinity-"), "{after_remove}");
+    // No rule reads the affinity set any more; the set stays, the table's, not the Service's.
+    assert!(!after_remove.contains("@client-affinity"), "{after_remove}");
+    assert!(first.contains("@client-affinity") && after_remove.contains("set client-affinity {"), "{after_remove}");
     ns.run_in(|| dp.partial_sync(&plan, &PlanDelta::default())).unwrap().unwrap();
     assert!(!list().contains("default/lb/"), "stale chains are deleted on the next sync");
 
