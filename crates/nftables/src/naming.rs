@@ -21,12 +21,14 @@ pub fn chain(prefix: &str, name: &ServicePortName) -> String {
     format!("{prefix}-{}-{base}", hash8(&base))
 }
 
-/// A stable 64-bit id of an endpoint of a service port (the first bytes of sha256 of
-/// `ns/svc/proto/port/ip/port`), as two 32-bit halves: with the client's address, the key of the
-/// shared affinity set. Two pairs sharing an id (odds about n²/2^65 for n pairs on the node)
-/// would share their sticky clients.
-pub fn affinity_id(name: &ServicePortName, ip: IpAddr, port: u16) -> [u32; 2] {
-    let digest = Sha256::digest(format!("{}/{ip}/{port}", base(name)).as_bytes());
+/// A stable 64-bit id of an endpoint of a service port with an affinity timeout (the first
+/// bytes of sha256 of `ns/svc/proto/port/timeout/ip/port`), as two 32-bit halves: with the
+/// client's address, the key of the shared affinity set. The timeout is part of it so that a
+/// changed timeout starts afresh, as a new set did when each service port had its own (an entry
+/// keeps the timeout it was written with until a packet refreshes it). Two pairs sharing an id
+/// (odds about n²/2^65 for n pairs on the node) would share their sticky clients.
+pub fn affinity_id(name: &ServicePortName, timeout: u32, ip: IpAddr, port: u16) -> [u32; 2] {
+    let digest = Sha256::digest(format!("{}/{timeout}/{ip}/{port}", base(name)).as_bytes());
     let half = |i: usize| u32::from_be_bytes([digest[i], digest[i + 1], digest[i + 2], digest[i + 3]]);
     [half(0), half(4)]
 }
@@ -64,7 +66,7 @@ mod tests {
     }
 
     #[test]
-    fn affinity_ids_differ_by_service_port_and_endpoint() {
+    fn affinity_ids_differ_by_service_port_timeout_and_endpoint() {
         let n = |port: &str| ServicePortName {
             namespace: "ns1".into(),
             service: "svc1".into(),
@@ -73,9 +75,11 @@ mod tests {
         };
         let (a, b) = ("198.18.16.2".parse().unwrap(), "fd00::1".parse().unwrap());
         let (p80, p81) = (n("p80"), n("p81"));
-        assert_eq!(affinity_id(&p80, a, 80), affinity_id(&p80, a, 80));
-        assert_ne!(affinity_id(&p80, a, 80), affinity_id(&p80, a, 81));
-        assert_ne!(affinity_id(&p80, a, 80), affinity_id(&p80, b, 80));
-        assert_ne!(affinity_id(&p80, a, 80), affinity_id(&p81, a, 80));
+        let id = |name, timeout, ip, port| affinity_id(name, timeout, ip, port);
+        assert_eq!(id(&p80, 10800, a, 80), id(&p80, 10800, a, 80));
+        assert_ne!(id(&p80, 10800, a, 80), id(&p80, 10800, a, 81));
+        assert_ne!(id(&p80, 10800, a, 80), id(&p80, 10800, b, 80));
+        assert_ne!(id(&p80, 10800, a, 80), id(&p81, 10800, a, 80));
+        assert_ne!(id(&p80, 10800, a, 80), id(&p80, 60, a, 80), "a new timeout starts afresh");
     }
 }

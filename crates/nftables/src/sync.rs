@@ -188,7 +188,7 @@ impl FamilyState {
 
     /// Records a service port, rendered as `objects` with its endpoints in `slots`, that is
     /// added in name order (a full sync) and moves what it puts in the table into `b`: its
-    /// chains, sets, the elements of the destinations it is first to claim, and the shared
+    /// chains, the elements of the destinations it is first to claim, and the shared
     /// elements nobody wanted before.
     fn add_in_order(
         &mut self,
@@ -930,8 +930,8 @@ fn cold_start(
 }
 
 /// Emits one transaction's operations that take the tables from `old` to `plan` in place: every
-/// chain and static set is rewritten, affinity sets that did not change are kept (they hold live
-/// entries). Returns the resulting state.
+/// chain and static set is rewritten, the affinity set is kept (it holds live entries). Returns
+/// the resulting state.
 fn reconcile(
     config: &Config,
     plan: &Plan,

@@ -48,16 +48,17 @@ fn a_cold_start_is_streamed_in_bounded_parts_that_never_dangle() {
     assert_eq!(not_elements(&ops), not_elements(&whole_ops), "the rest in order");
     for part in &parts {
         let first_element = part.ops().iter().position(|op| matches!(op, Op::AddElement(..))).unwrap_or(part.len());
-        let sets: Vec<&str> = part.ops()[first_element..]
+        // A set is one per table: a part that spans both families has each family's own.
+        let sets: Vec<(String, &str)> = part.ops()[first_element..]
             .iter()
             .map(|op| match op {
-                Op::AddElement(_, e) => e.set.as_str(),
+                Op::AddElement(t, e) => (t.to_string(), e.set.as_str()),
                 other => panic!("{other:?} after the part's elements"),
             })
             .collect();
         let mut runs = sets.clone();
         runs.dedup();
-        let distinct: BTreeSet<&str> = runs.iter().copied().collect();
+        let distinct: BTreeSet<&(String, &str)> = runs.iter().collect();
         assert_eq!(runs.len(), distinct.len(), "one run per set: {sets:?}");
     }
 

@@ -387,3 +387,28 @@ fn source_ranges_go_in_as_disjoint_ranges_of_the_shared_firewall_set() {
     assert!(tx.contains("add element ip kproxy firewall-dests { 203.0.113.70 . tcp . 80 }"), "{tx}");
     assert!(!tx.lines().any(|l| l.starts_with("add chain") && l.contains("default/lb/")), "no chain of its own: {tx}");
 }
+
+/// A full affinity set fails the update, and with it the rule: after the cascade that records
+/// the pick comes the same cascade without recording it, so a new client still reaches an
+/// endpoint (unstuck) rather than falling off the chain without DNAT.
+#[test]
+fn an_affinity_chain_ends_in_a_cascade_that_needs_no_room_in_the_affinity_set() {
+    let mut dp = dataplane();
+    dp.full_sync(&common::example_plan()).unwrap();
+    let text: String = dp.executor().applied.iter().map(|tx| tx.render()).collect();
+    let prefix = "add rule ip kproxy service-BPKTVXJ3-default/lb/tcp/https ";
+    let rules: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix(prefix)).collect();
+    let target = |r: &str| r.split(" dnat to ").nth(1).map(|t| t.split(' ').next().unwrap_or_default().to_owned());
+    let hits: Vec<&&str> = rules.iter().filter(|r| r.contains("@client-affinity update @client-affinity")).collect();
+    let recorded: Vec<&&str> = rules
+        .iter()
+        .filter(|r| r.contains("update @client-affinity") && !r.contains("@client-affinity update"))
+        .collect();
+    let unrecorded: Vec<&&str> = rules.iter().filter(|r| r.contains(" dnat to ") && !r.contains("affinity")).collect();
+    assert_eq!((hits.len(), recorded.len(), unrecorded.len()), (2, 2, 2), "{rules:#?}");
+    let last = rules.len() - 2;
+    assert_eq!(&rules[last..], unrecorded.iter().map(|r| **r).collect::<Vec<_>>(), "the unrecorded cascade is last");
+    assert!(unrecorded[0].starts_with("numgen random mod 2 == 0 ") && !unrecorded[1].contains("numgen"), "{rules:#?}");
+    let targets = |rs: &[&&str]| rs.iter().map(|r| target(r)).collect::<Vec<_>>();
+    assert_eq!(targets(&recorded), targets(&unrecorded), "both cascades draw from the same endpoints");
+}

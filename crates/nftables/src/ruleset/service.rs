@@ -1,5 +1,5 @@
-//! The objects of one service port: its map elements, and the chains and sets only some
-//! service ports have of their own.
+//! The objects of one service port: its map elements, and the chains only some service ports
+//! have of their own.
 //!
 //! A service port is mostly elements: its destinations in the dispatch maps point at chains
 //! shared by every service port with the same traffic policies ([`shared_chains`]:
@@ -291,13 +291,17 @@ fn render_with(
     out
 }
 
-/// ClientIP affinity: the affinity hits first, then a uniform random cascade over `endpoints`.
+/// ClientIP affinity: the affinity hits first, then a uniform random cascade over `endpoints`
+/// that records the pick, then the same cascade without recording it. A full set fails the
+/// update and with it the rule (the kernel's `NFT_BREAK`); the last cascade makes a full set
+/// cost new clients their stickiness, not their connection, as upstream's separate update rule
+/// does.
 fn affinity_dispatch(ctx: &Ctx, p: &ServicePortPlan, endpoints: &[Endpoint]) -> Vec<Rule> {
     let Some(timeout) = p.affinity_timeout else { return Vec::new() };
     // `client . id`: the id's halves are written as constant-valued numgens, the one way nft
     // 1.0.6 accepts a constant inside a concatenation.
     let key = |ep: &Endpoint| {
-        let [high, low] = naming::affinity_id(&p.name, ep.ip, ep.port);
+        let [high, low] = naming::affinity_id(&p.name, timeout, ep.ip, ep.port);
         vec![ctx.saddr(), Field::Constant(high), Field::Constant(low)]
     };
     let update = |ep: &Endpoint| Stmt::Update { set: CLIENT_AFFINITY.to_owned(), key: key(ep), timeout: Some(timeout) };
@@ -316,14 +320,18 @@ fn affinity_dispatch(ctx: &Ctx, p: &ServicePortPlan, endpoints: &[Endpoint]) -> 
         })
         .collect();
     let n = endpoints.len();
-    for (i, ep) in endpoints.iter().enumerate() {
-        let mut r = Rule::default();
-        if i + 1 < n {
-            r.0.push(Stmt::NumgenEq { modulus: (n - i) as u32, value: 0 });
+    for recorded in [true, false] {
+        for (i, ep) in endpoints.iter().enumerate() {
+            let mut r = Rule::default();
+            if i + 1 < n {
+                r.0.push(Stmt::NumgenEq { modulus: (n - i) as u32, value: 0 });
+            }
+            if recorded {
+                r.0.push(update(ep));
+            }
+            r.0.extend(dnat(ep));
+            rules.push(r);
         }
-        r.0.push(update(ep));
-        r.0.extend(dnat(ep));
-        rules.push(r);
     }
     rules
 }

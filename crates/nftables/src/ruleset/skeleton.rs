@@ -38,9 +38,11 @@ pub const FIREWALL_ALLOW: &str = "firewall-allow";
 /// table's sets in the order they were made.
 pub const CLIENT_AFFINITY: &str = "client-affinity";
 /// The most entries [`CLIENT_AFFINITY`] holds. A set without a size gets 65,535 from the kernel
-/// when a rule first updates it (upstream's per-endpoint sets each have that), and a full set
-/// fails the update, and with it the rule that would DNAT a new client: one set for every
-/// service needs room for all of them. The kernel allocates per entry, not per size.
+/// when a rule first updates it (upstream's per-endpoint sets each have that); one set for every
+/// service needs room for all of them (a full one costs new clients their stickiness, see
+/// `service::affinity_dispatch`). A multiple of 2^16: the kernel takes the size's low 16 bits as
+/// a hint of how many hash buckets to allocate up front (rhashtable's `u16 nelem_hint`), so this
+/// size allocates no more than an unsized set; entries are allocated as they come.
 pub const CLIENT_AFFINITY_SIZE: u32 = 1 << 20;
 
 /// `addr . proto . port` of service addresses (counters on): each element counts the packets of
