@@ -33,6 +33,19 @@ fn range_elements(plan: &kproxy_plan::Plan) -> usize {
     n
 }
 
+fn ruleset(ns: &Netns) -> String {
+    ns.exec_ok("nft", &["list", "ruleset"]).unwrap()
+}
+
+/// A namespace named `name` where kproxy started on the example cluster; its plan and ruleset.
+fn example_started(name: &str) -> (Netns, kproxy_plan::Plan, String) {
+    let ns = Netns::new(name).unwrap();
+    let plan = common::example_plan();
+    start(&ns, &plan);
+    let before = ruleset(&ns);
+    (ns, plan, before)
+}
+
 fn start(ns: &Netns, plan: &kproxy_plan::Plan) -> kproxy_nftables::SyncReport {
     let mut dp = NftablesDataplane::new(NetlinkExecutor::new(), Config::default());
     ns.run_in(|| dp.full_sync(plan)).unwrap().unwrap()
@@ -42,7 +55,7 @@ fn start(ns: &Netns, plan: &kproxy_plan::Plan) -> kproxy_nftables::SyncReport {
 fn a_restart_over_unchanged_state_adds_no_rule_nor_element_and_one_over_changes_ends_as_a_fresh_start() {
     kproxy_testbed::require_kernel!();
     let ns = Netns::new("nft-adopt").unwrap();
-    let list = || ns.exec_ok("nft", &["list", "ruleset"]).unwrap();
+    let list = || ruleset(&ns);
     let plan = common::example_plan();
 
     let cold = start(&ns, &plan);
@@ -79,11 +92,8 @@ fn a_restart_over_unchanged_state_adds_no_rule_nor_element_and_one_over_changes_
 #[test]
 fn a_restart_rewrites_exactly_the_chain_whose_rules_someone_replaced() {
     kproxy_testbed::require_kernel!();
-    let ns = Netns::new("nft-adopt-chain").unwrap();
-    let list = || ns.exec_ok("nft", &["list", "ruleset"]).unwrap();
-    let plan = common::example_plan();
-    start(&ns, &plan);
-    let before = list();
+    let (ns, plan, before) = example_started("nft-adopt-chain");
+    let list = || ruleset(&ns);
     let chain = "mark-for-masquerade";
     let rules_of = |text: &str| {
         let from = text.find(&format!("chain {chain} {{")).unwrap();
@@ -103,11 +113,8 @@ fn a_restart_rewrites_exactly_the_chain_whose_rules_someone_replaced() {
 #[test]
 fn a_restart_over_per_service_affinity_sets_of_an_older_kproxy_ends_as_a_fresh_start() {
     kproxy_testbed::require_kernel!();
-    let ns = Netns::new("nft-adopt-affinity").unwrap();
-    let list = || ns.exec_ok("nft", &["list", "ruleset"]).unwrap();
-    let plan = common::example_plan();
-    start(&ns, &plan);
-    let before = list();
+    let (ns, plan, before) = example_started("nft-adopt-affinity");
+    let list = || ruleset(&ns);
     let chain = "service-BPKTVXJ3-default/lb/tcp/https";
     assert!(before.contains(&format!("chain {chain} {{")), "the example has an affinity service: {before}");
     let old_set = "affinity-BPKTVXJ3-default/lb/tcp/https";
