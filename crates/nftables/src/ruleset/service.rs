@@ -17,7 +17,7 @@
 //! endpoint, and kproxy had one per service port: the kernel finds a set by walking the table's
 //! list of sets by name, once per rule that reads or updates it, so sets per service made
 //! creating them quadratic (at 100,000 Services, 1 % of them with affinity, the dataplane's
-//! cold start took 2.0 s with a set per service port and takes 1.6 s with one set:
+//! cold start took 2.0 s with a set per service port and takes 1.6–1.9 s with one set:
 //! docs/benchmarks.md, "One affinity set per table"). A removed endpoint's entries are never looked up again and
 //! expire. Shared affinity chains would need a map lookup as the data of a dynamic-set update,
 //! which nft 1.0.6 cannot express.
