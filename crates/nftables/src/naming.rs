@@ -75,7 +75,7 @@ mod tests {
         };
         let (a, b) = ("198.18.16.2".parse().unwrap(), "fd00::1".parse().unwrap());
         let (p80, p81) = (n("p80"), n("p81"));
-        let id = |name, timeout, ip, port| affinity_id(name, timeout, ip, port);
+        let id = affinity_id;
         assert_eq!(id(&p80, 10800, a, 80), id(&p80, 10800, a, 80));
         assert_ne!(id(&p80, 10800, a, 80), id(&p80, 10800, a, 81));
         assert_ne!(id(&p80, 10800, a, 80), id(&p80, 10800, b, 80));

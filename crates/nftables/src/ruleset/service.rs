@@ -18,9 +18,9 @@
 //! list of sets by name, once per rule that reads or updates it, so sets per service made
 //! creating them quadratic (at 100,000 Services, 1 % of them with affinity, the dataplane's
 //! cold start took 2.0 s with a set per service port and takes 1.6–1.9 s with one set:
-//! docs/benchmarks.md, "One affinity set per table"). A removed endpoint's entries are never looked up again and
-//! expire. Shared affinity chains would need a map lookup as the data of a dynamic-set update,
-//! which nft 1.0.6 cannot express.
+//! docs/benchmarks.md, "One affinity set per table"). A removed endpoint's entries are never
+//! looked up again and expire. Shared affinity chains would need a map lookup as the data of a
+//! dynamic-set update, which nft 1.0.6 cannot express.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -299,12 +299,16 @@ fn render_with(
 fn affinity_dispatch(ctx: &Ctx, p: &ServicePortPlan, endpoints: &[Endpoint]) -> Vec<Rule> {
     let Some(timeout) = p.affinity_timeout else { return Vec::new() };
     // `client . id`: the id's halves are written as constant-valued numgens, the one way nft
-    // 1.0.6 accepts a constant inside a concatenation.
-    let key = |ep: &Endpoint| {
-        let [high, low] = naming::affinity_id(&p.name, timeout, ep.ip, ep.port);
-        vec![ctx.saddr(), Field::Constant(high), Field::Constant(low)]
-    };
-    let update = |ep: &Endpoint| Stmt::Update { set: CLIENT_AFFINITY.to_owned(), key: key(ep), timeout: Some(timeout) };
+    // 1.0.6 accepts a constant inside a concatenation. One key per endpoint, used three times.
+    let keys: Vec<Vec<Field>> = endpoints
+        .iter()
+        .map(|ep| {
+            let [high, low] = naming::affinity_id(&p.name, timeout, ep.ip, ep.port);
+            vec![ctx.saddr(), Field::Constant(high), Field::Constant(low)]
+        })
+        .collect();
+    let update =
+        |key: &[Field]| Stmt::Update { set: CLIENT_AFFINITY.to_owned(), key: key.to_vec(), timeout: Some(timeout) };
     let dnat = |ep: &Endpoint| {
         [
             Stmt::l4proto(p.protocol),
@@ -313,21 +317,22 @@ fn affinity_dispatch(ctx: &Ctx, p: &ServicePortPlan, endpoints: &[Endpoint]) -> 
     };
     let mut rules: Vec<Rule> = endpoints
         .iter()
-        .map(|ep| {
-            let mut r = Rule::new([Stmt::member(key(ep), CLIENT_AFFINITY), update(ep)]);
+        .zip(&keys)
+        .map(|(ep, key)| {
+            let mut r = Rule::new([Stmt::member(key.clone(), CLIENT_AFFINITY), update(key)]);
             r.0.extend(dnat(ep));
             r
         })
         .collect();
     let n = endpoints.len();
     for recorded in [true, false] {
-        for (i, ep) in endpoints.iter().enumerate() {
+        for (i, (ep, key)) in endpoints.iter().zip(&keys).enumerate() {
             let mut r = Rule::default();
             if i + 1 < n {
                 r.0.push(Stmt::NumgenEq { modulus: (n - i) as u32, value: 0 });
             }
             if recorded {
-                r.0.push(update(ep));
+                r.0.push(update(key));
             }
             r.0.extend(dnat(ep));
             rules.push(r);
